@@ -1,0 +1,54 @@
+"""Control of BLAS / OpenMP thread pools.
+
+Spark runs one Python task per core; each must not start a BLAS pool as
+wide as the machine, or two tasks on two cores fight over four threads.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+
+from threadpoolctl import threadpool_limits
+
+__all__ = ["limit_threads", "set_threads", "task_cpus"]
+
+logger = logging.getLogger(__name__)
+
+_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+_global_limiter = None
+
+
+def set_threads(n: int) -> None:
+    """Limit BLAS and OpenMP pools of this process to ``n`` threads (sticky)."""
+    global _global_limiter
+    if int(n) < 1:
+        raise ValueError(f"Expect a thread count >= 1, got {n}")
+    for var in _ENV_VARS:
+        os.environ[var] = str(int(n))
+    _global_limiter = threadpool_limits(limits=int(n))
+    logger.debug("BLAS/OpenMP threads limited to %d", n)
+
+
+@contextlib.contextmanager
+def limit_threads(n: int):
+    """Context manager: limit BLAS and OpenMP pools to ``n`` threads inside."""
+    if int(n) < 1:
+        raise ValueError(f"Expect a thread count >= 1, got {n}")
+    with threadpool_limits(limits=int(n)):
+        yield
+
+
+def task_cpus(default: int = 1) -> int:
+    """Cores given to the current Spark task (``spark.task.cpus``), else ``default``."""
+    try:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        if ctx is not None:
+            value = ctx.cpus() if hasattr(ctx, "cpus") else None
+            if value:
+                return int(value)
+    except Exception:  # not inside Spark
+        pass
+    return default

@@ -1,0 +1,145 @@
+"""Shared fixtures: hypothesis profiles, one Spark session, a standalone
+cluster on loopback, the Fashion-MNIST folder, and GPU skipping."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("dev", max_examples=50, deadline=None)
+settings.register_profile(
+    "ci", max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+# Spark's Python workers must run the interpreter (and venv) the tests run in.
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+FASHION_DIR = Path(os.environ.get("SPARKAVG_FASHION_DIR", "/usr/share/datasets/fashion-mnist"))
+
+
+@pytest.fixture(scope="session")
+def fashion_dir() -> Path:
+    """Folder with Fashion-MNIST IDX files (Debian package dataset-fashion-mnist)."""
+    if not (FASHION_DIR / "train-images-idx3-ubyte.gz").exists():
+        pytest.fail(
+            f"Fashion-MNIST not found in {FASHION_DIR}: install it with "
+            "'apt-get install dataset-fashion-mnist' or set SPARKAVG_FASHION_DIR"
+        )
+    return FASHION_DIR
+
+
+def _gpu_available() -> bool:
+    from sparkavg import backend
+
+    return backend.available()
+
+
+def pytest_collection_modifyitems(config, items):
+    if any("gpu" in item.keywords for item in items) and not _gpu_available():
+        skip = pytest.mark.skip(reason="no CUDA device / CuPy on this machine")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local[2] SparkSession for the whole run (UI off, temp local dir)."""
+    from pyspark.sql import SparkSession
+
+    local_dir = tempfile.mkdtemp(prefix="sparkavg-spark-")
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("sparkavg-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.local.dir", local_dir)
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.task.maxFailures", "4")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+    shutil.rmtree(local_dir, ignore_errors=True)
+
+
+@pytest.fixture()
+def sc(spark):
+    return spark.sparkContext
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, timeout: float, what: str, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"{what} did not open port {port} within {timeout}s; log:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="session")
+def standalone_cluster(tmp_path_factory):
+    """A real Spark standalone master and two workers on 127.0.0.1, started
+    with ``spark-class`` from the installed pyspark; yields the master URL."""
+    import pyspark
+
+    spark_home = Path(pyspark.__file__).parent
+    spark_class = spark_home / "bin" / "spark-class"
+    workdir = tmp_path_factory.mktemp("standalone")
+    env = dict(os.environ, SPARK_HOME=str(spark_home), SPARK_LOCAL_IP="127.0.0.1",
+               SPARK_WORKER_DIR=str(workdir / "work"), PYSPARK_PYTHON=sys.executable)
+    port, web = _free_port(), _free_port()
+    procs = []
+    logs = []
+
+    def start(args, name):
+        log = workdir / f"{name}.log"
+        logs.append(log)
+        fh = open(log, "w")
+        procs.append(subprocess.Popen([str(spark_class), *args], env=env, stdout=fh,
+                                      stderr=subprocess.STDOUT, cwd=workdir))
+        return log
+
+    try:
+        mlog = start(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port",
+                      str(port), "--webui-port", str(web)], "master")
+        _wait_port(port, 60, "Spark master", mlog)
+        url = f"spark://127.0.0.1:{port}"
+        for i in range(2):
+            start(["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "1",
+                   "--memory", "1g", "--webui-port", str(_free_port()), url], f"worker{i}")
+        # Workers register asynchronously; the master log says so.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and mlog.read_text().count("Registering worker") < 2:
+            time.sleep(0.2)
+        if mlog.read_text().count("Registering worker") < 2:
+            raise RuntimeError("standalone workers did not register:\n" + mlog.read_text()[-3000:])
+        yield url
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()

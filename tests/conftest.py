@@ -54,12 +54,12 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def spark():
-    """One local[2] SparkSession for the whole run (UI off, temp local dir)."""
+    """One local[2] SparkSession (task retries on) for the whole run (UI off, temp local dir)."""
     from pyspark.sql import SparkSession
 
     local_dir = tempfile.mkdtemp(prefix="sparkavg-spark-")
     session = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master("local[2,4]")  # 4 attempts: local mode retries only this way
         .appName("sparkavg-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.local.dir", local_dir)

@@ -126,10 +126,11 @@ def make_sharing_trainer(config_json: str, state_bc, carry_bc, key_bc, settings:
                         _apply(payload, net.params)
                         received += 1
                 if settings["collect_stats"]:
-                    rec.series("threshold", iterations, threshold.tau)
-                    rec.series("sparsity", iterations, entries / n)
+                    step = start_iteration + iterations  # global iteration: series continue across epochs
+                    rec.series("threshold", step, threshold.tau)
+                    rec.series("sparsity", step, entries / n)
                     if iterations % 10 == 0:
-                        rec.series("residual_norm", iterations, float(np.linalg.norm(residual)))
+                        rec.series("residual_norm", step, float(np.linalg.norm(residual)))
                 threshold.after_step(entries, n, residual)
                 loss_sum += float(loss) * len(x)
                 examples += len(x)

@@ -1,0 +1,52 @@
+"""The example everyone runs, as a user runs it: a subprocess, real data."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mnist_lenet.py"
+REPORT_KEYS = {"mode", "epochs", "workers", "test_accuracy", "train_seconds", "examples_per_second", "epochs_detail"}
+SHARING_KEYS = {"bytes_sent", "dense_bytes_equivalent", "compression_ratio", "replica_max_abs_diff",
+                "datagrams_retransmitted", "datagrams_rejected"}
+
+
+def run_example(tmp_path, *args, timeout=600):
+    report = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, str(EXAMPLE), *args, "--report", str(report)],
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(report.read_text()), proc.stderr
+
+
+@pytest.mark.slow
+def test_local_mode_learns_fashion_mnist_subset(tmp_path, fashion_dir):
+    report, log = run_example(tmp_path, "--mode", "local", "--data-dir", str(fashion_dir), "--epochs", "1",
+                              "--limit-train", "4000", "--limit-test", "1000", "--threads", "2")
+    assert REPORT_KEYS <= report.keys()
+    assert report["mode"] == "local" and report["train_examples"] == 4000
+    assert report["test_accuracy"] > 0.6  # chance is 0.1
+    assert len(report["epochs_detail"]) == 1 and report["epochs_detail"][0]["seconds"] > 0
+    assert "test accuracy" in log
+
+
+def test_bad_data_dir_is_named(tmp_path):
+    proc = subprocess.run([sys.executable, str(EXAMPLE), "--mode", "local", "--data-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert str(tmp_path) in proc.stderr and "train-images" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+@pytest.mark.parametrize("mode", ["averaging", "sharing"])
+def test_spark_modes_on_local2(tmp_path, fashion_dir, mode):
+    report, _ = run_example(tmp_path, "--mode", mode, "--data-dir", str(fashion_dir), "--epochs", "1",
+                            "--limit-train", "3000", "--limit-test", "1000", "--master", "local[2]",
+                            "--workers", "2")
+    assert REPORT_KEYS <= report.keys() and report["workers"] == 2
+    assert report["test_accuracy"] > 0.5
+    if mode == "sharing":
+        assert SHARING_KEYS <= report.keys()
+        assert report["compression_ratio"] > 10 and report["replica_max_abs_diff"] < 1e-4

@@ -1,0 +1,169 @@
+"""Parameter averaging on a real local[2] Spark: exact averaging semantics,
+data formats, evaluation/inference, checkpoints, a killed worker."""
+import glob
+import os
+
+import numpy as np
+import pytest
+
+from sparkavg.data.spark_data import DataValidationError
+from sparkavg.evaluation import Evaluation
+from sparkavg.spark import ParameterAveraging, SparkTrainer
+
+from .nets import blobs, small_net
+
+pytestmark = pytest.mark.spark
+
+
+def _pairs(x, y):
+    return list(zip(x, y.tolist()))
+
+
+def test_one_round_is_the_weighted_mean_of_worker_replicas(sc):
+    x, y = blobs(16, seed=1)
+    rdd = sc.parallelize(_pairs(x, y), 2)  # partition 0: examples 0-7, partition 1: 8-15
+    net = small_net(seed=3)
+    start = net.clone()
+    master = ParameterAveraging(batch_size_per_worker=4, averaging_frequency=2, workers=2, repartition="never")
+    SparkTrainer(sc, net, master).fit(rdd, epochs=1)
+    # Minibatches 0..3 = examples [0:4], [4:8], [8:12], [12:16]; dealt [[0, 2], [1, 3]].
+    replicas = []
+    for shard in ([0, 2], [1, 3]):
+        rep = start.clone()
+        for b in shard:
+            rep.fit_batch(x[4 * b:4 * b + 4], y[4 * b:4 * b + 4])
+        replicas.append(rep)
+    expected = (replicas[0].params + replicas[1].params) / 2
+    np.testing.assert_allclose(net.params, expected, rtol=1e-5, atol=1e-6)
+    expected_state = (replicas[0].updater_state + replicas[1].updater_state) / 2
+    np.testing.assert_allclose(net.updater_state, expected_state, rtol=1e-5, atol=1e-7)
+    assert net.iteration == start.iteration + 2
+
+
+def test_uneven_and_empty_partitions_train_every_example(sc):
+    x, y = blobs(203, seed=2)
+    pairs = _pairs(x, y)
+    # 5 partitions, two of them empty, the rest uneven.
+    parts = [pairs[:150], [], pairs[150:151], [], pairs[151:]]
+    rdd = sc.parallelize(parts, 5).flatMap(lambda p: p)
+    net = small_net(seed=4)
+    master = ParameterAveraging(batch_size_per_worker=8, averaging_frequency=3, workers=2)
+    trainer = SparkTrainer(sc, net, master)
+    trainer.fit(rdd, epochs=2)
+    assert trainer.stats.counters["examples"] == 2 * 203
+    assert [h["examples"] for h in trainer.history] == [203, 203]
+    ev = trainer.evaluate(rdd)
+    assert ev.count == 203
+    assert ev.accuracy() > 0.9  # separable blobs: it learned
+
+
+def test_uniform_and_example_weighting_differ_on_uneven_shards(sc):
+    x, y = blobs(12, seed=5)
+    rdd = sc.parallelize(_pairs(x, y), 1)
+    results = {}
+    for weighting in ("examples", "uniform"):
+        net = small_net(seed=6)
+        # 3 minibatches of 4 over 2 workers: shards of 2 and 1 minibatches
+        master = ParameterAveraging(batch_size_per_worker=4, averaging_frequency=2, workers=2,
+                                    weighting=weighting, repartition="never")
+        SparkTrainer(sc, net, master).fit(rdd)
+        results[weighting] = net.params.copy()
+    assert not np.allclose(results["examples"], results["uniform"])
+
+
+def test_direct_and_export_give_the_same_model(sc):
+    x, y = blobs(64, seed=7)
+    rdd = sc.parallelize(_pairs(x, y), 3)
+    params = {}
+    for approach in ("export", "direct"):
+        net = small_net(seed=8)
+        master = ParameterAveraging(batch_size_per_worker=5, averaging_frequency=2, workers=2, data_approach=approach)
+        SparkTrainer(sc, net, master).fit(rdd, epochs=2)
+        params[approach] = net.params.copy()
+    np.testing.assert_allclose(params["export"], params["direct"], rtol=1e-6, atol=1e-7)
+
+
+def test_dataframe_input_and_bad_labels(spark):
+    x, y = blobs(40, seed=9)
+    df = spark.createDataFrame([(row.reshape(-1).tolist(), int(label)) for row, label in zip(x, y)],
+                               ["pixels", "target"])
+    net = small_net(seed=10)
+    trainer = SparkTrainer(spark, net, ParameterAveraging(batch_size_per_worker=8, workers=2),
+                           features_col="pixels", label_col="target")
+    trainer.fit(df)
+    assert trainer.history[0]["examples"] == 40
+    bad = spark.createDataFrame([([0.0] * x[0].size, 1), ([0.0] * x[0].size, 7)], ["pixels", "target"]).coalesce(1)
+    with pytest.raises(DataValidationError, match=r"Bad label at partition 0, row 1: expected a class index in \[0, 2\)"):
+        SparkTrainer(spark, small_net(), ParameterAveraging(workers=1), features_col="pixels",
+                     label_col="target").fit(bad)
+    with pytest.raises(DataValidationError, match="Expect DataFrame columns 'features'"):
+        SparkTrainer(spark, small_net(), ParameterAveraging(workers=1)).fit(df)
+
+
+def test_evaluate_predict_score_match_local(sc):
+    x, y = blobs(90, seed=11)
+    net = small_net(seed=12)
+    for _ in range(5):
+        net.fit_batch(x, y)
+    trainer = SparkTrainer(sc, net, ParameterAveraging(workers=2))
+    rdd = sc.parallelize(_pairs(x, y), 3)
+    local = Evaluation(2).eval(y, net.output(x))
+    assert trainer.evaluate(rdd) == local
+    ev, ev2 = trainer.evaluate(rdd, evaluations=[Evaluation(2), Evaluation(2, labels=["a", "b"])])
+    assert ev.confusion_matrix.tolist() == local.confusion_matrix.tolist() == ev2.confusion_matrix.tolist()
+    assert trainer.score(rdd) == pytest.approx(float(net.score(x, y)), rel=1e-5)
+    keyed = trainer.predict(sc.parallelize([(f"k{i}", x[i]) for i in range(len(x))], 4)).collectAsMap()
+    expected = net.output(x)
+    for i in range(len(x)):
+        np.testing.assert_allclose(keyed[f"k{i}"], expected[i], rtol=1e-5, atol=1e-6)
+    plain = np.stack(trainer.predict(sc.parallelize(list(x), 2)).collect())
+    np.testing.assert_allclose(plain, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_checkpoint_resume_continues_exactly(sc, tmp_path):
+    x, y = blobs(60, seed=13)
+    rdd = sc.parallelize(_pairs(x, y), 2)
+    master = ParameterAveraging(batch_size_per_worker=6, averaging_frequency=2, workers=2)
+    straight = small_net(seed=14)
+    SparkTrainer(sc, straight, master).fit(rdd, epochs=3)
+    ckpt = str(tmp_path / "ckpt")
+    first = small_net(seed=14)
+    SparkTrainer(sc, first, master, checkpoint_dir=ckpt).fit(rdd, epochs=2)
+    assert sorted(os.listdir(ckpt)) == ["epoch-00001", "epoch-00002"]
+    resumed = small_net(seed=99)  # different start: everything must come from the checkpoint
+    trainer = SparkTrainer(sc, resumed, master, checkpoint_dir=ckpt)
+    trainer.fit(rdd, epochs=3, resume_from=ckpt)
+    assert trainer.epochs_done == 3 and len(trainer.history) == 3
+    np.testing.assert_allclose(trainer.network.params, straight.params, rtol=1e-5, atol=1e-6)
+    assert trainer.network.iteration == straight.iteration
+
+
+def test_killed_worker_is_retried_and_fit_is_correct(sc, tmp_path):
+    x, y = blobs(40, seed=15)
+    rdd = sc.parallelize(_pairs(x, y), 2)
+    master = ParameterAveraging(batch_size_per_worker=5, averaging_frequency=2, workers=2)
+    clean = small_net(seed=16)
+    SparkTrainer(sc, clean, master).fit(rdd)
+    marker = tmp_path / "kill-me"
+    marker.write_text("x")
+    sc.setLocalProperty("sparkavg.test.kill_marker", str(marker))
+    try:
+        crashed = small_net(seed=16)
+        SparkTrainer(sc, crashed, master).fit(rdd)
+    finally:
+        sc.setLocalProperty("sparkavg.test.kill_marker", None)
+    assert not marker.exists() and (tmp_path / "kill-me.claimed").exists()  # a worker really died
+    np.testing.assert_allclose(crashed.params, clean.params, rtol=1e-6, atol=1e-7)
+
+
+def test_broadcasts_are_destroyed_so_memory_stays_flat(sc):
+    x, y = blobs(200, seed=17)
+    rdd = sc.parallelize(_pairs(x, y), 2)
+    temp = sc._temp_dir
+    before = len(glob.glob(os.path.join(temp, "**"), recursive=True))
+    master = ParameterAveraging(batch_size_per_worker=4, averaging_frequency=1, workers=2)
+    trainer = SparkTrainer(sc, small_net(seed=18), master)
+    trainer.fit(rdd, epochs=1)  # 25 rounds
+    assert trainer.history[0]["rounds"] == 25
+    after = len(glob.glob(os.path.join(temp, "**"), recursive=True))
+    assert after - before <= 1, f"broadcast files leaked: {after - before}"

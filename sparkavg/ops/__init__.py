@@ -1,14 +1,27 @@
 """The one front for kernels.
 
 numpy float32 arrays go to the Cython kernels in ``sparkavg_ext``; CuPy
-arrays go to CuPy kernels; anything else (float64 for gradient checks, or
-``SPARKAVG_PURE_NUMPY=1``) goes to the pure-numpy twins in
-:mod:`sparkavg.ops.reference`.
+arrays go to CuPy kernels (built lazily, :mod:`sparkavg.ops._cuda`);
+anything else (float64 for gradient checks, or ``SPARKAVG_PURE_NUMPY=1``)
+goes to the pure-numpy twins in :mod:`sparkavg.ops.reference`, which are
+also the oracle the tests hold the fast paths to.
+
+- Averaging / updaters (in place, one pass): :func:`accumulate`,
+  :func:`scale`, :func:`sgd_step`, :func:`nesterov_step`,
+  :func:`adagrad_step`, :func:`rmsprop_step`, :func:`adam_step`.
+- Threshold encoding (libnd4j wire formats): :func:`threshold_encode` /
+  :func:`threshold_decode`, :func:`bitmap_encode` / :func:`bitmap_decode`,
+  the switching :func:`encode` / :func:`decode` with :class:`EncodingState`,
+  :func:`encoded_count`, :func:`encoded_nbytes`, :func:`count_above`,
+  :func:`clip_residual`, :func:`default_limit`.
+
+Which inputs are converted and which rejected: :mod:`sparkavg.ops._dispatch`.
 """
 from __future__ import annotations
 
 from . import reference
-from .reference import (  # replaced by dispatching versions as kernels land
+from ._dispatch import have_extension
+from .elementwise import (
     accumulate,
     adagrad_step,
     adam_step,
@@ -17,9 +30,26 @@ from .reference import (  # replaced by dispatching versions as kernels land
     scale,
     sgd_step,
 )
+from .encoding import (
+    BITMAP,
+    SPARSE,
+    EncodingState,
+    bitmap_decode,
+    bitmap_encode,
+    clip_residual,
+    count_above,
+    decode,
+    default_limit,
+    encode,
+    encoded_count,
+    encoded_nbytes,
+    threshold_decode,
+    threshold_encode,
+)
 
 __all__ = [
     "reference",
+    "have_extension",
     "accumulate",
     "scale",
     "sgd_step",
@@ -27,4 +57,18 @@ __all__ = [
     "adagrad_step",
     "rmsprop_step",
     "adam_step",
+    "threshold_encode",
+    "threshold_decode",
+    "bitmap_encode",
+    "bitmap_decode",
+    "encode",
+    "decode",
+    "EncodingState",
+    "SPARSE",
+    "BITMAP",
+    "encoded_count",
+    "encoded_nbytes",
+    "count_above",
+    "clip_residual",
+    "default_limit",
 ]

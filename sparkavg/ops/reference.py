@@ -12,12 +12,44 @@ case it receives the update itself -- that is how gradient sharing gets
 - RMSProp:  c = decay*c + (1-decay)*g*g; p -= lr*g / (sqrt(c) + eps)
 - Adam:     m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g;
             alpha = lr*sqrt(1-b2**t)/(1-b1**t); p -= alpha*m / (sqrt(v) + eps)
+
+Threshold encoding (libnd4j wire formats, int32 arrays; tau travels as the
+bits of float32(threshold) and exactly that value, cast to the residual's
+dtype, is what encoders subtract and decoders add):
+
+- sparse: [count, N, bits(tau), 0] + count signed 1-based indices,
+  ascending; +(i+1) where r[i] >= tau (then r[i] -= tau), -(i+1) where
+  r[i] <= -tau (then r[i] += tau); at most ``limit`` entries (the first
+  ones); nothing (None) when fewer than 2 entries qualify.
+- bitmap: [N, N, bits(tau), 1] + (N // 16 + 1) words; word k covers
+  elements 16k..16k+15, bit b = "sends tau", bit b+16 = "negative".
+  Symmetric: |r| >= tau sends +-tau; unlike libnd4j, values in
+  (-tau, -tau/2] are NOT sent as -tau/2 (sign bit alone), and such words
+  are rejected by the decoder.
+
+These functions check their data (NaN/inf in a residual, bad indices or
+words in a message) but not their arguments' types: :mod:`sparkavg.ops`
+does that before dispatching here.
 """
 from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ..backend import get_array_module
+from ._checks import (
+    BITMAP_FLAG,
+    SPARSE_FLAG,
+    bad_index_error,
+    bad_word_error,
+    bits_float,
+    check_clip_factor,
+    check_limit,
+    check_threshold,
+    float_bits,
+    non_finite_error,
+)
 
 __all__ = [
     "accumulate",
@@ -27,6 +59,12 @@ __all__ = [
     "adagrad_step",
     "rmsprop_step",
     "adam_step",
+    "threshold_encode",
+    "threshold_decode",
+    "bitmap_encode",
+    "bitmap_decode",
+    "count_above",
+    "clip_residual",
 ]
 
 
@@ -90,3 +128,127 @@ def adam_step(params, grads, m, v, lr, beta1=0.9, beta2=0.999, eps=1e-8, t=1):
     alpha = lr * math.sqrt(1.0 - beta2**t) / (1.0 - beta1**t)
     params -= ty(alpha) * m / (xp.sqrt(v) + ty(eps))
     return params
+
+
+# ----------------------------------------------------------------- encoding
+def _check_finite(residual):
+    xp = get_array_module(residual)
+    bad = ~xp.isfinite(residual)
+    n_bad = int(bad.sum())
+    if n_bad:
+        raise non_finite_error(n_bad, int(xp.flatnonzero(bad)[0]))
+
+
+def _sparse_encode(residual, tau, limit, apply_when_capped=True):
+    """(message or None, total): see :func:`threshold_encode`; with
+    ``apply_when_capped=False`` nothing is sent when total >= limit."""
+    xp = get_array_module(residual)
+    n = residual.size
+    _check_finite(residual)
+    tt = residual.dtype.type(tau)
+    idx = xp.flatnonzero(xp.abs(residual) >= tt)
+    total = int(idx.size)
+    if total < 2 or (total >= limit and not apply_when_capped):
+        return None, total
+    idx = idx[:limit]
+    neg = residual[idx] < 0
+    body = xp.where(neg, -(idx + 1), idx + 1).astype(xp.int32)
+    # r - (-tau) is r + tau to the last bit: one subtraction serves both signs.
+    residual[idx] -= xp.where(neg, -tt, tt)
+    header = xp.asarray([body.size, n, float_bits(tau), SPARSE_FLAG], dtype=xp.int32)
+    return xp.concatenate([header, body]), total
+
+
+def _bitmap_encode(residual, tau):
+    """(message, count): see :func:`bitmap_encode`."""
+    xp = get_array_module(residual)
+    n = residual.size
+    _check_finite(residual)
+    tt = residual.dtype.type(tau)
+    nwords = n // 16 + 1
+    sends = xp.zeros(nwords * 16, dtype=bool)
+    negative = xp.zeros(nwords * 16, dtype=bool)
+    sends[:n] = xp.abs(residual) >= tt
+    negative[:n] = residual <= -tt
+    weights = xp.left_shift(xp.uint32(1), xp.arange(16, dtype=xp.uint32))
+    low = (sends.reshape(nwords, 16) * weights).sum(axis=1, dtype=xp.uint32)
+    high = (negative.reshape(nwords, 16) * weights).sum(axis=1, dtype=xp.uint32)
+    words = (low | (high << xp.uint32(16))).view(xp.int32)
+    residual[sends[:n] & ~negative[:n]] -= tt
+    residual[negative[:n]] += tt
+    header = xp.asarray([n, n, float_bits(tau), BITMAP_FLAG], dtype=xp.int32)
+    return xp.concatenate([header, words]), int(sends.sum())
+
+
+def threshold_encode(residual, threshold, limit=None):
+    """Sparse-encode ``residual`` in place; int32[4 + count] or None."""
+    tau = check_threshold(threshold)
+    return _sparse_encode(residual, tau, check_limit(limit, residual.size))[0]
+
+
+def bitmap_encode(residual, threshold):
+    """Bitmap-encode ``residual`` in place; int32[N // 16 + 5]."""
+    return _bitmap_encode(residual, check_threshold(threshold))[0]
+
+
+def threshold_decode(encoded, target):
+    """target[|v|-1] += sign(v)*tau for each body entry v, in place.
+
+    Assumes a checked header (flag 0, N == target.size); checks the body
+    before touching the target.  Repeated indices add up in order.
+    """
+    xp = get_array_module(target)
+    n = target.size
+    count = int(encoded[0])
+    tau = target.dtype.type(bits_float(int(encoded[2])))
+    body = xp.asarray(encoded[4:4 + count], dtype=xp.int64)
+    bad = (body == 0) | (body > n) | (body < -n)
+    if bool(bad.any()):
+        pos = int(xp.flatnonzero(bad)[0])
+        raise bad_index_error(pos, int(body[pos]), n)
+    idx = xp.abs(body) - 1
+    vals = xp.where(body > 0, tau, -tau).astype(target.dtype)
+    xp.add.at(target, idx, vals)
+    return target
+
+
+def bitmap_decode(encoded, target):
+    """target[16k+b] += +-tau for each value bit of word 4+k, in place.
+
+    Assumes a checked header (flag 1, N == target.size, length N // 16 + 5);
+    checks every word before touching the target.
+    """
+    xp = get_array_module(target)
+    n = target.size
+    tau = target.dtype.type(bits_float(int(encoded[2])))
+    words = xp.asarray(encoded[4:]).view(xp.uint32)
+    shifts = xp.arange(16, dtype=xp.uint32)
+    sends = ((words[:, None] >> shifts) & xp.uint32(1)).astype(bool)
+    negative = ((words[:, None] >> (shifts + xp.uint32(16))) & xp.uint32(1)).astype(bool)
+    past_end = xp.arange(words.size * 16).reshape(-1, 16) >= n
+    bad = ((negative & ~sends) | (sends & past_end)).any(axis=1)
+    if bool(bad.any()):
+        pos = int(xp.flatnonzero(bad)[0])
+        raise bad_word_error(pos, int(words[pos]), n)
+    sends = sends.reshape(-1)[:n]
+    negative = negative.reshape(-1)[:n]
+    # Only touched entries change: adding 0 would turn -0.0 into +0.0.
+    target[sends & ~negative] += tau
+    target[sends & negative] -= tau
+    return target
+
+
+def count_above(residual, threshold):
+    """How many entries have |r| >= tau (NaN never counts, inf does)."""
+    xp = get_array_module(residual)
+    tt = residual.dtype.type(check_threshold(threshold))
+    return int(xp.count_nonzero(xp.abs(residual) >= tt))
+
+
+def clip_residual(residual, threshold, k=5.0):
+    """Clip ``residual`` to [-k*tau, k*tau] in place (NaN stays NaN)."""
+    xp = get_array_module(residual)
+    tau = check_threshold(threshold)
+    bound = residual.dtype.type(check_clip_factor(k) * float(tau))
+    xp.clip(residual, -bound, bound, out=residual)
+    return residual

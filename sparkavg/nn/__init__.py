@@ -1,0 +1,36 @@
+"""The network engine: layers over one flat parameter vector, flat
+updater state, array-module generic (numpy or CuPy).
+
+Modules: :mod:`.network` (``Network``), :mod:`.layers`, :mod:`.updaters`,
+:mod:`.activations`, :mod:`.initializers`, :mod:`.kernels` (im2col /
+pooling, Cython-backed), :mod:`.serialization` (npz model files),
+:mod:`.zoo` (``lenet``).
+"""
+from . import zoo
+from .layers import Activation, AvgPool2D, Conv2D, Dense, Dropout, Layer, MaxPool2D, Output
+from .network import Network
+from .serialization import ModelFileError
+from .updaters import SGD, Adagrad, Adam, Nadam, Nesterov, RMSProp, Updater
+from .zoo import lenet
+
+__all__ = [
+    "Network",
+    "Layer",
+    "Conv2D",
+    "MaxPool2D",
+    "AvgPool2D",
+    "Dense",
+    "Output",
+    "Activation",
+    "Dropout",
+    "Updater",
+    "SGD",
+    "Nesterov",
+    "Adagrad",
+    "RMSProp",
+    "Adam",
+    "Nadam",
+    "ModelFileError",
+    "lenet",
+    "zoo",
+]

@@ -1,0 +1,138 @@
+"""LeNet train-step time: sparkavg.nn against PyTorch CPU, same run.
+
+One step = forward + backward + Adam(lr=1e-3) on a batch of 64 1x28x28
+inputs, for the seeds' LeNet (conv 5x5x20 -> max-pool 2 -> conv 5x5x50 ->
+max-pool 2 -> dense 500 relu -> softmax NLL; 431,080 parameters) in both
+frameworks, float32, with the same number of BLAS/OpenMP threads
+(``torch.set_num_threads`` and ``sparkavg.threads.set_threads``).
+
+The two are measured in alternating blocks of steps (after a warm-up), so
+that load from other processes on a shared machine hits both alike; the
+figure is the median step time of each and their ratio.  PyTorch is only
+the baseline here, never a dependency of sparkavg.
+
+    python benchmarks/bench_lenet.py --threads 2 --out /tmp/lenet.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=2, help="BLAS/OpenMP threads for both (default 2)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--warmup", type=int, default=20, help="steps of each before timing")
+    p.add_argument("--steps", type=int, default=200, help="timed steps of each")
+    p.add_argument("--block", type=int, default=10, help="steps per alternating block")
+    p.add_argument("--seed", type=int, default=123)
+    p.add_argument("--out", help="also write the JSON here")
+    return p.parse_args(argv)
+
+
+def _torch_lenet(torch, seed):
+    torch.manual_seed(seed)
+    nn = torch.nn
+    return nn.Sequential(
+        nn.Conv2d(1, 20, 5), nn.MaxPool2d(2), nn.Conv2d(20, 50, 5), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(800, 500), nn.ReLU(), nn.Linear(500, 10),
+    )
+
+
+def main(argv=None):
+    args = _parse(argv)
+    # Both libraries must see the limit before their pools start.
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(args.threads)
+    import torch
+
+    from sparkavg.nn import Adam, kernels, lenet
+    from sparkavg.threads import set_threads
+
+    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
+
+    rng = np.random.default_rng(args.seed)
+    n_batches = 8
+    xs = rng.random((n_batches, args.batch_size, 1, 28, 28), dtype=np.float32)
+    ys = rng.integers(0, 10, size=(n_batches, args.batch_size))
+
+    net = lenet(seed=args.seed, updater=Adam(lr=1e-3))
+    model = _torch_lenet(torch, args.seed)
+    n_torch = sum(p.numel() for p in model.parameters())
+    if n_torch != net.num_params:
+        raise SystemExit(f"architectures differ: torch {n_torch} vs sparkavg {net.num_params} parameters")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    txs = [torch.from_numpy(x) for x in xs]
+    tys = [torch.from_numpy(y) for y in ys]
+
+    def ours(i):
+        net.fit_batch(xs[i % n_batches], ys[i % n_batches])
+
+    def theirs(i):
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(txs[i % n_batches]), tys[i % n_batches])
+        loss.backward()
+        opt.step()
+
+    for i in range(args.warmup):
+        ours(i)
+        theirs(i)
+
+    times = {"sparkavg": [], "torch": []}
+    done = 0
+    while done < args.steps:
+        block = min(args.block, args.steps - done)
+        for name, step in (("sparkavg", ours), ("torch", theirs)):
+            for i in range(done, done + block):
+                t0 = time.perf_counter()
+                step(i)
+                times[name].append(time.perf_counter() - t0)
+        done += block
+
+    def stats(v):
+        q = statistics.quantiles(v, n=4)
+        return {"median_ms": statistics.median(v) * 1e3, "p25_ms": q[0] * 1e3, "p75_ms": q[2] * 1e3,
+                "min_ms": min(v) * 1e3}
+
+    ours_s, theirs_s = stats(times["sparkavg"]), stats(times["torch"])
+    result = {
+        "benchmark": "lenet_train_step",
+        "step": "forward+backward+Adam(lr=1e-3), float32",
+        "batch_size": args.batch_size,
+        "threads": args.threads,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "num_params": net.num_params,
+        "sparkavg": ours_s,
+        "torch": theirs_s,
+        "sparkavg_ms": ours_s["median_ms"],
+        "torch_ms": theirs_s["median_ms"],
+        "ratio": ours_s["median_ms"] / theirs_s["median_ms"],
+        "cython_kernels": kernels.extension_available(),
+        "torch_version": torch.__version__,
+        "numpy_version": np.__version__,
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+    }
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,594 @@
+"""Layers of a :class:`~sparkavg.nn.Network`.
+
+A layer is first a configuration (its constructor arguments, round-tripped
+through :meth:`Layer.get_config` / :func:`layer_from_config`), then, once a
+network builds it, a piece of runtime: its parameters and gradients are
+views into the network's flat vectors (:meth:`Layer.bind`), and
+``forward`` / ``backward`` reuse per-layer work buffers between steps.
+
+Shapes.  Users speak NCHW: a network's ``input_shape`` is (C, H, W) or
+(features,), and :attr:`Layer.output_shape` uses the same convention.
+Inside, feature maps travel channels-last, (N, H, W, C), because im2col
+rows are then contiguous runs of KW*C values and a convolution is one GEMM
+(see :mod:`sparkavg.nn.kernels`).  Consequences that show in the flat
+parameter vector: a Conv2D kernel is stored as (KH, KW, C_in, F), and a
+Dense layer after a convolution sees its input flattened in (H, W, C)
+order.  Dense weights are (n_in, n_out).
+
+Ownership.  An array returned by ``forward`` or ``backward`` belongs to the
+layer and is overwritten by its next call; the network copies what it hands
+out.  ``backward`` may overwrite the gradient array it receives.
+"""
+from __future__ import annotations
+
+import math
+from collections import namedtuple
+
+import numpy as np
+
+from ..backend import get_array_module
+from . import activations, kernels
+from .initializers import check_weight_init, init_weights
+
+__all__ = [
+    "Layer",
+    "Conv2D",
+    "MaxPool2D",
+    "AvgPool2D",
+    "Dense",
+    "Output",
+    "Activation",
+    "Dropout",
+    "ParamSpec",
+    "layer_from_config",
+    "LOSSES",
+]
+
+#: A parameter a layer owns: ``regularized`` marks weights (L2 / weight
+#: decay apply) as opposed to biases.
+ParamSpec = namedtuple("ParamSpec", "name shape regularized")
+
+LOSSES = ("nll", "mse")
+
+
+def _pair(name, value, minimum):
+    """An int or a pair of ints -> tuple of two ints >= minimum."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        value = (int(value), int(value))
+    try:
+        pair = tuple(int(v) for v in value)
+        ok = len(pair) == 2 and all(float(v) == p for v, p in zip(value, pair))
+    except (TypeError, ValueError):
+        ok = False
+    if not ok or min(pair) < minimum:
+        raise ValueError(f"Expect {name} as an int or a pair of ints >= {minimum}, got {value!r}")
+    return pair
+
+
+def _positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"Expect {name} as an int >= 1, got {value!r}")
+    return int(value)
+
+
+class Layer:
+    """Base class.  Subclasses set :attr:`output_shape` in :meth:`build`."""
+
+    def __init__(self):
+        self.input_shape = None
+        self.output_shape = None
+        self._ws = {}
+
+    # ----------------------------------------------------------- config
+    def _config(self) -> dict:
+        return {}
+
+    def get_config(self) -> dict:
+        """JSON-ready dict ``{"type": class name, **constructor arguments}``."""
+        return {"type": type(self).__name__, **self._config()}
+
+    def __repr__(self):
+        args = ", ".join(f"{k}={v!r}" for k, v in self._config().items())
+        return f"{type(self).__name__}({args})"
+
+    # ------------------------------------------------------------ build
+    def build(self, input_shape: tuple) -> tuple:
+        """Fix the input shape (NCHW convention, no batch axis); return the output shape."""
+        self.input_shape = tuple(input_shape)
+        self.output_shape = self.input_shape
+        return self.output_shape
+
+    def param_specs(self) -> list:
+        """The parameters this layer owns, in flat-vector order."""
+        return []
+
+    def initial_value(self, spec: ParamSpec, rng: np.random.Generator):
+        """Float64 numpy initial value of parameter ``spec``."""
+        return np.zeros(spec.shape)
+
+    def bind(self, params: dict, grads: dict) -> None:
+        """Receive views (name -> array) into the flat parameter and gradient vectors."""
+        self.reset_workspace()
+
+    def reset_workspace(self) -> None:
+        """Drop cached work buffers (after a device move or to free memory)."""
+        self._ws = {}
+
+    def _buffer(self, name, shape, like, dtype=None):
+        """A cached uninitialised work array of ``shape`` on ``like``'s device,
+        with ``like``'s dtype unless ``dtype`` is given."""
+        key = (name, tuple(shape))
+        buf = self._ws.get(key)
+        if buf is None:
+            if len(self._ws) > 16:  # many batch sizes seen: keep memory bounded
+                self._ws = {}
+            buf = get_array_module(like).empty(shape, dtype=like.dtype if dtype is None else dtype)
+            self._ws[key] = buf
+        return buf
+
+    def _ones(self, n, like):
+        key = ("ones", n)
+        buf = self._ws.get(key)
+        if buf is None:
+            buf = get_array_module(like).ones(n, dtype=like.dtype)
+            self._ws[key] = buf
+        return buf
+
+    # ----------------------------------------------------------- compute
+    def forward(self, x, training: bool):
+        """(N, *internal input shape) -> (N, *internal output shape)."""
+        return x
+
+    def backward(self, dy, need_dx: bool):
+        """Write parameter gradients; return dL/dx (or None when not needed)."""
+        return dy if need_dx else None
+
+
+def _internal_shape(shape):
+    """NCHW logical shape -> internal per-sample array shape (channels last)."""
+    if len(shape) == 3:
+        c, h, w = shape
+        return (h, w, c)
+    return tuple(shape)
+
+
+class _Weighted(Layer):
+    """A layer with weights W, bias b and an element-wise activation."""
+
+    def __init__(self, activation, weight_init):
+        super().__init__()
+        self.activation = activations.check_activation(activation)
+        self.weight_init = check_weight_init(weight_init)
+        self.W = self.b = self.dW = self.db = None
+
+    def _fans(self):
+        raise NotImplementedError
+
+    def initial_value(self, spec, rng):
+        if spec.name == "b":
+            return np.zeros(spec.shape)
+        fan_in, fan_out = self._fans()
+        return init_weights(self.weight_init, spec.shape, fan_in, fan_out, rng)
+
+    def bind(self, params, grads):
+        super().bind(params, grads)
+        self.W, self.b = params["W"], params["b"]
+        self.dW, self.db = grads["W"], grads["b"]
+
+
+class Conv2D(_Weighted):
+    """2-D convolution (cross-correlation, as every DL framework), zero padding,
+    'truncate' output size floor((H + 2p - k) / s) + 1.
+
+    Parameters
+    ----------
+    filters : int
+        Output channels F.
+    kernel_size, stride, padding : int or (int, int)
+        Window (KH, KW), step (SH, SW) and symmetric zero padding (PH, PW).
+    activation : str
+        One of :data:`sparkavg.nn.activations.ACTIVATIONS` except softmax.
+    weight_init : str
+        See :mod:`sparkavg.nn.initializers`.
+
+    Parameters in the flat vector: W (KH, KW, C_in, F), then b (F,).
+    """
+
+    def __init__(self, filters, kernel_size, stride=1, padding=0, activation="identity",
+                 weight_init="xavier"):
+        super().__init__(activation, weight_init)
+        if activation == "softmax":
+            raise ValueError("Expect a per-element activation for Conv2D, got 'softmax'")
+        self.filters = _positive_int("filters", filters)
+        self.kernel_size = _pair("kernel_size", kernel_size, 1)
+        self.stride = _pair("stride", stride, 1)
+        self.padding = _pair("padding", padding, 0)
+
+    def _config(self):
+        return {"filters": self.filters, "kernel_size": list(self.kernel_size),
+                "stride": list(self.stride), "padding": list(self.padding),
+                "activation": self.activation, "weight_init": self.weight_init}
+
+    def build(self, input_shape):
+        if len(input_shape) != 3:
+            raise ValueError(f"Expect a (C, H, W) input to Conv2D, got shape {tuple(input_shape)}")
+        self.input_shape = tuple(input_shape)
+        c, h, w = input_shape
+        (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
+        oh, ow = (kernels.conv_output_size(h, kh, sh, ph), kernels.conv_output_size(w, kw, sw, pw))
+        if oh < 1 or ow < 1:
+            raise ValueError(f"Expect a Conv2D kernel {kh}x{kw} (padding {ph}, {pw}) that fits the "
+                             f"input {h}x{w}, got an empty output")
+        self.output_shape = (self.filters, oh, ow)
+        return self.output_shape
+
+    def param_specs(self):
+        kh, kw = self.kernel_size
+        return [ParamSpec("W", (kh, kw, self.input_shape[0], self.filters), True),
+                ParamSpec("b", (self.filters,), False)]
+
+    def _fans(self):
+        (kh, kw), (sh, sw) = self.kernel_size, self.stride
+        return self.input_shape[0] * kh * kw, self.filters * kh * kw / (sh * sw)
+
+    def bind(self, params, grads):
+        super().bind(params, grads)
+        k = self.W.shape[0] * self.W.shape[1] * self.W.shape[2]
+        self._W2 = self.W.reshape(k, self.filters)
+        self._dW2 = self.dW.reshape(k, self.filters)
+
+    def _pointwise(self):
+        return self.kernel_size == (1, 1) and self.stride == (1, 1) and self.padding == (0, 0)
+
+    def forward(self, x, training):
+        xp = get_array_module(x)
+        n = x.shape[0]
+        f, oh, ow = self.output_shape
+        (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
+        rows = n * oh * ow
+        if self._pointwise():
+            cols = x.reshape(rows, x.shape[3])
+        else:
+            cols = kernels.im2col(x, kh, kw, sh, sw, ph, pw,
+                                  out=self._buffer("cols", (rows, self._W2.shape[0]), x))
+        y = self._buffer("y", (rows, f), x)
+        xp.matmul(cols, self._W2, out=y)
+        y += self.b
+        activations.forward(self.activation, y)
+        self._x_shape, self._cols, self._y = x.shape, cols, y
+        return y.reshape(n, oh, ow, f)
+
+    def backward(self, dy, need_dx):
+        xp = get_array_module(dy)
+        cols, y = self._cols, self._y
+        dz = activations.backward(self.activation, dy.reshape(y.shape), y)
+        xp.matmul(cols.T, dz, out=self._dW2)
+        xp.matmul(self._ones(dz.shape[0], dz), dz, out=self.db)  # GEMV: faster than sum(axis=0)
+        if not need_dx:
+            return None
+        if self._pointwise():
+            dx = self._buffer("dx", self._x_shape, dz)
+            xp.matmul(dz, self._W2.T, out=dx.reshape(cols.shape))
+            return dx
+        dcols = self._buffer("dcols", cols.shape, dz)
+        xp.matmul(dz, self._W2.T, out=dcols)
+        (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
+        return kernels.col2im(dcols, kh, kw, sh, sw, ph, pw, out=self._buffer("dx", self._x_shape, dz))
+
+
+class _Pool2D(Layer):
+    def __init__(self, pool_size=2, stride=None):
+        super().__init__()
+        self.pool_size = _pair("pool_size", pool_size, 1)
+        self.stride = self.pool_size if stride is None else _pair("stride", stride, 1)
+
+    def _config(self):
+        return {"pool_size": list(self.pool_size), "stride": list(self.stride)}
+
+    def build(self, input_shape):
+        name = type(self).__name__
+        if len(input_shape) != 3:
+            raise ValueError(f"Expect a (C, H, W) input to {name}, got shape {tuple(input_shape)}")
+        self.input_shape = tuple(input_shape)
+        c, h, w = input_shape
+        (kh, kw), (sh, sw) = self.pool_size, self.stride
+        oh, ow = kernels.conv_output_size(h, kh, sh, 0), kernels.conv_output_size(w, kw, sw, 0)
+        if oh < 1 or ow < 1:
+            raise ValueError(f"Expect a {name} window {kh}x{kw} that fits the input {h}x{w}")
+        self.output_shape = (c, oh, ow)
+        return self.output_shape
+
+
+class MaxPool2D(_Pool2D):
+    """Max pooling over (KH, KW) windows with step ``stride`` (default: the
+    window, i.e. non-overlapping); no padding, 'truncate' output size.  The
+    gradient goes to the first maximal element of each window."""
+
+    def forward(self, x, training):
+        c, oh, ow = self.output_shape
+        n = x.shape[0]
+        (kh, kw), (sh, sw) = self.pool_size, self.stride
+        out = self._buffer("y", (n, oh, ow, c), x)
+        argmax = self._buffer("argmax", (n, oh, ow, c), x, dtype=np.int32)
+        kernels.maxpool_forward(x, kh, kw, sh, sw, out=out, argmax=argmax)
+        self._x_shape, self._argmax = x.shape, argmax
+        return out
+
+    def backward(self, dy, need_dx):
+        if not need_dx:
+            return None
+        (kh, kw), (sh, sw) = self.pool_size, self.stride
+        dx = self._buffer("dx", self._x_shape, dy)
+        return kernels.maxpool_backward(dy, self._argmax, kh, kw, sh, sw, out=dx)
+
+
+class AvgPool2D(_Pool2D):
+    """Average pooling over (KH, KW) windows; see :class:`MaxPool2D`."""
+
+    def forward(self, x, training):
+        c, oh, ow = self.output_shape
+        (kh, kw), (sh, sw) = self.pool_size, self.stride
+        self._x_shape = x.shape
+        return kernels.avgpool_forward(x, kh, kw, sh, sw, out=self._buffer("y", (x.shape[0], oh, ow, c), x))
+
+    def backward(self, dy, need_dx):
+        if not need_dx:
+            return None
+        (kh, kw), (sh, sw) = self.pool_size, self.stride
+        return kernels.avgpool_backward(dy, kh, kw, sh, sw, out=self._buffer("dx", self._x_shape, dy))
+
+
+class Dense(_Weighted):
+    """Fully connected layer ``act(x @ W + b)``; a (C, H, W) input is flattened.
+
+    Parameters in the flat vector: W (n_in, units), then b (units,).
+    """
+
+    def __init__(self, units, activation="relu", weight_init="xavier"):
+        super().__init__(activation, weight_init)
+        self.units = _positive_int("units", units)
+
+    def _config(self):
+        return {"units": self.units, "activation": self.activation, "weight_init": self.weight_init}
+
+    def build(self, input_shape):
+        self.input_shape = tuple(input_shape)
+        self.n_in = int(math.prod(input_shape))
+        self.output_shape = (self.units,)
+        return self.output_shape
+
+    def param_specs(self):
+        return [ParamSpec("W", (self.n_in, self.units), True), ParamSpec("b", (self.units,), False)]
+
+    def _fans(self):
+        return self.n_in, self.units
+
+    def _affine(self, x):
+        xp = get_array_module(x)
+        x2 = x.reshape(x.shape[0], self.n_in)
+        z = self._buffer("y", (x.shape[0], self.units), x)
+        xp.matmul(x2, self.W, out=z)
+        z += self.b
+        self._x_shape, self._x2 = x.shape, x2
+        return z
+
+    def _affine_backward(self, dz, need_dx):
+        xp = get_array_module(dz)
+        xp.matmul(self._x2.T, dz, out=self.dW)
+        xp.matmul(self._ones(dz.shape[0], dz), dz, out=self.db)
+        if not need_dx:
+            return None
+        dx = self._buffer("dx", self._x_shape, dz)
+        xp.matmul(dz, self.W.T, out=dx.reshape(dz.shape[0], self.n_in))
+        return dx
+
+    def forward(self, x, training):
+        self._y = activations.forward(self.activation, self._affine(x))
+        return self._y
+
+    def backward(self, dy, need_dx):
+        return self._affine_backward(activations.backward(self.activation, dy, self._y), need_dx)
+
+
+class Output(Dense):
+    """The last layer: dense + activation + loss.
+
+    ``loss='nll'`` (negative log-likelihood, i.e. multi-class cross-entropy)
+    needs ``activation='softmax'`` (the default for it); the gradient
+    ``(p - y) / N`` is fused and computed from log-sum-exp, so it is stable.
+    ``loss='mse'`` (regression; mean over batch and units of the squared
+    error, DL4J's LossMSE) defaults to ``activation='identity'``.
+
+    Labels: for nll, int class indices (N,) or one-hot / probability rows
+    (N, units); for mse, targets (N, units), or (N,) when units == 1.
+    """
+
+    def __init__(self, units, activation=None, loss="nll", weight_init="xavier"):
+        if loss not in LOSSES:
+            raise ValueError(f"Expect loss in {LOSSES}, got {loss!r}")
+        if activation is None:
+            activation = "softmax" if loss == "nll" else "identity"
+        if loss == "nll" and activation != "softmax":
+            raise ValueError(f"Expect activation 'softmax' with loss 'nll', got {activation!r}")
+        super().__init__(units, activation, weight_init)
+        self.loss_name = loss
+
+    def _config(self):
+        return {"units": self.units, "activation": self.activation, "loss": self.loss_name,
+                "weight_init": self.weight_init}
+
+    def forward(self, x, training):
+        z = self._affine(x)
+        if self.loss_name == "nll":
+            # Keep the logits for a stable log-likelihood; p = softmax(z).
+            xp = get_array_module(z)
+            self._zmax = z.max(axis=1, keepdims=True)
+            p = self._buffer("p", z.shape, z)
+            xp.subtract(z, self._zmax, out=p)
+            xp.exp(p, out=p)
+            self._zsum = p.sum(axis=1, keepdims=True)
+            p /= self._zsum
+            self._z, self._y = z, p
+        else:
+            self._y = activations.forward(self.activation, z)
+        return self._y
+
+    # ----------------------------------------------------------- labels
+    def prepare_labels(self, y, n, xp, dtype):
+        """Validate labels for a batch of ``n``; return ('index', int array) or
+        ('dense', float array of shape (n, units)) on module ``xp``."""
+        k = self.units
+        shape = tuple(getattr(y, "shape", np.shape(y)))
+        if self.loss_name == "nll":
+            expected = f"({n},) class indices or ({n}, {k}) one-hot rows"
+            if shape == (n, k):
+                return "dense", xp.asarray(y, dtype=dtype)
+            if shape == (n,):
+                labels = xp.asarray(y)
+                if labels.dtype.kind == "f":
+                    if n and not bool((labels == xp.floor(labels)).all()):  # device -> host sync
+                        raise ValueError(f"Expect integer class labels, got non-integral floats")
+                elif labels.dtype.kind not in "iu":
+                    raise ValueError(f"Expect integer class labels, got dtype {labels.dtype}")
+                labels = labels.astype(xp.int64, copy=False)
+                if n:
+                    lo, hi = int(labels.min()), int(labels.max())  # device -> host sync
+                    if lo < 0 or hi >= k:
+                        raise ValueError(f"Expect class labels in [0, {k}), got values from {lo} to {hi}")
+                return "index", labels
+        else:
+            expected = f"({n}, {k})" + (f" or ({n},)" if k == 1 else "")
+            if shape == (n, k) or (k == 1 and shape == (n,)):
+                return "dense", xp.asarray(y, dtype=dtype).reshape(n, k)
+        raise ValueError(f"Expect labels of shape {expected}, got {shape}")
+
+    # ------------------------------------------------------------- loss
+    def loss(self, labels) -> float:
+        """Mean loss of the last forward pass against prepared ``labels`` (a
+        device -> host sync on CuPy)."""
+        kind, y = labels
+        xp = get_array_module(self._y)
+        n = self._y.shape[0]
+        if self.loss_name == "mse":
+            err = self._y - y
+            return float((err * err).sum()) / (n * self.units)
+        # log p_ij = z_ij - max_i - log(sum_i)
+        shift = self._zmax + xp.log(self._zsum)
+        if kind == "index":
+            picked = xp.take_along_axis(self._z, y[:, None], axis=1)
+            return float((shift - picked).sum()) / n
+        return float((y * (shift - self._z)).sum()) / n
+
+    def backward_loss(self, labels, need_dx):
+        """Gradient of the mean loss: fills dW, db; returns dL/dx (or None)."""
+        kind, y = labels
+        xp = get_array_module(self._y)
+        n = self._y.shape[0]
+        dz = self._buffer("dz", self._y.shape, self._y)
+        if self.loss_name == "nll":
+            if kind == "index":
+                dz[...] = self._y
+                dz[xp.arange(n), y] -= 1
+            else:
+                xp.multiply(self._y, y.sum(axis=1, keepdims=True), out=dz)
+                dz -= y
+            dz *= dz.dtype.type(1.0 / n)
+        else:
+            xp.subtract(self._y, y, out=dz)
+            dz *= dz.dtype.type(2.0 / (n * self.units))
+            activations.backward(self.activation, dz, self._y)
+        return self._affine_backward(dz, need_dx)
+
+    def backward(self, dy, need_dx):  # pragma: no cover - the network calls backward_loss
+        raise TypeError("Output.backward_loss(labels, need_dx) starts back-propagation")
+
+
+class Activation(Layer):
+    """A standalone activation (``softmax`` needs a (units,) input)."""
+
+    def __init__(self, name):
+        super().__init__()
+        self.name = activations.check_activation(name)
+
+    def _config(self):
+        return {"name": self.name}
+
+    def build(self, input_shape):
+        if self.name == "softmax" and len(input_shape) != 1:
+            raise ValueError(f"Expect a (units,) input to softmax, got shape {tuple(input_shape)}")
+        return super().build(input_shape)
+
+    def forward(self, x, training):
+        y = self._buffer("y", x.shape, x)
+        y[...] = x
+        self._y = activations.forward(self.name, y)
+        return self._y
+
+    def backward(self, dy, need_dx):
+        if not need_dx:
+            return None
+        return activations.backward(self.name, dy, self._y)
+
+
+class Dropout(Layer):
+    """Inverted dropout: in training each value is zeroed with probability
+    ``rate`` and the survivors scaled by 1/(1-rate); at inference it is the
+    identity.  ``rate`` is the DROP probability (Keras' convention; DL4J's
+    ``dropOut(p)`` takes the RETAIN probability).  Masks come from a
+    generator seeded from the network seed and the layer's position."""
+
+    def __init__(self, rate):
+        super().__init__()
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
+            raise ValueError(f"Expect a dropout rate with 0 <= rate < 1, got {rate!r}")
+        self.rate = float(rate)
+        self._seed = 0
+        self._rng = None
+        self._rng_xp = None
+
+    def _config(self):
+        return {"rate": self.rate}
+
+    def reseed(self, seed: int, xp=np) -> None:
+        """Restart the mask generator (``xp.random.default_rng(seed)``)."""
+        self._seed = int(seed)
+        self._rng = xp.random.default_rng(self._seed)
+        self._rng_xp = xp
+
+    def forward(self, x, training):
+        if not training or self.rate == 0.0:
+            self._mask = None
+            return x
+        if self._rng_xp is not get_array_module(x):  # first use, or moved between devices
+            self.reseed(self._seed, get_array_module(x))
+        mask = self._buffer("mask", x.shape, x)
+        mask[...] = self._rng.random(x.shape, dtype=x.dtype) >= self.rate
+        mask *= mask.dtype.type(1.0 / (1.0 - self.rate))
+        self._mask = mask
+        y = self._buffer("y", x.shape, x)
+        get_array_module(x).multiply(x, mask, out=y)
+        return y
+
+    def backward(self, dy, need_dx):
+        if not need_dx:
+            return None
+        if self._mask is not None:
+            dy *= self._mask
+        return dy
+
+
+_LAYERS = {cls.__name__: cls for cls in (Conv2D, MaxPool2D, AvgPool2D, Dense, Output, Activation, Dropout)}
+
+
+def layer_from_config(config: dict) -> Layer:
+    """Build a fresh layer from :meth:`Layer.get_config` output."""
+    if not isinstance(config, dict) or "type" not in config:
+        raise ValueError(f"Expect a layer config dict with a 'type', got {config!r}")
+    args = dict(config)
+    name = args.pop("type")
+    if name not in _LAYERS:
+        raise ValueError(f"Expect a layer type in {sorted(_LAYERS)}, got {name!r}")
+    try:
+        return _LAYERS[name](**args)
+    except TypeError as exc:
+        raise ValueError(f"Bad arguments for layer {name}: {exc}") from None

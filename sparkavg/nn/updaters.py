@@ -1,0 +1,217 @@
+"""Updaters: frozen dataclasses that turn a flat gradient into a flat update.
+
+Each updater owns nothing but its hyper-parameters; its state lives in one
+flat vector the network allocates (``state_size(n)`` values for ``n``
+parameters), so averaging and saving treat it like the parameters.
+
+``apply(update, grads, state, iteration)`` ADDS the step to ``update``
+(the network passes a zeroed buffer, so it receives exactly the update the
+parameters get) through the fused in-place kernels of :mod:`sparkavg.ops`.
+``iteration`` counts completed steps; Adam's bias correction uses
+``t = iteration + 1``.
+
+=============  ===============  ==============================================
+updater        state            formula (see sparkavg/ops/reference.py)
+=============  ===============  ==============================================
+``SGD``        none             u = -lr*g
+``Nesterov``   v (n)            DL4J's Nesterov momentum
+``Adagrad``    h (n)            h += g^2; u = -lr*g/(sqrt(h)+eps)
+``RMSProp``    c (n)            c = d*c + (1-d)*g^2; u = -lr*g/(sqrt(c)+eps)
+``Adam``       [m | v] (2n)     Kingma & Ba with bias correction
+``Nadam``      [m | v] (2n)     Dozat's Nesterov Adam (numpy/CuPy, no kernel)
+=============  ===============  ==============================================
+
+Defaults are DL4J's.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from .. import ops
+from ..backend import get_array_module
+
+__all__ = ["Updater", "SGD", "Nesterov", "Adagrad", "RMSProp", "Adam", "Nadam", "updater_from_config"]
+
+
+def _positive(name, value):
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise ValueError(f"Expect {name} > 0, got {value!r}")
+
+
+def _unit(name, value):
+    if not (isinstance(value, (int, float)) and 0 <= value < 1):
+        raise ValueError(f"Expect 0 <= {name} < 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Updater:
+    """Base class: the learning rate and the config round trip."""
+
+    lr: float = 0.1
+    """Learning rate."""
+
+    def __post_init__(self):
+        _positive("lr", self.lr)
+
+    def state_size(self, num_params: int) -> int:
+        """Length of the flat state vector for ``num_params`` parameters."""
+        return 0
+
+    def apply(self, update, grads, state, iteration: int) -> None:  # pragma: no cover - abstract
+        """Add this step's update to ``update`` in place, advancing ``state``."""
+        raise NotImplementedError
+
+    def to_config(self) -> dict:
+        """JSON-ready dict: ``{"type": class name, **fields}``."""
+        return {"type": type(self).__name__, **dataclasses.asdict(self)}
+
+
+@dataclass(frozen=True)
+class SGD(Updater):
+    """Plain stochastic gradient descent: ``u = -lr * g``."""
+
+    lr: float = 0.1
+    """Learning rate."""
+
+    def apply(self, update, grads, state, iteration):
+        ops.sgd_step(update, grads, self.lr)
+
+
+@dataclass(frozen=True)
+class Nesterov(Updater):
+    """Nesterov momentum (DL4J's formulation); state = velocity (n)."""
+
+    lr: float = 0.1
+    """Learning rate."""
+    momentum: float = 0.9
+    """Momentum coefficient mu, 0 <= mu < 1."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        _unit("momentum", self.momentum)
+
+    def state_size(self, num_params):
+        return num_params
+
+    def apply(self, update, grads, state, iteration):
+        ops.nesterov_step(update, grads, state, self.lr, self.momentum)
+
+
+@dataclass(frozen=True)
+class Adagrad(Updater):
+    """Adagrad; state = sum of squared gradients (n)."""
+
+    lr: float = 0.1
+    """Learning rate."""
+    eps: float = 1e-6
+    """Added to sqrt(history) in the denominator."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        _positive("eps", self.eps)
+
+    def state_size(self, num_params):
+        return num_params
+
+    def apply(self, update, grads, state, iteration):
+        ops.adagrad_step(update, grads, state, self.lr, self.eps)
+
+
+@dataclass(frozen=True)
+class RMSProp(Updater):
+    """RMSProp; state = running mean of squared gradients (n)."""
+
+    lr: float = 0.1
+    """Learning rate."""
+    decay: float = 0.95
+    """Decay of the running mean, 0 <= decay < 1."""
+    eps: float = 1e-8
+    """Added to sqrt(cache) in the denominator."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        _unit("decay", self.decay)
+        _positive("eps", self.eps)
+
+    def state_size(self, num_params):
+        return num_params
+
+    def apply(self, update, grads, state, iteration):
+        ops.rmsprop_step(update, grads, state, self.lr, self.decay, self.eps)
+
+
+@dataclass(frozen=True)
+class Adam(Updater):
+    """Adam; state = [m | v] (2n), bias-corrected with t = iteration + 1."""
+
+    lr: float = 1e-3
+    """Learning rate."""
+    beta1: float = 0.9
+    """Decay of the first moment, 0 <= beta1 < 1."""
+    beta2: float = 0.999
+    """Decay of the second moment, 0 <= beta2 < 1."""
+    eps: float = 1e-8
+    """Added to sqrt(v) in the denominator."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        _unit("beta1", self.beta1)
+        _unit("beta2", self.beta2)
+        _positive("eps", self.eps)
+
+    def state_size(self, num_params):
+        return 2 * num_params
+
+    def apply(self, update, grads, state, iteration):
+        n = grads.shape[0]
+        ops.adam_step(update, grads, state[:n], state[n:], self.lr, self.beta1, self.beta2,
+                      self.eps, t=iteration + 1)
+
+
+@dataclass(frozen=True)
+class Nadam(Adam):
+    """Nesterov-accelerated Adam (Dozat 2016, the simplified form Keras and
+    DL4J use); state = [m | v] (2n)::
+
+        m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g^2
+        u = -lr * (b1*m/(1-b1^(t+1)) + (1-b1)*g/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps)
+
+    There is no fused kernel for it; it runs as xp array expressions.
+    """
+
+    def apply(self, update, grads, state, iteration):
+        xp = get_array_module(grads)
+        ty = grads.dtype.type
+        n = grads.shape[0]
+        m, v = state[:n], state[n:]
+        t = iteration + 1
+        b1, b2 = self.beta1, self.beta2
+        m *= ty(b1)
+        m += ty(1.0 - b1) * grads
+        v *= ty(b2)
+        v += ty(1.0 - b2) * grads * grads
+        numer = ty(b1 / (1.0 - b1 ** (t + 1))) * m + ty((1.0 - b1) / (1.0 - b1**t)) * grads
+        denom = xp.sqrt(v * ty(1.0 / (1.0 - b2**t)))
+        denom += ty(self.eps)
+        update -= ty(self.lr) * numer / denom
+
+
+_UPDATERS = {cls.__name__: cls for cls in (SGD, Nesterov, Adagrad, RMSProp, Adam, Nadam)}
+
+
+def updater_from_config(config: dict) -> Updater:
+    """Rebuild an updater from :meth:`Updater.to_config` output."""
+    if not isinstance(config, dict) or "type" not in config:
+        raise ValueError(f"Expect an updater config dict with a 'type', got {config!r}")
+    fields = dict(config)
+    name = fields.pop("type")
+    if name not in _UPDATERS:
+        raise ValueError(f"Expect an updater type in {sorted(_UPDATERS)}, got {name!r}")
+    cls = _UPDATERS[name]
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(fields) - known
+    if unknown:
+        raise ValueError(f"Expect {name} fields among {sorted(known)}, got unknown {sorted(unknown)}")
+    return cls(**fields)

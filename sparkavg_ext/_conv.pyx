@@ -1,0 +1,349 @@
+"""Channels-last (NHWC) im2col / col2im and pooling kernels for sparkavg.nn.
+
+Every public ``def`` checks shapes and allocates the output when none is
+given, then runs a private fused-type kernel without the GIL.  The kernels
+are serial on purpose: they are memory-bound, and an OpenMP pool spinning
+next to OpenBLAS's threads on the same cores (a training step alternates
+the two) made LeNet steps 3x slower on 2 cores, not faster.
+
+Layouts (C-contiguous):
+
+- images   ``x``    : (N, H, W, C)
+- columns  ``cols`` : (N*OH*OW, KH*KW*C), row = (n, oh, ow), column =
+  (i, j, c); a conv is then ``cols @ W`` with ``W`` of shape (KH*KW*C, F).
+- pool argmax       : (N, OH, OW, C) int32, the flat index within one
+  sample's (H, W, C) block of the element that won.
+
+Use these through :mod:`sparkavg.nn.kernels`, which dispatches numpy
+float32/float64 arrays here and everything else to xp-generic twins.
+"""
+from libc.string cimport memcpy, memset
+
+import numpy as np
+
+ctypedef fused floating:
+    float
+    double
+
+
+cdef inline Py_ssize_t _out_size(Py_ssize_t size, Py_ssize_t k, Py_ssize_t s,
+                                 Py_ssize_t p) noexcept nogil:
+    return (size + 2 * p - k) // s + 1
+
+
+cdef tuple _dims(Py_ssize_t* shape):
+    return (shape[0], shape[1], shape[2], shape[3])
+
+
+def _check_geometry(Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
+                    Py_ssize_t ph, Py_ssize_t pw):
+    if kh < 1 or kw < 1 or sh < 1 or sw < 1 or ph < 0 or pw < 0:
+        raise ValueError(
+            f"Expect kernel >= 1, stride >= 1, padding >= 0, got kernel=({kh}, {kw}), "
+            f"stride=({sh}, {sw}), padding=({ph}, {pw})")
+
+
+# ------------------------------------------------------------------ im2col
+def im2col_nhwc(const floating[:, :, :, ::1] x, Py_ssize_t kh, Py_ssize_t kw,
+                Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t ph, Py_ssize_t pw,
+                floating[:, ::1] out=None):
+    """Unfold (N, H, W, C) images into (N*OH*OW, KH*KW*C) patch rows.
+
+    Padding reads as zero.  Returns ``out`` (allocated when None).
+    """
+    _check_geometry(kh, kw, sh, sw, ph, pw)
+    cdef Py_ssize_t n = x.shape[0], h = x.shape[1], w = x.shape[2], c = x.shape[3]
+    cdef Py_ssize_t oh = _out_size(h, kh, sh, ph), ow = _out_size(w, kw, sw, pw)
+    if oh < 1 or ow < 1:
+        raise ValueError(f"Expect a kernel that fits the padded input, got input "
+                         f"{h}x{w}, kernel {kh}x{kw}, padding ({ph}, {pw})")
+    if out is None:
+        out = np.empty((n * oh * ow, kh * kw * c),
+                       dtype=np.float32 if floating is float else np.float64)
+    elif out.shape[0] != n * oh * ow or out.shape[1] != kh * kw * c:
+        raise ValueError(f"Expect out of shape ({n * oh * ow}, {kh * kw * c}), "
+                         f"got ({out.shape[0]}, {out.shape[1]})")
+    if n > 0:
+        with nogil:
+            _im2col(x, kh, kw, sh, sw, ph, pw, oh, ow, out)
+    return np.asarray(out)
+
+
+cdef void _im2col(const floating[:, :, :, ::1] x,   # IN  (N, H, W, C)
+                  Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
+                  Py_ssize_t ph, Py_ssize_t pw, Py_ssize_t oh, Py_ssize_t ow,
+                  floating[:, ::1] out) noexcept nogil:  # OUT (N*OH*OW, KH*KW*C)
+    cdef Py_ssize_t n, r, q, i, j, k, ih, iw, iw0, row
+    cdef Py_ssize_t h = x.shape[1], w = x.shape[2], c = x.shape[3]
+    cdef Py_ssize_t run = kw * c
+    cdef const floating* src
+    cdef floating* dst
+    for n in range(x.shape[0]):
+        for r in range(oh):
+            for q in range(ow):
+                row = (n * oh + r) * ow + q
+                iw0 = q * sw - pw
+                for i in range(kh):
+                    ih = r * sh - ph + i
+                    dst = &out[row, i * run]
+                    if ih < 0 or ih >= h:
+                        memset(dst, 0, run * sizeof(floating))
+                    elif iw0 >= 0 and iw0 + kw <= w:
+                        # One contiguous run of KW*C values in channels-last layout.
+                        src = &x[n, ih, iw0, 0]
+                        for k in range(run):
+                            dst[k] = src[k]
+                    else:
+                        for j in range(kw):
+                            iw = iw0 + j
+                            if iw < 0 or iw >= w:
+                                memset(dst + j * c, 0, c * sizeof(floating))
+                            else:
+                                memcpy(dst + j * c, &x[n, ih, iw, 0], c * sizeof(floating))
+
+
+# ------------------------------------------------------------------ col2im
+def col2im_nhwc(const floating[:, ::1] cols, Py_ssize_t kh, Py_ssize_t kw,
+                Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t ph, Py_ssize_t pw,
+                floating[:, :, :, ::1] out):
+    """Fold patch rows back, summing overlaps: the adjoint of im2col.
+
+    ``out`` (N, H, W, C) gives the image shape; it is overwritten (not
+    accumulated into).  Values that fell on padding are dropped.
+    """
+    _check_geometry(kh, kw, sh, sw, ph, pw)
+    cdef Py_ssize_t n = out.shape[0], h = out.shape[1], w = out.shape[2], c = out.shape[3]
+    cdef Py_ssize_t oh = _out_size(h, kh, sh, ph), ow = _out_size(w, kw, sw, pw)
+    if oh < 1 or ow < 1 or cols.shape[0] != n * oh * ow or cols.shape[1] != kh * kw * c:
+        raise ValueError(f"Expect cols of shape ({n * max(oh, 0) * max(ow, 0)}, {kh * kw * c}) "
+                         f"for images {_dims(out.shape)}, got ({cols.shape[0]}, {cols.shape[1]})")
+    if n > 0:
+        with nogil:
+            _col2im(cols, kh, kw, sh, sw, ph, pw, oh, ow, out)
+    return np.asarray(out)
+
+
+cdef void _col2im(const floating[:, ::1] cols,       # IN  (N*OH*OW, KH*KW*C)
+                  Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
+                  Py_ssize_t ph, Py_ssize_t pw, Py_ssize_t oh, Py_ssize_t ow,
+                  floating[:, :, :, ::1] out) noexcept nogil:  # OUT (N, H, W, C)
+    cdef Py_ssize_t n, r, q, i, j, k, ih, iw, iw0, row
+    cdef Py_ssize_t h = out.shape[1], w = out.shape[2], c = out.shape[3]
+    cdef Py_ssize_t run = kw * c
+    cdef const floating* src
+    cdef floating* dst
+    for n in range(out.shape[0]):
+        memset(&out[n, 0, 0, 0], 0, h * w * c * sizeof(floating))
+        for r in range(oh):
+            for q in range(ow):
+                row = (n * oh + r) * ow + q
+                iw0 = q * sw - pw
+                for i in range(kh):
+                    ih = r * sh - ph + i
+                    if ih < 0 or ih >= h:
+                        continue
+                    src = &cols[row, i * run]
+                    if iw0 >= 0 and iw0 + kw <= w:
+                        dst = &out[n, ih, iw0, 0]
+                        for k in range(run):
+                            dst[k] += src[k]
+                    else:
+                        for j in range(kw):
+                            iw = iw0 + j
+                            if iw >= 0 and iw < w:
+                                dst = &out[n, ih, iw, 0]
+                                for k in range(c):
+                                    dst[k] += src[j * c + k]
+
+
+# ----------------------------------------------------------------- max pool
+def maxpool_nhwc_forward(const floating[:, :, :, ::1] x, Py_ssize_t kh, Py_ssize_t kw,
+                         Py_ssize_t sh, Py_ssize_t sw, floating[:, :, :, ::1] out=None,
+                         int[:, :, :, ::1] argmax=None):
+    """Max over KHxKW windows (no padding); returns ``(out, argmax)``.
+
+    ``argmax`` holds, per output value, the flat index within the sample's
+    (H, W, C) block of the first maximal input (ties go to the first).
+    """
+    _check_geometry(kh, kw, sh, sw, 0, 0)
+    cdef Py_ssize_t n = x.shape[0], h = x.shape[1], w = x.shape[2], c = x.shape[3]
+    cdef Py_ssize_t oh = _out_size(h, kh, sh, 0), ow = _out_size(w, kw, sw, 0)
+    if oh < 1 or ow < 1:
+        raise ValueError(f"Expect a pool window that fits the input, got input {h}x{w}, "
+                         f"window {kh}x{kw}")
+    if h * w * c >= 2**31:
+        raise ValueError(f"Expect fewer than 2**31 values per sample, got {h * w * c}")
+    shape = (n, oh, ow, c)
+    if out is None:
+        out = np.empty(shape, dtype=np.float32 if floating is float else np.float64)
+    if argmax is None:
+        argmax = np.empty(shape, dtype=np.int32)
+    if _dims(out.shape) != shape or _dims(argmax.shape) != shape:
+        raise ValueError(f"Expect out and argmax of shape {shape}, got "
+                         f"{_dims(out.shape)} and {_dims(argmax.shape)}")
+    if n > 0:
+        with nogil:
+            _maxpool_forward(x, kh, kw, sh, sw, out, argmax)
+    return np.asarray(out), np.asarray(argmax)
+
+
+cdef void _maxpool_forward(const floating[:, :, :, ::1] x,  # IN  (N, H, W, C)
+                           Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
+                           floating[:, :, :, ::1] out,       # OUT (N, OH, OW, C)
+                           int[:, :, :, ::1] argmax) noexcept nogil:  # OUT
+    # Two passes over each window, both straight-line loops over the
+    # contiguous channels that compile to selects (a branchy running
+    # arg-max mispredicts on every other element): first the max, then,
+    # walking the window backwards, the offset of the FIRST element equal
+    # to it.
+    cdef Py_ssize_t n, r, q, i, j, k, corner, off
+    cdef Py_ssize_t w = x.shape[2], c = x.shape[3]
+    cdef Py_ssize_t oh = out.shape[1], ow = out.shape[2]
+    cdef const floating* sample
+    cdef const floating* src
+    cdef floating* dst
+    cdef int* idx
+    cdef floating a, b
+    for n in range(x.shape[0]):
+        sample = &x[n, 0, 0, 0]
+        for r in range(oh):
+            for q in range(ow):
+                corner = (r * sh * w + q * sw) * c
+                dst = &out[n, r, q, 0]
+                idx = &argmax[n, r, q, 0]
+                src = sample + corner
+                for k in range(c):
+                    dst[k] = src[k]
+                    # Stays when nothing compares equal (a NaN max), so the
+                    # backward pass never reads an uninitialised index.
+                    idx[k] = <int>(corner + k)
+                for i in range(kh):
+                    for j in range(kw):
+                        src = sample + corner + (i * w + j) * c
+                        for k in range(c):
+                            a = src[k]
+                            b = dst[k]
+                            dst[k] = max(a, b)
+                i = kh
+                while i > 0:
+                    i = i - 1
+                    j = kw
+                    while j > 0:
+                        j = j - 1
+                        off = corner + (i * w + j) * c
+                        src = sample + off
+                        for k in range(c):
+                            idx[k] = <int>(off + k) if src[k] == dst[k] else idx[k]
+
+
+def maxpool_nhwc_backward(const floating[:, :, :, ::1] dout, const int[:, :, :, ::1] argmax,
+                          floating[:, :, :, ::1] out):
+    """Route each output gradient to its window's maximum.
+
+    ``out`` (N, H, W, C) is overwritten; inputs that won no window get 0.
+    """
+    if _dims(dout.shape) != _dims(argmax.shape) or dout.shape[0] != out.shape[0] \
+            or dout.shape[3] != out.shape[3]:
+        raise ValueError(f"Expect dout and argmax of one shape matching out's batch and "
+                         f"channels, got dout {_dims(dout.shape)}, argmax "
+                         f"{_dims(argmax.shape)}, out {_dims(out.shape)}")
+    if out.shape[0] > 0:
+        with nogil:
+            _maxpool_backward(dout, argmax, out)
+    return np.asarray(out)
+
+
+cdef void _maxpool_backward(const floating[:, :, :, ::1] dout,  # IN  (N, OH, OW, C)
+                            const int[:, :, :, ::1] argmax,     # IN  (N, OH, OW, C)
+                            floating[:, :, :, ::1] out) noexcept nogil:  # OUT (N, H, W, C)
+    cdef Py_ssize_t n, k
+    cdef Py_ssize_t block = out.shape[1] * out.shape[2] * out.shape[3]
+    cdef Py_ssize_t m = dout.shape[1] * dout.shape[2] * dout.shape[3]
+    cdef const floating* g
+    cdef const int* idx
+    cdef floating* dst
+    for n in range(out.shape[0]):
+        dst = &out[n, 0, 0, 0]
+        memset(dst, 0, block * sizeof(floating))
+        g = &dout[n, 0, 0, 0]
+        idx = &argmax[n, 0, 0, 0]
+        for k in range(m):
+            dst[idx[k]] += g[k]
+
+
+# ----------------------------------------------------------------- avg pool
+def avgpool_nhwc_forward(const floating[:, :, :, ::1] x, Py_ssize_t kh, Py_ssize_t kw,
+                         Py_ssize_t sh, Py_ssize_t sw, floating[:, :, :, ::1] out=None):
+    """Mean over KHxKW windows (no padding); returns ``out``."""
+    _check_geometry(kh, kw, sh, sw, 0, 0)
+    cdef Py_ssize_t n = x.shape[0], h = x.shape[1], w = x.shape[2], c = x.shape[3]
+    cdef Py_ssize_t oh = _out_size(h, kh, sh, 0), ow = _out_size(w, kw, sw, 0)
+    if oh < 1 or ow < 1:
+        raise ValueError(f"Expect a pool window that fits the input, got input {h}x{w}, "
+                         f"window {kh}x{kw}")
+    shape = (n, oh, ow, c)
+    if out is None:
+        out = np.empty(shape, dtype=np.float32 if floating is float else np.float64)
+    elif _dims(out.shape) != shape:
+        raise ValueError(f"Expect out of shape {shape}, got {_dims(out.shape)}")
+    if n > 0:
+        with nogil:
+            _avgpool_forward(x, kh, kw, sh, sw, out)
+    return np.asarray(out)
+
+
+cdef void _avgpool_forward(const floating[:, :, :, ::1] x,  # IN  (N, H, W, C)
+                           Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
+                           floating[:, :, :, ::1] out) noexcept nogil:  # OUT (N, OH, OW, C)
+    cdef Py_ssize_t n, r, q, i, j, k
+    cdef Py_ssize_t c = x.shape[3], oh = out.shape[1], ow = out.shape[2]
+    cdef floating scale = <floating>1.0 / <floating>(kh * kw)
+    cdef const floating* src
+    cdef floating* dst
+    for n in range(x.shape[0]):
+        for r in range(oh):
+            for q in range(ow):
+                dst = &out[n, r, q, 0]
+                memset(dst, 0, c * sizeof(floating))
+                for i in range(kh):
+                    for j in range(kw):
+                        src = &x[n, r * sh + i, q * sw + j, 0]
+                        for k in range(c):
+                            dst[k] += src[k]
+                for k in range(c):
+                    dst[k] *= scale
+
+
+def avgpool_nhwc_backward(const floating[:, :, :, ::1] dout, Py_ssize_t kh, Py_ssize_t kw,
+                          Py_ssize_t sh, Py_ssize_t sw, floating[:, :, :, ::1] out):
+    """Spread each output gradient evenly over its window; ``out`` is overwritten."""
+    _check_geometry(kh, kw, sh, sw, 0, 0)
+    cdef Py_ssize_t h = out.shape[1], w = out.shape[2]
+    shape = (out.shape[0], _out_size(h, kh, sh, 0), _out_size(w, kw, sw, 0), out.shape[3])
+    if _dims(dout.shape) != shape:
+        raise ValueError(f"Expect dout of shape {shape}, got {_dims(dout.shape)}")
+    if out.shape[0] > 0:
+        with nogil:
+            _avgpool_backward(dout, kh, kw, sh, sw, out)
+    return np.asarray(out)
+
+
+cdef void _avgpool_backward(const floating[:, :, :, ::1] dout,  # IN  (N, OH, OW, C)
+                            Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
+                            floating[:, :, :, ::1] out) noexcept nogil:  # OUT (N, H, W, C)
+    cdef Py_ssize_t n, r, q, i, j, k
+    cdef Py_ssize_t c = out.shape[3], oh = dout.shape[1], ow = dout.shape[2]
+    cdef Py_ssize_t block = out.shape[1] * out.shape[2] * c
+    cdef floating scale = <floating>1.0 / <floating>(kh * kw)
+    cdef const floating* g
+    cdef floating* dst
+    for n in range(out.shape[0]):
+        memset(&out[n, 0, 0, 0], 0, block * sizeof(floating))
+        for r in range(oh):
+            for q in range(ow):
+                g = &dout[n, r, q, 0]
+                for i in range(kh):
+                    for j in range(kw):
+                        dst = &out[n, r * sh + i, q * sw + j, 0]
+                        for k in range(c):
+                            dst[k] += scale * g[k]

@@ -148,7 +148,7 @@ def main(argv=None) -> dict:
     test = tuple(load_mnist(data_dir, "test", limit=args.limit_test))
     log.info("loaded %d training and %d test examples from %s in %.1fs", len(train[0]), len(test[0]), data_dir,
              time.time() - t_load)
-    net = lenet(num_classes=10, seed=args.seed, input_shape=train[0].shape[1:])
+    net = lenet(num_classes=10, seed=args.seed)
     if args.mode == "local":
         detail, train_seconds, examples, ev, extra = train_local(args, net, train, test)
     else:

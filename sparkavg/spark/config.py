@@ -11,6 +11,8 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Optional, Union
 
+from ..transport.group import Topology
+
 __all__ = [
     "Weighting",
     "DataApproach",
@@ -45,13 +47,6 @@ class Repartition(str, enum.Enum):
 
     BALANCED = "balanced"  #: shuffled, then dealt round-robin: shards differ by at most one minibatch
     NEVER = "never"  #: keep export order (no shuffle), still dealt so that every minibatch trains
-
-
-class Topology(str, enum.Enum):
-    """How gradient-sharing messages travel."""
-
-    PLAIN = "plain"  #: every worker sends to every other worker (< ~32 workers)
-    MESH = "mesh"  #: relay tree with fan-out 8; relays forward, duplicates suppressed
 
 
 def _check(cond: bool, message: str) -> None:

@@ -139,13 +139,16 @@ class EpochData:
         rounds = deal(len(prepared.sizes), workers, per_round, seed)
         epoch = cls(rounds, prepared)
         if prepared.approach is DataApproach.DIRECT and rounds:
+            # (partition, position in shard) per minibatch id; sorting keeps each shard's dealt order.
             target = {}
             for r, shards in enumerate(rounds):
                 for w, shard in enumerate(shards):
-                    for i in shard:
-                        target[i] = r * workers + w
+                    for pos, i in enumerate(shard):
+                        target[i] = (r * workers + w, pos)
             n = len(rounds) * workers
-            epoch.rdd = prepared.rdd.partitionBy(n, lambda i: target[i]).values().persist(prepared.rdd.getStorageLevel())
+            epoch.rdd = (prepared.rdd.map(lambda kv: (target[kv[0]], kv[1]))
+                         .repartitionAndSortWithinPartitions(n, partitionFunc=lambda key: key[0])
+                         .values().persist(prepared.rdd.getStorageLevel()))
             prepared._epoch_rdds.append(epoch.rdd)
         return epoch
 

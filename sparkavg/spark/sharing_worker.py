@@ -15,7 +15,7 @@ from typing import Iterator
 import numpy as np
 
 from .. import ops
-from ..transport import EndpointConfig, FaultInjection, PeerGroup, ReliableEndpoint, select_address
+from ..transport import EndpointConfig, FaultInjection, PeerGroup, ReliableEndpoint, Topology, select_address
 from .stats import PhaseRecorder
 from .threshold import ThresholdState
 from .worker import cached_network, lane_name, load_state, minibatch_sources, prefetched
@@ -47,7 +47,7 @@ class SharingResult:
 def _apply(payload: bytes, params) -> int:
     message = np.frombuffer(payload, dtype="<i4")
     ops.decode(message, params)
-    return ops.message_entries(message)
+    return ops.encoded_count(message)
 
 
 def make_sharing_trainer(config_json: str, state_bc, carry_bc, key_bc, settings: dict):
@@ -87,8 +87,8 @@ def make_sharing_trainer(config_json: str, state_bc, carry_bc, key_bc, settings:
                                 stall_timeout=settings["stall_timeout"], faults=faults)
         host = select_address(network_mask=settings["network_mask"])
         port = settings["port"] + rank if settings["port"] else 0
-        endpoint = ReliableEndpoint(key_bc.value, rank=rank, host=host, port=port, config=config,
-                                    job_id=settings["job_id"])
+        endpoint = ReliableEndpoint(rank, key_bc.value, job_id=settings["job_id"], host=host, port=port,
+                                    config=config)
         try:
             with rec.phase("wait"):
                 gathered = ctx.allGather(json.dumps({"rank": rank, "host": endpoint.address[0],
@@ -98,7 +98,7 @@ def make_sharing_trainer(config_json: str, state_bc, carry_bc, key_bc, settings:
                 entry = json.loads(text)
                 peers[int(entry["rank"])] = (entry["host"], int(entry["port"]))
             endpoint.set_peers({r: a for r, a in peers.items() if r != rank})
-            group = PeerGroup(rank, world, endpoint, settings["topology"])
+            group = PeerGroup(rank, world, endpoint, Topology(settings["topology"]))
             loss_sum, examples, iterations = 0.0, 0, 0
             received = 0
             start_iteration = net.iteration
@@ -116,7 +116,7 @@ def make_sharing_trainer(config_json: str, state_bc, carry_bc, key_bc, settings:
                     message = ops.encode(residual, threshold.tau, encoding)
                 entries = 0
                 if message is not None:
-                    entries = ops.message_entries(message)
+                    entries = ops.encoded_count(message)
                     with rec.phase("send"):
                         group.publish(np.ascontiguousarray(message, dtype="<i4").tobytes())
                     with rec.phase("apply"):

@@ -86,8 +86,8 @@ class SparkTrainer:
     # ------------------------------------------------------------------ data
     @property
     def spec(self) -> DataSpec:
-        net = self.network
-        return DataSpec(tuple(net.input_shape), int(net.num_outputs), net.loss)
+        out = self.network.layers[-1]
+        return DataSpec(tuple(self.network.input_shape), int(out.units), out.loss_name)
 
     @property
     def workers(self) -> int:

@@ -1,0 +1,18 @@
+"""Tiny networks and data for the Spark tests (fast on 2 cores)."""
+import numpy as np
+
+from sparkavg.nn import Adam, Dense, Network, Output
+
+
+def small_net(seed: int = 0) -> Network:
+    """A 16 -> 8 relu -> 2 softmax classifier with Adam (updater state is non-trivial)."""
+    return Network((1, 4, 4), [Dense(8, activation="relu"), Output(2)], updater=Adam(lr=0.01), seed=seed)
+
+
+def blobs(n: int, seed: int = 0):
+    """Two separable Gaussian blobs of 1x4x4 'images', labels 0/1."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, size=n)
+    centers = np.where(y[:, None] == 1, 1.0, -1.0)
+    x = (centers + 0.5 * rng.standard_normal((n, 16))).astype(np.float32).reshape(n, 1, 4, 4)
+    return x, y

@@ -1,0 +1,298 @@
+"""All-to-all publication of messages over a :class:`ReliableEndpoint`.
+
+A :class:`PeerGroup` is one barrier stage's (one epoch's) exchange: every rank
+publishes its messages, polls the others', and calls :meth:`PeerGroup.finish`
+once at the end. Two topologies, after DL4J's ``MeshBuildMode``:
+
+- ``PLAIN``: each message goes straight to every other rank (W - 1 sends).
+- ``MESH``: ranks form a tree with fan-out 8 (parent of ``r`` is
+  ``(r - 1) // 8``); a rank sends its messages to its tree neighbours and
+  relays each message it receives to its other neighbours, so no rank sends
+  more than 9 copies whatever the world size. Depth is ``ceil(log8 W)``.
+
+Group frame inside each endpoint message (network byte order)::
+
+    kind u8 (1 = MSG, 2 = END) | origin u32 | value u64 | payload
+
+``value`` is the origin's message number for MSG, and the number of
+messages the origin published for END. Messages are suppressed by
+``(origin, number)`` so each is returned exactly once.
+"""
+from __future__ import annotations
+
+import enum
+import logging
+import struct
+import time
+
+from .endpoint import ReliableEndpoint
+from .errors import PeerStalledError, TransportError
+
+__all__ = ["PeerGroup", "Topology", "tree_neighbours"]
+
+logger = logging.getLogger(__name__)
+
+_FRAME = struct.Struct("!BIQ")
+_MSG, _END = 1, 2
+_POLL_SLICE = 0.05   # finish() wakes this often to check its deadline
+
+
+class Topology(enum.Enum):
+    """How messages travel between ranks (DL4J's ``MeshBuildMode``)."""
+
+    #: Every rank sends to every other rank; best below ~32 ranks.
+    PLAIN = "plain"
+    #: Relay tree with fan-out 8; bounded sends per rank for large groups.
+    MESH = "mesh"
+
+
+def tree_neighbours(rank: int, world_size: int, fanout: int = 8) -> list[int]:
+    """Parent and children of ``rank`` in the relay tree (parent first).
+
+    Parameters
+    ----------
+    rank : int
+        In ``[0, world_size)``.
+    world_size : int
+        Number of ranks, >= 1.
+    fanout : int, default 8
+        Children per node, >= 1.
+    """
+    if world_size < 1 or not 0 <= rank < world_size or fanout < 1:
+        raise ValueError(f"Expect 0 <= rank < world_size and fanout >= 1, got rank={rank}, "
+                         f"world_size={world_size}, fanout={fanout}")
+    out = [(rank - 1) // fanout] if rank else []
+    first = rank * fanout + 1
+    out.extend(range(first, min(first + fanout, world_size)))
+    return out
+
+
+class _OriginState:
+    """What has been received from one origin."""
+
+    __slots__ = ("received", "low", "ahead", "end_count")
+
+    def __init__(self):
+        self.received = 0       # distinct messages returned
+        self.low = 0            # every number below has been seen
+        self.ahead: set[int] = set()
+        self.end_count = None   # from the END marker
+
+    def first_time(self, number: int) -> bool:
+        if number < self.low or number in self.ahead:
+            return False
+        if number == self.low:
+            self.low += 1
+            while self.low in self.ahead:
+                self.ahead.remove(self.low)
+                self.low += 1
+        else:
+            self.ahead.add(number)
+        self.received += 1
+        return True
+
+    @property
+    def complete(self) -> bool:
+        return self.end_count is not None and self.received == self.end_count
+
+
+class PeerGroup:
+    """Publish this rank's messages to all ranks and collect theirs, once each.
+
+    Parameters
+    ----------
+    rank : int
+        This rank, ``endpoint.rank``.
+    world_size : int
+        Number of ranks; ranks are ``0 .. world_size - 1``.
+    endpoint : ReliableEndpoint
+        Bound, with ``set_peers`` called for (at least) this rank's
+        neighbours: all ranks for PLAIN, :func:`tree_neighbours` for MESH.
+    topology : Topology, default Topology.PLAIN
+    fanout : int, default 8
+        Children per node in the MESH tree.
+
+    Notes
+    -----
+    Not thread-safe: call it from one thread (the training loop). Messages
+    are relayed inside :meth:`publish`, :meth:`poll` and :meth:`finish`, so
+    poll regularly in MESH mode. One group per endpoint lifetime; after
+    :meth:`finish` it is spent. Messages are returned in arrival order; that
+    of one origin may differ from its publication order.
+    """
+
+    def __init__(self, rank: int, world_size: int, endpoint: ReliableEndpoint,
+                 topology: Topology = Topology.PLAIN, fanout: int = 8):
+        if not isinstance(topology, Topology):
+            raise TypeError(f"Expect topology to be a Topology, got {topology!r}")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"Expect 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+        if endpoint.rank != rank:
+            raise ValueError(f"Expect the endpoint of rank {rank}, got one of rank {endpoint.rank}")
+        self.rank = rank
+        self.world_size = world_size
+        self.endpoint = endpoint
+        self.topology = topology
+        if topology is Topology.MESH:
+            self.neighbours = tree_neighbours(rank, world_size, fanout)
+        else:
+            self.neighbours = [r for r in range(world_size) if r != rank]
+        missing = sorted(set(self.neighbours) - set(endpoint.peers))
+        if missing:
+            raise ValueError(f"Expect the endpoint to know peer ranks {missing} "
+                             f"(call endpoint.set_peers first)")
+        self._origins = {r: _OriginState() for r in range(world_size) if r != rank}
+        self._published = 0
+        self._finished = False
+        self._counts = dict(published=0, delivered=0, relayed=0, duplicates_dropped=0, malformed=0)
+
+    # ------------------------------------------------------------------ public API
+    def publish(self, payload) -> None:
+        """Send this rank's next message to every other rank.
+
+        Parameters
+        ----------
+        payload : bytes-like
+            Opaque message (e.g. an encoded update), at most the endpoint's
+            ``max_message_bytes`` minus 13 bytes.
+
+        Raises
+        ------
+        PeerStalledError
+            If a neighbour's send window stays full (see ``ReliableEndpoint.send``).
+        """
+        if self._finished:
+            raise TransportError("PeerGroup.publish after finish(): use a new group per epoch")
+        frame = _FRAME.pack(_MSG, self.rank, self._published) + bytes(payload)
+        self._published += 1
+        self._counts["published"] += 1
+        for r in self.neighbours:
+            self.endpoint.send(r, frame)
+
+    def poll(self, timeout: float = 0.0) -> list[tuple[int, bytes]]:
+        """Return the messages of other ranks that arrived, each exactly once.
+
+        Parameters
+        ----------
+        timeout : float, default 0.0
+            Seconds to wait for the first message if none is there yet.
+
+        Returns
+        -------
+        list of (int, bytes)
+            ``(origin rank, payload)`` in arrival order.
+        """
+        out: list[tuple[int, bytes]] = []
+        first = self.endpoint.receive(timeout) if timeout > 0 else None
+        if first is not None:
+            self._accept(first[0], first[1], out)
+        for src, frame in self.endpoint.poll():
+            self._accept(src, frame, out)
+        return out
+
+    def finish(self, stall_timeout: float) -> list[tuple[int, bytes]]:
+        """End this rank's publication and wait for everyone else's.
+
+        Sends an END marker carrying the number of messages this rank
+        published, then waits until every other origin's END has arrived
+        together with exactly that many messages, and until this rank's own
+        sends (and relays) are acknowledged.
+
+        Parameters
+        ----------
+        stall_timeout : float
+            Seconds to wait in total.
+
+        Returns
+        -------
+        list of (int, bytes)
+            The messages that arrived since the last :meth:`poll`.
+
+        Raises
+        ------
+        PeerStalledError
+            Naming the origins still incomplete (``ranks``) when time is up,
+            or the unresponsive neighbours if acks are missing.
+
+        Notes
+        -----
+        Keep the endpoint open until every rank has returned from
+        ``finish`` (e.g. ``BarrierTaskContext.barrier()``): peers may still
+        need its acks.
+        """
+        if self._finished:
+            raise TransportError("PeerGroup.finish called twice")
+        self._finished = True
+        deadline = time.monotonic() + stall_timeout
+        frame = _FRAME.pack(_END, self.rank, self._published)
+        for r in self.neighbours:
+            self.endpoint.send(r, frame)
+        out: list[tuple[int, bytes]] = []
+        while True:
+            incomplete = self.incomplete()
+            if not incomplete:
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._incomplete_error(incomplete, stall_timeout)
+            item = self.endpoint.receive(min(remaining, _POLL_SLICE))
+            if item is not None:
+                self._accept(item[0], item[1], out)
+                for src, f in self.endpoint.poll():
+                    self._accept(src, f, out)
+        self.endpoint.flush(max(0.0, deadline - time.monotonic()))
+        logger.debug("rank %d finished: %s", self.rank, self._counts)
+        return out
+
+    def incomplete(self) -> list[int]:
+        """Origins whose END or some of whose messages have not arrived yet."""
+        return [r for r, s in self._origins.items() if not s.complete]
+
+    def stats(self) -> dict[str, int]:
+        """Counters: ``published``, ``delivered``, ``relayed`` (copies forwarded),
+        ``duplicates_dropped``, ``malformed``."""
+        return dict(self._counts)
+
+    # ------------------------------------------------------------------ internals
+    def _incomplete_error(self, incomplete: list[int], stall_timeout: float) -> PeerStalledError:
+        details = []
+        for r in incomplete:
+            s = self._origins[r]
+            expected = "END missing" if s.end_count is None else f"expected {s.end_count}"
+            details.append(f"{r} ({s.received} received, {expected})")
+        peers = self.endpoint.peers
+        pending = self.endpoint.pending()
+        hint = f"; unacked messages to neighbours {pending}" if pending else ""
+        message = (f"rank {self.rank}: origin rank(s) {incomplete} incomplete after "
+                   f"{stall_timeout:g} s: " + ", ".join(details) + hint)
+        return PeerStalledError(message, incomplete, [peers.get(r) for r in incomplete])
+
+    def _accept(self, src: int, frame: bytes, out: list) -> None:
+        if len(frame) < _FRAME.size:
+            self._malformed(src, "short frame")
+            return
+        kind, origin, value = _FRAME.unpack_from(frame)
+        state = self._origins.get(origin)
+        if state is None or kind not in (_MSG, _END):
+            self._malformed(src, f"kind {kind}, origin {origin}")
+            return
+        if kind == _MSG:
+            if not state.first_time(value):
+                self._counts["duplicates_dropped"] += 1
+                return
+            out.append((origin, frame[_FRAME.size:]))
+            self._counts["delivered"] += 1
+        else:
+            if state.end_count is not None:
+                self._counts["duplicates_dropped"] += 1
+                return
+            state.end_count = value
+        if self.topology is Topology.MESH:
+            for r in self.neighbours:
+                if r != src:
+                    self.endpoint.send(r, frame)
+                    self._counts["relayed"] += 1
+
+    def _malformed(self, src: int, what: str) -> None:
+        self._counts["malformed"] += 1
+        logger.warning("rank %d: dropped malformed group frame from rank %d (%s)", self.rank, src, what)

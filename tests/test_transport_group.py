@@ -1,0 +1,129 @@
+"""PeerGroup with every rank on its own thread and UDP socket in this process
+(the separate-process versions are in test_transport_processes.py)."""
+from __future__ import annotations
+
+import collections
+import secrets
+import threading
+
+import pytest
+
+from sparkavg.transport import (EndpointConfig, PeerGroup, PeerStalledError, ReliableEndpoint,
+                                Topology, TransportError)
+
+WAIT = 20.0
+KEY = secrets.token_bytes(32)
+
+
+def _endpoints(world, config=None):
+    config = config or EndpointConfig(stall_timeout=WAIT, retransmit_timeout=0.25)
+    eps = [ReliableEndpoint(r, KEY, 3, config=config) for r in range(world)]
+    table = {r: ep.address for r, ep in enumerate(eps)}
+    for ep in eps:
+        ep.set_peers(table)
+    return eps
+
+
+def _message(origin, i):
+    return f"{origin}:{i}:".encode() + bytes(i * 37 % 5000)
+
+
+def _run_ranks(eps, topology, n, dead=(), finish_timeout=WAIT):
+    """Run every live rank on a thread; return {rank: messages or exception}."""
+    world = len(eps)
+    live = [r for r in range(world) if r not in dead]
+    barrier = threading.Barrier(len(live))
+    results = {}
+
+    def rank_main(rank):
+        group = PeerGroup(rank, world, eps[rank], topology)
+        try:
+            got = []
+            for i in range(n):
+                group.publish(_message(rank, i))
+                got += group.poll()
+            got += group.finish(finish_timeout)
+            results[rank] = (got, group.stats())
+        except Exception as exc:
+            results[rank] = exc
+        try:
+            barrier.wait(WAIT)  # keep acking until every rank is done
+        except threading.BrokenBarrierError:
+            pass
+
+    threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in live]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT * 2)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    return results
+
+
+@pytest.mark.parametrize("topology, world", [(Topology.PLAIN, 5), (Topology.MESH, 12)])
+def test_every_rank_gets_every_other_message_once(topology, world):
+    n = 5
+    eps = _endpoints(world)
+    try:
+        results = _run_ranks(eps, topology, n)
+    finally:
+        for ep in eps:
+            ep.close()
+    for rank in range(world):
+        assert not isinstance(results[rank], Exception), f"rank {rank}: {results[rank]!r}"
+        got, _ = results[rank]
+        expected = collections.Counter((o, _message(o, i)) for o in range(world) if o != rank for i in range(n))
+        assert collections.Counter(got) == expected, f"rank {rank} got the wrong messages"
+    if topology is Topology.MESH:
+        # Rank 1 relays between rank 0 and its children 9, 10, 11.
+        assert results[1][1]["relayed"] > 0 and results[10][1]["relayed"] == 0
+
+
+def test_dead_relay_makes_finish_name_every_origin_behind_it():
+    world = 12                          # rank 1's children are 9, 10, 11
+    eps = _endpoints(world)
+    eps[1].close()                      # rank 1 dies before doing anything
+    try:
+        results = _run_ranks(eps, Topology.MESH, 2, dead={1}, finish_timeout=1.5)
+    finally:
+        for ep in eps:
+            ep.close()
+    for rank in (0, 5):
+        err = results[rank]
+        assert isinstance(err, PeerStalledError), f"rank {rank}: {err!r}"
+        assert err.ranks == (1, 9, 10, 11), str(err)
+        assert "[1, 9, 10, 11] incomplete" in str(err)
+    err = results[9]
+    assert isinstance(err, PeerStalledError) and err.ranks == tuple(r for r in range(world) if r != 9)
+
+
+def test_group_rejects_misuse():
+    eps = _endpoints(2)
+    try:
+        with pytest.raises(ValueError, match="Expect the endpoint of rank 1, got one of rank 0"):
+            PeerGroup(1, 2, eps[0])
+        with pytest.raises(ValueError, match="Expect 0 <= rank < world_size"):
+            PeerGroup(0, 0, eps[0])
+        with pytest.raises(ValueError, match=r"know peer ranks \[2\]"):
+            PeerGroup(0, 3, eps[0])
+        with pytest.raises(TypeError, match="Topology"):
+            PeerGroup(0, 2, eps[0], "mesh")
+        g0, g1 = PeerGroup(0, 2, eps[0]), PeerGroup(1, 2, eps[1])
+        eps[0].send(1, b"\x01\x00")     # a frame too short to be a group message
+        g0.publish(b"ok")
+        got = g1.poll(timeout=WAIT)
+        while len(got) < 1:
+            got += g1.poll(timeout=WAIT)
+        assert got == [(0, b"ok")]
+        other = threading.Thread(target=g0.finish, args=(WAIT,), daemon=True)
+        other.start()
+        assert g1.finish(WAIT) == []
+        other.join(WAIT)
+        assert g1.stats()["malformed"] == 1
+        with pytest.raises(TransportError, match="after finish"):
+            g0.publish(b"late")
+        with pytest.raises(TransportError, match="twice"):
+            g0.finish(WAIT)
+    finally:
+        for ep in eps:
+            ep.close()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import hashlib
 import multiprocessing
-import queue
 import random
 import secrets
 import time

@@ -30,7 +30,7 @@ import time
 from collections.abc import Mapping
 
 from .config import EndpointConfig
-from .errors import EndpointClosedError, PeerStalledError, TransportError
+from .errors import EndpointClosedError, PeerStalledError
 from .faults import FaultInjector
 from .peer import OutMessage, PeerState, Receipt
 from .protocol import (ACK_ENTRY, OVERHEAD_BYTES, DatagramCodec, DatagramRejected, MessageType,

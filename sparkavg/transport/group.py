@@ -68,12 +68,11 @@ def tree_neighbours(rank: int, world_size: int, fanout: int = 8) -> list[int]:
 
 
 class _OriginState:
-    """What has been received from one origin."""
+    """What has been received from one origin: message numbers seen, END count."""
 
-    __slots__ = ("received", "low", "ahead", "end_count")
+    __slots__ = ("low", "ahead", "end_count")
 
     def __init__(self):
-        self.received = 0       # distinct messages returned
         self.low = 0            # every number below has been seen
         self.ahead: set[int] = set()
         self.end_count = None   # from the END marker
@@ -88,8 +87,12 @@ class _OriginState:
                 self.low += 1
         else:
             self.ahead.add(number)
-        self.received += 1
         return True
+
+    @property
+    def received(self) -> int:
+        """Distinct messages seen."""
+        return self.low + len(self.ahead)
 
     @property
     def complete(self) -> bool:

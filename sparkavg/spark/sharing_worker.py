@@ -87,8 +87,10 @@ def make_sharing_trainer(config_json: str, state_bc, carry_bc, key_bc, settings:
                                 stall_timeout=settings["stall_timeout"], faults=faults)
         host = select_address(network_mask=settings["network_mask"])
         port = settings["port"] + rank if settings["port"] else 0
-        endpoint = ReliableEndpoint(rank, key_bc.value, job_id=settings["job_id"], host=host, port=port,
-                                    config=config)
+        # A fresh id per stage and attempt: sequence numbers restart with every endpoint, so
+        # datagrams of an earlier epoch or a failed attempt must never be taken for new ones.
+        job_id = (settings["job_id"] << 32) | ((ctx.stageId() & 0xFFFFFF) << 8) | (ctx.attemptNumber() & 0xFF)
+        endpoint = ReliableEndpoint(rank, key_bc.value, job_id=job_id, host=host, port=port, config=config)
         try:
             with rec.phase("wait"):
                 gathered = ctx.allGather(json.dumps({"rank": rank, "host": endpoint.address[0],
@@ -151,12 +153,15 @@ def make_sharing_trainer(config_json: str, state_bc, carry_bc, key_bc, settings:
         rec.count("messages_sent", threshold.messages)
         rec.count("messages_received", received)
         rec.count("entries_sent", threshold.entries_sent)
-        rec.count("bytes_sent", t["bytes_sent"])
-        rec.count("bytes_received", t["bytes_received"])
+        rec.count("bytes_sent", t["wire_bytes_sent"])  # every datagram: retransmissions and acks included
+        rec.count("bytes_received", t["wire_bytes_received"])
+        rec.count("payload_bytes_sent", t["payload_bytes_sent"])
         rec.count("dense_bytes_equivalent", 4 * n * (world - 1) * iterations)
         rec.count("datagrams_sent", t["datagrams_sent"])
         rec.count("datagrams_retransmitted", t["datagrams_retransmitted"])
-        rec.count("datagrams_rejected", t["datagrams_rejected"])
+        rec.count("datagrams_rejected", t["datagrams_invalid"])  # failed authentication or validation
+        rec.count("datagrams_forged", t["rejected_bad_mac"])
+        rec.count("datagrams_replayed", t["rejected_replay"])  # mostly late retransmissions: harmless
         yield SharingResult(rank, np.array(net.params, np.float32), np.array(net.updater_state, np.float32),
                             residual, threshold.to_plain(), loss_sum, examples, net.iteration - start_iteration,
                             rec.to_payload())

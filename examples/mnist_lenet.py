@@ -133,7 +133,21 @@ def train_spark(args, net, train, test):
         if args.stats_html:
             trainer.stats.to_html(args.stats_html)
             log.info("training stats page: %s", args.stats_html)
-        extra = trainer.stats.report_fields() if hasattr(trainer.stats, "report_fields") else {}
+        extra = {"stats_summary": trainer.stats.summary()}
+        if args.mode == "sharing":
+            c = trainer.stats.counters
+            extra.update({
+                "bytes_sent": int(c.get("bytes_sent", 0)),
+                "payload_bytes_sent": int(c.get("payload_bytes_sent", 0)),
+                "dense_bytes_equivalent": int(c.get("dense_bytes_equivalent", 0)),
+                "compression_ratio": trainer.stats.compression_ratio,
+                "replica_max_abs_diff": max(h["replica_max_abs_diff"] for h in trainer.history),
+                "datagrams_retransmitted": int(c.get("datagrams_retransmitted", 0)),
+                "datagrams_rejected": int(c.get("datagrams_rejected", 0)),
+                "messages_sent": int(c.get("messages_sent", 0)),
+                "simulated_loss": args.simulate_udp_loss,
+                "threshold": args.threshold,
+            })
         return detail, train_seconds, examples, ev, extra
     finally:
         spark.stop()

@@ -108,3 +108,24 @@ def test_bad_shapes_are_rejected_with_expected_and_got():
         kernels.im2col(x, 2, 2, 2, 2, 0, 0, out=np.empty((3, 3), np.float32))
     with pytest.raises(ValueError, match="Expect a kernel that fits"):
         kernels.im2col(x, 7, 7, 1, 1, 0, 0)
+
+
+def test_network_step_same_on_generic_path(monkeypatch):
+    # The xp-generic kernels are what a CuPy network runs; on numpy they must
+    # train the same network to the same parameters as the Cython path.
+    from sparkavg.nn import Adam, AvgPool2D, Conv2D, Dense, MaxPool2D, Network, Output
+
+    def make():
+        layers = [Conv2D(3, 3, padding=1, activation="relu"), MaxPool2D(2), Conv2D(4, 2, stride=2),
+                  AvgPool2D(2, 1), Dense(5, activation="tanh"), Output(3)]
+        return Network((2, 10, 10), layers, updater=Adam(1e-2), dtype="float64")
+
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((6, 2, 10, 10)), rng.integers(0, 3, 6)
+    fast = make()
+    fast_losses = [fast.fit_batch(x, y) for _ in range(3)]
+    monkeypatch.setenv("SPARKAVG_PURE_NUMPY", "1")
+    slow = make()
+    slow_losses = [slow.fit_batch(x, y) for _ in range(3)]
+    np.testing.assert_allclose(fast_losses, slow_losses, rtol=1e-12)
+    np.testing.assert_allclose(fast.params, slow.params, rtol=1e-10, atol=1e-13)

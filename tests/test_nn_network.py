@@ -398,3 +398,25 @@ def test_gpu_lenet_save_load(tmp_path):
     net.save(tmp_path / "gpu.npz")
     back = Network.load(tmp_path / "gpu.npz")
     assert np.array_equal(back.params, backend.to_cpu(net.params))
+
+
+# ------------------------------------------------------------- learning
+def _idx(path, offset):
+    import gzip
+
+    with gzip.open(path) as fh:
+        return np.frombuffer(fh.read(), np.uint8, offset=offset)
+
+
+@pytest.mark.slow
+def test_lenet_learns_fashion_mnist_subset(fashion_dir):
+    # A smoke test of learning (the full 1- and 5-epoch figures are in
+    # benchmarks/RESULTS.md): 6,000 examples, one epoch at batch 64.
+    x = _idx(fashion_dir / "train-images-idx3-ubyte.gz", 16).reshape(-1, 784)[:6000] / np.float32(255)
+    y = _idx(fashion_dir / "train-labels-idx1-ubyte.gz", 8)[:6000]
+    xt = _idx(fashion_dir / "t10k-images-idx3-ubyte.gz", 16).reshape(-1, 784)[:2000] / np.float32(255)
+    yt = _idx(fashion_dir / "t10k-labels-idx1-ubyte.gz", 8)[:2000]
+    net = lenet()
+    losses = net.fit(x.astype(np.float32), y, batch_size=64, epochs=1)
+    assert net.epoch == 1 and losses[0] < 1.0
+    assert float((net.predict(xt.astype(np.float32)) == yt).mean()) > 0.70  # 0.77 measured

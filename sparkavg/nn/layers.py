@@ -120,7 +120,7 @@ class Layer:
         key = (name, tuple(shape))
         buf = self._ws.get(key)
         if buf is None:
-            if len(self._ws) > 16:  # many batch sizes seen: keep memory bounded
+            if len(self._ws) > 32:  # many batch sizes seen: keep memory bounded
                 self._ws = {}
             buf = get_array_module(like).empty(shape, dtype=like.dtype if dtype is None else dtype)
             self._ws[key] = buf

@@ -41,6 +41,7 @@ cdef Py_ssize_t _bitmap_collect(
 # r[16k+b] -= sign * (+-tau) for every value bit set.
 cdef void _bitmap_apply(
     float* r,                # IN/OUT (n,)
+    Py_ssize_t n,
     const int32_t* words,    # IN  (nwords,)
     Py_ssize_t nwords,
     float tau,

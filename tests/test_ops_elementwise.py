@@ -108,7 +108,7 @@ def test_zero_params_receive_the_update():
 
 def test_threads_give_the_same_result():
     rng = np.random.default_rng(1)
-    p, g, m, v = (rng.standard_normal(100_001).astype(np.float32) for _ in range(4))
+    p, g, m, v = (rng.standard_normal(300_001).astype(np.float32) for _ in range(4))
     v = np.abs(v)
     one = [a.copy() for a in (p, g, m, v)]
     two = [a.copy() for a in (p, g, m, v)]

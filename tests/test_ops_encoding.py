@@ -280,3 +280,18 @@ def test_pure_numpy_switch(monkeypatch):
     message = ops.encode(r, 1.0)
     assert list(message) == [4, 4, tau_bits(1.0), 1, 0x00040006]
     assert list(r) == [0.0, 1.0, -2.0, 0.5]
+
+
+def test_signed_zeros_and_untouched_lanes_keep_their_bits():
+    # Bitmap words are applied lane-wise; lanes that send nothing must keep
+    # their exact bits (-0.0 stays -0.0), in encoding and decoding alike.
+    r = np.full(40, -0.0, np.float32)
+    r[[3, 20, 37]] = [2.0, -2.0, 2.0]  # 37 lies in the 8-value tail word
+    before = r.copy()
+    message = ops.bitmap_encode(r, 1.0)
+    assert same_bits(np.delete(r, [3, 20, 37]), np.delete(before, [3, 20, 37]))
+    assert list(r[[3, 20, 37]]) == [1.0, -1.0, 1.0]
+    target = np.full(40, -0.0, np.float32)
+    ops.decode(message, target)
+    assert same_bits(np.delete(target, [3, 20, 37]), np.full(37, -0.0, np.float32))
+    assert list(target[[3, 20, 37]]) == [1.0, -1.0, 1.0]

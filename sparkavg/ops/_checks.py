@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import struct
 
 import numpy as np
 
@@ -28,6 +29,9 @@ __all__ = [
     "bad_index_error",
     "bad_word_error",
 ]
+
+_F32 = struct.Struct("<f")
+_I32 = struct.Struct("<i")
 
 #: Indices are signed 1-based int32 and N travels as int32 in the header.
 MAX_LENGTH = 2**31 - 1
@@ -53,8 +57,9 @@ def bitmap_length(n: int) -> int:
     return int(n) // 16 + 5
 
 
-def check_threshold(threshold) -> np.float32:
-    """The threshold as the float32 that travels in the header.
+def check_threshold(threshold) -> float:
+    """The threshold rounded to the float32 that travels in the header
+    (returned as a Python float holding that exact value).
 
     Encoders subtract exactly this value (cast to the residual's dtype), so
     that decoding the header's bits adds back what was taken.
@@ -64,12 +69,14 @@ def check_threshold(threshold) -> np.float32:
     value = float(threshold)
     if not math.isfinite(value) or value <= 0.0:
         raise ValueError(f"Expect a finite threshold > 0, got {threshold!r}")
-    with np.errstate(over="ignore", under="ignore"):
-        tau = np.float32(value)  # 1e39 -> inf, 1e-50 -> 0: rejected below
-    if not (np.isfinite(tau) and tau > 0):
+    try:
+        tau = _F32.unpack(_F32.pack(value))[0]  # round to float32 (struct: no numpy overhead)
+    except OverflowError:
+        tau = math.inf
+    if not (math.isfinite(tau) and tau > 0.0):
         raise ValueError(
             f"Expect a threshold representable as a float32 > 0 (it travels as float32 bits), "
-            f"got {threshold!r} which becomes {float(tau)!r}"
+            f"got {threshold!r} which becomes {tau!r}"
         )
     return tau
 
@@ -92,9 +99,9 @@ def check_clip_factor(k) -> float:
     return value
 
 
-def float_bits(tau: np.float32) -> int:
+def float_bits(tau: float) -> int:
     """The int32 whose bits are the float32 ``tau`` (header word 2)."""
-    return int(np.float32(tau).view(np.int32))
+    return _I32.unpack(_F32.pack(tau))[0]
 
 
 def bits_float(bits: int) -> np.float32:

@@ -1,0 +1,168 @@
+#!/usr/bin/env python
+"""Parameter averaging on Spark against same-run baselines.
+
+1. Round overhead (round wall time minus the slowest worker's compute)
+   against a trivial Spark job's latency plus moving the parameters at
+   memory-copy speed, both measured in this run.
+2. Epoch throughput on local[2] (2 workers x 1 thread) against --mode local
+   with 2 threads, same data, same batch size, same run.
+3. Accuracy after --epochs epochs: averaging against local.
+
+Prints JSON (and writes it with --out).
+
+    python benchmarks/bench_averaging.py --epochs 3
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+
+
+def copy_seconds(nbytes: int, repeats: int = 20) -> float:
+    """Best time to copy ``nbytes`` with np.copyto (memory speed baseline)."""
+    src = np.ones(nbytes // 4, np.float32)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def trivial_job_seconds(sc, workers: int, repeats: int = 30) -> float:
+    rdd = sc.parallelize(range(workers), workers)
+    for _ in range(3):
+        rdd.map(lambda v: v).collect()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        rdd.map(lambda v: v).collect()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def round_overheads(stats) -> list:
+    """Per round: driver round span minus the slowest worker's summed fit time."""
+    fits, rounds = {}, {}
+    for e in stats.events:
+        key = (e.epoch, e.round)
+        if e.phase == "round" and e.lane == "driver":
+            rounds[key] = e.duration
+        elif e.phase == "fit":
+            fits.setdefault(key, {}).setdefault(e.lane, 0.0)
+            fits[key][e.lane] += e.duration
+    return [rounds[k] - max(fits.get(k, {"": 0.0}).values()) for k in sorted(rounds, key=lambda k: (k[0], k[1]))]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--averaging-frequency", type=int, default=10)
+    p.add_argument("--limit-train", type=int, default=None)
+    p.add_argument("--seed", type=int, default=123)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+
+    from mnist_lenet import evaluate_local
+
+    from sparkavg.data.batching import minibatches
+    from sparkavg.data.mnist import default_data_dir, load_mnist
+    from sparkavg.nn import lenet
+    from sparkavg.threads import limit_threads
+
+    data_dir = args.data_dir or default_data_dir()
+    x, y = load_mnist(data_dir, "train", limit=args.limit_train)
+    xt, yt = load_mnist(data_dir, "test")
+    result = {"benchmark": "averaging", "examples": int(len(x)), "epochs": args.epochs, "workers": args.workers,
+              "batch_size": args.batch_size, "averaging_frequency": args.averaging_frequency,
+              "cpu_count": os.cpu_count()}
+
+    # --- baseline: one process, 2 BLAS threads
+    net = lenet(seed=args.seed)
+    local_seconds, local_acc = [], []
+    with limit_threads(args.workers):
+        for epoch in range(args.epochs):
+            t = time.perf_counter()
+            for xb, yb in minibatches(x, y, args.batch_size, shuffle=True, seed=args.seed + epoch):
+                net.fit_batch(xb, yb)
+            local_seconds.append(time.perf_counter() - t)
+            local_acc.append(evaluate_local(net, xt, yt).accuracy())
+    result["local"] = {"epoch_seconds": local_seconds, "examples_per_second": len(x) / statistics.median(local_seconds),
+                       "accuracy": local_acc, "threads": args.workers}
+
+    # --- parameter averaging on local[W]
+    from pyspark.sql import SparkSession
+
+    from sparkavg.spark import ParameterAveraging, SparkTrainer
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = (SparkSession.builder.master(f"local[{args.workers}]").config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false").config("spark.driver.memory", "4g").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        sc = spark.sparkContext
+        chunks = [(x[i:i + 500], y[i:i + 500]) for i in range(0, len(x), 500)]
+        rdd = sc.parallelize(chunks, args.workers).cache()
+        test = sc.parallelize([(xt[i:i + 500], yt[i:i + 500]) for i in range(0, len(xt), 500)], args.workers).cache()
+        rdd.count(), test.count()
+        trivial = trivial_job_seconds(sc, args.workers)
+        net = lenet(seed=args.seed)
+        master = ParameterAveraging(batch_size_per_worker=args.batch_size, averaging_frequency=args.averaging_frequency,
+                                    workers=args.workers, seed=args.seed)
+        trainer = SparkTrainer(spark, net, master)
+        trainer.fit(rdd, epochs=args.epochs, validation_data=test)
+        trainer.close()
+        spark_seconds = [h["seconds"] for h in trainer.history]
+        overheads = round_overheads(trainer.stats)
+        state_bytes = 4 * (net.num_params + net.updater_state.size)
+        # broadcast once + one result per worker, each a params+state copy
+        transfer = copy_seconds(state_bytes) * (1 + args.workers)
+        result["averaging"] = {
+            "epoch_seconds": spark_seconds,
+            "examples_per_second": len(x) / statistics.median(spark_seconds),
+            "accuracy": [h["accuracy"] for h in trainer.history],
+            "rounds_per_epoch": trainer.history[0]["rounds"],
+            "round_overhead_median_s": statistics.median(overheads),
+            "round_overhead_p90_s": float(np.percentile(overheads, 90)),
+            "summary": trainer.stats.summary(),
+        }
+        result["baselines"] = {"trivial_job_s": trivial, "param_transfer_at_copy_speed_s": transfer,
+                               "state_bytes": state_bytes}
+    finally:
+        spark.stop()
+
+    bound = 2 * trivial + transfer
+    result["verdict"] = {
+        "round_overhead_over_bound": result["averaging"]["round_overhead_median_s"] / bound,
+        "round_overhead_must_le_1": result["averaging"]["round_overhead_median_s"] <= bound,
+        "throughput_ratio": result["averaging"]["examples_per_second"] / result["local"]["examples_per_second"],
+        "throughput_must_ge_1.3": None,
+        "accuracy_gap_points": 100 * (result["local"]["accuracy"][-1] - result["averaging"]["accuracy"][-1]),
+    }
+    v = result["verdict"]
+    v["throughput_must_ge_1.3"] = v["throughput_ratio"] >= 1.3
+    v["accuracy_within_1_point"] = v["accuracy_gap_points"] <= 1.0
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text)
+    return result
+
+
+if __name__ == "__main__":
+    main()

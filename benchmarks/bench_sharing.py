@@ -1,0 +1,120 @@
+#!/usr/bin/env python
+"""Gradient sharing against parameter averaging, same data, epochs and
+workers, same run: compression ratio (dense bytes / bytes on the wire),
+accuracy, epoch throughput; and sharing again with simulated datagram loss
+(accuracy, replica agreement, retransmissions).
+
+Prints JSON (and writes it with --out).
+
+    python benchmarks/bench_sharing.py --epochs 2
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+
+
+def run(spark, master, rdd, test, epochs, seed):
+    from sparkavg.nn import lenet
+    from sparkavg.spark import SparkTrainer
+
+    trainer = SparkTrainer(spark, lenet(seed=seed), master)
+    trainer.fit(rdd, epochs=epochs, validation_data=test)
+    trainer.close()
+    c = trainer.stats.counters
+    h = trainer.history
+    out = {
+        "accuracy": [e["accuracy"] for e in h],
+        "epoch_seconds": [e["seconds"] for e in h],
+        "examples_per_second": h[-1]["examples"] / statistics.median(e["seconds"] for e in h),
+        "summary": trainer.stats.summary(),
+    }
+    if "bytes_sent" in c:
+        out.update({
+            "bytes_sent": int(c["bytes_sent"]),
+            "payload_bytes_sent": int(c["payload_bytes_sent"]),
+            "dense_bytes_equivalent": int(c["dense_bytes_equivalent"]),
+            "compression_ratio": c["dense_bytes_equivalent"] / c["bytes_sent"],
+            "payload_compression_ratio": c["dense_bytes_equivalent"] / c["payload_bytes_sent"],
+            "messages_sent": int(c["messages_sent"]),
+            "mean_entries_per_message": c["entries_sent"] / max(c["messages_sent"], 1),
+            "replica_max_abs_diff": max(e["replica_max_abs_diff"] for e in h),
+            "datagrams_sent": int(c["datagrams_sent"]),
+            "datagrams_retransmitted": int(c["datagrams_retransmitted"]),
+            "datagrams_rejected": int(c["datagrams_rejected"]),
+        })
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--averaging-frequency", type=int, default=5)
+    p.add_argument("--threshold", type=float, default=1e-2, help="initial tau of the adaptive algorithm")
+    p.add_argument("--fixed", action="store_true", help="use FixedThreshold(--threshold) instead of Adaptive")
+    p.add_argument("--loss", type=float, default=0.2, help="simulated datagram loss of the lossy run")
+    p.add_argument("--limit-train", type=int, default=None)
+    p.add_argument("--seed", type=int, default=123)
+    p.add_argument("--skip-loss-run", action="store_true")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+
+    from pyspark.sql import SparkSession
+
+    from sparkavg.data.mnist import default_data_dir, load_mnist
+    from sparkavg.spark import AdaptiveThreshold, FixedThreshold, GradientSharing, ParameterAveraging
+
+    data_dir = args.data_dir or default_data_dir()
+    x, y = load_mnist(data_dir, "train", limit=args.limit_train)
+    xt, yt = load_mnist(data_dir, "test")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = (SparkSession.builder.master(f"local[{args.workers}]").config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false").config("spark.driver.memory", "4g").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    threshold = FixedThreshold(args.threshold) if args.fixed else AdaptiveThreshold(initial=args.threshold)
+    result = {"benchmark": "sharing", "examples": int(len(x)), "epochs": args.epochs, "workers": args.workers,
+              "batch_size": args.batch_size, "threshold": repr(threshold)}
+    try:
+        sc = spark.sparkContext
+        rdd = sc.parallelize([(x[i:i + 500], y[i:i + 500]) for i in range(0, len(x), 500)], args.workers).cache()
+        test = sc.parallelize([(xt[i:i + 500], yt[i:i + 500]) for i in range(0, len(xt), 500)], args.workers).cache()
+        rdd.count(), test.count()
+        result["averaging"] = run(spark, ParameterAveraging(batch_size_per_worker=args.batch_size, workers=args.workers,
+                                                            averaging_frequency=args.averaging_frequency,
+                                                            seed=args.seed), rdd, test, args.epochs, args.seed)
+        sharing = dict(threshold=threshold, batch_size_per_worker=args.batch_size, workers=args.workers, seed=args.seed)
+        result["sharing"] = run(spark, GradientSharing(**sharing), rdd, test, args.epochs, args.seed)
+        if not args.skip_loss_run:
+            result["sharing_lossy"] = run(spark, GradientSharing(**sharing, simulate_loss=args.loss,
+                                                                 retransmit_timeout=0.05),
+                                          rdd, test, args.epochs, args.seed)
+            result["sharing_lossy"]["simulated_loss"] = args.loss
+    finally:
+        spark.stop()
+    s, a = result["sharing"], result["averaging"]
+    result["verdict"] = {
+        "compression_ratio": s["compression_ratio"],
+        "compression_must_ge_100": s["compression_ratio"] >= 100,
+        "compression_aim_ge_1000": s["compression_ratio"] >= 1000,
+        "accuracy_gap_points": 100 * (a["accuracy"][-1] - s["accuracy"][-1]),
+        "accuracy_must_within_1.5": 100 * (a["accuracy"][-1] - s["accuracy"][-1]) <= 1.5,
+        "throughput_ratio_sharing_over_averaging": s["examples_per_second"] / a["examples_per_second"],
+    }
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text)
+    return result
+
+
+if __name__ == "__main__":
+    main()

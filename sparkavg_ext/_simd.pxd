@@ -23,17 +23,23 @@ cdef extern from *:
     #include <float.h>
     #if defined(__GNUC__) || defined(__clang__)
     #define sparkavg_ctz32(x) ((int)__builtin_ctz((unsigned int)(x)))
-    #define sparkavg_popcount32(x) ((int)__builtin_popcount((unsigned int)(x)))
     #else
     static inline int sparkavg_ctz32(unsigned int x) {
         int n = 0;
         while (!(x & 1u)) { x >>= 1; ++n; }
         return n;
     }
+    #endif
+    #if defined(__POPCNT__)
+    #define sparkavg_popcount32(x) ((int)__builtin_popcount((unsigned int)(x)))
+    #else
+    /* Without -mpopcnt (not in the x86-64 baseline) __builtin_popcount is a
+       libgcc call; this branch-free count is a handful of instructions. */
     static inline int sparkavg_popcount32(unsigned int x) {
-        int n = 0;
-        while (x) { x &= x - 1u; ++n; }
-        return n;
+        x = x - ((x >> 1) & 0x55555555u);
+        x = (x & 0x33333333u) + ((x >> 2) & 0x33333333u);
+        x = (x + (x >> 4)) & 0x0F0F0F0Fu;
+        return (int)((x * 0x01010101u) >> 24);
     }
     #endif
 
@@ -69,6 +75,19 @@ cdef extern from *:
         #undef SPARKAVG_BAD
         return val | (neg << 16);
     }
+    /* 1 when any of x[0:16] is not strictly inside (-tau, tau) (a value to
+       send, inf or NaN), else 0; no branch. */
+    static inline int sparkavg_busy16(const float *x, float tau) {
+        const __m128 absmask = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
+        const __m128 vt = _mm_set1_ps(tau);
+        __m128 a0 = _mm_and_ps(_mm_loadu_ps(x), absmask);
+        __m128 a1 = _mm_and_ps(_mm_loadu_ps(x + 4), absmask);
+        __m128 a2 = _mm_and_ps(_mm_loadu_ps(x + 8), absmask);
+        __m128 a3 = _mm_and_ps(_mm_loadu_ps(x + 12), absmask);
+        __m128 any = _mm_or_ps(_mm_or_ps(_mm_cmpnlt_ps(a0, vt), _mm_cmpnlt_ps(a1, vt)),
+                               _mm_or_ps(_mm_cmpnlt_ps(a2, vt), _mm_cmpnlt_ps(a3, vt)));
+        return _mm_movemask_ps(any) != 0;
+    }
     /* x[j] -= (bit j of w ? (bit j+16 of w ? -step : step) : +0.0f), j < 16.
        Subtracting +0.0 leaves every value (-0.0 included) as it was, and
        x - (-step) is x + step to the last bit, so this equals the per-bit
@@ -96,6 +115,12 @@ cdef extern from *:
     }
     #else
     #include <math.h>
+    static inline int sparkavg_busy16(const float *x, float tau) {
+        int j, c = 0;
+        for (j = 0; j < 16; ++j)
+            c |= !(fabsf(x[j]) < tau);
+        return c;
+    }
     static inline void sparkavg_apply16(float *x, unsigned int w, float step) {
         int j;
         for (j = 0; j < 16; ++j)
@@ -128,6 +153,8 @@ cdef extern from *:
     # libnd4j word of x[0:16] (bit j: |x_j| >= tau, bit j+16: x_j <= -tau);
     # bad receives the mask of NaN/inf lanes.  Reads exactly 16 floats.
     unsigned int sparkavg_scan16(const float* x, float tau, unsigned int* bad) noexcept nogil
+    # 1 when x[0:16] holds a value to send, inf or NaN, else 0 (branch-free).
+    int sparkavg_busy16(const float* x, float tau) noexcept nogil
     # x[j] -= +-step for each value bit j of w (sign bit j+16: -step);
     # reads and writes all 16 floats, so only for words inside the vector.
     void sparkavg_apply16(float* x, unsigned int w, float step) noexcept nogil

@@ -7,24 +7,26 @@
 # wrappers hand over offsets into their own buffers.
 from libc.stdint cimport int32_t, uint32_t
 
-# Pass 1 of sparse encoding: counts every |r| >= tau (the return value),
-# writes the first `limit` signed 1-based indices to `body`, and counts
-# NaN/inf into bad[0] with the first such index in bad[1].  Reads only.
-cdef Py_ssize_t _sparse_collect(
-    const float* r,          # IN  (n,)
+# Sparse encoding in one pass: counts every |r| >= tau (the return value);
+# for the first `limit` of them writes the signed 1-based index to `body`,
+# the old value to `orig`, and subtracts +-tau from r; counts NaN/inf into
+# bad[0] with the first such index in bad[1].
+cdef Py_ssize_t _sparse_encode(
+    float* r,                # IN/OUT (n,)
     Py_ssize_t n,
     float tau,
     int32_t* body,           # OUT (limit,)
+    float* orig,             # OUT (limit,)
     Py_ssize_t limit,
     Py_ssize_t* bad,         # OUT (2,)
 ) noexcept nogil
 
-# Pass 2: subtract what the first m body entries send.
-cdef void _sparse_apply(
+# Put back the old values of the first m encoded entries (exact undo).
+cdef void _sparse_undo(
     float* r,                # IN/OUT (n,)
     const int32_t* body,     # IN  (m,)
+    const float* orig,       # IN  (m,)
     Py_ssize_t m,
-    float tau,
 ) noexcept nogil
 
 # Pass 1 of bitmap encoding: writes n // 16 + 1 words, returns how many

@@ -26,9 +26,9 @@ Decisions (where libnd4j leaves a choice or does something we do not want):
   when fewer than 2 entries qualify, as libnd4j.
 - Ordering: indices are ascending (libnd4j's OpenMP encoder leaves them in
   thread order); a capped message is therefore the lowest indices.
-- Two passes: a residual holding NaN or inf is rejected with ValueError
-  before anything is written; a malformed message is rejected before the
-  target is touched.
+- A residual holding NaN or inf is rejected with ValueError (how many, the
+  first index) and left bit-for-bit unchanged; a malformed message is
+  rejected before the target is touched.
 """
 from __future__ import annotations
 
@@ -320,8 +320,8 @@ def encode(residual, threshold, state=None):
     ``(N // 16 + 5) // 2`` values the next call tries sparse; a sparse
     attempt that would reach the cap (``count >= limit``) is re-encoded as a
     bitmap in the same call -- unlike libnd4j, which has then already
-    subtracted the capped sparse message and drops it, our sparse pass
-    writes nothing until it knows it will send.
+    subtracted the capped sparse message and drops it, our sparse encoder
+    restores what it took before the bitmap encoder runs.
 
     Parameters
     ----------

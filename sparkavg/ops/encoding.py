@@ -400,8 +400,9 @@ def encoded_count(encoded) -> int:
         raise ValueError(f"Unknown encoding flag {flag} in header word 3")
     if msg_kind == "cupy":
         return _cuda.bitmap_count(enc)
-    low = enc[HEADER_WORDS:].view(np.uint32) & np.uint32(0xFFFF)
-    return int(np.bitwise_count(low).sum())
+    # Value bits are the low 16 of each word (np.bitwise_count needs numpy 2).
+    low = (enc[HEADER_WORDS:].view(np.uint32) & np.uint32(0xFFFF)).astype(np.uint16)
+    return int(np.unpackbits(low.view(np.uint8)).sum())
 
 
 def encoded_nbytes(encoded) -> int:

@@ -18,7 +18,16 @@ from __future__ import annotations
 import math
 
 from . import _cuda, reference
-from ._dispatch import CUDA, CYTHON, REFERENCE, check_inplace, check_operand, check_threads, ext, route
+from ._dispatch import (
+    CUDA,
+    CYTHON,
+    REFERENCE,
+    check_inplace,
+    check_operand,
+    check_threads,
+    ext,
+    route,
+)
 
 __all__ = [
     "accumulate",

@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from ..backend import get_array_module
 from ._checks import (
     BITMAP_FLAG,

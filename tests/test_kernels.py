@@ -1,0 +1,67 @@
+"""sparkavg_ext called directly: the wrappers' own checks.
+
+sparkavg.ops validates before it calls these, but the wrappers still refuse
+what would read or write out of bounds (they run with bounds checks off).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+_threshold = pytest.importorskip("sparkavg_ext._threshold")
+_averaging = pytest.importorskip("sparkavg_ext._averaging")
+_updaters = pytest.importorskip("sparkavg_ext._updaters")
+
+
+def test_decoders_refuse_headers_that_would_overrun():
+    target = np.zeros(8, np.float32)
+    with pytest.raises(ValueError, match="header"):
+        _threshold.sparse_decode(np.array([5, 8, 0, 0, 1], np.int32), target)  # count > body
+    with pytest.raises(ValueError, match="header"):
+        _threshold.sparse_decode(np.array([1, 9, 0, 0, 1], np.int32), target)  # N != len
+    with pytest.raises(ValueError, match="fewer than its 4-word header"):
+        _threshold.sparse_decode(np.array([0, 8], np.int32), target)
+    with pytest.raises(ValueError, match="expected 5 words"):
+        _threshold.bitmap_decode(np.array([8, 8, 0, 1], np.int32), target)
+    assert not target.any()
+
+
+def test_memoryviews_reject_wrong_dtype_and_layout():
+    with pytest.raises(ValueError):
+        _threshold.sparse_encode(np.zeros(8), 0.5, 2)  # float64
+    with pytest.raises(ValueError):
+        _threshold.bitmap_encode(np.zeros(16, np.float32)[::2], 0.5)
+    with pytest.raises(ValueError, match="length 8"):
+        _averaging.accumulate(np.zeros(8, np.float32), np.zeros(7, np.float32))
+    with pytest.raises(ValueError, match="grads of length 8"):
+        _updaters.sgd_step(np.zeros(8, np.float32), np.zeros(7, np.float32), 0.1)
+
+
+def test_capped_message_not_applied_when_asked():
+    r = np.full(64, 3.0, np.float32)
+    message, total = _threshold.sparse_encode(r, 1.0, 4, False)
+    assert message is None and total == 64 and np.all(r == 3.0)
+    message, total = _threshold.sparse_encode(r, 1.0, 4, True)
+    assert list(message) == [4, 64, int(np.float32(1.0).view(np.int32)), 0, 1, 2, 3, 4]
+    assert total == 64 and np.all(r[:4] == 2.0) and np.all(r[4:] == 3.0)
+
+
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 4095, 4096, 4097, 70_000])
+def test_every_length_and_block_boundary(n):
+    """Chunks of 256 blocks, 16-value blocks and the tail: the sparse and
+    bitmap encoders agree with a plain loop at every boundary."""
+    rng = np.random.default_rng(n)
+    r = rng.standard_normal(n).astype(np.float32)
+    hot = np.abs(r) >= np.float32(1.5)
+    want_idx = np.flatnonzero(hot)
+    sparse_r, bitmap_r = r.copy(), r.copy()
+    message, total = _threshold.sparse_encode(sparse_r, 1.5, n + 2)
+    assert total == len(want_idx)
+    if total >= 2:
+        body = message[4:]
+        assert np.array_equal(np.abs(body) - 1, want_idx)
+        assert np.array_equal(body < 0, r[want_idx] < 0)
+    words, count = _threshold.bitmap_encode(bitmap_r, 1.5)
+    assert count == len(want_idx) and len(words) == n // 16 + 5
+    if total >= 2:
+        assert np.array_equal(sparse_r, bitmap_r)

@@ -15,7 +15,17 @@ also the oracle the tests hold the fast paths to.
   :func:`encoded_count`, :func:`encoded_nbytes`, :func:`count_above`,
   :func:`clip_residual`, :func:`default_limit`.
 
-Which inputs are converted and which rejected: :mod:`sparkavg.ops._dispatch`.
+Convert or reject (details: :mod:`sparkavg.ops._dispatch`): arrays written
+in place (buffer, params, updater state, residual, decode target) must be
+float32/float64, C-contiguous and writeable, else TypeError/ValueError -- a
+converted copy would swallow the write; read-only operands (``x``,
+``grads``, messages) must match the target's dtype and are copied when
+strided.  NaN/inf in a residual, a bad threshold or a malformed message
+raise ValueError and change nothing.
+
+Wire-format decisions (details: :mod:`sparkavg.ops.encoding`): tau travels
+and is subtracted as float32; bitmaps are symmetric (no libnd4j -tau/2);
+the sparse cap defaults to ``max(N // 16, 2)``; indices are ascending.
 """
 from __future__ import annotations
 

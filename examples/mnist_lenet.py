@@ -42,7 +42,10 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=None,
                    help="minibatch size (per worker on Spark); default 64 local, 32 on Spark")
     p.add_argument("--averaging-frequency", type=int, default=5)
-    p.add_argument("--threshold", type=float, default=1e-3, help="gradient-sharing threshold tau")
+    p.add_argument("--threshold", type=float, default=1e-2,
+                   help="gradient sharing: initial tau of DL4J's adaptive algorithm (default 1e-2: Adam's steps "
+                        "are about lr=1e-3 per parameter, so tau must be several steps to compress)")
+    p.add_argument("--fixed-threshold", action="store_true", help="gradient sharing: keep tau fixed")
     p.add_argument("--simulate-udp-loss", type=float, default=0.0,
                    help="sharing: drop/duplicate/reorder this fraction of datagrams")
     p.add_argument("--threads", type=int, default=None,
@@ -103,7 +106,7 @@ def _as_minibatch_rdd(sc, x, y, slices, rows_per_record=500):
 def train_spark(args, net, train, test):
     from pyspark.sql import SparkSession
 
-    from sparkavg.spark import GradientSharing, ParameterAveraging, SparkTrainer
+    from sparkavg.spark import AdaptiveThreshold, FixedThreshold, GradientSharing, ParameterAveraging, SparkTrainer
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (SparkSession.builder.master(args.master).appName(f"sparkavg-lenet-{args.mode}")
@@ -120,7 +123,8 @@ def train_spark(args, net, train, test):
             master = ParameterAveraging(batch_size_per_worker=args.batch_size, workers=args.workers,
                                         averaging_frequency=args.averaging_frequency, seed=args.seed)
         else:
-            master = GradientSharing(threshold=args.threshold, batch_size_per_worker=args.batch_size,
+            threshold = FixedThreshold(args.threshold) if args.fixed_threshold else AdaptiveThreshold(initial=args.threshold)
+            master = GradientSharing(threshold=threshold, batch_size_per_worker=args.batch_size,
                                      workers=args.workers, simulate_loss=args.simulate_udp_loss, seed=args.seed)
         trainer = SparkTrainer(spark, net, master, checkpoint_dir=args.checkpoint_dir)
         trainer.fit(train_rdd, epochs=args.epochs, resume_from=args.resume_from, validation_data=test_rdd)

@@ -53,3 +53,20 @@ def test_same_trainer_interface_for_both_masters(sc):
         trainer.fit(rdd)
         assert trainer.evaluate(rdd).count == 100
         assert np.isfinite(trainer.score(rdd))
+
+
+def test_killed_sharing_worker_restarts_the_barrier_stage(sc, tmp_path):
+    rdd, x, y = _rdd(sc, 120, seed=27)
+    marker = tmp_path / "kill-me"
+    marker.write_text("x")
+    sc.setLocalProperty("sparkavg.test.kill_marker", str(marker))
+    try:
+        trainer = SparkTrainer(sc, small_net(seed=28), GradientSharing(workers=2, batch_size_per_worker=10,
+                                                                      stall_timeout=20.0))
+        trainer.fit(rdd, epochs=1)
+    finally:
+        sc.setLocalProperty("sparkavg.test.kill_marker", None)
+    assert (tmp_path / "kill-me.claimed").exists()  # a worker really died mid-stage
+    assert trainer.stats.counters["stage_restarts"] == 1
+    assert trainer.history[0]["examples"] == 120  # the retried stage trained everything once
+    assert trainer.history[0]["replica_max_abs_diff"] < 1e-5

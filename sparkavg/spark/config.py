@@ -241,6 +241,10 @@ class GradientSharing:
     simulate_loss : float, default 0.0
         Fault injection: drop, duplicate and reorder this fraction of
         datagrams inside the transport (tests and demos).
+    max_stage_attempts : int, default 3
+        Spark never retries a failed barrier result stage, so the driver
+        does: a lost worker (process killed, peer stalled) restarts the
+        epoch from its starting state, up to this many attempts in all.
     collect_stats : bool, default True
     seed : int, default 12345
     """
@@ -256,6 +260,7 @@ class GradientSharing:
     retransmit_timeout: float = 0.2
     stall_timeout: float = 60.0
     simulate_loss: float = 0.0
+    max_stage_attempts: int = 3
     collect_stats: bool = True
     seed: int = 12345
 
@@ -278,6 +283,7 @@ class GradientSharing:
         _check(self.stall_timeout > self.retransmit_timeout,
                f"Expect stall_timeout > retransmit_timeout ({self.retransmit_timeout}), got {self.stall_timeout!r}")
         _check(0.0 <= self.simulate_loss < 1.0, f"Expect simulate_loss in [0, 1), got {self.simulate_loss!r}")
+        _positive_int("max_stage_attempts", self.max_stage_attempts)
         if self.network_mask is not None:
             import ipaddress
 

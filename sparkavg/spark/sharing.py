@@ -67,9 +67,20 @@ class SharingRunner:
                 rdd = self.sc.parallelize(shards, len(shards))
             else:
                 rdd = plan.rdd
-            launched = time.perf_counter()
-            with worker_errors(f"gradient-sharing epoch {epoch + 1}"):
-                results = rdd.barrier().mapPartitions(fn).collect()
+            for attempt in range(1, m.max_stage_attempts + 1):
+                launched = time.perf_counter()
+                try:
+                    with worker_errors(f"gradient-sharing epoch {epoch + 1}"):
+                        results = rdd.barrier().mapPartitions(fn).collect()
+                    break
+                except Exception as exc:
+                    # Spark does not retry failed barrier result stages: restart the epoch from
+                    # the broadcast state (nothing of the failed attempt reached the driver).
+                    if attempt == m.max_stage_attempts:
+                        raise
+                    stats.count("stage_restarts", 1)
+                    logger.warning("gradient-sharing epoch %d, attempt %d of %d failed (%s); restarting the "
+                                   "epoch", epoch + 1, attempt, m.max_stage_attempts, str(exc).splitlines()[0][:300])
             returned = time.perf_counter()
         finally:
             for bc in (state_bc, carry_bc, key_bc):

@@ -18,7 +18,7 @@ from .. import ops
 from ..transport import EndpointConfig, FaultInjection, PeerGroup, ReliableEndpoint, Topology, select_address
 from .stats import PhaseRecorder
 from .threshold import ThresholdState
-from .worker import cached_network, lane_name, load_state, minibatch_sources, prefetched
+from .worker import fault_hook, cached_network, lane_name, load_state, minibatch_sources, prefetched
 
 __all__ = ["SharingResult", "make_sharing_trainer"]
 
@@ -61,6 +61,7 @@ def make_sharing_trainer(config_json: str, state_bc, carry_bc, key_bc, settings:
     def run(items) -> Iterator[SharingResult]:
         from pyspark import BarrierTaskContext
 
+        fault_hook()
         ctx = BarrierTaskContext.get()
         rank = ctx.partitionId()
         world = len(ctx.getTaskInfos())

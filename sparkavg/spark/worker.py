@@ -155,7 +155,7 @@ def combine_results(a: Optional[RoundResult], b: Optional[RoundResult]) -> Optio
     return a
 
 
-def _fault_hook() -> None:
+def fault_hook() -> None:
     """Test hook: when the job's local property ``sparkavg.test.kill_marker``
     names a file that exists, the first task to claim it kills its Python
     worker (as a crashed executor would).  Spark must retry the task."""
@@ -177,7 +177,7 @@ def make_round_trainer(config_json: str, state_bc, *, save_updater: bool, unifor
     this worker's shard, return one :class:`RoundResult` (none if empty)."""
 
     def run(items) -> Iterator[RoundResult]:
-        _fault_hook()
+        fault_hook()
         rec = PhaseRecorder(lane_name()) if collect_stats else None
         with _phase(rec, "fetch"):
             state = state_bc.value

@@ -18,30 +18,16 @@ from .. import ops
 from ..transport import EndpointConfig, FaultInjection, PeerGroup, ReliableEndpoint, Topology, select_address
 from .stats import PhaseRecorder
 from .threshold import ThresholdState
-from .worker import fault_hook, cached_network, lane_name, load_state, minibatch_sources, prefetched
+from .worker import Record, cached_network, fault_hook, lane_name, load_state, minibatch_sources, prefetched
 
 __all__ = ["SharingResult", "make_sharing_trainer"]
 
 
-class SharingResult:
+class SharingResult(Record):
     """What one sharing worker returns at the end of an epoch (plain arrays)."""
 
     __slots__ = ("rank", "params", "updater_state", "residual", "threshold", "loss_sum", "examples",
                  "iterations", "stats")
-
-    def __init__(self, rank, params, updater_state, residual, threshold, loss_sum, examples, iterations, stats):
-        self.rank = rank
-        self.params = params
-        self.updater_state = updater_state
-        self.residual = residual
-        self.threshold = threshold
-        self.loss_sum = loss_sum
-        self.examples = examples
-        self.iterations = iterations
-        self.stats = stats
-
-    def __reduce__(self):
-        return (SharingResult, tuple(getattr(self, s) for s in self.__slots__))
 
 
 def _apply(payload: bytes, params) -> int:

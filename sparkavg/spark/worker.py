@@ -31,6 +31,7 @@ __all__ = [
     "cached_network",
     "lane_name",
     "minibatch_sources",
+    "Record",
     "RoundResult",
     "combine_results",
     "make_round_trainer",
@@ -114,7 +115,23 @@ def prefetched(sources: Iterator, depth: int) -> Iterator:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-class RoundResult:
+class Record:
+    """A plain result record: positional fields named by ``__slots__``,
+    pickled as a tuple (no ``__dict__``, cheap to ship back through Spark)."""
+
+    __slots__ = ()
+
+    def __init__(self, *values):
+        if len(values) != len(self.__slots__):
+            raise TypeError(f"Expect {len(self.__slots__)} fields {self.__slots__}, got {len(values)}")
+        for name, value in zip(self.__slots__, values):
+            setattr(self, name, value)
+
+    def __reduce__(self):
+        return (type(self), tuple(getattr(self, s) for s in self.__slots__))
+
+
+class RoundResult(Record):
     """What one worker returns from a round: weighted sums, ready to add.
 
     ``params`` and ``state`` hold ``weight * value``; the driver divides the
@@ -122,19 +139,6 @@ class RoundResult:
     """
 
     __slots__ = ("weight", "params", "state", "loss_sum", "examples", "batches", "max_iterations", "stats")
-
-    def __init__(self, weight, params, state, loss_sum, examples, batches, max_iterations, stats):
-        self.weight = weight
-        self.params = params
-        self.state = state
-        self.loss_sum = loss_sum
-        self.examples = examples
-        self.batches = batches
-        self.max_iterations = max_iterations
-        self.stats = stats
-
-    def __reduce__(self):
-        return (RoundResult, tuple(getattr(self, s) for s in self.__slots__))
 
 
 def combine_results(a: Optional[RoundResult], b: Optional[RoundResult]) -> Optional[RoundResult]:

@@ -70,3 +70,21 @@ def test_killed_sharing_worker_restarts_the_barrier_stage(sc, tmp_path):
     assert trainer.stats.counters["stage_restarts"] == 1
     assert trainer.history[0]["examples"] == 120  # the retried stage trained everything once
     assert trainer.history[0]["replica_max_abs_diff"] < 1e-5
+
+
+def test_stuck_worker_ends_the_stage_with_an_error_naming_it(sc):
+    import time
+
+    from sparkavg.transport import PeerStalledError
+
+    rdd, x, y = _rdd(sc, 60, seed=29)
+    sc.setLocalProperty("sparkavg.test.stall_rank", "1")
+    started = time.monotonic()
+    try:
+        trainer = SparkTrainer(sc, small_net(seed=30), GradientSharing(workers=2, batch_size_per_worker=10,
+                                                                      stall_timeout=3.0, max_stage_attempts=1))
+        with pytest.raises(PeerStalledError, match=r"\b1\b"):
+            trainer.fit(rdd, epochs=1)
+    finally:
+        sc.setLocalProperty("sparkavg.test.stall_rank", None)
+    assert time.monotonic() - started < 60  # bounded by the stall timeout, never a hang

@@ -18,7 +18,7 @@ from .. import ops
 from ..transport import EndpointConfig, FaultInjection, PeerGroup, ReliableEndpoint, Topology, select_address
 from .stats import PhaseRecorder
 from .threshold import ThresholdState
-from .worker import Record, cached_network, fault_hook, lane_name, load_state, minibatch_sources, prefetched
+from .worker import Record, cached_network, fault_hook, stall_hook, lane_name, load_state, minibatch_sources, prefetched
 
 __all__ = ["SharingResult", "make_sharing_trainer"]
 
@@ -124,6 +124,7 @@ def make_sharing_trainer(config_json: str, state_bc, carry_bc, key_bc, settings:
                 loss_sum += float(loss) * len(x)
                 examples += len(x)
                 iterations += 1
+            stall_hook(rank)
             with rec.phase("wait"):
                 remaining = group.finish(settings["stall_timeout"])
             with rec.phase("apply"):

@@ -175,6 +175,18 @@ def fault_hook() -> None:
         os._exit(17)
 
 
+def stall_hook(rank: int) -> None:
+    """Test hook: when the job's local property ``sparkavg.test.stall_rank``
+    equals ``rank``, this task hangs (as a stuck executor would); its peers
+    must end the stage with an error naming it."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    value = ctx.getLocalProperty("sparkavg.test.stall_rank") if ctx is not None else None
+    if value is not None and int(value) == rank:
+        threading.Event().wait()
+
+
 def make_round_trainer(config_json: str, state_bc, *, save_updater: bool, uniform: bool,
                        collect_stats: bool, prefetch: int):
     """Executor function for one averaging round: fit every minibatch of

@@ -7,8 +7,10 @@ frameworks, float32, with the same number of BLAS/OpenMP threads
 (``torch.set_num_threads`` and ``sparkavg.threads.set_threads``).
 
 The two are measured in alternating blocks of steps (after a warm-up), so
-that load from other processes on a shared machine hits both alike; the
-figure is the median step time of each and their ratio.  PyTorch is only
+that load from other processes on a shared machine hits both alike; each
+block starts with a few untimed steps, because the other library's idle
+pool threads (OpenBLAS's, PyTorch's OpenMP) keep spinning for a while after
+a hand-over.  The figure is the median step time of each and their ratio.  PyTorch is only
 the baseline here, never a dependency of sparkavg.
 
     python benchmarks/bench_lenet.py --threads 2 --out /tmp/lenet.json
@@ -31,8 +33,11 @@ def _parse(argv):
     p.add_argument("--threads", type=int, default=2, help="BLAS/OpenMP threads for both (default 2)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--warmup", type=int, default=20, help="steps of each before timing")
-    p.add_argument("--steps", type=int, default=200, help="timed steps of each")
-    p.add_argument("--block", type=int, default=10, help="steps per alternating block")
+    p.add_argument("--steps", type=int, default=400, help="timed steps of each")
+    p.add_argument("--block", type=int, default=10, help="timed steps per alternating block")
+    p.add_argument("--settle", type=int, default=3,
+                   help="untimed steps at the start of each block (the other library's idle "
+                        "threads still spin for a while after it hands over)")
     p.add_argument("--seed", type=int, default=123)
     p.add_argument("--out", help="also write the JSON here")
     return p.parse_args(argv)
@@ -93,6 +98,8 @@ def main(argv=None):
     while done < args.steps:
         block = min(args.block, args.steps - done)
         for name, step in (("sparkavg", ours), ("torch", theirs)):
+            for i in range(done, done + args.settle):
+                step(i)
             for i in range(done, done + block):
                 t0 = time.perf_counter()
                 step(i)
@@ -112,6 +119,8 @@ def main(argv=None):
         "threads": args.threads,
         "steps": args.steps,
         "warmup": args.warmup,
+        "block": args.block,
+        "settle": args.settle,
         "num_params": net.num_params,
         "sparkavg": ours_s,
         "torch": theirs_s,

@@ -1,13 +1,15 @@
 """The network engine: layers over one flat parameter vector, flat
 updater state, array-module generic (numpy or CuPy).
 
-Modules: :mod:`.network` (``Network``), :mod:`.layers`, :mod:`.updaters`,
+Modules: :mod:`.network` (``Network``), :mod:`.layers`, :mod:`.output`
+(the loss layer), :mod:`.updaters`,
 :mod:`.activations`, :mod:`.initializers`, :mod:`.kernels` (im2col /
 pooling, Cython-backed), :mod:`.serialization` (npz model files),
 :mod:`.zoo` (``lenet``).
 """
 from . import zoo
-from .layers import Activation, AvgPool2D, Conv2D, Dense, Dropout, Layer, MaxPool2D, Output
+from .layers import Activation, AvgPool2D, Conv2D, Dense, Dropout, Layer, MaxPool2D
+from .output import Output
 from .network import Network
 from .serialization import ModelFileError
 from .updaters import SGD, Adagrad, Adam, Nadam, Nesterov, RMSProp, Updater

@@ -7,7 +7,6 @@ and saving therefore act on a few flat arrays, never per layer.
 """
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import math
@@ -16,8 +15,8 @@ from collections import namedtuple
 import numpy as np
 
 from .. import backend
-from ..backend import get_array_module
-from .layers import Dropout, Layer, Output, layer_from_config
+from .layers import Dropout, Layer, layer_from_config
+from .output import Output
 from .updaters import Adam, Updater, updater_from_config
 
 __all__ = ["Network", "CONFIG_FORMAT", "CONFIG_VERSION"]
@@ -375,6 +374,7 @@ class Network:
         self._state = convert(self._state)
         self._xp = xp
         self._bind()
+        logger.debug("network of %d params moved to %s", self._num_params, xp.__name__)
         return self
 
     def to_gpu(self):

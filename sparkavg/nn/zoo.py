@@ -1,7 +1,8 @@
 """Ready-made networks."""
 from __future__ import annotations
 
-from .layers import Conv2D, Dense, MaxPool2D, Output
+from .layers import Conv2D, Dense, MaxPool2D
+from .output import Output
 from .network import Network
 from .updaters import Adam, Updater
 

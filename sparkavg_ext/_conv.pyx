@@ -46,10 +46,12 @@ def _check_geometry(Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
 # ------------------------------------------------------------------ im2col
 def im2col_nhwc(const floating[:, :, :, ::1] x, Py_ssize_t kh, Py_ssize_t kw,
                 Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t ph, Py_ssize_t pw,
-                floating[:, ::1] out=None):
+                floating[:, ::1] out=None, bint ones_column=False):
     """Unfold (N, H, W, C) images into (N*OH*OW, KH*KW*C) patch rows.
 
-    Padding reads as zero.  Returns ``out`` (allocated when None).
+    Padding reads as zero.  With ``ones_column`` every row gets one more
+    column holding 1, so that ``cols @ [W; b]`` adds the bias inside the
+    GEMM.  Returns ``out`` (allocated when None).
     """
     _check_geometry(kh, kw, sh, sw, ph, pw)
     cdef Py_ssize_t n = x.shape[0], h = x.shape[1], w = x.shape[2], c = x.shape[3]
@@ -57,22 +59,23 @@ def im2col_nhwc(const floating[:, :, :, ::1] x, Py_ssize_t kh, Py_ssize_t kw,
     if oh < 1 or ow < 1:
         raise ValueError(f"Expect a kernel that fits the padded input, got input "
                          f"{h}x{w}, kernel {kh}x{kw}, padding ({ph}, {pw})")
+    cdef Py_ssize_t width = kh * kw * c + (1 if ones_column else 0)
     if out is None:
-        out = np.empty((n * oh * ow, kh * kw * c),
-                       dtype=np.float32 if floating is float else np.float64)
-    elif out.shape[0] != n * oh * ow or out.shape[1] != kh * kw * c:
-        raise ValueError(f"Expect out of shape ({n * oh * ow}, {kh * kw * c}), "
+        out = np.empty((n * oh * ow, width), dtype=np.float32 if floating is float else np.float64)
+    elif out.shape[0] != n * oh * ow or out.shape[1] != width:
+        raise ValueError(f"Expect out of shape ({n * oh * ow}, {width}), "
                          f"got ({out.shape[0]}, {out.shape[1]})")
     if n > 0:
         with nogil:
-            _im2col(x, kh, kw, sh, sw, ph, pw, oh, ow, out)
+            _im2col(x, kh, kw, sh, sw, ph, pw, oh, ow, ones_column, out)
     return np.asarray(out)
 
 
 cdef void _im2col(const floating[:, :, :, ::1] x,   # IN  (N, H, W, C)
                   Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
                   Py_ssize_t ph, Py_ssize_t pw, Py_ssize_t oh, Py_ssize_t ow,
-                  floating[:, ::1] out) noexcept nogil:  # OUT (N*OH*OW, KH*KW*C)
+                  bint ones_column,
+                  floating[:, ::1] out) noexcept nogil:  # OUT (N*OH*OW, KH*KW*C [+ 1])
     cdef Py_ssize_t n, r, q, i, j, k, ih, iw, iw0, row
     cdef Py_ssize_t h = x.shape[1], w = x.shape[2], c = x.shape[3]
     cdef Py_ssize_t run = kw * c
@@ -100,6 +103,8 @@ cdef void _im2col(const floating[:, :, :, ::1] x,   # IN  (N, H, W, C)
                                 memset(dst + j * c, 0, c * sizeof(floating))
                             else:
                                 memcpy(dst + j * c, &x[n, ih, iw, 0], c * sizeof(floating))
+                if ones_column:
+                    out[row, kh * run] = 1
 
 
 # ------------------------------------------------------------------ col2im

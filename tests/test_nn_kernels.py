@@ -34,15 +34,18 @@ def _generic(monkeypatch):
     monkeypatch.setattr(kernels, "_ext", None)
 
 
-@given(geometry())
-def test_im2col_matches_generic(case):
+@given(geometry(), st.booleans())
+def test_im2col_matches_generic(case, ones):
     x, (kh, kw, sh, sw, ph, pw) = case
-    fast = kernels.im2col(x, kh, kw, sh, sw, ph, pw)
+    fast = kernels.im2col(x, kh, kw, sh, sw, ph, pw, ones_column=ones)
     with pytest.MonkeyPatch.context() as mp:
         _generic(mp)
-        slow = kernels.im2col(x, kh, kw, sh, sw, ph, pw)
+        slow = kernels.im2col(x, kh, kw, sh, sw, ph, pw, ones_column=ones)
     assert fast.dtype == x.dtype
+    assert fast.shape[1] == kh * kw * x.shape[3] + ones
     np.testing.assert_array_equal(fast, slow)
+    if ones:
+        assert np.all(fast[:, -1] == 1)
 
 
 @given(geometry())

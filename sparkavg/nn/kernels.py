@@ -76,19 +76,26 @@ def _windows(x, kh, kw, sh, sw):
 
 
 # ------------------------------------------------------------------ im2col
-def im2col(x, kh, kw, sh, sw, ph, pw, out=None):
-    """Unfold NHWC images into patch rows (zero padding); see module doc."""
+def im2col(x, kh, kw, sh, sw, ph, pw, out=None, ones_column=False):
+    """Unfold NHWC images into patch rows (zero padding); see module doc.
+
+    With ``ones_column`` each row ends with an extra 1, so that a GEMM with
+    the weights stacked on the bias, ``cols @ [W; b]``, adds the bias.
+    """
     if _fast(x) and (out is None or _fast(out)):
-        return _ext.im2col_nhwc(x, kh, kw, sh, sw, ph, pw, out)
+        return _ext.im2col_nhwc(x, kh, kw, sh, sw, ph, pw, out, ones_column)
     xp = get_array_module(x)
     x = xp.ascontiguousarray(x)
     if ph or pw:
         x = xp.pad(x, ((0, 0), (ph, ph), (pw, pw), (0, 0)))
     win = _windows(x, kh, kw, sh, sw)
     rows = win.shape[0] * win.shape[1] * win.shape[2]
+    k = kh * kw * x.shape[3]
     if out is None:
-        return win.reshape(rows, kh * kw * x.shape[3])  # reshape of a strided view copies
-    out.reshape(win.shape)[...] = win
+        out = xp.empty((rows, k + int(bool(ones_column))), dtype=x.dtype)
+    out[:, :k] = win.reshape(rows, k)  # reshape of a strided view copies
+    if ones_column:
+        out[:, k] = 1
     return out
 
 

@@ -104,9 +104,20 @@ class Layer:
         """Float64 numpy initial value of parameter ``spec``."""
         return np.zeros(spec.shape)
 
-    def bind(self, params: dict, grads: dict) -> None:
-        """Receive views (name -> array) into the flat parameter and gradient vectors."""
+    def bind(self, params, grads) -> None:
+        """Receive this layer's contiguous blocks of the flat parameter and
+        gradient vectors (1-D views, the parameters of :meth:`param_specs`
+        one after another)."""
         self.reset_workspace()
+
+    def _split(self, flat) -> dict:
+        """name -> view of ``flat`` shaped as the parameter, in spec order."""
+        views, offset = {}, 0
+        for spec in self.param_specs():
+            size = math.prod(spec.shape)
+            views[spec.name] = flat[offset:offset + size].reshape(spec.shape)
+            offset += size
+        return views
 
     def reset_workspace(self) -> None:
         """Drop cached work buffers (after a device move or to free memory)."""
@@ -170,8 +181,9 @@ class _Weighted(Layer):
 
     def bind(self, params, grads):
         super().bind(params, grads)
-        self.W, self.b = params["W"], params["b"]
-        self.dW, self.db = grads["W"], grads["b"]
+        p, g = self._split(params), self._split(grads)
+        self.W, self.b = p["W"], p["b"]
+        self.dW, self.db = g["W"], g["b"]
 
 
 class Conv2D(_Weighted):
@@ -234,6 +246,11 @@ class Conv2D(_Weighted):
         k = self.W.shape[0] * self.W.shape[1] * self.W.shape[2]
         self._W2 = self.W.reshape(k, self.filters)
         self._dW2 = self.dW.reshape(k, self.filters)
+        # W (K, F) is followed by b (F,) in the flat vector, so the block is
+        # the (K+1, F) matrix [W; b]: with a ones column in the patch rows
+        # one GEMM adds the bias, and one GEMM gives dW and db together.
+        self._Wb = params.reshape(k + 1, self.filters)
+        self._dWb = grads.reshape(k + 1, self.filters)
 
     def _pointwise(self):
         return self.kernel_size == (1, 1) and self.stride == (1, 1) and self.padding == (0, 0)
@@ -244,14 +261,15 @@ class Conv2D(_Weighted):
         f, oh, ow = self.output_shape
         (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
         rows = n * oh * ow
+        y = self._buffer("y", (rows, f), x)
         if self._pointwise():
             cols = x.reshape(rows, x.shape[3])
+            xp.matmul(cols, self._W2, out=y)
+            y += self.b
         else:
-            cols = kernels.im2col(x, kh, kw, sh, sw, ph, pw,
-                                  out=self._buffer("cols", (rows, self._W2.shape[0]), x))
-        y = self._buffer("y", (rows, f), x)
-        xp.matmul(cols, self._W2, out=y)
-        y += self.b
+            cols = kernels.im2col(x, kh, kw, sh, sw, ph, pw, ones_column=True,
+                                  out=self._buffer("cols", (rows, self._Wb.shape[0]), x))
+            xp.matmul(cols, self._Wb, out=y)
         activations.forward(self.activation, y)
         self._x_shape, self._cols, self._y = x.shape, cols, y
         return y.reshape(n, oh, ow, f)
@@ -260,15 +278,18 @@ class Conv2D(_Weighted):
         xp = get_array_module(dy)
         cols, y = self._cols, self._y
         dz = activations.backward(self.activation, dy.reshape(y.shape), y)
-        xp.matmul(cols.T, dz, out=self._dW2)
-        xp.matmul(self._ones(dz.shape[0], dz), dz, out=self.db)  # GEMV: faster than sum(axis=0)
-        if not need_dx:
-            return None
         if self._pointwise():
+            xp.matmul(cols.T, dz, out=self._dW2)
+            xp.matmul(self._ones(dz.shape[0], dz), dz, out=self.db)  # GEMV: faster than sum(axis=0)
+            if not need_dx:
+                return None
             dx = self._buffer("dx", self._x_shape, dz)
             xp.matmul(dz, self._W2.T, out=dx.reshape(cols.shape))
             return dx
-        dcols = self._buffer("dcols", cols.shape, dz)
+        xp.matmul(cols.T, dz, out=self._dWb)  # dW and db (the ones column) at once
+        if not need_dx:
+            return None
+        dcols = self._buffer("dcols", (cols.shape[0], self._W2.shape[0]), dz)
         xp.matmul(dz, self._W2.T, out=dcols)
         (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
         return kernels.col2im(dcols, kh, kw, sh, sw, ph, pw, out=self._buffer("dx", self._x_shape, dz))

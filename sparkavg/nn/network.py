@@ -141,14 +141,13 @@ class Network:
     # ------------------------------------------------------------ plumbing
     def _bind(self):
         """Hand every layer its views into the flat vectors (after any move)."""
-        per_layer = {}
-        for seg in self._segments:
-            p, g = per_layer.setdefault(seg.layer, ({}, {}))
-            p[seg.name] = self._params[seg.start:seg.stop].reshape(seg.shape)
-            g[seg.name] = self._grads[seg.start:seg.stop].reshape(seg.shape)
+        blocks = {}
+        for seg in self._segments:  # a layer's parameters are contiguous
+            start, _ = blocks.get(seg.layer, (seg.start, seg.stop))
+            blocks[seg.layer] = (start, seg.stop)
         for i, layer in enumerate(self.layers):
-            p, g = per_layer.get(i, ({}, {}))
-            layer.bind(p, g)
+            start, stop = blocks.get(i, (0, 0))
+            layer.bind(self._params[start:stop], self._grads[start:stop])
             if isinstance(layer, Dropout):
                 layer.reseed(int(np.random.SeedSequence([self.seed, i]).generate_state(1)[0]), self._xp)
 

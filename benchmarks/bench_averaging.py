@@ -70,7 +70,7 @@ def main(argv=None):
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--averaging-frequency", type=int, default=10)
+    p.add_argument("--averaging-frequency", type=int, default=40)
     p.add_argument("--limit-train", type=int, default=None)
     p.add_argument("--seed", type=int, default=123)
     p.add_argument("--out", default=None)

@@ -46,6 +46,7 @@ def run(spark, master, rdd, test, epochs, seed):
             "datagrams_sent": int(c["datagrams_sent"]),
             "datagrams_retransmitted": int(c["datagrams_retransmitted"]),
             "datagrams_rejected": int(c["datagrams_rejected"]),
+            "datagrams_forged": int(c["datagrams_forged"]),
         })
     return out
 

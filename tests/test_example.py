@@ -42,10 +42,13 @@ def test_bad_data_dir_is_named(tmp_path):
 @pytest.mark.spark
 @pytest.mark.parametrize("mode", ["averaging", "sharing"])
 def test_spark_modes_on_local2(tmp_path, fashion_dir, mode):
+    html = tmp_path / "stats.html"
     report, _ = run_example(tmp_path, "--mode", mode, "--data-dir", str(fashion_dir), "--epochs", "1",
                             "--limit-train", "3000", "--limit-test", "1000", "--master", "local[2]",
-                            "--workers", "2")
+                            "--workers", "2", "--stats-html", str(html))
     assert REPORT_KEYS <= report.keys() and report["workers"] == 2
+    page = html.read_text()
+    assert "<svg" in page and "http://" not in page and "https://" not in page  # self-contained timeline
     assert report["test_accuracy"] > 0.5
     if mode == "sharing":
         assert SHARING_KEYS <= report.keys()

@@ -77,7 +77,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
-    from mnist_lenet import evaluate_local
+    from mnist_lenet import as_minibatch_rdd, evaluate_local, spark_session
 
     from sparkavg.data.batching import minibatches
     from sparkavg.data.mnist import default_data_dir, load_mnist
@@ -105,20 +105,12 @@ def main(argv=None):
                        "accuracy": local_acc, "threads": args.workers}
 
     # --- parameter averaging on local[W]
-    from pyspark.sql import SparkSession
-
     from sparkavg.spark import ParameterAveraging, SparkTrainer
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (SparkSession.builder.master(f"local[{args.workers}]").config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false").config("spark.driver.memory", "4g").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = spark_session(f"local[{args.workers}]", "bench-averaging")
     try:
         sc = spark.sparkContext
-        chunks = [(x[i:i + 500], y[i:i + 500]) for i in range(0, len(x), 500)]
-        rdd = sc.parallelize(chunks, args.workers).cache()
-        test = sc.parallelize([(xt[i:i + 500], yt[i:i + 500]) for i in range(0, len(xt), 500)], args.workers).cache()
-        rdd.count(), test.count()
+        rdd, test = as_minibatch_rdd(sc, x, y, args.workers), as_minibatch_rdd(sc, xt, yt, args.workers)
         trivial = trivial_job_seconds(sc, args.workers)
         net = lenet(seed=args.seed)
         master = ParameterAveraging(batch_size_per_worker=args.batch_size, averaging_frequency=args.averaging_frequency,

@@ -17,6 +17,8 @@ import os
 import statistics
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+
 
 def run(spark, master, rdd, test, epochs, seed):
     from sparkavg.nn import lenet
@@ -68,7 +70,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
-    from pyspark.sql import SparkSession
+    from mnist_lenet import as_minibatch_rdd, spark_session
 
     from sparkavg.data.mnist import default_data_dir, load_mnist
     from sparkavg.spark import AdaptiveThreshold, FixedThreshold, GradientSharing, ParameterAveraging
@@ -76,18 +78,13 @@ def main(argv=None):
     data_dir = args.data_dir or default_data_dir()
     x, y = load_mnist(data_dir, "train", limit=args.limit_train)
     xt, yt = load_mnist(data_dir, "test")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (SparkSession.builder.master(f"local[{args.workers}]").config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false").config("spark.driver.memory", "4g").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = spark_session(f"local[{args.workers}]", "bench-sharing")
     threshold = FixedThreshold(args.threshold) if args.fixed else AdaptiveThreshold(initial=args.threshold)
     result = {"benchmark": "sharing", "examples": int(len(x)), "epochs": args.epochs, "workers": args.workers,
               "batch_size": args.batch_size, "threshold": repr(threshold)}
     try:
         sc = spark.sparkContext
-        rdd = sc.parallelize([(x[i:i + 500], y[i:i + 500]) for i in range(0, len(x), 500)], args.workers).cache()
-        test = sc.parallelize([(xt[i:i + 500], yt[i:i + 500]) for i in range(0, len(xt), 500)], args.workers).cache()
-        rdd.count(), test.count()
+        rdd, test = as_minibatch_rdd(sc, x, y, args.workers), as_minibatch_rdd(sc, xt, yt, args.workers)
         result["averaging"] = run(spark, ParameterAveraging(batch_size_per_worker=args.batch_size, workers=args.workers,
                                                             averaging_frequency=args.averaging_frequency,
                                                             seed=args.seed), rdd, test, args.epochs, args.seed)

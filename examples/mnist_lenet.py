@@ -97,28 +97,37 @@ def train_local(args, net, train, test):
     return detail, train_seconds, examples, ev, {}
 
 
-def _as_minibatch_rdd(sc, x, y, slices, rows_per_record=500):
-    """Ship arrays as (x, y) chunks: far fewer Python objects than one per example."""
+def as_minibatch_rdd(sc, x, y, slices, rows_per_record=500):
+    """A cached RDD of (x, y) chunks, materialised now (not inside timed epochs).
+
+    Chunks mean far fewer Python objects than one record per example."""
     records = [(x[i:i + rows_per_record], y[i:i + rows_per_record]) for i in range(0, len(x), rows_per_record)]
-    return sc.parallelize(records, slices)
+    rdd = sc.parallelize(records, slices).cache()
+    rdd.count()
+    return rdd
 
 
-def train_spark(args, net, train, test):
+def spark_session(master: str, app: str):
+    """A SparkSession for the example and the benchmarks (console progress off)."""
     from pyspark.sql import SparkSession
 
-    from sparkavg.spark import AdaptiveThreshold, FixedThreshold, GradientSharing, ParameterAveraging, SparkTrainer
-
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (SparkSession.builder.master(args.master).appName(f"sparkavg-lenet-{args.mode}")
+    spark = (SparkSession.builder.master(master).appName(app)
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.driver.memory", "4g")
              .getOrCreate())
     spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def train_spark(args, net, train, test):
+    from sparkavg.spark import AdaptiveThreshold, FixedThreshold, GradientSharing, ParameterAveraging, SparkTrainer
+
+    spark = spark_session(args.master, f"sparkavg-lenet-{args.mode}")
     try:
         sc = spark.sparkContext
-        train_rdd = _as_minibatch_rdd(sc, *train, slices=args.workers).cache()
-        test_rdd = _as_minibatch_rdd(sc, *test, slices=args.workers).cache()
-        train_rdd.count(), test_rdd.count()  # load data now, not inside the timed epochs
+        train_rdd = as_minibatch_rdd(sc, *train, slices=args.workers)
+        test_rdd = as_minibatch_rdd(sc, *test, slices=args.workers)
         if args.mode == "averaging":
             master = ParameterAveraging(batch_size_per_worker=args.batch_size, workers=args.workers,
                                         averaging_frequency=args.averaging_frequency, seed=args.seed)

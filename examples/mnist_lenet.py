@@ -19,7 +19,6 @@ import os
 import sys
 import time
 
-import numpy as np
 
 from sparkavg.data.batching import minibatches
 from sparkavg.data.mnist import default_data_dir, load_mnist

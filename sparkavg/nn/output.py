@@ -70,7 +70,7 @@ class Output(Dense):
                 labels = xp.asarray(y)
                 if labels.dtype.kind == "f":
                     if n and not bool((labels == xp.floor(labels)).all()):  # device -> host sync
-                        raise ValueError(f"Expect integer class labels, got non-integral floats")
+                        raise ValueError("Expect integer class labels, got non-integral floats")
                 elif labels.dtype.kind not in "iu":
                     raise ValueError(f"Expect integer class labels, got dtype {labels.dtype}")
                 labels = labels.astype(xp.int64, copy=False)

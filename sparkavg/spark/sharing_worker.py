@@ -9,7 +9,6 @@ agree at the end of the epoch (up to the order of float additions).
 from __future__ import annotations
 
 import json
-import time
 from typing import Iterator
 
 import numpy as np

@@ -88,3 +88,16 @@ def test_stuck_worker_ends_the_stage_with_an_error_naming_it(sc):
     finally:
         sc.setLocalProperty("sparkavg.test.stall_rank", None)
     assert time.monotonic() - started < 60  # bounded by the stall timeout, never a hang
+
+
+def test_sharing_resumes_from_the_last_epoch_checkpoint(sc, tmp_path):
+    rdd, x, y = _rdd(sc, 100, seed=31)
+    ckpt = str(tmp_path / "ckpt")
+    master = GradientSharing(workers=2, batch_size_per_worker=10)
+    first = SparkTrainer(sc, small_net(seed=32), master, checkpoint_dir=ckpt)
+    first.fit(rdd, epochs=1)
+    resumed = SparkTrainer(sc, small_net(seed=77), master, checkpoint_dir=ckpt)
+    resumed.fit(rdd, epochs=2, resume_from=ckpt)
+    assert resumed.epochs_done == 2 and [h["epoch"] for h in resumed.history] == [1, 2]
+    # The second epoch started from the checkpoint, not from the fresh seed-77 network.
+    assert resumed.network.iteration == 2 * first.network.iteration

@@ -39,7 +39,6 @@ class PreparedData:
     rdd: object = None
     directory: Optional[str] = None
     owns_directory: bool = False
-    source_id: Optional[int] = None
     _epoch_rdds: list = field(default_factory=list)
 
     @property
@@ -85,7 +84,7 @@ def prepare(sc, data, spec: DataSpec, batch_size: int, approach: DataApproach,
             meta = rdd.mapPartitionsWithIndex(_export_partition(spec, batch_size, directory, run_id)).collect()
         meta.sort()
         return PreparedData(approach, [n for _, n in meta], paths=[p for p, _ in meta], directory=directory,
-                            owns_directory=owns, source_id=rdd.id())
+                            owns_directory=owns)
     from pyspark import StorageLevel
 
     mb = rdd.mapPartitionsWithIndex(rebatch_partition(spec, batch_size))
@@ -93,7 +92,7 @@ def prepare(sc, data, spec: DataSpec, batch_size: int, approach: DataApproach,
     with worker_errors("minibatching"):
         meta = mb.map(lambda kv: (kv[0], int(kv[1][0].shape[0]))).collect()
     meta.sort()
-    return PreparedData(approach, [n for _, n in meta], rdd=mb, source_id=rdd.id())
+    return PreparedData(approach, [n for _, n in meta], rdd=mb)
 
 
 def deal(num_batches: int, workers: int, per_round: int, seed: Optional[int]) -> List[List[List[int]]]:

@@ -49,7 +49,7 @@ def worker_errors(what: str):
     try:
         yield
     except Exception as exc:  # Py4JJavaError, PythonException, ...
-        if type(exc).__name__ in _KNOWN or isinstance(exc, (DataValidationError,)):
+        if isinstance(exc, tuple(_KNOWN.values())):
             raise
         text = str(exc)
         for name, cls in _KNOWN.items():

@@ -37,7 +37,6 @@ class SharingRunner:
         self.key = secrets.token_bytes(32)  # per-job HMAC key, shipped by broadcast only
         self.job_id = secrets.randbits(32)
         self.carry = None  # per rank: (residual, threshold plain state)
-        self.last = {}
 
     def run_epoch(self, network, prepared: PreparedData, epoch: int, workers: int, stats) -> dict:
         m = self.master
@@ -102,12 +101,10 @@ class SharingRunner:
         for r in results:
             stats.add_worker_payload(r.stats, epoch=epoch, launched=launched, returned=returned)
         stats.series("replica_max_abs_diff", epoch, diff)
-        self.last = {"replica_max_abs_diff": diff,
-                     "thresholds": [r.threshold["tau"] for r in results]}
         loss_sum = sum(r.loss_sum for r in results)
         examples = sum(r.examples for r in results)
         stats.record("round", t_epoch, time.perf_counter(), epoch=epoch, round=0)
         logger.info("epoch %d: replicas agree to %.3g (max |difference|), thresholds %s", epoch + 1, diff,
-                    ", ".join(f"{t:.3g}" for t in self.last["thresholds"]))
+                    ", ".join(f"{r.threshold['tau']:.3g}" for r in results))
         return {"loss": loss_sum / max(examples, 1), "examples": examples, "rounds": 1,
                 "replica_max_abs_diff": diff}

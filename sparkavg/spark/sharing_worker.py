@@ -137,9 +137,9 @@ def make_sharing_trainer(config_json: str, state_bc, carry_bc, key_bc, settings:
             endpoint.close()
         rec.count("examples", examples)
         rec.count("iterations", iterations)
-        rec.count("messages_sent", threshold.messages)
+        rec.count("messages_sent", encoding.messages)  # this epoch's; the encoder state is per epoch
         rec.count("messages_received", received)
-        rec.count("entries_sent", threshold.entries_sent)
+        rec.count("entries_sent", encoding.values_sent)
         rec.count("bytes_sent", t["wire_bytes_sent"])  # every datagram: retransmissions and acks included
         rec.count("bytes_received", t["wire_bytes_received"])
         rec.count("payload_bytes_sent", t["payload_bytes_sent"])

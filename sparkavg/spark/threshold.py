@@ -19,8 +19,8 @@ class ThresholdState:
     """τ and its update rule for one worker.
 
     Attributes are grouped: set by user (``algorithm``, ``clipping``);
-    internal (``tau``, ``iteration``); statistics (``last_sparsity``,
-    ``messages``, ``entries_sent``).
+    internal (``tau``, ``iteration``); statistics (``last_sparsity``).
+    Message counts live in :class:`sparkavg.ops.EncodingState`.
     """
 
     __slots__ = (
@@ -29,7 +29,7 @@ class ThresholdState:
         # internal
         "tau", "iteration",
         # statistics
-        "last_sparsity", "messages", "entries_sent",
+        "last_sparsity",
     )
 
     def __init__(self, algorithm, clipping: ResidualClipping | None):
@@ -41,8 +41,6 @@ class ThresholdState:
             self.tau = float(algorithm.initial)
         self.iteration = 0
         self.last_sparsity = 0.0
-        self.messages = 0
-        self.entries_sent = 0
 
     def after_step(self, entries: int, n: int, residual: np.ndarray) -> None:
         """Account for one step that sent ``entries`` of ``n`` values, adapt τ,
@@ -50,9 +48,6 @@ class ThresholdState:
         self.iteration += 1
         sparsity = entries / n if n else 0.0
         self.last_sparsity = sparsity
-        if entries:
-            self.messages += 1
-            self.entries_sent += entries
         alg = self.algorithm
         if isinstance(alg, AdaptiveThreshold):
             if sparsity < alg.min_sparsity:
@@ -65,8 +60,7 @@ class ThresholdState:
             ops.clip_residual(residual, self.tau, self.clipping.k)
 
     def to_plain(self) -> dict:
-        return {"tau": self.tau, "iteration": self.iteration, "last_sparsity": self.last_sparsity,
-                "messages": self.messages, "entries_sent": self.entries_sent}
+        return {"tau": self.tau, "iteration": self.iteration, "last_sparsity": self.last_sparsity}
 
     @classmethod
     def from_plain(cls, algorithm, clipping, plain: dict | None) -> "ThresholdState":
@@ -75,6 +69,4 @@ class ThresholdState:
             state.tau = float(plain["tau"])
             state.iteration = int(plain["iteration"])
             state.last_sparsity = float(plain["last_sparsity"])
-            state.messages = int(plain["messages"])
-            state.entries_sent = int(plain["entries_sent"])
         return state

@@ -194,22 +194,22 @@ def make_round_trainer(config_json: str, state_bc, *, save_updater: bool, unifor
 
     def run(items) -> Iterator[RoundResult]:
         fault_hook()
-        rec = PhaseRecorder(lane_name()) if collect_stats else None
-        with _phase(rec, "fetch"):
+        rec = PhaseRecorder(lane_name())
+        with rec.phase("fetch"):
             state = state_bc.value
-        with _phase(rec, "model_init"):
+        with rec.phase("model_init"):
             net = cached_network(config_json)
             load_state(net, state, save_updater)
         start_iteration = net.iteration
         loss_sum, examples, batches = 0.0, 0, 0
         source = prefetched(minibatch_sources(items), prefetch)
         while True:
-            with _phase(rec, "data_load"):
+            with rec.phase("data_load"):
                 mb = next(source, None)
             if mb is None:
                 break
             x, y = mb
-            with _phase(rec, "fit"):
+            with rec.phase("fit"):
                 loss = net.fit_batch(x, y)
             loss_sum += float(loss) * len(x)
             examples += len(x)
@@ -224,24 +224,9 @@ def make_round_trainer(config_json: str, state_bc, *, save_updater: bool, unifor
             updater_state = np.array(net.updater_state, dtype=np.float32, copy=True)
             ops.scale(updater_state, weight)
         yield RoundResult(weight, params, updater_state, loss_sum, examples, batches,
-                          net.iteration - start_iteration, [rec.to_payload()] if rec else [])
+                          net.iteration - start_iteration, [rec.to_payload()] if collect_stats else [])
 
     return run
-
-
-class _NullPhase:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-_NULL = _NullPhase()
-
-
-def _phase(rec, name):
-    return rec.phase(name) if rec is not None else _NULL
 
 
 def _batches(rows: Iterable, batch_size: int):

@@ -107,14 +107,17 @@ def as_minibatch_rdd(sc, x, y, slices, rows_per_record=500):
 
 
 def spark_session(master: str, app: str):
-    """A SparkSession for the example and the benchmarks (console progress off)."""
+    """A SparkSession for the example and the benchmarks: sparkavg's
+    recommended settings (see sparkavg.spark.recommended_conf)."""
     from pyspark.sql import SparkSession
 
+    from sparkavg.spark import recommended_conf
+
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (SparkSession.builder.master(master).appName(app)
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.driver.memory", "4g")
-             .getOrCreate())
+    builder = SparkSession.builder.master(master).appName(app).config("spark.driver.memory", "4g")
+    for key, value in recommended_conf(master).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
 

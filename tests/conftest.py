@@ -57,9 +57,14 @@ def spark():
     """One local[2] SparkSession (task retries on) for the whole run (UI off, temp local dir)."""
     from pyspark.sql import SparkSession
 
+    from sparkavg.spark import recommended_conf
+
     local_dir = tempfile.mkdtemp(prefix="sparkavg-spark-")
+    builder = SparkSession.builder
+    for key, value in recommended_conf("local[2,4]").items():
+        builder = builder.config(key, value)
     session = (
-        SparkSession.builder.master("local[2,4]")  # 4 attempts: local mode retries only this way
+        builder.master("local[2,4]")  # 4 attempts: local mode retries only this way
         .appName("sparkavg-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.local.dir", local_dir)

@@ -69,6 +69,14 @@ def test_conv2d_gradient(stride, padding, activation):
     check_gradient(net, x, y)
 
 
+def test_wide_conv_gradient():
+    """Many filters for a small patch (K+1 < 2F): the untransposed dW GEMM path."""
+    x, y = _data((1, 6, 6))
+    net = _net((1, 6, 6), [Conv2D(8, 2, activation="tanh"), Conv2D(20, 2, activation="tanh")])
+    assert [(layer._dWb.shape[0] < 2 * layer._dWb.shape[1]) for layer in net.layers[:2]] == [True, True]
+    check_gradient(net, x, y)
+
+
 def test_pointwise_conv_gradient():
     x, y = _data((3, 4, 4))
     check_gradient(_net((3, 4, 4), [Conv2D(2, 1), Conv2D(2, 3)]), x, y)

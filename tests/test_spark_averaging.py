@@ -167,3 +167,47 @@ def test_broadcasts_are_destroyed_so_memory_stays_flat(sc):
     assert trainer.history[0]["rounds"] == 25
     after = len(glob.glob(os.path.join(temp, "**"), recursive=True))
     assert after - before <= 1, f"broadcast files leaked: {after - before}"
+
+
+def test_worker_process_freezes_its_long_lived_heap(sc):
+    """After its first network build a Python worker freezes what is alive
+    (PySpark gc.collect()s after every reused task) and still collects the
+    cyclic garbage of later tasks."""
+    config = small_net(seed=3).to_json()
+
+    def probe(_):
+        import gc
+
+        from sparkavg.spark.worker import cached_network
+
+        cached_network(config)
+        frozen = gc.get_freeze_count()
+        cycle = []
+        cycle.append(cycle)  # garbage made after the freeze ...
+        del cycle
+        collected = gc.collect()  # ... is still found
+        yield frozen, collected
+
+    for frozen, collected in sc.parallelize(range(2), 2).mapPartitions(probe).collect():
+        assert frozen > 1000
+        assert collected >= 1
+
+
+def test_session_helpers(sc, caplog):
+    from sparkavg.spark import check_session, recommended_conf
+    from sparkavg.spark.session import size_bytes
+
+    assert [size_bytes(s) for s in ("1m", "512k", "1048576", "2gb", "3G")] == [1 << 20, 512 << 10, 1 << 20,
+                                                                               2 << 30, 3 << 30]
+    for bad in ("", "m", "1.5m", "12q"):
+        with pytest.raises(ValueError, match="Spark size"):
+            size_bytes(bad)
+    local, cluster = recommended_conf("local[2]"), recommended_conf("spark://h:7077")
+    assert local["spark.task.maxDirectResultSize"] == cluster["spark.task.maxDirectResultSize"] == "128m"
+    assert "TieredStopAtLevel" in local["spark.driver.extraJavaOptions"]
+    assert "spark.driver.extraJavaOptions" not in cluster
+    # the test session is started with recommended_conf: LeNet's 5.2 MB results pass, 200 MB would not
+    assert check_session(sc, 5_172_960)
+    with caplog.at_level("WARNING", logger="sparkavg.spark.session"):
+        assert not check_session(sc, 200_000_000)
+    assert "spark.task.maxDirectResultSize=128m" in caplog.text

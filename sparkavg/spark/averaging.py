@@ -16,6 +16,7 @@ from .. import ops
 from .config import DataApproach, ParameterAveraging, Weighting
 from .dataprep import EpochData, PreparedData
 from .driver import Progress, broadcast_state, worker_errors
+from .session import check_session
 from .worker import combine_results, make_round_trainer
 
 __all__ = ["AveragingRunner"]
@@ -29,6 +30,7 @@ class AveragingRunner:
     def __init__(self, sc, master: ParameterAveraging):
         self.sc = sc
         self.master = master
+        self._session_checked = False
 
     @property
     def batch_size(self) -> int:
@@ -37,6 +39,10 @@ class AveragingRunner:
     def run_epoch(self, network, prepared: PreparedData, epoch: int, workers: int, stats) -> dict:
         """Train one epoch in place on ``network``; returns a summary dict."""
         m = self.master
+        if not self._session_checked:
+            state = network.updater_state.size if m.save_updater else 0
+            check_session(self.sc, 4 * (network.num_params + state))
+            self._session_checked = True
         seed = None if m.repartition.value == "never" else m.seed + epoch
         with stats.timed("plan", epoch=epoch):
             plan = EpochData.plan(prepared, workers, m.averaging_frequency, seed)

@@ -1,0 +1,76 @@
+"""Spark settings sparkavg relies on, and a check of a running session.
+
+Every round of parameter averaging returns one parameter + updater-state
+vector per worker (5.2 MB for LeNet with Adam).  Spark ships a task result
+larger than ``spark.task.maxDirectResultSize`` (default 1 MB) through the
+block manager instead of the task-status message: one more copy and one
+more round trip, measured at ~50 ms per round on 2 cores
+(``benchmarks/RESULTS.md``).  These settings can only be given when the
+session starts, so :func:`recommended_conf` returns them for the builder
+and :func:`check_session` says which are missing.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Dict
+
+__all__ = ["recommended_conf", "check_session", "size_bytes"]
+
+logger = logging.getLogger(__name__)
+
+#: Spark caps direct results at spark.rpc.message.maxSize (default 128 MB).
+_DIRECT_RESULT = "128m"
+
+_UNITS = {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def size_bytes(text: str) -> int:
+    """Parse a Spark size string (``"1m"``, ``"512k"``, ``"1048576"``, ``"2gb"``) to bytes."""
+    s = str(text).strip().lower()
+    if s.endswith("b") and len(s) > 1 and s[-2] in _UNITS and s[-2] != "b":
+        s = s[:-1]
+    unit = _UNITS.get(s[-1]) if s and s[-1].isalpha() else 1
+    number = s[:-1] if s and s[-1].isalpha() else s
+    if unit is None or not number.isdigit():
+        raise ValueError(f"Expect a Spark size such as '1m' or '1048576', got {text!r}")
+    return int(number) * unit
+
+
+def recommended_conf(master: str = "local[2]") -> Dict[str, str]:
+    """Session settings for sparkavg, to pass to ``SparkSession.builder.config``.
+
+    - ``spark.task.maxDirectResultSize``: round results come back with the
+      task status, not through the block manager.
+    - ``spark.ui.showConsoleProgress``: off, so that sparkavg's own
+      progress lines are readable.
+    - for a ``local`` master only, ``-XX:TieredStopAtLevel=1`` on the
+      driver JVM: in local mode the JVM shares the cores with the Python
+      workers, and its optimising (C2) JIT compiler takes 20-30% of one
+      core for the first minutes, which shows up as the slowest worker of
+      each round (p95 minibatch time 50-65 ms instead of 31-34 ms on
+      2 cores, ``benchmarks/RESULTS.md``).  The JVM only schedules and
+      moves bytes here, which the quick C1 compiler does well enough.
+    """
+    conf = {"spark.task.maxDirectResultSize": _DIRECT_RESULT, "spark.ui.showConsoleProgress": "false"}
+    if str(master).startswith("local"):
+        conf["spark.driver.extraJavaOptions"] = "-XX:TieredStopAtLevel=1"
+    return conf
+
+
+def check_session(sc, result_bytes: int) -> bool:
+    """Warn (once per call) when task results of ``result_bytes`` would take
+    the block-manager detour; True when the session is set up for them."""
+    configured = sc.getConf().get("spark.task.maxDirectResultSize", "1m")
+    try:
+        limit = size_bytes(configured)
+    except ValueError:
+        logger.warning("cannot read spark.task.maxDirectResultSize=%r; expected a size such as '128m'", configured)
+        return False
+    if result_bytes + (64 << 10) <= limit:  # pickling adds a little
+        return True
+    logger.warning(
+        "each worker returns %.1f MB per round but spark.task.maxDirectResultSize is %s: results take a "
+        "detour through the block manager (tens of ms per round). Start the session with "
+        "spark.task.maxDirectResultSize=%s (sparkavg.spark.recommended_conf()).",
+        result_bytes / 1e6, configured, _DIRECT_RESULT)
+    return False

@@ -41,6 +41,11 @@ def recommended_conf(master: str = "local[2]") -> Dict[str, str]:
 
     - ``spark.task.maxDirectResultSize``: round results come back with the
       task status, not through the block manager.
+    - ``spark.python.unix.domain.socket.enabled``: the JVM talks to its
+      Python workers over Unix domain sockets instead of TCP loopback;
+      a Python task starts in half the time (36 ms instead of 73 ms from
+      ``collect()`` to the task on 2 cores), and averaging pays that
+      once per round.  Spark 4.1+; older versions ignore it.
     - ``spark.ui.showConsoleProgress``: off, so that sparkavg's own
       progress lines are readable.
     - for a ``local`` master only, ``-XX:TieredStopAtLevel=1`` on the
@@ -51,7 +56,9 @@ def recommended_conf(master: str = "local[2]") -> Dict[str, str]:
       2 cores, ``benchmarks/RESULTS.md``).  The JVM only schedules and
       moves bytes here, which the quick C1 compiler does well enough.
     """
-    conf = {"spark.task.maxDirectResultSize": _DIRECT_RESULT, "spark.ui.showConsoleProgress": "false"}
+    conf = {"spark.task.maxDirectResultSize": _DIRECT_RESULT,
+            "spark.python.unix.domain.socket.enabled": "true",
+            "spark.ui.showConsoleProgress": "false"}
     if str(master).startswith("local"):
         conf["spark.driver.extraJavaOptions"] = "-XX:TieredStopAtLevel=1"
     return conf

@@ -4,10 +4,10 @@ Every round of parameter averaging returns one parameter + updater-state
 vector per worker (5.2 MB for LeNet with Adam).  Spark ships a task result
 larger than ``spark.task.maxDirectResultSize`` (default 1 MB) through the
 block manager instead of the task-status message: one more copy and one
-more round trip, measured at ~50 ms per round on 2 cores
-(``benchmarks/RESULTS.md``).  These settings can only be given when the
-session starts, so :func:`recommended_conf` returns them for the builder
-and :func:`check_session` says which are missing.
+more round trip, ~60 ms per round on 2 cores (``benchmarks/RESULTS.md``).
+These settings can only be given when the session starts, so
+:func:`recommended_conf` returns them for the builder and
+:func:`check_session` says when the result size is not covered.
 """
 from __future__ import annotations
 
@@ -39,22 +39,25 @@ def size_bytes(text: str) -> int:
 def recommended_conf(master: str = "local[2]") -> Dict[str, str]:
     """Session settings for sparkavg, to pass to ``SparkSession.builder.config``.
 
-    - ``spark.task.maxDirectResultSize``: round results come back with the
-      task status, not through the block manager.
+    Measured by ``benchmarks/bench_spark_session.py`` on local[2], 2 cores
+    (``benchmarks/RESULTS.md``):
+
     - ``spark.python.unix.domain.socket.enabled``: the JVM talks to its
-      Python workers over Unix domain sockets instead of TCP loopback;
-      a Python task starts in half the time (36 ms instead of 73 ms from
-      ``collect()`` to the task on 2 cores), and averaging pays that
-      once per round.  Spark 4.1+; older versions ignore it.
+      Python workers over Unix domain sockets instead of TCP loopback; a
+      task starts 30-45 ms sooner (75 -> 39 ms from ``collect()``), and
+      averaging pays that once per round.  Spark 4.1+; older versions
+      ignore it.
+    - ``spark.task.maxDirectResultSize``: round results (5.2 MB for LeNet
+      with Adam) come back with the task status, not through the block
+      manager (136 -> 77 ms from the last task's end to the driver).
     - ``spark.ui.showConsoleProgress``: off, so that sparkavg's own
       progress lines are readable.
     - for a ``local`` master only, ``-XX:TieredStopAtLevel=1`` on the
       driver JVM: in local mode the JVM shares the cores with the Python
-      workers, and its optimising (C2) JIT compiler takes 20-30% of one
-      core for the first minutes, which shows up as the slowest worker of
-      each round (p95 minibatch time 50-65 ms instead of 31-34 ms on
-      2 cores, ``benchmarks/RESULTS.md``).  The JVM only schedules and
-      moves bytes here, which the quick C1 compiler does well enough.
+      workers, and its optimising (C2) JIT compiler spends 2.2 s of CPU
+      during the first LeNet epoch (13% of one core, taken from the
+      workers); with only the quick C1 compiler it is 0.16 s.  The JVM
+      only schedules and moves bytes here, which C1 code does well enough.
     """
     conf = {"spark.task.maxDirectResultSize": _DIRECT_RESULT,
             "spark.python.unix.domain.socket.enabled": "true",

@@ -16,7 +16,6 @@ Prints JSON (and writes it with --out).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import statistics
@@ -24,6 +23,8 @@ import sys
 import time
 
 import numpy as np
+
+from report import emit
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 
@@ -156,12 +157,7 @@ def main(argv=None):
     v = result["verdict"]
     v["throughput_must_ge_1.3"] = v["throughput_ratio"] >= 1.3
     v["accuracy_within_1_point"] = v["accuracy_gap_points"] <= 1.0
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text)
-    return result
+    return emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ of the copy read rate (must), encode and accumulate >= 50% (aim).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -35,6 +34,8 @@ import numpy as np
 
 from sparkavg import backend, ops
 from sparkavg.ops import reference
+
+from report import emit
 
 DENSITIES = (1e-4, 1e-3, 1e-2)
 FULL_SIZES = (1 << 20, 1 << 22, 1 << 24)
@@ -239,13 +240,8 @@ def main(argv=None):
         "results": rows,
         "checks": checks(rows),
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text + "\n")
-    return 0
+    return emit(report, args.out)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -18,7 +18,6 @@ the baseline here, never a dependency of sparkavg.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -26,6 +25,8 @@ import sys
 import time
 
 import numpy as np
+
+from report import emit
 
 
 def _parse(argv):
@@ -135,12 +136,7 @@ def main(argv=None):
         "load_average": os.getloadavg(),
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text + "\n")
-    return result
+    return emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -11,11 +11,12 @@ Prints JSON (and writes it with --out).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import statistics
 import sys
+
+from report import emit
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 
@@ -106,12 +107,7 @@ def main(argv=None):
         "accuracy_must_within_1.5": 100 * (a["accuracy"][-1] - s["accuracy"][-1]) <= 1.5,
         "throughput_ratio_sharing_over_averaging": s["examples_per_second"] / a["examples_per_second"],
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text)
-    return result
+    return emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,8 @@ import time
 
 import numpy as np
 
+from report import emit
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULT_FLOATS = 431_080 + 2 * 431_080  # LeNet params + Adam's two moments
 
@@ -163,12 +165,7 @@ def main(argv=None):
         proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
         line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
         result["configurations"][name] = json.loads(line[len("RESULT "):])
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text)
-    return result
+    return emit(result, args.out)
 
 
 if __name__ == "__main__":

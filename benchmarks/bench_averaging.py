@@ -8,6 +8,8 @@
    with 2 threads, same data, same batch size, same run: local and Spark
    epochs alternate, so a drift in the machine's speed hits both.
 3. Accuracy after --epochs epochs: averaging against local.
+4. Memory before the fit and after each epoch: block-manager storage in
+   use and the Python workers' resident size, which must stay flat.
 
 Prints JSON (and writes it with --out).
 
@@ -51,6 +53,22 @@ def trivial_job_seconds(sc, workers: int, repeats: int = 30) -> float:
         rdd.map(lambda v: v).collect()
         times.append(time.perf_counter() - t)
     return statistics.median(times)
+
+
+def _worker_rss(_):
+    with open("/proc/self/status") as fh:
+        rss = next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
+    yield os.getpid(), rss * 1024
+
+
+def memory_now(sc, workers: int) -> dict:
+    """Flat memory over a long fit, shown: Spark's block-manager storage in
+    use (cached data + live broadcasts; a leaked round broadcast adds
+    5.2 MB) and the Python workers' resident size (their cached network)."""
+    infos = sc._jsc.sc().statusTracker().getExecutorInfos()
+    storage = sum(int(e.usedOnHeapStorageMemory()) + int(e.usedOffHeapStorageMemory()) for e in infos)
+    rss = dict(sc.parallelize(range(workers), workers).mapPartitions(_worker_rss).collect())
+    return {"storage_used_bytes": storage, "python_worker_rss_bytes": sorted(rss.values())}
 
 
 def round_overheads(stats) -> list:
@@ -108,7 +126,7 @@ def main(argv=None):
         master = ParameterAveraging(batch_size_per_worker=args.batch_size, averaging_frequency=args.averaging_frequency,
                                     workers=args.workers, seed=args.seed)
         trainer = SparkTrainer(spark, net, master)
-        local_seconds, local_acc = [], []
+        local_seconds, local_acc, memory = [], [], [memory_now(sc, args.workers)]
         for epoch in range(args.epochs):
             # --- baseline: one process, args.workers BLAS threads
             with limit_threads(args.workers):
@@ -119,6 +137,7 @@ def main(argv=None):
                 local_acc.append(evaluate_local(local_net, xt, yt).accuracy())
             # --- parameter averaging on local[W], W workers x 1 thread
             trainer.fit(rdd, epochs=1, validation_data=test)
+            memory.append(memory_now(sc, args.workers))
         trainer.close()
         spark_seconds = [h["seconds"] for h in trainer.history]
         overheads = round_overheads(trainer.stats)
@@ -143,6 +162,7 @@ def main(argv=None):
         result["baselines"] = {"trivial_job_s": trivial, "param_transfer_at_copy_speed_s": transfer,
                                "state_bytes": state_bytes}
         result["epoch_ratios"] = [a / b for a, b in zip(local_seconds, spark_seconds)]
+        result["memory_after_each_epoch"] = memory  # [0] is before the fit
     finally:
         spark.stop()
 

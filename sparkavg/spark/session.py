@@ -58,6 +58,8 @@ def recommended_conf(master: str = "local[2]") -> Dict[str, str]:
       during the first LeNet epoch (13% of one core, taken from the
       workers); with only the quick C1 compiler it is 0.16 s.  The JVM
       only schedules and moves bytes here, which C1 code does well enough.
+      If you set ``spark.driver.extraJavaOptions`` yourself, append this
+      flag to yours: a later ``config`` call replaces the whole value.
     """
     conf = {"spark.task.maxDirectResultSize": _DIRECT_RESULT,
             "spark.python.unix.domain.socket.enabled": "true",

@@ -209,6 +209,18 @@ def bitmap_encode(residual, threshold):
     return _bitmap(kind, residual, check_threshold(threshold))[0]
 
 
+def _decode_as(encoded, target, expected_flag: int, name: str, other: str):
+    """Decode ``encoded`` into ``target`` if its header has ``expected_flag``."""
+    kind = check_inplace("target", target, flat=True)
+    msg_kind, enc = check_message(encoded)
+    flag, count, tau = _read_header(enc, target.size)
+    if flag != expected_flag:
+        raise ValueError(
+            f"Expect a {name} message (header flag {expected_flag}), got flag {flag}: use {other} or decode"
+        )
+    return _decode_body(flag, count, tau, enc, msg_kind, target, kind)
+
+
 def threshold_decode(encoded, target):
     """``target[|v|-1] += sign(v) * tau`` for each body entry, in place.
 
@@ -218,15 +230,7 @@ def threshold_decode(encoded, target):
     than 0 raises ValueError and leaves ``target`` unchanged.  Returns
     ``target``.
     """
-    kind = check_inplace("target", target, flat=True)
-    msg_kind, enc = check_message(encoded)
-    flag, count, tau = _read_header(enc, target.size)
-    if flag != SPARSE_FLAG:
-        raise ValueError(
-            f"Expect a sparse message (header flag {SPARSE_FLAG}), got flag {flag}: "
-            "use bitmap_decode or decode"
-        )
-    return _decode_body(flag, count, tau, enc, msg_kind, target, kind)
+    return _decode_as(encoded, target, SPARSE_FLAG, "sparse", "bitmap_decode")
 
 
 def bitmap_decode(encoded, target):
@@ -237,15 +241,7 @@ def bitmap_decode(encoded, target):
     its value bit (libnd4j's ``-tau/2``), and bits past element N-1.
     Returns ``target``.
     """
-    kind = check_inplace("target", target, flat=True)
-    msg_kind, enc = check_message(encoded)
-    flag, count, tau = _read_header(enc, target.size)
-    if flag != BITMAP_FLAG:
-        raise ValueError(
-            f"Expect a bitmap message (header flag {BITMAP_FLAG}), got flag {flag}: "
-            "use threshold_decode or decode"
-        )
-    return _decode_body(flag, count, tau, enc, msg_kind, target, kind)
+    return _decode_as(encoded, target, BITMAP_FLAG, "bitmap", "threshold_decode")
 
 
 # ------------------------------------------------------ switching encoder

@@ -12,6 +12,7 @@ These settings can only be given when the session starts, so
 from __future__ import annotations
 
 import logging
+import re
 from typing import Dict
 
 __all__ = ["recommended_conf", "check_session", "size_bytes"]
@@ -21,19 +22,15 @@ logger = logging.getLogger(__name__)
 #: Spark caps direct results at spark.rpc.message.maxSize (default 128 MB).
 _DIRECT_RESULT = "128m"
 
-_UNITS = {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
 def size_bytes(text: str) -> int:
     """Parse a Spark size string (``"1m"``, ``"512k"``, ``"1048576"``, ``"2gb"``) to bytes."""
-    s = str(text).strip().lower()
-    if s.endswith("b") and len(s) > 1 and s[-2] in _UNITS and s[-2] != "b":
-        s = s[:-1]
-    unit = _UNITS.get(s[-1]) if s and s[-1].isalpha() else 1
-    number = s[:-1] if s and s[-1].isalpha() else s
-    if unit is None or not number.isdigit():
+    match = re.fullmatch(r"(\d+)([kmgt]?)b?", str(text).strip().lower())
+    if match is None:
         raise ValueError(f"Expect a Spark size such as '1m' or '1048576', got {text!r}")
-    return int(number) * unit
+    return int(match.group(1)) * _UNITS[match.group(2)]
 
 
 def recommended_conf(master: str = "local[2]") -> Dict[str, str]:

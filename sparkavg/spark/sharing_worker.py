@@ -17,7 +17,7 @@ from .. import ops
 from ..transport import EndpointConfig, FaultInjection, PeerGroup, ReliableEndpoint, Topology, select_address
 from .stats import PhaseRecorder
 from .threshold import ThresholdState
-from .worker import Record, cached_network, fault_hook, stall_hook, lane_name, load_state, minibatch_sources, prefetched
+from .worker import Record, cached_network, fault_hook, lane_name, load_state, recorded_minibatches, stall_hook
 
 __all__ = ["SharingResult", "make_sharing_trainer"]
 
@@ -90,13 +90,7 @@ def make_sharing_trainer(config_json: str, state_bc, carry_bc, key_bc, settings:
             loss_sum, examples, iterations = 0.0, 0, 0
             received = 0
             start_iteration = net.iteration
-            source = prefetched(minibatch_sources(items), settings["prefetch"])
-            while True:
-                with rec.phase("data_load"):
-                    mb = next(source, None)
-                if mb is None:
-                    break
-                x, y = mb
+            for x, y in recorded_minibatches(items, settings["prefetch"], rec):
                 with rec.phase("fit"):
                     loss = net.compute_update(x, y, update)
                 with rec.phase("encode"):

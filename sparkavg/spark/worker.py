@@ -36,6 +36,7 @@ __all__ = [
     "cached_network",
     "lane_name",
     "minibatch_sources",
+    "recorded_minibatches",
     "Record",
     "RoundResult",
     "combine_results",
@@ -126,6 +127,18 @@ def prefetched(sources: Iterator, depth: int) -> Iterator:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
+def recorded_minibatches(items: Iterable, prefetch: int, rec: PhaseRecorder) -> Iterator:
+    """A task's ``(x, y)`` minibatches, loaded ``prefetch`` ahead, each wait
+    for the next one recorded as the ``data_load`` phase."""
+    source = prefetched(minibatch_sources(items), prefetch)
+    while True:
+        with rec.phase("data_load"):
+            mb = next(source, None)
+        if mb is None:
+            return
+        yield mb
+
+
 class Record:
     """A plain result record: positional fields named by ``__slots__``,
     pickled as a tuple (no ``__dict__``, cheap to ship back through Spark)."""
@@ -213,13 +226,7 @@ def make_round_trainer(config_json: str, state_bc, *, save_updater: bool, unifor
             load_state(net, state, save_updater)
         start_iteration = net.iteration
         loss_sum, examples, batches = 0.0, 0, 0
-        source = prefetched(minibatch_sources(items), prefetch)
-        while True:
-            with rec.phase("data_load"):
-                mb = next(source, None)
-            if mb is None:
-                break
-            x, y = mb
+        for x, y in recorded_minibatches(items, prefetch, rec):
             with rec.phase("fit"):
                 loss = net.fit_batch(x, y)
             loss_sum += float(loss) * len(x)

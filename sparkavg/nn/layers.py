@@ -287,9 +287,9 @@ class Conv2D(_Weighted):
             xp.matmul(dz, self._W2.T, out=dx.reshape(cols.shape))
             return dx
         # dW and db (the ones column) at once.  For a tall [W; b] (K+1 >= 2F,
-        # e.g. LeNet's second conv: 501 x 50) OpenBLAS is ~20% faster on one
-        # thread computing the (F, K+1) transpose and copying it back
-        # (benchmarks/RESULTS.md, "Conv weight gradient").
+        # e.g. LeNet's second conv: 501 x 50) OpenBLAS is ~16% faster on one
+        # thread computing the (F, K+1) transpose and copying it back, within
+        # 3% on two (benchmarks/bench_conv_dw.py); not for conv1's 26 x 20.
         k1, f = self._dWb.shape
         if k1 >= 2 * f:
             dwb_t = self._buffer("dWb_t", (f, k1), dz)

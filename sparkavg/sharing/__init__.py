@@ -1,0 +1,49 @@
+"""The gradient-sharing algorithm, apart from Spark and the network.
+
+- Rules (frozen, configurable): :class:`FixedThreshold`,
+  :class:`AdaptiveThreshold`, :class:`TargetSparsityThreshold` (kind
+  ``"threshold"``), :class:`ResidualClipping` (kind ``"residual"``);
+  :func:`check_tau` is the one threshold check.
+- State: :class:`SharingState` (residual, τ, encoder state, statistics;
+  ``to_plain`` / ``from_plain`` to carry it between epochs).
+- Steps: :func:`encode_update`, :func:`apply_message`,
+  :func:`apply_received`, :func:`message_bytes` and the whole iteration
+  :func:`sharing_step`.
+
+A worker's loop::
+
+    state = SharingState(AdaptiveThreshold(), ResidualClipping(), n)
+    for x, y in minibatches:
+        net.compute_update(x, y, update)
+        sharing_step(state, update, net.params, group.publish,
+                     lambda: [p for _, p in group.poll(0)])
+"""
+from .state import SharingState
+from .step import apply_message, apply_received, encode_update, message_bytes, sharing_step
+from .thresholds import (
+    TAU_MAX,
+    TAU_MIN,
+    AdaptiveThreshold,
+    FixedThreshold,
+    ResidualClipping,
+    TargetSparsityThreshold,
+    ThresholdRule,
+    check_tau,
+)
+
+__all__ = [
+    "SharingState",
+    "encode_update",
+    "apply_message",
+    "apply_received",
+    "message_bytes",
+    "sharing_step",
+    "ThresholdRule",
+    "FixedThreshold",
+    "AdaptiveThreshold",
+    "TargetSparsityThreshold",
+    "ResidualClipping",
+    "check_tau",
+    "TAU_MIN",
+    "TAU_MAX",
+]

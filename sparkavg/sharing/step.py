@@ -1,0 +1,178 @@
+"""One gradient-sharing iteration as plain functions over a
+:class:`~sparkavg.sharing.SharingState` (Strom 2015; DL4J's
+SharedTrainingMaster).
+
+Per iteration a worker adds its update to its residual, threshold-encodes
+the residual at τ (what is sent leaves the residual), adapts τ from the
+fraction sent, clips the residual when due, publishes the message, adds it
+to its own parameters, and adds every message received from peers.  Every
+replica applies the same messages, so replicas agree up to the order of
+float additions.  Nothing here knows about Spark or sockets: ``publish``
+and ``inbox`` are whatever moves bytes (UDP peers, or Python lists in the
+tests).
+
+Messages travel as the little-endian bytes of the int32 wire format
+(:func:`message_bytes`); :func:`apply_message` takes either form.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable, Optional, Union
+
+import numpy as np
+
+from .. import backend, ops
+from .state import SharingState
+
+__all__ = ["encode_update", "apply_message", "apply_received", "message_bytes", "sharing_step"]
+
+Payload = Union[bytes, bytearray, memoryview]
+Inbox = Union[Iterable[Payload], Callable[[], Iterable[Payload]]]
+
+
+def _encode(state: SharingState, update):
+    """Accumulate, encode, account, adapt τ and clip; ``(message, entries)``."""
+    residual = state.residual
+    ops.accumulate(residual, update)
+    message = ops.encode(residual, state.tau, state.encoding)
+    entries = ops.encoded_count(message)  # 0 for None; device messages: a host sync
+    if message is not None:
+        state.messages_sent += 1
+        state.entries_sent += entries
+    # After the step (the executors' former ThresholdState.after_step): τ adapts to
+    # what this step sent, then the residual is clipped at the new τ when due.
+    state.iteration += 1
+    sparsity = entries / residual.size
+    state.last_sparsity = sparsity
+    state.tau = state.rule.next_tau(state.tau, sparsity)
+    if state.clipping is not None:
+        state.clipping.apply(residual, state.tau, state.iteration)
+    return message, entries
+
+
+def encode_update(state: SharingState, update) -> Optional[object]:
+    """Fold ``update`` into the residual and encode what is due to be sent.
+
+    ``residual += update``; encode the residual at ``state.tau`` (sent
+    entries are subtracted from it); count the message; then set
+    ``state.last_sparsity = entries / N``, ``state.tau =
+    rule.next_tau(tau, sparsity)``, ``state.iteration += 1`` and clip the
+    residual at the new τ when ``clipping`` is due.
+
+    Parameters
+    ----------
+    state : SharingState
+        Updated in place.
+    update : float32 array of shape (N,)
+        This step's update (the updater's step, not the raw gradient), in
+        the residual's array module.
+
+    Returns
+    -------
+    int32 array or None
+        The message (libnd4j sparse or bitmap format, same array module as
+        the residual), or None when nothing is to be sent.  To read the τ
+        this message was encoded at, take ``state.tau`` before the call.
+
+    Raises
+    ------
+    ValueError
+        NaN or inf in the residual after adding ``update`` (the residual
+        then holds the sum; nothing was encoded).
+    """
+    return _encode(state, update)[0]
+
+
+def message_bytes(message) -> bytes:
+    """The wire form of a message: its int32 words, little-endian.
+
+    A CuPy message is copied to the host first (device -> host sync).
+    """
+    return np.ascontiguousarray(backend.to_cpu(message), dtype="<i4").tobytes()
+
+
+def _as_message(message):
+    if isinstance(message, (bytes, bytearray, memoryview)):
+        size = memoryview(message).nbytes
+        if size % 4:
+            raise ValueError(f"Expect a message of whole int32 words (a multiple of 4 bytes), got {size} bytes")
+        return np.frombuffer(message, dtype="<i4")
+    return message
+
+
+def apply_message(message, params) -> int:
+    """Add an encoded message into ``params`` in place.
+
+    Parameters
+    ----------
+    message : int32 array (numpy or CuPy) or bytes-like
+        Either wire format; bytes are read as little-endian int32 words.
+    params : float32 array of shape (N,), numpy or CuPy
+        Written in place; unchanged when the message is malformed.
+
+    Returns
+    -------
+    int
+        The number of ±τ entries the message carried.
+
+    Raises
+    ------
+    ValueError
+        A malformed message or one for a different N.
+    """
+    msg = _as_message(message)
+    if backend.is_gpu_array(params) and not backend.is_gpu_array(msg):
+        ops.decode(backend.to_gpu(msg), params)  # host -> device copy of the message
+    else:
+        ops.decode(msg, params)
+    return ops.encoded_count(msg)
+
+
+def apply_received(state: SharingState, inbox: Iterable[Payload], params) -> int:
+    """Apply every message in ``inbox`` to ``params`` and count them in
+    ``state.messages_received``; returns how many were applied.
+
+    Use it for the messages that arrive after the last step (an epoch's
+    flush) too.
+    """
+    received = 0
+    for payload in inbox:
+        apply_message(payload, params)
+        received += 1
+    state.messages_received += received
+    return received
+
+
+def sharing_step(state: SharingState, update, params, publish: Callable[[bytes], None], inbox: Inbox) -> int:
+    """One full sharing iteration of one worker.
+
+    In order: :func:`encode_update` (residual, encoding, τ, clipping);
+    when there is a message, ``publish(message_bytes(message))`` and add it
+    to ``params``; then add every peer message of ``inbox`` to ``params``.
+
+    Parameters
+    ----------
+    state : SharingState
+        This worker's state, updated in place.
+    update : float32 array of shape (N,)
+        This step's update, same array module as ``state.residual``.
+    params : float32 array of shape (N,)
+        This replica's flat parameters, updated in place.
+    publish : callable(bytes) -> None
+        Sends this worker's message to every peer.
+    inbox : iterable of bytes-like, or a callable returning one
+        Peer messages to apply now.  It is read after ``publish``; pass a
+        callable (``lambda: [p for _, p in group.poll(0)]``) when building
+        the iterable would itself receive -- an argument list is evaluated
+        before the call.
+
+    Returns
+    -------
+    int
+        Entries this worker sent (0 when it sent nothing).
+    """
+    message, entries = _encode(state, update)
+    if message is not None:
+        publish(message_bytes(message))
+        ops.decode(message, params)
+    apply_received(state, inbox() if callable(inbox) else inbox, params)
+    return entries

@@ -1,0 +1,594 @@
+"""The gradient-sharing algorithm (:mod:`sparkavg.sharing`) with no Spark and
+no sockets: W workers in one process exchange messages through Python lists.
+
+On exactness.  Encoders subtract and decoders add exactly float32(τ).  With
+every value on a dyadic grid (k/64) and τ a power of two, every float32
+addition is exact, so replicas that applied the same messages in different
+orders are bit-identical and ``decode(encode(r)) + r_after == r_before``
+holds exactly.  With general floats and an adaptive τ, replicas agree up to
+the order of float additions, which we bound against a float64 sum.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from sparkavg import backend, ops
+from sparkavg.configurable import ConfigError, from_config, registered
+from sparkavg.ops._checks import check_threshold
+from sparkavg.sharing import (
+    TAU_MAX,
+    TAU_MIN,
+    AdaptiveThreshold,
+    FixedThreshold,
+    ResidualClipping,
+    SharingState,
+    TargetSparsityThreshold,
+    ThresholdRule,
+    apply_message,
+    apply_received,
+    check_tau,
+    encode_update,
+    message_bytes,
+    sharing_step,
+)
+
+F32_EPS = float(np.finfo(np.float32).eps)
+
+
+# ------------------------------------------------------------------ helpers
+class ListNetwork:
+    """All-to-all delivery through per-rank Python lists, in publish order."""
+
+    def __init__(self, world: int):
+        self.world = world
+        self.boxes = [[] for _ in range(world)]
+        self.log = []  # (origin, payload) of every publication
+
+    def publisher(self, rank: int):
+        def publish(payload: bytes) -> None:
+            assert isinstance(payload, bytes)
+            self.log.append((rank, payload))
+            for r in range(self.world):
+                if r != rank:
+                    self.boxes[r].append(payload)
+
+        return publish
+
+    def drain(self, rank: int) -> list:
+        out, self.boxes[rank] = self.boxes[rank], []
+        return out
+
+
+def same_bits(a, b) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def run_workers(states, params, updates, network=None, flush=True):
+    """Every worker takes ``len(updates[0])`` steps in lock step, then (with
+    ``flush``) the leftovers are applied.  ``updates[w][t]`` is worker w's
+    update at step t."""
+    world = len(states)
+    network = network or ListNetwork(world)
+    for t in range(len(updates[0])):
+        for w in range(world):
+            sharing_step(states[w], updates[w][t], params[w], network.publisher(w),
+                         lambda w=w: network.drain(w))
+    if flush:
+        for w in range(world):
+            apply_received(states[w], network.drain(w), params[w])
+    return network
+
+
+def decoded(message, n: int) -> np.ndarray:
+    out = np.zeros(n, np.float32)
+    if message is not None:
+        apply_message(message, out)
+    return out
+
+
+def grid_values(rng, shape, bound=256):
+    return (rng.integers(-bound, bound + 1, size=shape) / 64.0).astype(np.float32)
+
+
+# ------------------------------------------- (a) replicas stay identical
+@given(world=st.integers(1, 4), n=st.integers(1, 120), steps=st.integers(1, 25), seed=st.integers(0, 2**32 - 1),
+       log2_tau=st.integers(-4, 1), clip=st.one_of(st.none(), st.tuples(st.integers(1, 4), st.integers(1, 5))))
+def test_replicas_bit_identical_on_dyadic_grid(world, n, steps, seed, log2_tau, clip):
+    rng = np.random.default_rng(seed)
+    tau = 2.0**log2_tau
+    clipping = None if clip is None else ResidualClipping(frequency=clip[0], k=float(clip[1]))
+    init = grid_values(rng, n)
+    states = [SharingState(FixedThreshold(tau), clipping, n) for _ in range(world)]
+    params = [init.copy() for _ in range(world)]
+    updates = grid_values(rng, (world, steps, n), bound=192)
+    network = run_workers(states, params, updates)
+    for w in range(1, world):
+        assert same_bits(params[w], params[0]), f"replica {w} differs from replica 0"
+    # ... and every replica is the start plus every published message (exact on the grid).
+    total = init.copy()
+    for _origin, payload in network.log:
+        apply_message(payload, total)
+    assert same_bits(params[0], total)
+    sent = sum(s.messages_sent for s in states)
+    assert sent == len(network.log)
+    for w, s in enumerate(states):
+        assert s.messages_received == sent - s.messages_sent, f"worker {w} missed messages"
+
+
+@given(world=st.integers(2, 4), n=st.integers(16, 300), seed=st.integers(0, 2**32 - 1))
+@settings(max_examples=20)
+def test_replicas_agree_to_float_order_with_adaptive_tau(world, n, seed):
+    rng = np.random.default_rng(seed)
+    steps = 40
+    init = rng.normal(0, 0.1, n).astype(np.float32)
+    rule = AdaptiveThreshold(initial=1e-3, min_sparsity=1e-2, max_sparsity=0.2)
+    states = [SharingState(rule, ResidualClipping(), n) for _ in range(world)]
+    params = [init.copy() for _ in range(world)]
+    updates = rng.normal(0, 1e-3, (world, steps, n)).astype(np.float32)
+    network = run_workers(states, params, updates)
+    exact = init.astype(np.float64)
+    for _origin, payload in network.log:
+        apply_message(payload, exact)  # float64 target: the same ±τ, no rounding to speak of
+    # Each entry took at most len(log) float32 additions, each off by <= half an ulp.
+    bound = len(network.log) * F32_EPS * float(np.abs(exact).max() + 1e-3)
+    for w in range(world):
+        err = float(np.abs(params[w].astype(np.float64) - exact).max())
+        assert err <= bound, f"replica {w} is {err} from the float64 sum (bound {bound})"
+    assert any(s.tau != rule.initial for s in states), "the adaptive rule never moved τ"
+
+
+# ------------------------------------ (b) exact round trip through encode_update
+@given(n=st.integers(1, 150), seed=st.integers(0, 2**32 - 1), log2_tau=st.integers(-4, 1))
+def test_encode_update_round_trip_exact(n, seed, log2_tau):
+    rng = np.random.default_rng(seed)
+    state = SharingState(FixedThreshold(2.0**log2_tau), None, n)
+    state.residual[:] = grid_values(rng, n)
+    for _ in range(6):
+        update = grid_values(rng, n, bound=128)
+        r_before = state.residual + update
+        message = encode_update(state, update)
+        assert same_bits(decoded(message, n) + state.residual, r_before)
+        if message is None:
+            assert same_bits(state.residual, r_before)
+
+
+@given(residual=arrays(np.float32, st.integers(1, 150),
+                       elements=st.floats(-8.0, 8.0, width=32, allow_nan=False, allow_infinity=False)),
+       tau=st.floats(2.0**-6, 4.0, width=32))
+def test_encode_update_sends_exactly_what_leaves_the_residual(residual, tau):
+    n = residual.size
+    state = SharingState(FixedThreshold(float(tau)), None, n)
+    update = residual.copy()
+    residual = np.zeros(n, np.float32) + update  # r_before (0 + -0 is +0)
+    message = encode_update(state, update)
+    sent = decoded(message, n)
+    touched = sent != 0
+    assert same_bits(state.residual[~touched], residual[~touched])
+    exact = touched & (np.abs(residual) <= 2 * np.float32(tau))  # Sterbenz: exact subtraction
+    assert np.array_equal((sent + state.residual)[exact], residual[exact])
+    err = np.abs(sent.astype(np.float64) + state.residual - residual.astype(np.float64))
+    assert np.all(err <= 0.5 * np.spacing(np.abs(state.residual)))
+    assert state.entries_sent == int(touched.sum())
+    assert state.last_sparsity == touched.sum() / n
+
+
+def test_apply_message_takes_bytes_and_arrays_alike():
+    rng = np.random.default_rng(3)
+    state = SharingState(FixedThreshold(0.25), None, 100)
+    message = encode_update(state, grid_values(rng, 100))
+    assert message is not None
+    a, b = np.zeros(100, np.float32), np.zeros(100, np.float32)
+    assert apply_message(message, a) == apply_message(message_bytes(message), b) == ops.encoded_count(message)
+    assert same_bits(a, b)
+    with pytest.raises(ValueError, match="multiple of 4 bytes"):
+        apply_message(message_bytes(message)[:-1], b)
+    with pytest.raises(ValueError, match="N = 100"):
+        apply_message(message, np.zeros(99, np.float32))
+
+
+# ------------------------------------------------------ (c) threshold rules
+taus = st.floats(TAU_MIN, TAU_MAX, allow_nan=False, allow_infinity=False)
+fractions = st.floats(0.0, 1.0)
+
+
+@given(tau=taus, sparsity=fractions, t=taus)
+def test_fixed_rule_never_moves(tau, sparsity, t):
+    assert FixedThreshold(t).next_tau(tau, sparsity) == tau
+    assert FixedThreshold(t).initial_tau() == t
+
+
+@given(tau=st.floats(1e-30, 1e30), sparsity=fractions)
+def test_adaptive_rule_moves_tau_against_the_sparsity(tau, sparsity):
+    rule = AdaptiveThreshold()  # DL4J: keep τ for sparsity in [1e-4, 1e-2]
+    new = rule.next_tau(tau, sparsity)
+    if sparsity < rule.min_sparsity:
+        assert new == tau * rule.decay < tau, "too sparse: τ must go down"
+    elif sparsity > rule.max_sparsity:
+        assert new == tau / rule.decay > tau, "too dense: τ must go up"
+    else:
+        assert new == tau
+
+
+@given(tau=st.floats(1e-30, 1e30), sparsity=fractions, target=st.floats(1e-4, 0.5))
+def test_target_rule_steers_towards_target(tau, sparsity, target):
+    rule = TargetSparsityThreshold(target=target)
+    new = rule.next_tau(tau, sparsity)
+    if sparsity < target:
+        assert new == tau * rule.decay < tau
+    else:
+        assert new == tau / rule.decay > tau
+
+
+@given(sparsity=fractions)
+def test_rules_keep_tau_a_valid_encoder_threshold(sparsity):
+    for rule in (AdaptiveThreshold(), TargetSparsityThreshold()):
+        for tau in (TAU_MIN, TAU_MAX):
+            new = rule.next_tau(tau, sparsity)
+            assert TAU_MIN <= new <= TAU_MAX
+            assert check_threshold(new) > 0
+
+
+def test_adaptive_tau_settles_from_both_sides():
+    rng = np.random.default_rng(7)
+    n = 4096
+    updates = rng.normal(0, 1e-3, (300, n)).astype(np.float32)
+    for initial, direction in ((10.0, -1), (1e-9, +1)):  # far too sparse / far too dense
+        rule = AdaptiveThreshold(initial=initial, min_sparsity=1e-3, max_sparsity=5e-2)
+        state = SharingState(rule, None, n)
+        moved = 0
+        for update in updates:
+            before = state.tau
+            encode_update(state, update)
+            if not rule.min_sparsity <= state.last_sparsity <= rule.max_sparsity:
+                assert np.sign(state.tau - before) == direction, (initial, state.last_sparsity)
+                moved += 1
+        assert moved > 0
+        assert 1e-6 < state.tau < 1e-1, f"τ from {initial} did not settle: {state.tau}"
+
+
+def test_target_sparsity_is_reached():
+    rng = np.random.default_rng(11)
+    n, target = 8192, 1e-2
+    state = SharingState(TargetSparsityThreshold(initial=1.0, target=target), ResidualClipping(), n)
+    seen = []
+    for _ in range(600):
+        encode_update(state, rng.normal(0, 1e-3, n).astype(np.float32))
+        seen.append(state.last_sparsity)
+    late = float(np.mean(seen[-200:]))
+    assert target / 3 <= late <= target * 3, f"mean sparsity {late} far from target {target}"
+
+
+def test_zero_updates_drive_tau_to_the_floor_not_to_an_error():
+    state = SharingState(AdaptiveThreshold(initial=TAU_MIN * 1.5), ResidualClipping(frequency=1), 64)
+    for _ in range(20):
+        assert encode_update(state, np.zeros(64, np.float32)) is None
+    assert state.tau == TAU_MIN
+
+
+# --------------------------------------------------------------- (d) clipping
+def test_clipping_bounds_the_residual_at_due_iterations_only():
+    n, tau, k = 64, 0.5, 2.0
+    clipping = ResidualClipping(frequency=3, k=k)
+    state = SharingState(FixedThreshold(tau), clipping, n)
+    update = np.where(np.arange(n) % 2 == 0, 3.0, -3.0).astype(np.float32)  # grows by 2.5 per step
+    for it in range(1, 13):
+        encode_update(state, update)
+        assert state.iteration == it
+        peak = float(np.abs(state.residual).max())
+        if it % 3 == 0:
+            assert peak == k * tau, f"iteration {it}: residual not clipped to k*tau ({peak})"
+        else:
+            assert peak > k * tau, f"iteration {it}: clipped although not due ({peak})"
+
+
+def test_clipping_uses_the_adapted_tau():
+    rng = np.random.default_rng(5)
+    n = 512
+    rule = TargetSparsityThreshold(initial=1e-2, target=0.05)
+    clipping = ResidualClipping(frequency=1, k=1.5)
+    state = SharingState(rule, clipping, n)
+    for _ in range(50):
+        encode_update(state, rng.normal(0, 1e-2, n).astype(np.float32))
+        bound = np.float32(clipping.k * float(np.float32(state.tau)))
+        assert float(np.abs(state.residual).max()) <= bound
+
+
+@given(residual=arrays(np.float32, st.integers(1, 64),
+                       elements=st.floats(-1e3, 1e3, width=32, allow_nan=False, allow_infinity=False)),
+       frequency=st.integers(1, 7), iteration=st.integers(1, 50), k=st.floats(1.0, 10.0))
+def test_clipping_apply(residual, frequency, iteration, k):
+    tau = 0.75
+    r = residual.copy()
+    clipped = ResidualClipping(frequency=frequency, k=k).apply(r, tau, iteration)
+    assert clipped == (iteration % frequency == 0)
+    if clipped:
+        bound = np.float32(k * tau)
+        assert same_bits(r, np.clip(residual, -bound, bound))
+    else:
+        assert same_bits(r, residual)
+
+
+# ------------------------------------------------------------ (e) plain state
+@pytest.mark.parametrize("split", [1, 7, 13])
+def test_plain_round_trip_continues_like_an_uninterrupted_run(split):
+    rng = np.random.default_rng(17)
+    world, n, steps = 3, 200, 20
+    rule = AdaptiveThreshold(initial=1e-3, min_sparsity=1e-2, max_sparsity=0.1)
+    clipping = ResidualClipping(frequency=3, k=2.0)
+    init = rng.normal(0, 0.1, n).astype(np.float32)
+    updates = rng.normal(0, 1e-3, (world, steps, n)).astype(np.float32)
+
+    straight = [SharingState(rule, clipping, n) for _ in range(world)]
+    p_straight = [init.copy() for _ in range(world)]
+    run_workers(straight, p_straight, updates)
+
+    first = [SharingState(rule, clipping, n) for _ in range(world)]
+    p_resumed = [init.copy() for _ in range(world)]
+    # No flush at the split: messages in flight stay in flight, as they would without it.
+    network = run_workers(first, p_resumed, updates[:, :split], flush=False)
+    plains = [json.loads(json.dumps({k: v for k, v in s.to_plain().items() if k != "residual"}))
+              for s in first]  # everything but the residual is JSON
+    for plain, s in zip(plains, first):
+        plain["residual"] = s.to_plain()["residual"]
+        assert isinstance(plain["residual"], np.ndarray) and plain["residual"].dtype == np.float32
+    resumed = [SharingState.from_plain(rule, clipping, plain) for plain in plains]
+    run_workers(resumed, p_resumed, updates[:, split:], network)
+
+    for w in range(world):
+        assert same_bits(p_resumed[w], p_straight[w]), f"worker {w}: params differ"
+        assert same_bits(resumed[w].residual, straight[w].residual), f"worker {w}: residuals differ"
+        assert resumed[w].tau == straight[w].tau
+        assert resumed[w].iteration == straight[w].iteration == steps
+        assert resumed[w].encoding.format == straight[w].encoding.format
+        assert resumed[w].statistics() == straight[w].statistics()
+
+
+def test_plain_round_trip_carries_the_encoder_format():
+    # A sparse-mode encoder sends nothing for a single qualifying entry; a fresh
+    # (bitmap-first) one would send it: the format must travel with the state.
+    n = 64
+    state = SharingState(FixedThreshold(1.0), None, n)
+    first = np.zeros(n, np.float32)
+    first[[3, 9]] = 1.5
+    assert encode_update(state, first) is not None
+    assert state.encoding.format == ops.SPARSE
+    resumed = SharingState.from_plain(state.rule, None, state.to_plain())
+    second = np.zeros(n, np.float32)
+    second[20] = 1.5
+    assert encode_update(state, second) is None
+    assert encode_update(resumed, second) is None
+    assert same_bits(resumed.residual, state.residual)
+
+
+def test_plain_residual_is_a_copy_and_bad_plains_are_named():
+    state = SharingState(FixedThreshold(), None, 8)
+    plain = state.to_plain()
+    state.residual[:] = 1.0
+    assert not plain["residual"].any()
+    again = SharingState.from_plain(FixedThreshold(), None, plain)
+    plain["residual"][:] = 2.0
+    assert not again.residual.any()
+    with pytest.raises(ValueError, match="missing \\['iteration'\\]"):
+        SharingState.from_plain(FixedThreshold(), None, {k: v for k, v in plain.items() if k != "iteration"})
+    with pytest.raises(ValueError, match="encoding_format"):
+        SharingState.from_plain(FixedThreshold(), None, {**plain, "encoding_format": "dense"})
+    with pytest.raises(ValueError, match="tau"):
+        SharingState.from_plain(FixedThreshold(), None, {**plain, "tau": 0.0})
+    with pytest.raises(ValueError, match="1-D residual"):
+        SharingState.from_plain(FixedThreshold(), None, {**plain, "residual": np.zeros((2, 4), np.float32)})
+
+
+def test_reset_statistics_keeps_the_algorithm_state():
+    rng = np.random.default_rng(2)
+    state = SharingState(AdaptiveThreshold(), ResidualClipping(), 300)
+    for _ in range(5):
+        encode_update(state, rng.normal(0, 1e-3, 300).astype(np.float32))
+    tau, iteration = state.tau, state.iteration
+    assert state.messages_sent > 0
+    state.reset_statistics()
+    assert (state.messages_sent, state.entries_sent, state.messages_received) == (0, 0, 0)
+    assert (state.tau, state.iteration) == (tau, iteration)
+
+
+# ------------------------------------------------------ (f) constructor checks
+@pytest.mark.parametrize("make, field", [
+    (lambda: FixedThreshold(1e-50), "threshold"),
+    (lambda: FixedThreshold(1e39), "threshold"),
+    (lambda: FixedThreshold(float("inf")), "threshold"),
+    (lambda: FixedThreshold(float("nan")), "threshold"),
+    (lambda: FixedThreshold(1e-40), "threshold"),  # subnormal float32
+    (lambda: FixedThreshold(0.0), "threshold"),
+    (lambda: FixedThreshold(-1e-3), "threshold"),
+    (lambda: AdaptiveThreshold(initial=1e-50), "initial"),
+    (lambda: AdaptiveThreshold(initial=float("nan")), "initial"),
+    (lambda: AdaptiveThreshold(decay=1.0), "decay"),
+    (lambda: AdaptiveThreshold(decay=float("nan")), "decay"),
+    (lambda: AdaptiveThreshold(min_sparsity=0.1, max_sparsity=0.01), "0 < min_sparsity < max_sparsity"),
+    (lambda: AdaptiveThreshold(max_sparsity=1.5), "max_sparsity"),
+    (lambda: TargetSparsityThreshold(initial=1e39), "initial"),
+    (lambda: TargetSparsityThreshold(target=0.0), "target"),
+    (lambda: TargetSparsityThreshold(target=float("inf")), "target"),
+    (lambda: ResidualClipping(k=float("inf")), "k"),
+    (lambda: ResidualClipping(k=float("nan")), "k"),
+    (lambda: ResidualClipping(k=0.5), "k"),
+    (lambda: ResidualClipping(frequency=0), "frequency"),
+    (lambda: ResidualClipping(frequency=2.5), "frequency"),
+    (lambda: ResidualClipping(frequency=True), "frequency"),
+])
+def test_constructor_rejects_with_the_field_named(make, field):
+    with pytest.raises(ValueError, match=f"Expect {field}"):
+        make()
+
+
+def test_threshold_message_says_range_and_value():
+    with pytest.raises(ValueError) as info:
+        FixedThreshold(1e-50)
+    assert str(info.value) == "Expect threshold to be a finite float32 > 0 (between 1.2e-38 and 3.4e38), got 1e-50"
+    with pytest.raises(TypeError, match="Expect threshold to be a real number, got str"):
+        FixedThreshold("0.1")
+
+
+@given(value=st.one_of(st.floats(), st.floats(1e-46, 1e-36), st.floats(3e38, 4e38)))
+def test_check_tau_accepts_only_what_the_encoder_accepts(value):
+    try:
+        tau = check_tau(value)
+    except ValueError:
+        return
+    assert tau == value
+    assert np.float32(check_threshold(tau)) >= np.finfo(np.float32).tiny
+    r = np.array([1e38, -1e38, 0.0], np.float32)
+    ops.encode(r, tau)  # no complaint about τ
+
+
+def test_state_constructor_rejects_wrong_kinds():
+    with pytest.raises(TypeError, match="Expect rule to be a ThresholdRule"):
+        SharingState(1e-3, None, 10)
+    with pytest.raises(TypeError, match="Expect clipping"):
+        SharingState(FixedThreshold(), 5, 10)
+    with pytest.raises(ValueError, match="Expect num_params >= 1"):
+        SharingState(FixedThreshold(), None, 0)
+
+
+# ------------------------------------------------------------ (g) to_config
+rules = st.one_of(
+    st.builds(FixedThreshold, threshold=st.floats(1e-30, 1e30)),
+    st.builds(AdaptiveThreshold, initial=st.floats(1e-30, 1e30), min_sparsity=st.floats(1e-6, 1e-3),
+              max_sparsity=st.floats(2e-3, 1.0), decay=st.floats(0.01, 0.999)),
+    st.builds(TargetSparsityThreshold, initial=st.floats(1e-30, 1e30), target=st.floats(1e-6, 0.99),
+              decay=st.floats(0.01, 0.999)),
+)
+
+
+@given(rule=rules)
+def test_threshold_rules_round_trip_through_config(rule):
+    config = json.loads(json.dumps(rule.to_config()))
+    assert config["type"] == type(rule).__name__
+    assert from_config(config, kind="threshold") == rule
+
+
+@given(clipping=st.builds(ResidualClipping, frequency=st.integers(1, 1000), k=st.floats(1.0, 1e6)))
+def test_clipping_round_trips_through_config(clipping):
+    config = json.loads(json.dumps(clipping.to_config()))
+    assert from_config(config, kind="residual") == clipping
+
+
+def test_registry_kinds_and_config_errors():
+    assert {"FixedThreshold", "AdaptiveThreshold", "TargetSparsityThreshold"} <= set(registered("threshold"))
+    assert registered("residual")["ResidualClipping"] is ResidualClipping
+    assert ThresholdRule._config_kind == "threshold"
+    for rule in (FixedThreshold(), AdaptiveThreshold(), TargetSparsityThreshold()):
+        assert from_config(rule.to_config(), kind="threshold") == rule  # the documented defaults
+    assert AdaptiveThreshold().to_config() == {"type": "AdaptiveThreshold", "initial": 1e-4, "min_sparsity": 1e-4,
+                                               "max_sparsity": 1e-2, "decay": 0.5 ** (1 / 20)}
+    with pytest.raises(ConfigError, match="ResidualClipping"):
+        from_config(ResidualClipping().to_config(), kind="threshold")
+    with pytest.raises(ConfigError, match="Expect threshold to be a finite float32"):
+        from_config({"type": "FixedThreshold", "threshold": 1e-50}, kind="threshold")
+    with pytest.raises(ConfigError, match="Expect FixedThreshold.threshold to be float, got str"):
+        from_config({"type": "FixedThreshold", "threshold": "1e-3"}, kind="threshold")
+
+
+# ------------------------------------- parity with the executor's former closure
+def _legacy_after_step(th, entries, n, residual, rule, clipping):
+    """spark/threshold.py's ThresholdState.after_step, as it was (issue 14)."""
+    th["iteration"] += 1
+    sparsity = entries / n if n else 0.0
+    if isinstance(rule, AdaptiveThreshold):
+        if sparsity < rule.min_sparsity:
+            th["tau"] *= rule.decay
+        elif sparsity > rule.max_sparsity:
+            th["tau"] /= rule.decay
+    elif isinstance(rule, TargetSparsityThreshold):
+        th["tau"] = th["tau"] * rule.decay if sparsity < rule.target else th["tau"] / rule.decay
+    if clipping is not None and th["iteration"] % clipping.frequency == 0:
+        ops.clip_residual(residual, th["tau"], clipping.k)
+
+
+@pytest.mark.parametrize("rule", [FixedThreshold(2e-3), AdaptiveThreshold(initial=1e-3, max_sparsity=0.05),
+                                  TargetSparsityThreshold(initial=1e-3, target=0.02)])
+def test_sharing_step_matches_the_former_executor_loop_bit_for_bit(rule):
+    rng = np.random.default_rng(23)
+    world, n, steps = 3, 257, 30
+    clipping = ResidualClipping(frequency=4, k=3.0)
+    init = rng.normal(0, 0.1, n).astype(np.float32)
+    updates = rng.normal(0, 2e-3, (world, steps, n)).astype(np.float32)
+
+    states = [SharingState(rule, clipping, n) for _ in range(world)]
+    params = [init.copy() for _ in range(world)]
+    run_workers(states, params, updates)
+
+    # The loop of sharing_worker.make_sharing_trainer before issue 14, over the same list network.
+    network = ListNetwork(world)
+    old_params = [init.copy() for _ in range(world)]
+    residuals = [np.zeros(n, np.float32) for _ in range(world)]
+    encodings = [ops.EncodingState() for _ in range(world)]
+    ths = [{"tau": rule.initial_tau(), "iteration": 0} for _ in range(world)]
+    for t in range(steps):
+        for w in range(world):
+            ops.accumulate(residuals[w], updates[w, t])
+            message = ops.encode(residuals[w], ths[w]["tau"], encodings[w])
+            entries = 0
+            if message is not None:
+                entries = ops.encoded_count(message)
+                network.publisher(w)(np.ascontiguousarray(message, dtype="<i4").tobytes())
+                ops.decode(message, old_params[w])
+            for payload in network.drain(w):
+                ops.decode(np.frombuffer(payload, dtype="<i4"), old_params[w])
+            _legacy_after_step(ths[w], entries, n, residuals[w], rule, clipping)
+    for w in range(world):
+        for payload in network.drain(w):
+            ops.decode(np.frombuffer(payload, dtype="<i4"), old_params[w])
+
+    for w in range(world):
+        assert same_bits(params[w], old_params[w]), f"worker {w}: params differ from the former loop"
+        assert same_bits(states[w].residual, residuals[w]), f"worker {w}: residual differs"
+        assert states[w].tau == ths[w]["tau"]
+        assert states[w].messages_sent == encodings[w].messages
+        assert states[w].entries_sent == encodings[w].values_sent
+
+
+def test_inbox_is_read_after_publish():
+    events = []
+    state = SharingState(FixedThreshold(0.25), None, 32)
+    update = np.full(32, 1.0, np.float32)
+
+    def inbox():
+        events.append("inbox")
+        return []
+
+    sharing_step(state, update, np.zeros(32, np.float32), lambda b: events.append("publish"), inbox)
+    assert events == ["publish", "inbox"]
+
+
+# -------------------------------------------------------------------- CuPy
+@pytest.mark.gpu
+def test_gpu_state_steps_like_the_cpu_one():
+    cp = backend.cupy()
+    rng = np.random.default_rng(29)
+    n, steps = 1000, 25
+    rule, clipping = AdaptiveThreshold(initial=1e-3, max_sparsity=0.05), ResidualClipping(frequency=3)
+    cpu, gpu = SharingState(rule, clipping, n), SharingState(rule, clipping, n, xp=cp)
+    p_cpu, p_gpu = np.zeros(n, np.float32), cp.zeros(n, cp.float32)
+    sent_cpu, sent_gpu = [], []
+    for _ in range(steps):
+        update = rng.normal(0, 1e-3, n).astype(np.float32)
+        sharing_step(cpu, update, p_cpu, sent_cpu.append, [])
+        sharing_step(gpu, cp.asarray(update), p_gpu, sent_gpu.append, [])
+    assert sent_cpu == sent_gpu
+    assert same_bits(backend.to_cpu(p_gpu), p_cpu)
+    assert same_bits(backend.to_cpu(gpu.residual), cpu.residual)
+    assert gpu.tau == cpu.tau
+    apply_received(gpu, sent_cpu[:3], p_gpu)  # bytes into a device target
+    apply_received(cpu, sent_cpu[:3], p_cpu)
+    assert same_bits(backend.to_cpu(p_gpu), p_cpu)
+    plain = gpu.to_plain()
+    assert isinstance(plain["residual"], np.ndarray)
+    back = SharingState.from_plain(rule, clipping, plain, xp=cp)
+    assert backend.is_gpu_array(back.residual)

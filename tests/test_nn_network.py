@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from sparkavg import backend
+from sparkavg.configurable import ConfigError, from_config
 from sparkavg.nn import (SGD, Adagrad, Adam, Conv2D, Dense, Dropout, MaxPool2D, ModelFileError, Nadam,
                          Nesterov, Network, Output, RMSProp, lenet)
-from sparkavg.nn.updaters import updater_from_config
 
 
 def small_net(updater=None, dtype="float32", seed=5, **kw):
@@ -104,9 +104,9 @@ def test_updater_validation_and_config_round_trip():
     with pytest.raises(ValueError, match="Expect 0 <= momentum < 1, got 1.5"):
         Nesterov(0.1, momentum=1.5)
     for u in (SGD(0.3), Nesterov(0.2, 0.8), Adagrad(0.1, 1e-5), RMSProp(0.1, 0.9, 1e-7), Adam(2e-3), Nadam()):
-        assert updater_from_config(json.loads(json.dumps(u.to_config()))) == u
-    with pytest.raises(ValueError, match="unknown"):
-        updater_from_config({"type": "Adam", "lr": 1e-3, "momentum": 0.9})
+        assert from_config(json.loads(json.dumps(u.to_config())), kind="updater") == u
+    with pytest.raises(ConfigError, match="unknown"):
+        from_config({"type": "Adam", "lr": 1e-3, "momentum": 0.9}, kind="updater")
 
 
 def test_sgd_fit_batch_moves_params_by_minus_lr_grad():
@@ -205,8 +205,13 @@ def test_int_and_one_hot_labels_agree_and_bad_labels_rejected():
     assert net.score(x, y.astype(np.float32)) == pytest.approx(net.score(x, y), rel=1e-12)
     with pytest.raises(ValueError, match=r"Expect labels of shape \(5,\) class indices or \(5, 4\) one-hot rows, got \(5, 3\)"):
         net.fit_batch(x, np.zeros((5, 3)))
-    with pytest.raises(ValueError, match=r"got \(4,\)"):
+    with pytest.raises(ValueError, match=r"Expect x and y with the same number of examples, "
+                                         r"got x \(5, 64\) and y \(4,\)"):
         net.fit_batch(x, y[:4])
+    with pytest.raises(ValueError, match=r"got x \(5, 1, 8, 8\) and y \(6,\)"):
+        net.score(x.reshape(5, 1, 8, 8), np.zeros(6, np.int64))
+    with pytest.raises(ValueError, match=r"got x \(5, 64\) and y \(4,\)"):
+        net.fit(x, y[:4])
     with pytest.raises(ValueError, match=r"Expect class labels in \[0, 4\), got values from 0 to 4"):
         net.fit_batch(x, np.array([0, 1, 2, 3, 4]))
     with pytest.raises(ValueError, match="non-integral"):
@@ -242,13 +247,37 @@ def test_json_round_trip_gives_equal_config_and_initial_params():
     net = small_net(Nesterov(0.05, 0.8), l2=1e-4, l2_bias=1e-5, weight_decay=0.0, seed=9)
     text = net.to_json()
     again = Network.from_json(text)
-    assert again.to_json() == text and again.config == net.config
+    assert again.to_json() == text and again.to_config() == net.to_config()
     assert np.array_equal(again.params, net.params)
     assert json.loads(text)["layers"][0] == {"type": "Conv2D", "filters": 3, "kernel_size": [3, 3],
                                              "stride": [1, 1], "padding": [0, 0], "activation": "relu",
                                              "weight_init": "xavier"}
-    with pytest.raises(ValueError, match="Expect a layer type in"):
+    with pytest.raises(ConfigError, match="Expect a layer type in"):
         Network.from_json(text.replace('"Conv2D"', '"Conv3D"'))
+    assert json.loads(text)["type"] == "Network"
+
+
+def test_config_values_of_the_wrong_json_type_name_the_field():
+    config = small_net().to_config()
+    config["updater"] = {"type": "Adam", "lr": "0.001"}
+    with pytest.raises(ConfigError, match=r"Network.updater: Expect Adam.lr to be float, got str '0.001'"):
+        Network.from_json(json.dumps(config))
+    config = small_net().to_config()
+    config["layers"][2]["units"] = "10"
+    with pytest.raises(ConfigError, match=r"Network.layers\[2\]: Expect Dense.units to be int, got str '10'"):
+        from_config(config, kind="network")
+    with pytest.raises(ConfigError, match="Expect a JSON network configuration"):
+        Network.from_json("{not json")
+
+
+def test_version_1_config_still_builds_the_same_network():
+    net = small_net(Nesterov(0.05, 0.8), l2=1e-4, seed=9)
+    old = {k: v for k, v in net.to_config().items() if k != "type"}
+    old.update(format="sparkavg.nn.Network", version=1)
+    again = Network.from_json(json.dumps(old))
+    assert again.to_json() == net.to_json() and np.array_equal(again.params, net.params)
+    with pytest.raises(ConfigError, match="version 1"):
+        Network.from_json(json.dumps({**old, "version": 2}))
 
 
 def test_clone_is_independent():

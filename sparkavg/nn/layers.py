@@ -2,8 +2,9 @@
 :class:`~sparkavg.nn.output.Output` layer lives in its own module).
 
 A layer is first a configuration (its constructor arguments, round-tripped
-through :meth:`Layer.get_config` / :func:`layer_from_config`), then, once a
-network builds it, a piece of runtime: its parameters and gradients are
+through ``layer.to_config()`` / ``from_config(config, kind="layer")`` of
+:mod:`sparkavg.configurable`; every concrete layer is registered under the
+kind ``"layer"``), then, once a network builds it, a piece of runtime: its parameters and gradients are
 views into the network's flat vectors (:meth:`Layer.bind`), and
 ``forward`` / ``backward`` reuse per-layer work buffers between steps.
 
@@ -28,6 +29,7 @@ from collections import namedtuple
 import numpy as np
 
 from ..backend import get_array_module
+from ..configurable import Configurable, register
 from . import activations, kernels
 from .initializers import check_weight_init, init_weights
 
@@ -40,8 +42,6 @@ __all__ = [
     "Activation",
     "Dropout",
     "ParamSpec",
-    "layer_from_config",
-    "register_layer",
 ]
 
 #: A parameter a layer owns: ``regularized`` marks weights (L2 / weight
@@ -69,8 +69,12 @@ def _positive_int(name, value):
     return int(value)
 
 
-class Layer:
-    """Base class.  Subclasses set :attr:`output_shape` in :meth:`build`."""
+class Layer(Configurable):
+    """Base class.  Subclasses set :attr:`output_shape` in :meth:`build`,
+    return their constructor arguments from :meth:`config_arguments` and are
+    registered with ``@register("layer")``."""
+
+    _config_kind = "layer"
 
     def __init__(self):
         self.input_shape = None
@@ -78,15 +82,12 @@ class Layer:
         self._ws = {}
 
     # ----------------------------------------------------------- config
-    def _config(self) -> dict:
+    def config_arguments(self) -> dict:
+        """The constructor arguments that rebuild this layer (unbuilt)."""
         return {}
 
-    def get_config(self) -> dict:
-        """JSON-ready dict ``{"type": class name, **constructor arguments}``."""
-        return {"type": type(self).__name__, **self._config()}
-
     def __repr__(self):
-        args = ", ".join(f"{k}={v!r}" for k, v in self._config().items())
+        args = ", ".join(f"{k}={v!r}" for k, v in self.config_arguments().items())
         return f"{type(self).__name__}({args})"
 
     # ------------------------------------------------------------ build
@@ -186,6 +187,7 @@ class _Weighted(Layer):
         self.dW, self.db = g["W"], g["b"]
 
 
+@register("layer")
 class Conv2D(_Weighted):
     """2-D convolution (cross-correlation, as every DL framework), zero padding,
     'truncate' output size floor((H + 2p - k) / s) + 1.
@@ -204,8 +206,8 @@ class Conv2D(_Weighted):
     Parameters in the flat vector: W (KH, KW, C_in, F), then b (F,).
     """
 
-    def __init__(self, filters, kernel_size, stride=1, padding=0, activation="identity",
-                 weight_init="xavier"):
+    def __init__(self, filters: int, kernel_size: int | tuple[int, int], stride: int | tuple[int, int] = 1,
+                 padding: int | tuple[int, int] = 0, activation: str = "identity", weight_init: str = "xavier"):
         super().__init__(activation, weight_init)
         if activation == "softmax":
             raise ValueError("Expect a per-element activation for Conv2D, got 'softmax'")
@@ -214,10 +216,9 @@ class Conv2D(_Weighted):
         self.stride = _pair("stride", stride, 1)
         self.padding = _pair("padding", padding, 0)
 
-    def _config(self):
-        return {"filters": self.filters, "kernel_size": list(self.kernel_size),
-                "stride": list(self.stride), "padding": list(self.padding),
-                "activation": self.activation, "weight_init": self.weight_init}
+    def config_arguments(self):
+        return {"filters": self.filters, "kernel_size": self.kernel_size, "stride": self.stride,
+                "padding": self.padding, "activation": self.activation, "weight_init": self.weight_init}
 
     def build(self, input_shape):
         if len(input_shape) != 3:
@@ -306,13 +307,13 @@ class Conv2D(_Weighted):
 
 
 class _Pool2D(Layer):
-    def __init__(self, pool_size=2, stride=None):
+    def __init__(self, pool_size: int | tuple[int, int] = 2, stride: int | tuple[int, int] | None = None):
         super().__init__()
         self.pool_size = _pair("pool_size", pool_size, 1)
         self.stride = self.pool_size if stride is None else _pair("stride", stride, 1)
 
-    def _config(self):
-        return {"pool_size": list(self.pool_size), "stride": list(self.stride)}
+    def config_arguments(self):
+        return {"pool_size": self.pool_size, "stride": self.stride}
 
     def build(self, input_shape):
         name = type(self).__name__
@@ -328,6 +329,7 @@ class _Pool2D(Layer):
         return self.output_shape
 
 
+@register("layer")
 class MaxPool2D(_Pool2D):
     """Max pooling over (KH, KW) windows with step ``stride`` (default: the
     window, i.e. non-overlapping); no padding, 'truncate' output size.  The
@@ -351,6 +353,7 @@ class MaxPool2D(_Pool2D):
         return kernels.maxpool_backward(dy, self._argmax, kh, kw, sh, sw, out=dx)
 
 
+@register("layer")
 class AvgPool2D(_Pool2D):
     """Average pooling over (KH, KW) windows; see :class:`MaxPool2D`."""
 
@@ -367,17 +370,18 @@ class AvgPool2D(_Pool2D):
         return kernels.avgpool_backward(dy, kh, kw, sh, sw, out=self._buffer("dx", self._x_shape, dy))
 
 
+@register("layer")
 class Dense(_Weighted):
     """Fully connected layer ``act(x @ W + b)``; a (C, H, W) input is flattened.
 
     Parameters in the flat vector: W (n_in, units), then b (units,).
     """
 
-    def __init__(self, units, activation="relu", weight_init="xavier"):
+    def __init__(self, units: int, activation: str = "relu", weight_init: str = "xavier"):
         super().__init__(activation, weight_init)
         self.units = _positive_int("units", units)
 
-    def _config(self):
+    def config_arguments(self):
         return {"units": self.units, "activation": self.activation, "weight_init": self.weight_init}
 
     def build(self, input_shape):
@@ -419,14 +423,15 @@ class Dense(_Weighted):
         return self._affine_backward(activations.backward(self.activation, dy, self._y), need_dx)
 
 
+@register("layer")
 class Activation(Layer):
     """A standalone activation (``softmax`` needs a (units,) input)."""
 
-    def __init__(self, name):
+    def __init__(self, name: str):
         super().__init__()
         self.name = activations.check_activation(name)
 
-    def _config(self):
+    def config_arguments(self):
         return {"name": self.name}
 
     def build(self, input_shape):
@@ -446,6 +451,7 @@ class Activation(Layer):
         return activations.backward(self.name, dy, self._y)
 
 
+@register("layer")
 class Dropout(Layer):
     """Inverted dropout: in training each value is zeroed with probability
     ``rate`` and the survivors scaled by 1/(1-rate); at inference it is the
@@ -453,7 +459,7 @@ class Dropout(Layer):
     ``dropOut(p)`` takes the RETAIN probability).  Masks come from a
     generator seeded from the network seed and the layer's position."""
 
-    def __init__(self, rate):
+    def __init__(self, rate: float):
         super().__init__()
         if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
             raise ValueError(f"Expect a dropout rate with 0 <= rate < 1, got {rate!r}")
@@ -462,7 +468,7 @@ class Dropout(Layer):
         self._rng = None
         self._rng_xp = None
 
-    def _config(self):
+    def config_arguments(self):
         return {"rate": self.rate}
 
     def reseed(self, seed: int, xp=np) -> None:
@@ -492,29 +498,3 @@ class Dropout(Layer):
             dy *= self._mask
         return dy
 
-
-_LAYERS = {}
-
-
-def register_layer(cls):
-    """Make ``cls`` known to :func:`layer_from_config` (by class name)."""
-    _LAYERS[cls.__name__] = cls
-    return cls
-
-
-for _cls in (Conv2D, MaxPool2D, AvgPool2D, Dense, Activation, Dropout):
-    register_layer(_cls)
-
-
-def layer_from_config(config: dict) -> Layer:
-    """Build a fresh layer from :meth:`Layer.get_config` output."""
-    if not isinstance(config, dict) or "type" not in config:
-        raise ValueError(f"Expect a layer config dict with a 'type', got {config!r}")
-    args = dict(config)
-    name = args.pop("type")
-    if name not in _LAYERS:
-        raise ValueError(f"Expect a layer type in {sorted(_LAYERS)}, got {name!r}")
-    try:
-        return _LAYERS[name](**args)
-    except TypeError as exc:
-        raise ValueError(f"Bad arguments for layer {name}: {exc}") from None

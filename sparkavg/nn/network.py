@@ -4,27 +4,41 @@ Every layer's weights and biases are views into :attr:`Network.params`;
 gradients likewise live in one flat vector, and the updater's state in a
 third (:attr:`Network.updater_state`).  Averaging, broadcasting, encoding
 and saving therefore act on a few flat arrays, never per layer.
+
+Configuration: a network is a :class:`~sparkavg.configurable.Configurable`
+registered under the kind ``"network"``; :meth:`Network.to_config` gives
+``{"type": "Network", "input_shape": ..., "layers": [layer configs],
+"updater": {...}, ...}`` and ``from_config(config, kind="network")``
+rebuilds a freshly initialised network (same seed, same initial
+parameters).  :meth:`Network.to_json` / :meth:`Network.from_json` are the
+same as JSON text; the latter also reads the version-1 layout written
+before configs carried a ``"type"`` (:func:`upgrade_config`).
 """
 from __future__ import annotations
 
 import json
 import logging
 import math
+import numbers
 from collections import namedtuple
+from collections.abc import Sequence
 
 import numpy as np
 
 from .. import backend
-from .layers import Dropout, Layer, layer_from_config
+from ..configurable import ConfigError, Configurable, from_config, register
+from .layers import Dropout, Layer
 from .output import Output
-from .updaters import Adam, Updater, updater_from_config
+from .updaters import Adam, Updater
 
-__all__ = ["Network", "CONFIG_FORMAT", "CONFIG_VERSION"]
+__all__ = ["Network", "upgrade_config"]
 
 logger = logging.getLogger(__name__)
 
-CONFIG_FORMAT = "sparkavg.nn.Network"
-CONFIG_VERSION = 1
+#: The layout before configs carried a "type": {"format": ..., "version": 1, ...}.
+_V1_FORMAT = "sparkavg.nn.Network"
+_V1_KEYS = frozenset({"format", "version", "input_shape", "layers", "updater", "l2", "l2_bias",
+                      "weight_decay", "seed", "dtype"})
 
 #: Where one parameter of one layer sits in the flat vector.
 Segment = namedtuple("Segment", "layer name start stop shape regularized")
@@ -33,13 +47,50 @@ _DTYPES = ("float32", "float64")
 
 
 def _nonneg(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value >= 0) \
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (value >= 0) \
             or not math.isfinite(value):
         raise ValueError(f"Expect {name} >= 0, got {value!r}")
     return float(value)
 
 
-class Network:
+def upgrade_config(config):
+    """A network config in the current layout (``{"type": "Network", ...}``).
+
+    Version-1 configs (``{"format": "sparkavg.nn.Network", "version": 1,
+    ...}``, written before configs carried a ``"type"``) are translated; any
+    other value is returned unchanged for :func:`~sparkavg.configurable.from_config`
+    to judge.
+
+    Raises
+    ------
+    ConfigError
+        A version-1 config with another format, version or unknown keys.
+    """
+    if not isinstance(config, dict) or "type" in config or "format" not in config:
+        return config
+    if config.get("format") != _V1_FORMAT or config.get("version") != 1:
+        raise ConfigError(f"Expect a network config of format {_V1_FORMAT!r} version 1 (or with a 'type'), "
+                          f"got format {config.get('format')!r:.100} version {config.get('version')!r:.100}")
+    unknown = sorted(set(config) - _V1_KEYS)
+    if unknown:
+        raise ConfigError(f"Expect version-1 network config keys among {sorted(_V1_KEYS)}, got unknown {unknown}")
+    upgraded = {k: v for k, v in config.items() if k not in ("format", "version")}
+    return {"type": "Network", **upgraded}
+
+
+def _layout(layers) -> tuple:
+    """Segments and total size of the flat parameter vector of built ``layers``."""
+    segments, offset = [], 0
+    for i, layer in enumerate(layers):
+        for spec in layer.param_specs():
+            size = math.prod(spec.shape)
+            segments.append(Segment(i, spec.name, offset, offset + size, spec.shape, spec.regularized))
+            offset += size
+    return segments, offset
+
+
+@register("network")
+class Network(Configurable):
     """A feed-forward network trained one minibatch at a time.
 
     Parameters
@@ -79,24 +130,11 @@ class Network:
         Chunk size of :meth:`output` and :meth:`score` (bounds memory).
     """
 
-    def __init__(self, input_shape, layers, updater: Updater | None = None, l2=0.0, l2_bias=0.0,
-                 weight_decay=0.0, seed=123, dtype="float32"):
-        try:
-            input_shape = tuple(int(d) for d in input_shape)
-        except TypeError:
-            raise ValueError(f"Expect input_shape as a tuple of ints, got {input_shape!r}") from None
-        if len(input_shape) not in (1, 3) or min(input_shape) < 1:
-            raise ValueError(f"Expect input_shape (C, H, W) or (features,) of positive ints, got {input_shape}")
-        layers = list(layers)
-        if not layers or not isinstance(layers[-1], Output):
-            raise ValueError(f"Expect the last layer to be an Output layer, got "
-                             f"{type(layers[-1]).__name__ if layers else 'no layers'}")
-        for layer in layers[:-1]:
-            if not isinstance(layer, Layer) or isinstance(layer, Output):
-                raise ValueError(f"Expect hidden layers that are Layer instances other than Output, got {layer!r}")
-        updater = Adam() if updater is None else updater
-        if not isinstance(updater, Updater):
-            raise ValueError(f"Expect an Updater instance, got {updater!r}")
+    def __init__(self, input_shape: Sequence[int], layers: Sequence[Layer], updater: Updater | None = None,
+                 l2: float = 0.0, l2_bias: float = 0.0, weight_decay: float = 0.0, seed: int = 123,
+                 dtype: str = "float32"):
+        input_shape, self.layers, updater, self._segments, self._num_params = \
+            self._structure(input_shape, layers, updater)
         if str(dtype) not in _DTYPES:
             raise ValueError(f"Expect dtype in {_DTYPES}, got {dtype!r}")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
@@ -108,26 +146,11 @@ class Network:
         self.weight_decay = _nonneg("weight_decay", weight_decay)
         self.seed = int(seed)
         self.dtype = np.dtype(str(dtype))
-        self.layers = [layer_from_config(layer.get_config()) for layer in layers]
         self.iteration = 0
         self.epoch = 0
         self.inference_batch_size = 256
         self._xp = np
-
-        shape = input_shape
-        for i, layer in enumerate(self.layers):
-            try:
-                shape = layer.build(shape)
-            except ValueError as exc:
-                raise ValueError(f"Layer {i} ({type(layer).__name__}): {exc}") from None
-        self._segments = []
-        offset = 0
-        for i, layer in enumerate(self.layers):
-            for spec in layer.param_specs():
-                size = math.prod(spec.shape)
-                self._segments.append(Segment(i, spec.name, offset, offset + size, spec.shape, spec.regularized))
-                offset += size
-        self._num_params = offset
+        offset = self._num_params
         self._params = np.empty(offset, dtype=self.dtype)
         self._grads = np.zeros(offset, dtype=self.dtype)
         self._update = np.zeros(offset, dtype=self.dtype)
@@ -139,6 +162,50 @@ class Network:
         self._bind()
 
     # ------------------------------------------------------------ plumbing
+    @staticmethod
+    def _structure(input_shape, layers, updater):
+        """Validate the structure, build fresh copies of ``layers`` and lay
+        out the flat vector -- everything but allocation."""
+        shape = tuple(input_shape.tolist() if isinstance(input_shape, np.ndarray) else input_shape) \
+            if isinstance(input_shape, (tuple, list, np.ndarray)) else None
+        if shape is None or len(shape) not in (1, 3) or not all(
+                isinstance(d, numbers.Integral) and not isinstance(d, bool) and d >= 1 for d in shape):
+            raise ValueError(f"Expect input_shape (C, H, W) or (features,) of positive ints, got {input_shape!r}")
+        input_shape = tuple(int(d) for d in shape)
+        layers = list(layers)
+        if not layers or not isinstance(layers[-1], Output):
+            raise ValueError(f"Expect the last layer to be an Output layer, got "
+                             f"{type(layers[-1]).__name__ if layers else 'no layers'}")
+        for layer in layers[:-1]:
+            if not isinstance(layer, Layer) or isinstance(layer, Output):
+                raise ValueError(f"Expect hidden layers that are Layer instances other than Output, got {layer!r}")
+        updater = Adam() if updater is None else updater
+        if not isinstance(updater, Updater):
+            raise ValueError(f"Expect an Updater instance, got {updater!r}")
+        # Fresh, unbuilt copies: the objects passed in stay untouched.
+        layers = [from_config(layer.to_config(), kind="layer", expect=Layer) for layer in layers]
+        for i, layer in enumerate(layers):
+            try:
+                shape = layer.build(shape)
+            except ValueError as exc:
+                raise ValueError(f"Layer {i} ({type(layer).__name__}): {exc}") from None
+        segments, num_params = _layout(layers)
+        return input_shape, layers, updater, segments, num_params
+
+    @classmethod
+    def sizes(cls, input_shape, layers, updater: Updater | None = None) -> tuple:
+        """``(num_params, updater_state_size)`` of the network these arguments
+        would build, computed without allocating any array (model files are
+        checked against it before anything is read).
+
+        Raises
+        ------
+        ValueError
+            As the constructor, for the same arguments.
+        """
+        _, _, updater, _, num_params = cls._structure(input_shape, layers, updater)
+        return num_params, int(updater.state_size(num_params))
+
     def _bind(self):
         """Hand every layer its views into the flat vectors (after any move)."""
         blocks = {}
@@ -189,6 +256,14 @@ class Network:
             x = x.reshape(n, flat)
         return self._xp.ascontiguousarray(x)
 
+    @staticmethod
+    def _check_pair(x, y):
+        """x and y must hold the same number of examples (axis 0)."""
+        xs = tuple(getattr(x, "shape", None) or np.shape(x))
+        ys = tuple(getattr(y, "shape", None) or np.shape(y))
+        if not xs or not ys or xs[0] != ys[0]:
+            raise ValueError(f"Expect x and y with the same number of examples, got x {xs} and y {ys}")
+
     def _forward(self, x, training):
         for layer in self.layers:
             x = layer.forward(x, training)
@@ -207,6 +282,7 @@ class Network:
     def _loss_and_grad(self, x, y):
         """Forward + backward in training mode; fills the flat gradient
         (L2 included) and returns the loss (L2 penalty included)."""
+        self._check_pair(x, y)
         xi = self._prepare_input(x)
         n = xi.shape[0]
         if n == 0:
@@ -274,6 +350,7 @@ class Network:
     def fit(self, x, y, batch_size=64, epochs=1, shuffle=True) -> list:
         """Minibatch training on in-memory arrays (a convenience for local
         runs); advances :attr:`epoch`.  Returns the mean loss of each epoch."""
+        self._check_pair(x, y)
         n = len(x)
         if n == 0:
             raise ValueError("Expect a non-empty dataset, got 0 examples")
@@ -311,6 +388,7 @@ class Network:
 
     def score(self, x, y) -> float:
         """Mean loss over all of ``x`` (inference mode, chunked) + L2 penalty."""
+        self._check_pair(x, y)
         xi = self._prepare_input(x)
         n = xi.shape[0]
         if n == 0:
@@ -391,15 +469,13 @@ class Network:
         return self._move(backend.to_cpu, np)
 
     # ---------------------------------------------------------- config
-    @property
-    def config(self) -> dict:
-        """The JSON-ready configuration (a fresh dict)."""
+    def config_arguments(self) -> dict:
+        """The constructor arguments that rebuild this network (freshly
+        initialised: parameters, state and counters are not part of it)."""
         return {
-            "format": CONFIG_FORMAT,
-            "version": CONFIG_VERSION,
-            "input_shape": list(self.input_shape),
-            "layers": [layer.get_config() for layer in self.layers],
-            "updater": self.updater.to_config(),
+            "input_shape": self.input_shape,
+            "layers": self.layers,
+            "updater": self.updater,
             "l2": self.l2,
             "l2_bias": self.l2_bias,
             "weight_decay": self.weight_decay,
@@ -408,52 +484,30 @@ class Network:
         }
 
     def to_json(self) -> str:
-        """The configuration as JSON (sorted keys; no parameters)."""
-        return json.dumps(self.config, sort_keys=True)
-
-    @classmethod
-    def from_config(cls, config: dict) -> "Network":
-        """A freshly initialised network from :attr:`config` (same seed, so
-        the same initial parameters)."""
-        if not isinstance(config, dict):
-            raise ValueError(f"Expect a network config dict, got {type(config).__name__}")
-        if config.get("format") != CONFIG_FORMAT:
-            raise ValueError(f"Expect config format {CONFIG_FORMAT!r}, got {config.get('format')!r}")
-        if config.get("version") != CONFIG_VERSION:
-            raise ValueError(f"Expect config version {CONFIG_VERSION}, got {config.get('version')!r}")
-        known = {"format", "version", "input_shape", "layers", "updater", "l2", "l2_bias",
-                 "weight_decay", "seed", "dtype"}
-        missing = {"input_shape", "layers", "updater"} - set(config)
-        unknown = set(config) - known
-        if missing or unknown:
-            raise ValueError(f"Expect config keys {sorted(known)}, got missing {sorted(missing)}, "
-                             f"unknown {sorted(unknown)}")
-        if not isinstance(config["layers"], list):
-            raise ValueError(f"Expect 'layers' as a list, got {type(config['layers']).__name__}")
-        return cls(
-            config["input_shape"],
-            [layer_from_config(c) for c in config["layers"]],
-            updater=updater_from_config(config["updater"]),
-            l2=config.get("l2", 0.0),
-            l2_bias=config.get("l2_bias", 0.0),
-            weight_decay=config.get("weight_decay", 0.0),
-            seed=config.get("seed", 123),
-            dtype=config.get("dtype", "float32"),
-        )
+        """:meth:`to_config` as JSON text (sorted keys; no parameters)."""
+        return json.dumps(self.to_config(), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "Network":
-        """Inverse of :meth:`to_json`."""
+        """Inverse of :meth:`to_json`: a freshly initialised network (same
+        seed, so the same initial parameters).
+
+        Raises
+        ------
+        ConfigError
+            Text that is not JSON, or a configuration that does not describe
+            a valid network (the message names the type and field).
+        """
         try:
             config = json.loads(text)
-        except (TypeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"Expect a JSON network configuration: {exc}") from None
-        return cls.from_config(config)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise ConfigError(f"Expect a JSON network configuration, got text that does not parse: {exc}") from None
+        return from_config(upgrade_config(config), kind="network", expect=cls)
 
     def clone(self) -> "Network":
         """An independent copy: config, parameters, updater state, counters,
         on the same device."""
-        other = Network.from_config(self.config)
+        other = from_config(self.to_config(), kind="network", expect=Network)
         if self._xp is not np:
             other.to_gpu()
         other._params[...] = self._params

@@ -4,15 +4,16 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import get_array_module
+from ..configurable import register
 from . import activations
-from .layers import Dense, register_layer
+from .layers import Dense
 
 __all__ = ["Output", "LOSSES"]
 
 LOSSES = ("nll", "mse")
 
 
-@register_layer
+@register("layer")
 class Output(Dense):
     """The last layer: dense + activation + loss.
 
@@ -26,7 +27,7 @@ class Output(Dense):
     (N, units); for mse, targets (N, units), or (N,) when units == 1.
     """
 
-    def __init__(self, units, activation=None, loss="nll", weight_init="xavier"):
+    def __init__(self, units: int, activation: str | None = None, loss: str = "nll", weight_init: str = "xavier"):
         if loss not in LOSSES:
             raise ValueError(f"Expect loss in {LOSSES}, got {loss!r}")
         if activation is None:
@@ -36,7 +37,7 @@ class Output(Dense):
         super().__init__(units, activation, weight_init)
         self.loss_name = loss
 
-    def _config(self):
+    def config_arguments(self):
         return {"units": self.units, "activation": self.activation, "loss": self.loss_name,
                 "weight_init": self.weight_init}
 

@@ -121,7 +121,8 @@ def _expect(path, name, array, dtype, shape):
 
 def load_network(path):
     """Read, verify and rebuild a network written by :func:`save_network`."""
-    from .network import Network
+    from ..configurable import from_config
+    from .network import Network, upgrade_config
 
     path = os.fspath(path)
     m = _read_members(path)
@@ -137,7 +138,8 @@ def load_network(path):
         raise ModelFileError(f"{path}: SHA-256 mismatch: the file was modified or corrupted "
                              f"after it was saved")
     try:
-        network = Network.from_config(json.loads(config_bytes.decode("utf-8")))
+        config = upgrade_config(json.loads(config_bytes.decode("utf-8")))
+        network = from_config(config, kind="network", expect=Network)
     except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
         raise ModelFileError(f"{path}: invalid network configuration ({exc})") from None
     _expect(path, "params", m["params"], network.dtype, (network.num_params,))

@@ -21,33 +21,44 @@ updater        state            formula (see sparkavg/ops/reference.py)
 ``Nadam``      [m | v] (2n)     Dozat's Nesterov Adam (numpy/CuPy, no kernel)
 =============  ===============  ==============================================
 
-Defaults are DL4J's.
+Defaults are DL4J's.  Every updater is a :class:`~sparkavg.configurable.Configurable`
+registered under the kind ``"updater"``: ``u.to_config()`` gives
+``{"type": "Adam", "lr": 0.001, ...}`` and
+``from_config(config, kind="updater")`` rebuilds it, naming any badly typed
+field.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
+import numbers
 from dataclasses import dataclass
 
 from .. import ops
 from ..backend import get_array_module
+from ..configurable import Configurable, register
 
-__all__ = ["Updater", "SGD", "Nesterov", "Adagrad", "RMSProp", "Adam", "Nadam", "updater_from_config"]
+__all__ = ["Updater", "SGD", "Nesterov", "Adagrad", "RMSProp", "Adam", "Nadam"]
+
+
+def _real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _positive(name, value):
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+    if not (_real(value) and math.isfinite(value) and value > 0):
         raise ValueError(f"Expect {name} > 0, got {value!r}")
 
 
 def _unit(name, value):
-    if not (isinstance(value, (int, float)) and 0 <= value < 1):
+    if not (_real(value) and 0 <= value < 1):
         raise ValueError(f"Expect 0 <= {name} < 1, got {value!r}")
 
 
 @dataclass(frozen=True)
-class Updater:
-    """Base class: the learning rate and the config round trip."""
+class Updater(Configurable):
+    """Base class: the learning rate; ``to_config()`` comes with the mixin."""
+
+    _config_kind = "updater"
 
     lr: float = 0.1
     """Learning rate."""
@@ -63,11 +74,8 @@ class Updater:
         """Add this step's update to ``update`` in place, advancing ``state``."""
         raise NotImplementedError
 
-    def to_config(self) -> dict:
-        """JSON-ready dict: ``{"type": class name, **fields}``."""
-        return {"type": type(self).__name__, **dataclasses.asdict(self)}
 
-
+@register("updater")
 @dataclass(frozen=True)
 class SGD(Updater):
     """Plain stochastic gradient descent: ``u = -lr * g``."""
@@ -79,6 +87,7 @@ class SGD(Updater):
         ops.sgd_step(update, grads, self.lr)
 
 
+@register("updater")
 @dataclass(frozen=True)
 class Nesterov(Updater):
     """Nesterov momentum (DL4J's formulation); state = velocity (n)."""
@@ -99,6 +108,7 @@ class Nesterov(Updater):
         ops.nesterov_step(update, grads, state, self.lr, self.momentum)
 
 
+@register("updater")
 @dataclass(frozen=True)
 class Adagrad(Updater):
     """Adagrad; state = sum of squared gradients (n)."""
@@ -119,6 +129,7 @@ class Adagrad(Updater):
         ops.adagrad_step(update, grads, state, self.lr, self.eps)
 
 
+@register("updater")
 @dataclass(frozen=True)
 class RMSProp(Updater):
     """RMSProp; state = running mean of squared gradients (n)."""
@@ -142,6 +153,7 @@ class RMSProp(Updater):
         ops.rmsprop_step(update, grads, state, self.lr, self.decay, self.eps)
 
 
+@register("updater")
 @dataclass(frozen=True)
 class Adam(Updater):
     """Adam; state = [m | v] (2n), bias-corrected with t = iteration + 1."""
@@ -170,6 +182,7 @@ class Adam(Updater):
                       self.eps, t=iteration + 1)
 
 
+@register("updater")
 @dataclass(frozen=True)
 class Nadam(Adam):
     """Nesterov-accelerated Adam (Dozat 2016, the simplified form Keras and
@@ -197,21 +210,3 @@ class Nadam(Adam):
         denom += ty(self.eps)
         update -= ty(self.lr) * numer / denom
 
-
-_UPDATERS = {cls.__name__: cls for cls in (SGD, Nesterov, Adagrad, RMSProp, Adam, Nadam)}
-
-
-def updater_from_config(config: dict) -> Updater:
-    """Rebuild an updater from :meth:`Updater.to_config` output."""
-    if not isinstance(config, dict) or "type" not in config:
-        raise ValueError(f"Expect an updater config dict with a 'type', got {config!r}")
-    fields = dict(config)
-    name = fields.pop("type")
-    if name not in _UPDATERS:
-        raise ValueError(f"Expect an updater type in {sorted(_UPDATERS)}, got {name!r}")
-    cls = _UPDATERS[name]
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(fields) - known
-    if unknown:
-        raise ValueError(f"Expect {name} fields among {sorted(known)}, got unknown {sorted(unknown)}")
-    return cls(**fields)

@@ -74,7 +74,7 @@ def main(argv=None):
     from mnist_lenet import as_minibatch_rdd, spark_session
 
     from sparkavg.data.mnist import default_data_dir, load_mnist
-    from sparkavg.spark import AdaptiveThreshold, FixedThreshold, GradientSharing, ParameterAveraging
+    from sparkavg.spark import AdaptiveThreshold, EndpointConfig, FixedThreshold, GradientSharing, ParameterAveraging
 
     data_dir = args.data_dir or default_data_dir()
     x, y = load_mnist(data_dir, "train", limit=args.limit_train)
@@ -93,7 +93,7 @@ def main(argv=None):
         result["sharing"] = run(spark, GradientSharing(**sharing), rdd, test, args.epochs, args.seed)
         if not args.skip_loss_run:
             result["sharing_lossy"] = run(spark, GradientSharing(**sharing, simulate_loss=args.loss,
-                                                                 retransmit_timeout=0.05),
+                                                                 transport=EndpointConfig(retransmit_timeout=0.05)),
                                           rdd, test, args.epochs, args.seed)
             result["sharing_lossy"]["simulated_loss"] = args.loss
     finally:

@@ -110,7 +110,7 @@ def gc_costs(sc):
     def probe(_):
         import gc
 
-        import sparkavg.spark.worker  # noqa: F401  (what a sparkavg task has imported)
+        import sparkavg.spark.executor.averaging  # noqa: F401  (what a sparkavg task has imported)
 
         out = {"objects": len(gc.get_objects())}
         for label in ("before_freeze_ms", "after_freeze_ms"):

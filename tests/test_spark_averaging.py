@@ -6,9 +6,9 @@ import os
 import numpy as np
 import pytest
 
-from sparkavg.data.spark_data import DataValidationError
+from sparkavg.data.validation import DataValidationError
 from sparkavg.evaluation import Evaluation
-from sparkavg.spark import ParameterAveraging, SparkTrainer
+from sparkavg.spark import DataOptions, ParameterAveraging, SparkTrainer
 
 from .nets import blobs, small_net
 
@@ -24,7 +24,8 @@ def test_one_round_is_the_weighted_mean_of_worker_replicas(sc):
     rdd = sc.parallelize(_pairs(x, y), 2)  # partition 0: examples 0-7, partition 1: 8-15
     net = small_net(seed=3)
     start = net.clone()
-    master = ParameterAveraging(batch_size_per_worker=4, averaging_frequency=2, workers=2, repartition="never")
+    master = ParameterAveraging(batch_size_per_worker=4, averaging_frequency=2, workers=2,
+                                data=DataOptions(repartition="never"))
     SparkTrainer(sc, net, master).fit(rdd, epochs=1)
     # Minibatches 0..3 = examples [0:4], [4:8], [8:12], [12:16]; dealt [[0, 2], [1, 3]].
     replicas = []
@@ -65,22 +66,33 @@ def test_uniform_and_example_weighting_differ_on_uneven_shards(sc):
         net = small_net(seed=6)
         # 3 minibatches of 4 over 2 workers: shards of 2 and 1 minibatches
         master = ParameterAveraging(batch_size_per_worker=4, averaging_frequency=2, workers=2,
-                                    weighting=weighting, repartition="never")
+                                    weighting=weighting, data=DataOptions(repartition="never"))
         SparkTrainer(sc, net, master).fit(rdd)
         results[weighting] = net.params.copy()
     assert not np.allclose(results["examples"], results["uniform"])
 
 
-def test_direct_and_export_give_the_same_model(sc):
+def test_spark_blocks_and_shared_files_give_the_same_model(sc, tmp_path):
     x, y = blobs(64, seed=7)
     rdd = sc.parallelize(_pairs(x, y), 3)
     params = {}
-    for approach in ("export", "direct"):
+    placements = {"spark": DataOptions(placement="spark"),
+                  "files": DataOptions(shared_dir=str(tmp_path / "shared")),
+                  "url": DataOptions(shared_dir=(tmp_path / "url").as_uri())}
+    for name, options in placements.items():
         net = small_net(seed=8)
-        master = ParameterAveraging(batch_size_per_worker=5, averaging_frequency=2, workers=2, data_approach=approach)
-        SparkTrainer(sc, net, master).fit(rdd, epochs=2)
-        params[approach] = net.params.copy()
-    np.testing.assert_allclose(params["export"], params["direct"], rtol=1e-6, atol=1e-7)
+        with SparkTrainer(sc, net, ParameterAveraging(batch_size_per_worker=5, averaging_frequency=2, workers=2,
+                                                      data=options)) as trainer:
+            trainer.fit(rdd, epochs=2)
+            if name != "spark":
+                prepared = trainer._prepared
+                assert prepared.in_files and prepared.examples == 64
+                assert all(os.path.exists(p.replace("file://", "")) for p in prepared.paths)
+        params[name] = net.params.copy()
+    np.testing.assert_allclose(params["files"], params["spark"], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(params["url"], params["spark"], rtol=1e-6, atol=1e-7)
+    # close() removed what the fit wrote under the shared locations, and nothing else
+    assert (tmp_path / "shared").is_dir() and not any((tmp_path / "shared").iterdir())
 
 
 def test_dataframe_input_and_bad_labels(spark):
@@ -138,10 +150,12 @@ def test_checkpoint_resume_continues_exactly(sc, tmp_path):
     assert trainer.network.iteration == straight.iteration
 
 
-def test_killed_worker_is_retried_and_fit_is_correct(sc, tmp_path):
+@pytest.mark.parametrize("placement", ["auto", "spark"])
+def test_killed_worker_is_retried_and_fit_is_correct(sc, tmp_path, placement):
     x, y = blobs(40, seed=15)
     rdd = sc.parallelize(_pairs(x, y), 2)
-    master = ParameterAveraging(batch_size_per_worker=5, averaging_frequency=2, workers=2)
+    master = ParameterAveraging(batch_size_per_worker=5, averaging_frequency=2, workers=2,
+                                data=DataOptions(placement=placement))
     clean = small_net(seed=16)
     SparkTrainer(sc, clean, master).fit(rdd)
     marker = tmp_path / "kill-me"
@@ -178,7 +192,7 @@ def test_worker_process_freezes_its_long_lived_heap(sc):
     def probe(_):
         import gc
 
-        from sparkavg.spark.worker import cached_network
+        from sparkavg.spark.executor.context import cached_network
 
         cached_network(config)
         frozen = gc.get_freeze_count()

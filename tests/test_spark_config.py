@@ -2,12 +2,13 @@
 import numpy as np
 import pytest
 
-from sparkavg.data.spark_data import DataSpec, DataValidationError, rebatch_partition
-from sparkavg.spark.config import (AdaptiveThreshold, DataApproach, FixedThreshold, GradientSharing,
-                                   ParameterAveraging, ResidualClipping, TargetSparsityThreshold, Topology,
-                                   Weighting, master_from_dict)
-from sparkavg.spark.dataprep import deal
-from sparkavg.spark.threshold import ThresholdState
+from sparkavg.configurable import ConfigError
+
+from sparkavg.data.validation import DataSpec, DataValidationError, rebatch_partition
+from sparkavg.spark.data import deal
+from sparkavg.spark.masters import (AdaptiveThreshold, DataOptions, EndpointConfig, FixedThreshold,
+                                    GradientSharing, ParameterAveraging, Placement, ResidualClipping,
+                                    TargetSparsityThreshold, Topology, Weighting, master_from_config)
 
 
 def test_parameter_averaging_defaults_fix_dl4j_flaws():
@@ -15,7 +16,7 @@ def test_parameter_averaging_defaults_fix_dl4j_flaws():
     assert m.save_updater is True  # DL4J documents True but ships False
     assert m.weighting is Weighting.EXAMPLES
     assert (m.batch_size_per_worker, m.averaging_frequency, m.aggregation_depth) == (16, 5, 2)
-    assert m.data_approach is DataApproach.EXPORT
+    assert m.data == DataOptions() and m.data.placement is Placement.AUTO and m.data.shared_dir is None
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -23,8 +24,9 @@ def test_parameter_averaging_defaults_fix_dl4j_flaws():
     ({"batch_size_per_worker": -3}, "Expect batch_size_per_worker >= 1"),
     ({"workers": 0}, "Expect workers >= 1"),
     ({"weighting": "median"}, "Expect weighting in"),
-    ({"data_approach": "ftp"}, "Expect data_approach in"),
-    ({"storage_level": "IN_THE_CLOUD"}, "Expect storage_level"),
+    ({"data": "ftp"}, "Expect data to be DataOptions"),
+    ({"seed": -1}, r"Expect seed in \[0, 2147483647\]"),
+    ({"device": "tpu"}, "Expect device in"),
 ])
 def test_parameter_averaging_validation(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -35,10 +37,10 @@ def test_gradient_sharing_validation_and_float_threshold():
     g = GradientSharing(threshold=1e-3)
     assert g.threshold == FixedThreshold(1e-3)
     assert g.residual_post_processor == ResidualClipping(5, 5.0)
-    with pytest.raises(ValueError, match="Expect threshold > 0"):
+    with pytest.raises(ValueError, match="threshold"):
         GradientSharing(threshold=-1.0)
     with pytest.raises(ValueError, match="Expect max_datagram_bytes in"):
-        GradientSharing(max_datagram_bytes=70000)
+        GradientSharing(transport=EndpointConfig(max_datagram_bytes=70000))
     with pytest.raises(ValueError, match="Expect network_mask in CIDR"):
         GradientSharing(network_mask="not-a-mask")
     with pytest.raises(ValueError, match="Expect topology in"):
@@ -50,8 +52,10 @@ def test_gradient_sharing_validation_and_float_threshold():
     GradientSharing(threshold=AdaptiveThreshold(), topology=Topology.MESH),
     GradientSharing(threshold=TargetSparsityThreshold(target=1e-2), residual_post_processor=None),
 ])
-def test_master_dict_round_trip(master):
-    assert master_from_dict(master.to_dict()) == master
+def test_master_config_round_trip(master):
+    import json
+
+    assert master_from_config(json.loads(json.dumps(master.to_config()))) == master
 
 
 @pytest.mark.parametrize("batches, workers, per_round", [(0, 2, 5), (1, 2, 5), (23, 2, 5), (40, 4, 5), (7, 3, 1)])
@@ -68,29 +72,6 @@ def test_deal_trains_every_minibatch_exactly_once(batches, workers, per_round):
 
 def test_deal_without_seed_keeps_order():
     assert deal(6, 2, 2, seed=None) == [[[0, 2], [1, 3]], [[4], [5]]]
-
-
-def test_adaptive_threshold_moves_towards_band():
-    alg = AdaptiveThreshold(initial=1e-3)
-    st = ThresholdState(alg, None)
-    residual = np.zeros(10, np.float32)
-    st.after_step(0, 1000, residual)  # nothing sent: too sparse -> lower tau
-    assert st.tau == pytest.approx(1e-3 * alg.decay)
-    st.after_step(500, 1000, residual)  # far too dense -> raise tau
-    assert st.tau == pytest.approx(1e-3)
-    st.after_step(5, 1000, residual)  # inside [1e-4, 1e-2] -> keep
-    assert st.tau == pytest.approx(1e-3)
-    again = ThresholdState.from_plain(alg, None, st.to_plain())
-    assert again.to_plain() == st.to_plain()
-
-
-def test_residual_clipping_schedule():
-    st = ThresholdState(FixedThreshold(0.1), ResidualClipping(frequency=2, k=5.0))
-    r = np.array([3.0, -3.0, 0.2], np.float32)
-    st.after_step(0, 3, r)
-    assert r[0] == 3.0  # not yet due
-    st.after_step(0, 3, r)
-    np.testing.assert_allclose(r, [0.5, -0.5, 0.2], rtol=1e-6)
 
 
 SPEC = DataSpec((1, 2, 2), 3)
@@ -120,3 +101,51 @@ def test_rebatch_keeps_every_example_and_mixes_formats():
 def test_rebatch_rejects_bad_rows_naming_them(row, message):
     with pytest.raises(DataValidationError, match=message):
         _run([(np.ones(4), 0), row])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"storage_level": "IN_THE_CLOUD"}, "Expect storage_level"),
+    ({"placement": "ftp"}, "Expect placement in"),
+    ({"placement": "files"}, "Expect shared_dir"),
+    ({"shared_dir": 123}, "Expect shared_dir to be a path or URL"),
+    ({"prefetch": -1}, "Expect prefetch >= 0"),
+])
+def test_data_options_validation(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        DataOptions(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    # settings the executors' transport and encoder reject are rejected here, by the same rules
+    ({"threshold": 1e-50}, "threshold"),
+    ({"threshold": 1e39}, "threshold"),
+    ({"threshold": float("nan")}, "threshold"),
+    ({"port": 65535, "workers": 2}, r"Expect port \+ workers - 1 <= 65535"),
+    ({"simulate_loss": 1.0}, r"Expect loss in \[0, 1\)"),
+    ({"simulate_loss": "0.1"}, "Expect simulate_loss to be a float"),
+])
+def test_gradient_sharing_rejects_what_executors_would(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        GradientSharing(**kwargs)
+
+
+def test_transport_and_clipping_settings_fail_at_construction():
+    with pytest.raises(ValueError, match=r"Expect retransmit_timeout in \(0, 60\]"):
+        GradientSharing(transport=EndpointConfig(retransmit_timeout=0.0))
+    with pytest.raises(ValueError, match="k"):
+        ResidualClipping(k=float("inf"))
+    # the base port must leave room for every worker, also when workers come from Spark at fit time
+    GradientSharing(port=65535).validate_for(1)
+    with pytest.raises(ValueError, match="port"):
+        GradientSharing(port=65535).validate_for(3)
+
+
+def test_config_with_numbers_as_strings_names_the_field():
+    config = ParameterAveraging().to_config()
+    config["averaging_frequency"] = "5"
+    with pytest.raises(ConfigError, match=r"ParameterAveraging.averaging_frequency to be int, got str '5'"):
+        master_from_config(config)
+    nested = GradientSharing().to_config()
+    nested["transport"]["retransmit_timeout"] = "0.5"
+    with pytest.raises(ConfigError, match="retransmit_timeout to be float, got str"):
+        master_from_config(nested)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from sparkavg.spark import GradientSharing, ParameterAveraging, SparkTrainer
-from sparkavg.spark.config import AdaptiveThreshold, Topology
+from sparkavg.spark.masters import AdaptiveThreshold, EndpointConfig, Topology
 
 from .nets import blobs, small_net
 
@@ -38,7 +38,8 @@ def test_sharing_under_simulated_loss_still_agrees(sc):
     rdd, x, y = _rdd(sc, 200, seed=23)
     net = small_net(seed=24)
     master = GradientSharing(threshold=AdaptiveThreshold(initial=1e-3), batch_size_per_worker=5, workers=2,
-                             simulate_loss=0.2, retransmit_timeout=0.05, topology=Topology.MESH)
+                             simulate_loss=0.2, transport=EndpointConfig(retransmit_timeout=0.05),
+                             topology=Topology.MESH)
     trainer = SparkTrainer(sc, net, master)
     trainer.fit(rdd, epochs=2)
     assert max(h["replica_max_abs_diff"] for h in trainer.history) < 1e-5
@@ -62,7 +63,7 @@ def test_killed_sharing_worker_restarts_the_barrier_stage(sc, tmp_path):
     sc.setLocalProperty("sparkavg.test.kill_marker", str(marker))
     try:
         trainer = SparkTrainer(sc, small_net(seed=28), GradientSharing(workers=2, batch_size_per_worker=10,
-                                                                      stall_timeout=20.0))
+                                                                      transport=EndpointConfig(stall_timeout=20.0)))
         trainer.fit(rdd, epochs=1)
     finally:
         sc.setLocalProperty("sparkavg.test.kill_marker", None)
@@ -82,7 +83,8 @@ def test_stuck_worker_ends_the_stage_with_an_error_naming_it(sc):
     started = time.monotonic()
     try:
         trainer = SparkTrainer(sc, small_net(seed=30), GradientSharing(workers=2, batch_size_per_worker=10,
-                                                                      stall_timeout=3.0, max_stage_attempts=1))
+                                                                      transport=EndpointConfig(stall_timeout=3.0),
+                                                                      max_stage_attempts=1))
         with pytest.raises(PeerStalledError, match=r"\b1\b"):
             trainer.fit(rdd, epochs=1)
     finally:

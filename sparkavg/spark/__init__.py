@@ -5,26 +5,46 @@
 
 Start the session with :func:`recommended_conf` (round results small
 enough to travel with the task status; a quiet JIT in local mode).
-"""
-from .config import (AdaptiveThreshold, DataApproach, FixedThreshold, GradientSharing, ParameterAveraging,
-                     Repartition, ResidualClipping, TargetSparsityThreshold, Topology, Weighting)
-from .session import check_session, recommended_conf
-from .stats import TrainingStats
-from .trainer import SparkTrainer
 
-__all__ = [
-    "SparkTrainer",
-    "ParameterAveraging",
-    "GradientSharing",
-    "FixedThreshold",
-    "AdaptiveThreshold",
-    "TargetSparsityThreshold",
-    "ResidualClipping",
-    "Weighting",
-    "DataApproach",
-    "Repartition",
-    "Topology",
-    "TrainingStats",
-    "recommended_conf",
-    "check_session",
-]
+Names are imported on first use, so ``import sparkavg.spark.stats`` (an
+executor's recorder) does not load the trainer.
+"""
+import importlib
+
+_EXPORTS = {
+    "SparkTrainer": ".trainer",
+    "ParameterAveraging": ".masters",
+    "GradientSharing": ".masters",
+    "DataOptions": ".masters",
+    "Device": ".masters",
+    "Placement": ".masters",
+    "Weighting": ".masters",
+    "Repartition": ".masters",
+    "Topology": ".masters",
+    "EndpointConfig": ".masters",
+    "FixedThreshold": ".masters",
+    "AdaptiveThreshold": ".masters",
+    "TargetSparsityThreshold": ".masters",
+    "ResidualClipping": ".masters",
+    "TrainingStats": ".stats",
+    "recommended_conf": ".session",
+    "check_session": ".session",
+    "WorkerFailure": ".errors",
+    "DivergenceError": ".errors",
+    "CheckpointError": ".checkpoint",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sparkavg.spark' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

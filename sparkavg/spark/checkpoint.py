@@ -1,70 +1,189 @@
-"""Per-epoch checkpoints: the network (params, updater state, iteration,
-config) via ``Network.save`` (npz + JSON, never pickle) and a JSON record
-of the epoch and the master's configuration."""
+"""Per-epoch checkpoints that belong to a run.
+
+A checkpoint folder ``epoch-NNNNN/`` holds the network (``Network.save``:
+npz + JSON, never pickle) and ``trainer.json``: the run it belongs to
+(``run_id``), the epochs done and the epochs the run aims at, the master's
+configuration, a fingerprint of the network's architecture and the
+history.  Folders are written atomically (tmp folder + rename).
+
+Resuming (:func:`find_resumable`) takes the newest *complete* checkpoint
+(an unreadable newer one is skipped with a warning), and refuses -- with a
+:class:`CheckpointError` that says which run it found -- a checkpoint of
+another architecture or master configuration, or a run that already has
+the epochs asked for.  A fresh fit refuses a folder that holds another
+run's checkpoints (:func:`check_fresh`).
+"""
 from __future__ import annotations
 
+import datetime
+import hashlib
 import json
 import logging
 import os
 import re
-from dataclasses import dataclass
-from typing import Optional
+import shutil
+from dataclasses import dataclass, field
+from typing import List, Optional
 
-__all__ = ["Checkpoint", "save_checkpoint", "load_checkpoint", "latest_checkpoint"]
+__all__ = ["Checkpoint", "CheckpointError", "save_checkpoint", "list_checkpoints", "find_resumable",
+           "check_fresh", "architecture_fingerprint"]
 
 logger = logging.getLogger(__name__)
 
 _EPOCH_DIR = re.compile(r"^epoch-(\d{5})$")
+_FORMAT = "sparkavg.checkpoint/2"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed as asked (another run, architecture or configuration)."""
+
+
+def architecture_fingerprint(network) -> str:
+    """SHA-256 of what fixes the parameter layout: input shape and layers."""
+    config = json.loads(network.to_json())
+    config = config.get("config", config)
+    keep = {k: config[k] for k in ("input_shape", "layers") if k in config}
+    return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @dataclass
 class Checkpoint:
-    """What :func:`load_checkpoint` returns."""
+    """One complete checkpoint folder (the network is loaded by :meth:`load_network`)."""
 
-    network: object
-    epochs_done: int
-    master: dict
     directory: str
-    extra: dict
+    run_id: str
+    epochs_done: int
+    target_epochs: Optional[int]
+    master: dict
+    architecture: str
+    written_at: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def load_network(self):
+        from ..nn import Network
+
+        return Network.load(os.path.join(self.directory, "network.npz"))
+
+    def describe(self) -> str:
+        target = f" of {self.target_epochs}" if self.target_epochs else ""
+        return f"run {self.run_id} after epoch {self.epochs_done}{target} ({self.directory}, written {self.written_at})"
 
 
-def save_checkpoint(directory: str, network, epochs_done: int, master: dict, extra: Optional[dict] = None) -> str:
-    """Write ``directory/epoch-NNNNN/`` atomically (tmp folder + rename)."""
+def save_checkpoint(directory: str, network, *, run_id: str, epochs_done: int, target_epochs: Optional[int],
+                    master: dict, extra: Optional[dict] = None) -> str:
+    """Write ``directory/epoch-NNNNN/`` atomically; returns its path."""
     os.makedirs(directory, exist_ok=True)
     final = os.path.join(directory, f"epoch-{epochs_done:05d}")
     tmp = final + ".tmp"
-    os.makedirs(tmp, exist_ok=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
     network.save(os.path.join(tmp, "network.npz"))
+    meta = {"format": _FORMAT, "run_id": run_id, "epochs_done": epochs_done, "target_epochs": target_epochs,
+            "master": master, "architecture": architecture_fingerprint(network),
+            "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "extra": extra or {}}
     with open(os.path.join(tmp, "trainer.json"), "w") as fh:
-        json.dump({"epochs_done": epochs_done, "master": master, "extra": extra or {}}, fh, indent=2)
+        json.dump(meta, fh, indent=2)
     if os.path.exists(final):
-        import shutil
-
         shutil.rmtree(final)
     os.replace(tmp, final)
     logger.info("checkpoint written: %s", final)
     return final
 
 
-def latest_checkpoint(directory: str) -> Optional[str]:
-    """The newest complete ``epoch-NNNNN`` folder, or None."""
-    if not os.path.isdir(directory):
-        return None
-    found = sorted(d for d in os.listdir(directory) if _EPOCH_DIR.match(d))
-    return os.path.join(directory, found[-1]) if found else None
-
-
-def load_checkpoint(path: str) -> Checkpoint:
-    """Load a checkpoint folder, or the newest one inside ``path``."""
-    from ..nn import Network
-
-    folder = path if os.path.exists(os.path.join(path, "trainer.json")) else latest_checkpoint(path)
-    if folder is None:
-        raise FileNotFoundError(f"Expect a checkpoint folder (epoch-NNNNN with trainer.json) in {path!r}, found none")
-    with open(os.path.join(folder, "trainer.json")) as fh:
+def _read(folder: str) -> Checkpoint:
+    path = os.path.join(folder, "trainer.json")
+    with open(path) as fh:
         meta = json.load(fh)
-    for key in ("epochs_done", "master"):
-        if key not in meta:
-            raise ValueError(f"Checkpoint {folder}/trainer.json lacks {key!r}; expected keys epochs_done, master")
-    network = Network.load(os.path.join(folder, "network.npz"))
-    return Checkpoint(network, int(meta["epochs_done"]), meta["master"], folder, meta.get("extra", {}))
+    missing = [k for k in ("run_id", "epochs_done", "master", "architecture") if k not in meta]
+    if missing:
+        raise ValueError(f"{path} lacks {missing}; expected a {_FORMAT} record")
+    if not os.path.exists(os.path.join(folder, "network.npz")):
+        raise ValueError(f"{folder} has no network.npz")
+    return Checkpoint(folder, str(meta["run_id"]), int(meta["epochs_done"]), meta.get("target_epochs"),
+                      meta["master"], str(meta["architecture"]), str(meta.get("written_at", "")),
+                      meta.get("extra", {}))
+
+
+def list_checkpoints(directory: str) -> List[Checkpoint]:
+    """Readable checkpoints in ``directory``, oldest first (unreadable ones logged and skipped)."""
+    if not os.path.isdir(directory):
+        return []
+    found = []
+    for name in sorted(os.listdir(directory)):
+        if not _EPOCH_DIR.match(name):
+            continue
+        try:
+            found.append(_read(os.path.join(directory, name)))
+        except (OSError, ValueError) as exc:
+            logger.warning("skipping incomplete checkpoint %s: %s", os.path.join(directory, name), exc)
+    return found
+
+
+def check_fresh(directory: str, run_id: str) -> None:
+    """Refuse to start a new run in a folder holding another run's checkpoints."""
+    others = [c for c in list_checkpoints(directory) if c.run_id != run_id]
+    if others:
+        raise CheckpointError(
+            f"checkpoint_dir {directory!r} already holds {others[-1].describe()}. Resume it with "
+            f"fit(..., resume_from={directory!r}), or give this run a new checkpoint_dir "
+            "(or SparkTrainer(..., overwrite_checkpoints=True) to replace it)")
+
+
+def _differences(saved: dict, current: dict) -> list:
+    keys = sorted(set(saved) | set(current))
+    return [f"{k}: checkpoint {saved.get(k)!r}, now {current.get(k)!r}" for k in keys if saved.get(k) != current.get(k)]
+
+
+def find_resumable(path: str, *, network, master: dict, epochs: int, run_id: Optional[str] = None):
+    """The checkpoint to resume ``epochs`` epochs from, with its loaded network.
+
+    Parameters
+    ----------
+    path : str
+        A checkpoint folder, or a checkpoint_dir (its newest complete checkpoint).
+    network : sparkavg.nn.Network
+        The trainer's network: the checkpoint must have its architecture.
+    master : dict
+        The trainer's master configuration: the checkpoint's must equal it.
+    epochs : int
+        The total epochs asked for.
+    run_id : str, optional
+        Resume only this run.
+
+    Returns
+    -------
+    (Checkpoint, Network)
+    """
+    if os.path.exists(os.path.join(path, "trainer.json")):
+        candidates = [_read(path)]
+    else:
+        candidates = list_checkpoints(path)
+    if run_id is not None:
+        candidates = [c for c in candidates if c.run_id == run_id]
+    if not candidates:
+        which = f" of run {run_id}" if run_id else ""
+        raise FileNotFoundError(f"Expect a checkpoint folder (epoch-NNNNN with trainer.json){which} in "
+                                f"{path!r}, found none")
+    arch = architecture_fingerprint(network)
+    errors = []
+    for ckpt in reversed(candidates):
+        if ckpt.architecture != arch:
+            raise CheckpointError(f"{ckpt.describe()} has another network architecture than the trainer's "
+                                  f"(fingerprint {ckpt.architecture} vs {arch}); build the same network to resume it")
+        diff = _differences(ckpt.master, master)
+        if diff:
+            raise CheckpointError(f"{ckpt.describe()} was trained with another master configuration "
+                                  f"({'; '.join(diff)}); resume with the same master")
+        try:
+            net = ckpt.load_network()
+        except Exception as exc:  # a damaged newest checkpoint: fall back to an older one
+            logger.warning("cannot load %s (%s); trying an older checkpoint", ckpt.directory, exc)
+            errors.append(f"{ckpt.directory}: {exc}")
+            continue
+        if ckpt.epochs_done >= epochs:
+            raise CheckpointError(f"{ckpt.describe()} already has {ckpt.epochs_done} epoch(s) and "
+                                  f"{epochs} were asked for: nothing to resume. Ask for more epochs to continue "
+                                  "that run, or start a new run with a new checkpoint_dir")
+        return ckpt, net
+    raise CheckpointError(f"no loadable checkpoint in {path!r}: {'; '.join(errors)}")

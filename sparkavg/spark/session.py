@@ -15,7 +15,7 @@ import logging
 import re
 from typing import Dict
 
-__all__ = ["recommended_conf", "check_session", "size_bytes"]
+__all__ = ["recommended_conf", "check_session", "check_result_path", "size_bytes"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,9 +67,13 @@ def recommended_conf(master: str = "local[2]") -> Dict[str, str]:
 
 
 def check_session(sc, result_bytes: int) -> bool:
-    """Warn (once per call) when task results of ``result_bytes`` would take
-    the block-manager detour; True when the session is set up for them."""
-    configured = sc.getConf().get("spark.task.maxDirectResultSize", "1m")
+    """Warn when task results of ``result_bytes`` would take the
+    block-manager detour; True when the session is set up for them."""
+    return check_result_path(sc.getConf().get("spark.task.maxDirectResultSize", "1m"), result_bytes)
+
+
+def check_result_path(configured: str, result_bytes: int) -> bool:
+    """:func:`check_session` given the session's ``spark.task.maxDirectResultSize``."""
     try:
         limit = size_bytes(configured)
     except ValueError:

@@ -1,50 +1,36 @@
 """The one trainer interface: ``SparkTrainer(spark_or_sc, network, master)``.
 
 The master (:class:`ParameterAveraging` or :class:`GradientSharing`) says
-how an epoch is distributed; everything else -- minibatching once per fit,
-epochs, checkpoints, evaluation, inference, statistics -- lives here once.
+how an epoch is distributed (its runner); everything else -- minibatching
+once per fit, epochs, checkpoints, divergence, evaluation, inference,
+statistics, cleanup -- lives here once, on one seam to Spark.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
-import os
-import sys
+import math
 import time
+import uuid
+import weakref
 from typing import List, Optional, Sequence
 
-import numpy as np
-
-from ..data.spark_data import DataSpec, as_example_rdd, rebatch_partition
+from ..data.validation import DataSpec, rebatch_partition
 from ..evaluation import Evaluation, RegressionEvaluation
-from .checkpoint import load_checkpoint, save_checkpoint
-from .config import DataApproach, GradientSharing, ParameterAveraging
-from .dataprep import PreparedData, prepare
-from .driver import broadcast_state, worker_errors
-from .stats import TrainingStats
-from .worker import make_evaluator, make_predictor, make_scorer
+from . import checkpoint as ckpt_io
+from .errors import DivergenceError, raise_failures
+from .executor.inference import add_scores, make_evaluator, make_predictor, make_scorer, merge_evaluations
+from .masters import ParameterAveraging
+from .runners import runner_for
+from .runners.base import network_state
+from .seam import seam_for
+from .stats import Phase, TrainingStats
 
 __all__ = ["SparkTrainer"]
 
 logger = logging.getLogger(__name__)
 
-
-def _spark_context(spark_or_sc):
-    sc = getattr(spark_or_sc, "sparkContext", spark_or_sc)
-    if not hasattr(sc, "parallelize"):
-        raise TypeError(f"Expect a SparkSession or SparkContext, got {type(spark_or_sc).__name__}")
-    return sc
-
-
-def _runner_for(sc, master):
-    if isinstance(master, ParameterAveraging):
-        from .averaging import AveragingRunner
-
-        return AveragingRunner(sc, master)
-    if isinstance(master, GradientSharing):
-        from .sharing import SharingRunner
-
-        return SharingRunner(sc, master)
-    raise TypeError(f"Expect master to be ParameterAveraging(...) or GradientSharing(...), got {type(master).__name__}")
+_ON_DIVERGENCE = ("raise", "recover")
 
 
 class SparkTrainer:
@@ -54,34 +40,88 @@ class SparkTrainer:
     ----------
     spark_or_sc : SparkSession or SparkContext
     network : sparkavg.nn.Network
-        Trained in place; ``trainer.network`` is the same object.
+        Trained in place; ``trainer.network`` is always this object.
     master : ParameterAveraging or GradientSharing, default ParameterAveraging()
     features_col, label_col : str
         Column names when data is a DataFrame.
     checkpoint_dir : str, optional
-        When set, a checkpoint is written after every epoch.
+        When set, a checkpoint is written after every epoch (before the
+        validation pass).  It holds one run: a fresh fit refuses a folder
+        with another run's checkpoints unless ``overwrite_checkpoints``.
+    overwrite_checkpoints : bool, default False
+        Let a fresh fit write over another run's checkpoints.
     eval_batch_size : int, default 64
         Minibatch size of evaluate/score/predict (DL4J's default).
+    on_divergence : {"raise", "recover"}, default "raise"
+        A non-finite loss or parameter on a worker stops the fit with
+        :class:`~sparkavg.spark.DivergenceError` naming the worker and
+        iteration (the last checkpoint is the last good state).
+        ``"recover"`` instead restores the state from the start of the
+        epoch, halves the learning rate and trains the epoch again (up to
+        ``max_recoveries`` times per fit).
+    max_recoveries : int, default 3
+
+    The trainer holds exported minibatches and shipped parameters of
+    ``predict``; :meth:`close` (or leaving ``with SparkTrainer(...)``, or
+    interpreter exit) releases them.
     """
 
     def __init__(self, spark_or_sc, network, master=None, *, features_col: str = "features",
-                 label_col: str = "label", checkpoint_dir: Optional[str] = None, eval_batch_size: int = 64):
-        self.sc = _spark_context(spark_or_sc)
+                 label_col: str = "label", checkpoint_dir: Optional[str] = None,
+                 overwrite_checkpoints: bool = False, eval_batch_size: int = 64, on_divergence: str = "raise",
+                 max_recoveries: int = 3):
+        self.seam = seam_for(spark_or_sc)
         self.master = master if master is not None else ParameterAveraging()
-        self._runner = _runner_for(self.sc, self.master)
+        self._runner = runner_for(self.seam, self.master)
         self.network = network
         self.features_col, self.label_col = features_col, label_col
         self.checkpoint_dir = checkpoint_dir
-        if eval_batch_size < 1:
-            raise ValueError(f"Expect eval_batch_size >= 1, got {eval_batch_size}")
+        self.overwrite_checkpoints = bool(overwrite_checkpoints)
+        if not isinstance(eval_batch_size, int) or isinstance(eval_batch_size, bool) or eval_batch_size < 1:
+            raise ValueError(f"Expect eval_batch_size >= 1 (an int), got {eval_batch_size!r}")
+        if on_divergence not in _ON_DIVERGENCE:
+            raise ValueError(f"Expect on_divergence in {_ON_DIVERGENCE}, got {on_divergence!r}")
+        if not isinstance(max_recoveries, int) or max_recoveries < 0:
+            raise ValueError(f"Expect max_recoveries >= 0 (an int), got {max_recoveries!r}")
         self.eval_batch_size = eval_batch_size
+        self.on_divergence, self.max_recoveries = on_divergence, max_recoveries
+        self.run_id = uuid.uuid4().hex[:12]
         self.stats = TrainingStats(workers=self.workers)
         self.history: List[dict] = []
-        self.epochs_done = 0
-        self._prepared: Optional[PreparedData] = None
         self._prepared_for = None
-        # Python workers must run this interpreter (and its venv) unless told otherwise.
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        # What the trainer holds on the cluster: the fitted data's minibatches and predict()'s
+        # shipped parameters.  Released by close(), and at interpreter exit when never closed.
+        self._held = {"prepared": None, "shipped": []}
+        self._finalizer = weakref.finalize(self, SparkTrainer._release, self._held)
+
+    # ------------------------------------------------------------ resources
+    @property
+    def _prepared(self):
+        return self._held["prepared"]
+
+    @staticmethod
+    def _release(resources: dict) -> None:
+        prepared = resources.get("prepared")
+        if prepared is not None:
+            prepared.release()
+            resources["prepared"] = None
+        for handle in resources["shipped"]:
+            try:
+                handle.destroy()
+            except Exception:  # a stopped SparkContext has released it already
+                pass
+        resources["shipped"].clear()
+
+    def close(self) -> None:
+        """Release exported minibatches, persisted blocks and shipped parameters."""
+        self._prepared_for = None
+        SparkTrainer._release(self._held)
+
+    def __enter__(self) -> "SparkTrainer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # ------------------------------------------------------------------ data
     @property
@@ -91,33 +131,34 @@ class SparkTrainer:
 
     @property
     def workers(self) -> int:
-        return self.master.workers or self.sc.defaultParallelism
+        return self.master.workers or self.seam.default_parallelism
 
-    def _prepare(self, data) -> PreparedData:
+    @property
+    def epochs_done(self) -> int:
+        """Epochs the network has trained (its ``epoch`` counter)."""
+        return int(self.network.epoch)
+
+    def _prepare(self, data):
         """Minibatch ``data`` once; reused when the same data is fitted again."""
         if self._prepared is not None and self._prepared_for is data:
             return self._prepared
         self.release_data()
         m = self.master
-        approach = getattr(m, "data_approach", DataApproach.EXPORT)
-        with self.stats.timed("export"):
-            self._prepared = prepare(self.sc, data, self.spec, m.batch_size_per_worker, approach,
-                                     getattr(m, "export_dir", None), getattr(m, "storage_level", "MEMORY_ONLY"),
-                                     self.features_col, self.label_col)
-        self._prepared_for = data
-        if not self._prepared.sizes:
+        with self.stats.timed(Phase.EXPORT):
+            prepared = self.seam.prepare(data, self.spec, m.batch_size_per_worker, m.data, self.features_col,
+                                         self.label_col)
+        self._held["prepared"], self._prepared_for = prepared, data
+        if not prepared.sizes:
             raise ValueError("Expect training data with at least one example, got an empty dataset")
-        logger.info("prepared %d examples in %d minibatches (%s)", self._prepared.examples,
-                    len(self._prepared.sizes), approach.value)
-        return self._prepared
+        logger.info("prepared %d examples in %d minibatches (%s)", prepared.examples, len(prepared.sizes),
+                    "shared files" if prepared.in_files else "Spark blocks")
+        return prepared
 
     def release_data(self) -> None:
-        """Drop exported minibatches / cached RDDs of the last fitted data."""
+        """Drop the minibatches (files or blocks) of the last fitted data."""
         if self._prepared is not None:
             self._prepared.release()
-        self._prepared, self._prepared_for = None, None
-
-    close = release_data
+        self._held["prepared"], self._prepared_for = None, None
 
     # ------------------------------------------------------------------- fit
     def fit(self, data, epochs: int = 1, *, resume_from: Optional[str] = None, validation_data=None):
@@ -130,7 +171,9 @@ class SparkTrainer:
             Epochs to train; with ``resume_from``, the TOTAL epoch target (a
             fit of 5 epochs stopped after 2 resumes with the remaining 3).
         resume_from : str, optional
-            A checkpoint folder (or a checkpoint_dir: the newest inside).
+            A checkpoint folder, or a checkpoint_dir (its newest complete
+            checkpoint).  The checkpoint's architecture and master
+            configuration must be the trainer's; its run is continued.
         validation_data : optional
             Evaluated after every epoch (not counted in training time);
             results land in ``trainer.history``.
@@ -139,60 +182,75 @@ class SparkTrainer:
         -------
         self
         """
-        if not isinstance(epochs, int) or epochs < 1:
-            raise ValueError(f"Expect epochs >= 1, got {epochs!r}")
-        target = None
+        if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
+            raise ValueError(f"Expect epochs >= 1 (an int), got {epochs!r}")
+        self.master.validate_for(self.workers)
         if resume_from is not None:
-            ckpt = load_checkpoint(resume_from)
-            self._restore(ckpt)
-            target = epochs
-            epochs = max(0, epochs - self.epochs_done)
-            logger.info("resuming from %s after epoch %d; %d epoch(s) to go", ckpt.directory, self.epochs_done, epochs)
-        prepared = self._prepare(data) if epochs else None
-        for _ in range(epochs):
+            found, saved = ckpt_io.find_resumable(resume_from, network=self.network, master=self.master.to_config(),
+                                                  epochs=epochs)
+            self._restore(found, saved)
+            logger.info("resuming %s; %d epoch(s) to go", found.describe(), epochs - self.epochs_done)
+        elif self.checkpoint_dir and not self.overwrite_checkpoints:
+            ckpt_io.check_fresh(self.checkpoint_dir, self.run_id)
+        target = epochs if resume_from is not None else self.epochs_done + epochs
+        prepared = self._prepare(data)
+        recoveries = 0
+        while self.epochs_done < target:
             epoch = self.epochs_done
+            snapshot = network_state(self.network, with_updater=True) if self.on_divergence == "recover" else None
             t0 = time.perf_counter()
-            summary = self._runner.run_epoch(self.network, prepared, epoch, self.workers, self.stats)
+            try:
+                summary = self._runner.run_epoch(self.network, prepared, epoch, self.workers, self.stats)
+                if not math.isfinite(summary["loss"]):
+                    raise DivergenceError(f"training diverged: the loss of epoch {epoch + 1} is {summary['loss']}")
+            except DivergenceError as exc:
+                if self.on_divergence != "recover" or recoveries >= self.max_recoveries:
+                    logger.error("%s; the last checkpoint (if any) holds the last good state", exc)
+                    raise
+                recoveries += 1
+                self._recover(snapshot, exc, epoch)
+                continue
             seconds = time.perf_counter() - t0
-            self.stats.record("epoch", t0, t0 + seconds, epoch=epoch)
-            self.epochs_done += 1
-            if hasattr(self.network, "epoch"):
-                self.network.epoch = self.epochs_done
-            entry = {"epoch": self.epochs_done, "seconds": seconds,
+            self.stats.record(Phase.EPOCH, t0, t0 + seconds, epoch=epoch)
+            self.network.epoch = epoch + 1
+            entry = {"epoch": epoch + 1, "seconds": seconds,
                      "examples_per_second": summary["examples"] / max(seconds, 1e-9), **summary}
+            self.history.append(entry)
+            if self.checkpoint_dir:  # before validation: a failing validation pass loses no trained epoch
+                with self.stats.timed(Phase.CHECKPOINT, epoch=epoch):
+                    ckpt_io.save_checkpoint(self.checkpoint_dir, self.network, run_id=self.run_id,
+                                            epochs_done=epoch + 1, target_epochs=target,
+                                            master=self.master.to_config(), extra={"history": self.history})
             if validation_data is not None:
-                with self.stats.timed("evaluate", epoch=epoch):
+                with self.stats.timed(Phase.EVALUATE, epoch=epoch):
                     ev = self.evaluate(validation_data)
                 entry["accuracy"] = ev.accuracy() if hasattr(ev, "accuracy") else None
-            self.history.append(entry)
-            logger.info("epoch %d%s: loss %.4f, %d examples in %.1fs (%.0f ex/s)%s", self.epochs_done,
-                        f"/{target}" if target else "", summary["loss"], summary["examples"], seconds,
-                        entry["examples_per_second"],
+            logger.info("epoch %d/%d: loss %.4f, %d examples in %.1fs (%.0f ex/s)%s", epoch + 1, target,
+                        summary["loss"], summary["examples"], seconds, entry["examples_per_second"],
                         f", validation accuracy {entry['accuracy']:.4f}" if entry.get("accuracy") is not None else "")
-            if self.checkpoint_dir:
-                with self.stats.timed("checkpoint", epoch=epoch):
-                    save_checkpoint(self.checkpoint_dir, self.network, self.epochs_done, self.master.to_dict(),
-                                    {"history": self.history})
-        if epochs:
-            logger.info("%s", self.stats.summary())
+        logger.info("%s", self.stats.summary())
         return self
 
-    def _restore(self, ckpt) -> None:
-        net = ckpt.network
-        if net.to_json() != self.network.to_json():
-            logger.warning("checkpoint network config differs from the trainer's network; using the checkpoint's")
-            self.network = net
-        else:
-            self.network.params = net.params
-            self.network.updater_state = net.updater_state
-            self.network.iteration = net.iteration
-            if hasattr(net, "epoch"):
-                self.network.epoch = net.epoch
-        saved, current = ckpt.master, self.master.to_dict()
-        if saved != current:
-            logger.warning("checkpoint master config %s differs from the trainer's %s", saved, current)
-        self.epochs_done = ckpt.epochs_done
-        self.history = list(ckpt.extra.get("history", []))
+    def _recover(self, snapshot, exc, epoch: int) -> None:
+        iteration, params, state = snapshot
+        net = self.network
+        net.params, net.updater_state, net.iteration = params, state, iteration
+        old = net.updater.lr
+        net.updater = dataclasses.replace(net.updater, lr=old / 2)
+        self.stats.decision("learning_rate", old / 2, f"epoch {epoch + 1} diverged ({exc}); restored the epoch's "
+                            f"starting state and halved the learning rate", epoch=epoch)
+        logger.warning("epoch %d diverged (%s): restored its starting state, learning rate %.3g -> %.3g, "
+                       "training it again", epoch + 1, exc, old, old / 2)
+
+    def _restore(self, found, saved) -> None:
+        """Load a checkpoint INTO the trainer's own network object."""
+        net = self.network
+        net.params = saved.params
+        net.updater_state = saved.updater_state
+        net.iteration = saved.iteration
+        net.epoch = found.epochs_done
+        self.run_id = found.run_id
+        self.history = list(found.extra.get("history", []))
 
     # ------------------------------------------------------- evaluate/predict
     def _default_evaluation(self):
@@ -200,63 +258,54 @@ class SparkTrainer:
             return Evaluation(self.spec.num_outputs)
         return RegressionEvaluation(self.spec.num_outputs)
 
+    def _inference(self, what: str, make, combine, data):
+        shipped = self.seam.ship(network_state(self.network, with_updater=False))
+        try:
+            task = make(shipped)
+            result = self.seam.aggregate_examples(data, task, combine, self.features_col, self.label_col, what)
+        finally:
+            shipped.destroy()
+        raise_failures(result, what)
+        return result
+
     def evaluate(self, data, evaluations: Optional[Sequence] = None):
         """Distributed evaluation in one pass over ``data``.
 
         Each partition fills fresh copies of ``evaluations`` (default: one
         :class:`Evaluation`, or :class:`RegressionEvaluation` for MSE nets);
         ``treeAggregate`` merges them.  Returns one evaluation, or a list
-        when ``evaluations`` is given.
+        when ``evaluations`` is given.  Raises ``ValueError`` on data with
+        no example.
         """
         single = evaluations is None
         evals = [self._default_evaluation()] if single else list(evaluations)
-        rdd = as_example_rdd(data, self.features_col, self.label_col)
-        bc = broadcast_state(self.sc, self.network, with_updater=False)
-        try:
-            fn = make_evaluator(self.network.to_json(), bc, evals,
-                                rebatch_partition(self.spec, self.eval_batch_size))
-
-            def merge(a, b):
-                if a is None:
-                    return b
-                if b is None:
-                    return a
-                for x, y in zip(a, b):
-                    x.merge(y)
-                return a
-
-            with worker_errors("evaluation"):
-                merged = rdd.mapPartitionsWithIndex(fn).treeAggregate(None, merge, merge, depth=2)
-        finally:
-            bc.destroy()
-        merged = merged if merged is not None else evals
+        rebatch = rebatch_partition(self.spec, self.eval_batch_size)
+        config = self.network.to_json()
+        merged = self._inference("evaluation", lambda s: make_evaluator(config, s, evals, rebatch),
+                                 merge_evaluations, data)
+        if merged is None or merged[0].count == 0:
+            raise ValueError("Expect data with at least one example to evaluate, got none")
         return merged[0] if single else merged
 
     def score(self, data) -> float:
         """Mean loss over every example of ``data``."""
-        rdd = as_example_rdd(data, self.features_col, self.label_col)
-        bc = broadcast_state(self.sc, self.network, with_updater=False)
-        try:
-            fn = make_scorer(self.network.to_json(), bc, rebatch_partition(self.spec, self.eval_batch_size))
-            with worker_errors("scoring"):
-                total, n = rdd.mapPartitionsWithIndex(fn).fold((0.0, 0), lambda a, b: (a[0] + b[0], a[1] + b[1]))
-        finally:
-            bc.destroy()
-        if n == 0:
+        rebatch = rebatch_partition(self.spec, self.eval_batch_size)
+        config = self.network.to_json()
+        result = self._inference("scoring", lambda s: make_scorer(config, s, rebatch), add_scores, data)
+        if result is None or result[1] == 0:
             raise ValueError("Expect data with at least one example to score, got none")
-        return total / n
+        return result[0] / result[1]
 
     def predict(self, data):
         """Distributed inference: an RDD of output rows.
 
         Rows ``(key, features)`` give ``(key, output)`` (RDDs are unordered,
         keys say which is which); bare feature arrays give outputs in the
-        partition order.  A DataFrame uses ``features_col``.  The broadcast
-        of parameters lives as long as the returned RDD may be recomputed;
-        it is released by :meth:`close` / garbage collection.
+        partition order.  A DataFrame uses ``features_col``.  The shipped
+        parameters live as long as the returned RDD may be recomputed: until
+        :meth:`close`.
         """
-        if hasattr(data, "rdd") and hasattr(data, "columns"):
-            data = data.select(self.features_col).rdd.map(
-                lambda row: np.asarray(row[0].toArray() if hasattr(row[0], "toArray") else row[0], np.float32))
-        bc = broadcast_state(self.sc, self.network, with_updater=False)
-        return data.mapPartitions(make_predictor(self.network.to_json(), bc, self.eval_batch_size))
+        shipped = self.seam.ship(network_state(self.network, with_updater=False))
+        self._held["shipped"].append(shipped)
+        return self.seam.map_features(data, make_predictor(self.network.to_json(), shipped, self.eval_batch_size),
+                                      self.features_col)

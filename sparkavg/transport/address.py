@@ -46,7 +46,8 @@ def local_ipv4_addresses() -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def select_address(network_mask: str | None = None, explicit: str | None = None) -> str:
+def select_address(network_mask: str | None = None, explicit: str | None = None,
+                   fallback: str | None = None) -> str:
     """Pick the address this worker binds and advertises.
 
     Order, first that applies wins:
@@ -56,8 +57,10 @@ def select_address(network_mask: str | None = None, explicit: str | None = None)
        e.g. ``"10.1.1.0/24"``; see :func:`local_ipv4_addresses`). If no
        interface matches, a warning is logged and the search goes on.
     3. The environment variable ``SPARKAVG_IP``.
-    4. The address the hostname resolves to.
-    5. ``"127.0.0.1"`` if even that fails (logged as a warning).
+    4. ``fallback`` when given: on Spark, the address the executor is known
+       by to the cluster (its Spark host), which peers can reach.
+    5. The address the hostname resolves to.
+    6. ``"127.0.0.1"`` if even that fails (logged as a warning).
 
     Parameters
     ----------
@@ -65,6 +68,8 @@ def select_address(network_mask: str | None = None, explicit: str | None = None)
         IPv4 network in CIDR notation.
     explicit : str, optional
         Address to use verbatim.
+    fallback : str, optional
+        Address (or host name, resolved here) to use before the hostname.
 
     Returns
     -------
@@ -86,6 +91,11 @@ def select_address(network_mask: str | None = None, explicit: str | None = None)
     env = os.environ.get(ENV_VAR, "").strip()
     if env:
         return env
+    if fallback:
+        try:
+            return socket.gethostbyname(fallback.strip())
+        except OSError as exc:
+            logger.warning("cannot resolve the fallback address %r (%s); trying the hostname", fallback, exc)
     try:
         return socket.gethostbyname(socket.gethostname())
     except OSError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..configurable import Configurable, register
 from .faults import FaultInjection
 from .protocol import MAX_UDP_PAYLOAD, OVERHEAD_BYTES
 
@@ -12,8 +13,9 @@ __all__ = ["EndpointConfig"]
 _MiB = 1 << 20
 
 
+@register("transport")
 @dataclass(frozen=True)
-class EndpointConfig:
+class EndpointConfig(Configurable):
     """Limits and timers of one reliable UDP endpoint.
 
     Every rank of a job must use the same configuration (ship it with the

@@ -12,14 +12,17 @@ import itertools
 import random
 from dataclasses import dataclass
 
+from ..configurable import Configurable, register
+
 __all__ = ["FaultInjection", "FaultInjector"]
 
 #: Held-back datagrams beyond this many are sent at once instead (keeps memory bounded).
 MAX_HELD_DATAGRAMS = 4096
 
 
+@register("faults")
 @dataclass(frozen=True)
-class FaultInjection:
+class FaultInjection(Configurable):
     """What to do to outgoing datagrams, each decision drawn independently.
 
     Parameters

@@ -1,13 +1,14 @@
-"""Spark data adapters: RDDs of ``(features, label)`` pairs, RDDs of
-minibatches, or DataFrames, turned into validated minibatches.
+"""What a network expects of its data, and rows checked against it.
 
-Executor-side functions here close over plain values only.  Minibatch
-files are plain ``.npz`` (``x``, ``y``) read with ``allow_pickle=False``.
+:class:`DataSpec` says what one example must look like;
+:func:`rebatch_partition` turns rows -- ``(features, label)`` pairs or
+``(x, y)`` minibatches -- into validated minibatches of one size, naming
+the partition and row of anything that does not fit.  No pyspark here:
+the Spark adapters live in :mod:`sparkavg.spark.data`.
 """
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Iterator, Tuple
 
@@ -16,10 +17,7 @@ import numpy as np
 __all__ = [
     "DataValidationError",
     "DataSpec",
-    "as_example_rdd",
     "rebatch_partition",
-    "save_minibatch",
-    "load_minibatch",
     "split_features",
 ]
 
@@ -55,32 +53,6 @@ class DataSpec:
     @property
     def classification(self) -> bool:
         return self.loss != "mse"
-
-
-def as_example_rdd(data, features_col: str = "features", label_col: str = "label"):
-    """Return an RDD whose rows are ``(features, label)`` pairs or minibatches.
-
-    A DataFrame is read from ``features_col`` (array or ML vector column)
-    and ``label_col``; an RDD is returned as it is.
-    """
-    if hasattr(data, "rdd") and hasattr(data, "columns"):  # a DataFrame
-        missing = [c for c in (features_col, label_col) if c not in data.columns]
-        if missing:
-            raise DataValidationError(
-                f"Expect DataFrame columns {features_col!r} (features) and {label_col!r} (label), "
-                f"missing {missing}; columns are {data.columns}"
-            )
-        return data.select(features_col, label_col).rdd.map(_row_to_pair)
-    if hasattr(data, "mapPartitions"):
-        return data
-    raise TypeError(f"Expect an RDD of (features, label) pairs or minibatches, or a DataFrame, got {type(data).__name__}")
-
-
-def _row_to_pair(row):
-    features, label = row[0], row[1]
-    if hasattr(features, "toArray"):  # pyspark.ml.linalg.Vector
-        features = features.toArray()
-    return np.asarray(features, dtype=np.float32), label
 
 
 def split_features(record):
@@ -188,20 +160,3 @@ def rebatch_partition(spec: DataSpec, batch_size: int):
             yield np.stack(xs), _stack_labels(ys, spec)
 
     return run
-
-
-def save_minibatch(path: str, x: np.ndarray, y: np.ndarray) -> None:
-    """Write one minibatch as an uncompressed .npz (atomically: tmp + rename)."""
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as fh:
-        np.savez(fh, x=x, y=y)
-    os.replace(tmp, path)
-
-
-def load_minibatch(path: str) -> Tuple[np.ndarray, np.ndarray]:
-    """Read a minibatch written by :func:`save_minibatch` (never unpickles)."""
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            return z["x"], z["y"]
-    except Exception as exc:
-        raise DataValidationError(f"Cannot read exported minibatch {path}: {exc}") from exc

@@ -1,0 +1,154 @@
+"""Executor errors that explain themselves.
+
+On an executor every sparkavg task runs inside :func:`task_failure_guard`.
+An error that retrying cannot fix (bad data, bad configuration,
+divergence: :func:`is_permanent`) does not fail the Spark task -- Spark
+would retry it ``spark.task.maxFailures`` times -- but becomes a
+:class:`TaskFailure` record that the task returns like a result; the
+driver raises it (:func:`raise_failures`) as the error's own type, with
+the executor's message and where it happened (worker rank, partition,
+round).  Any other error fails the task as usual (a lost worker is
+retried by Spark), with one marker line in its message that
+:func:`executor_errors` reads back on the driver, so the user sees the
+executor's exception type and message, not a source line of Py4J text.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+
+from ..configurable import ConfigError
+from ..data.validation import DataValidationError
+
+__all__ = [
+    "WorkerFailure",
+    "DivergenceError",
+    "TaskFailure",
+    "register_error",
+    "is_permanent",
+    "task_failure_guard",
+    "raise_failures",
+    "executor_errors",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerFailure(RuntimeError):
+    """An executor failed with an error sparkavg cannot rebuild as its own type."""
+
+
+class DivergenceError(ArithmeticError):
+    """A non-finite loss or parameter: training diverged (lower the learning rate)."""
+
+
+_KNOWN = {cls.__name__: cls for cls in (DataValidationError, ConfigError, DivergenceError)}
+_PERMANENT = (DataValidationError, ConfigError, DivergenceError, ValueError, TypeError, KeyError, IndexError,
+              ArithmeticError)
+_MARKER = "SPARKAVG-TASK-ERROR "
+_MARKER_RE = re.compile(re.escape(_MARKER) + r"(\{.*?\})\s*$", re.M)
+
+
+def register_error(cls) -> type:
+    """Let the driver rebuild ``cls`` (by name) from executor failures."""
+    _KNOWN[cls.__name__] = cls
+    return cls
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """Whether retrying the task cannot help (data, configuration, divergence)."""
+    return isinstance(exc, _PERMANENT)
+
+
+class TaskFailure:
+    """A permanent executor error, returned as a task result (plain fields)."""
+
+    __slots__ = ("kind", "message", "where")
+
+    def __init__(self, kind: str, message: str, where: str):
+        self.kind, self.message, self.where = kind, message, where
+
+    def __reduce__(self):
+        return (TaskFailure, (self.kind, self.message, self.where))
+
+    def to_exception(self, what: str) -> BaseException:
+        cls = _KNOWN.get(self.kind)
+        text = f"{self.message} [{what}: {self.where}]" if self.where else f"{self.message} [{what}]"
+        if cls is not None:
+            return cls(text)
+        return WorkerFailure(f"{what} failed on an executor: {self.kind}: {text}")
+
+
+def _where(context: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in context.items() if v is not None)
+
+
+@contextlib.contextmanager
+def task_failure_guard(failures: list, **context):
+    """Executor side: turn a permanent error inside into a :class:`TaskFailure`
+    appended to ``failures``; mark any other error with its origin and re-raise."""
+    try:
+        yield
+    except Exception as exc:
+        where = _where(context)
+        if is_permanent(exc):
+            failures.append(TaskFailure(type(exc).__name__, str(exc), where))
+            return
+        note = json.dumps({"kind": type(exc).__name__, "message": str(exc)[:2000], "where": where})
+        raise type(exc)(f"{exc}\n{_MARKER}{note}") if _can_rebuild(exc) else RuntimeError(
+            f"{type(exc).__name__}: {exc}\n{_MARKER}{note}") from exc
+
+
+def _can_rebuild(exc: BaseException) -> bool:
+    try:
+        return type(exc)(str(exc)) is not None and len(exc.args) <= 1
+    except Exception:
+        return False
+
+
+def raise_failures(results, what: str) -> None:
+    """Driver side: raise the first :class:`TaskFailure` among ``results``."""
+    for r in results if isinstance(results, (list, tuple)) else [results]:
+        if isinstance(r, TaskFailure):
+            raise r.to_exception(what)
+
+
+@contextlib.contextmanager
+def executor_errors(what: str):
+    """Driver side: rebuild a failed Spark job's executor error.
+
+    The marked error becomes its own type when sparkavg knows it, else a
+    :class:`WorkerFailure` carrying the executor's exception type, message
+    and location; the Spark error stays as ``__cause__``.
+    """
+    try:
+        yield
+    except Exception as exc:
+        if isinstance(exc, tuple(_KNOWN.values())) or isinstance(exc, WorkerFailure):
+            raise
+        text = str(exc)
+        found = _MARKER_RE.findall(text)
+        if found:
+            note = json.loads(found[-1])
+            raise TaskFailure(note["kind"], note["message"], note["where"]).to_exception(what) from exc
+        for name, cls in _KNOWN.items():  # raised outside a guard (e.g. while reading data)
+            hit = re.findall(rf"(?:\w+\.)*{name}: (.+)", text)
+            if hit:
+                raise cls(hit[-1].strip()) from exc
+        if "Py4J" in type(exc).__name__ or "PythonException" in type(exc).__name__ \
+                or "SparkException" in type(exc).__name__:
+            raise WorkerFailure(f"{what} failed on an executor: {_last_error_line(text)}") from exc
+        raise
+
+
+def _last_error_line(text: str) -> str:
+    """The last ``SomeError: message`` line of a Python traceback inside Spark's text."""
+    hits = re.findall(r"^\s*((?:\w+\.)*\w*(?:Error|Exception|Exit|Interrupt)\b.*)$", text, re.M)
+    hits = [h for h in hits if not h.startswith(("org.apache", "py4j", "java."))]
+    if hits:
+        return hits[-1].strip()[:1000]
+    first = next((ln for ln in text.splitlines() if ln.strip()), text[:300])
+    return first.strip()[:1000]
+

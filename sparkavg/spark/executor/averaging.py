@@ -1,0 +1,105 @@
+"""Executor side of parameter averaging: one task per worker per round."""
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+import numpy as np
+
+from ... import ops
+from ...backend import get_array_module
+from ..errors import DivergenceError, TaskFailure, task_failure_guard
+from ..stats import Phase, PhaseRecorder, task_lane
+from .context import Record, cached_network, host_copy, load_state, task_partition
+from .minibatches import recorded_minibatches
+
+__all__ = ["RoundResult", "combine_results", "make_round_task", "check_finite"]
+
+
+class RoundResult(Record):
+    """What one worker returns from a round: weighted sums, ready to add.
+
+    ``params`` and ``state`` hold ``weight * value``; the driver divides the
+    aggregated sums by the aggregated ``weight``.
+    """
+
+    __slots__ = ("weight", "params", "state", "loss_sum", "examples", "batches", "max_iterations", "stats")
+
+
+def combine_results(a, b):
+    """Sum two round results in place (``a`` is reused): the treeAggregate
+    combiner.  A :class:`TaskFailure` wins over any result."""
+    if a is None or isinstance(b, TaskFailure):
+        return b
+    if b is None or isinstance(a, TaskFailure):
+        return a
+    ops.accumulate(a.params, b.params)
+    if a.state is not None and b.state is not None:
+        ops.accumulate(a.state, b.state)
+    a.weight += b.weight
+    a.loss_sum += b.loss_sum
+    a.examples += b.examples
+    a.batches += b.batches
+    a.max_iterations = max(a.max_iterations, b.max_iterations)
+    a.stats = a.stats + b.stats
+    return a
+
+
+def check_finite(net, loss_sum: float, where: str) -> None:
+    """Raise :class:`DivergenceError` when the loss or a parameter is not finite."""
+    if not np.isfinite(loss_sum):
+        raise DivergenceError(f"training diverged: non-finite loss ({loss_sum}) on {where} at iteration "
+                              f"{net.iteration}; lower the learning rate")
+    xp = get_array_module(net.params)
+    if not bool(xp.isfinite(net.params).all()):
+        raise DivergenceError(f"training diverged: non-finite parameters on {where} at iteration {net.iteration}; "
+                              "lower the learning rate")
+
+
+def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: bool, uniform: bool,
+                    collect_stats: bool, prefetch: int, hooks=None):
+    """Executor function for one averaging round: fit every minibatch of
+    this worker's shard, return one :class:`RoundResult` (none if empty),
+    or a :class:`TaskFailure` for an error retrying cannot fix."""
+
+    def run(items) -> Iterator:
+        if hooks is not None:
+            hooks.on_task_start()
+        partition = task_partition()
+        failures: list = []
+        result: Optional[RoundResult] = None
+        with task_failure_guard(failures, worker=partition, round=round_no):
+            result = _fit_shard(items, partition)
+        if failures:
+            yield failures[0]
+        elif result is not None:
+            yield result
+
+    def _fit_shard(items, partition) -> Optional[RoundResult]:
+        rec = PhaseRecorder(task_lane(partition))
+        with rec.phase(Phase.FETCH):
+            state = shipped.value
+        with rec.phase(Phase.MODEL_INIT):
+            net = cached_network(config_json)
+            load_state(net, state, save_updater)
+        start_iteration = net.iteration
+        loss_sum, examples, batches = 0.0, 0, 0
+        for x, y in recorded_minibatches(items, prefetch, rec):
+            with rec.phase(Phase.FIT):
+                loss = net.fit_batch(x, y)
+            loss_sum += float(loss) * len(x)
+            examples += len(x)
+            batches += 1
+        if examples == 0:
+            return None
+        check_finite(net, loss_sum, f"worker {partition}, round {round_no}")
+        weight = 1.0 if uniform else float(examples)
+        params = host_copy(net.params)
+        ops.scale(params, weight)
+        updater_state = None
+        if save_updater and net.updater_state.size:
+            updater_state = host_copy(net.updater_state)
+            ops.scale(updater_state, weight)
+        return RoundResult(weight, params, updater_state, loss_sum, examples, batches,
+                           net.iteration - start_iteration, [rec.to_payload()] if collect_stats else [])
+
+    return run

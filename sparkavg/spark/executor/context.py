@@ -1,0 +1,104 @@
+"""What every sparkavg task on an executor starts from.
+
+Everything in :mod:`sparkavg.spark.executor` runs inside Spark's Python
+workers.  The task factories take plain values (JSON strings, numbers,
+shipped handles) and return closures that capture only those: never a
+SparkContext, never a trainer.
+
+Each Python worker process keeps its network between rounds (Spark
+reuses Python workers), so a round costs a parameter copy, not a network
+construction, and pins its BLAS/OpenMP pool to the task's cores once.  It
+also moves everything alive after its first network build (numpy,
+pyspark, sparkavg: ~40k objects) out of the cyclic garbage collector's
+reach with :func:`gc.freeze`: PySpark's daemon runs a full
+``gc.collect()`` after every task of a reused worker, which otherwise
+costs 15-60 ms of CPU per task and delays the next round's task on it.
+"""
+from __future__ import annotations
+
+import gc
+import hashlib
+import threading
+from typing import Optional
+
+import numpy as np
+
+from ...threads import set_threads
+
+__all__ = ["cached_network", "load_state", "task_partition", "task_cpus", "Record"]
+
+_NETWORKS: dict = {}
+_PROCESS_PREPARED = [False]
+_LOCK = threading.Lock()
+
+
+def task_partition() -> Optional[int]:
+    """The running Spark task's partition, or None outside a task."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    return ctx.partitionId() if ctx is not None else None
+
+
+def task_cpus(default: int = 1) -> int:
+    """Cores given to the running Spark task (``spark.task.cpus``), else ``default``."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    value = ctx.cpus() if ctx is not None and hasattr(ctx, "cpus") else None
+    return int(value) if value else default
+
+
+def cached_network(config_json: str):
+    """This process's network for ``config_json`` (built once, reused)."""
+    key = hashlib.sha256(config_json.encode()).hexdigest()
+    with _LOCK:
+        net = _NETWORKS.get(key)
+        if net is None:
+            from ...nn import Network
+
+            first = not _PROCESS_PREPARED[0]
+            if first:
+                set_threads(task_cpus(1))
+            net = Network.from_json(config_json)
+            _NETWORKS.clear()  # one model per worker process: drop older ones
+            _NETWORKS[key] = net
+            if first:
+                # Once per process: later tasks' garbage is still collected,
+                # only this long-lived heap is no longer rescanned.
+                gc.collect()
+                gc.freeze()
+                _PROCESS_PREPARED[0] = True
+        return net
+
+
+def load_state(net, state: tuple, with_updater: bool) -> None:
+    """Copy shipped ``(iteration, params, updater_state)`` into ``net``."""
+    iteration, params, updater_state = state
+    net.params = params
+    if with_updater and updater_state is not None and updater_state.size:
+        net.updater_state = updater_state
+    net.iteration = int(iteration)
+
+
+def host_copy(array) -> np.ndarray:
+    """A float32 numpy copy of a (numpy or CuPy) flat vector."""
+    from ...backend import to_cpu
+
+    return np.array(to_cpu(array), dtype=np.float32, copy=True)
+
+
+class Record:
+    """A plain result record: positional fields named by ``__slots__``,
+    pickled as a tuple (no ``__dict__``, cheap to ship back through Spark)."""
+
+    __slots__ = ()
+
+    def __init__(self, *values):
+        if len(values) != len(self.__slots__):
+            raise TypeError(f"Expect {len(self.__slots__)} fields {self.__slots__}, got {len(values)}")
+        for name, value in zip(self.__slots__, values):
+            setattr(self, name, value)
+
+    def __reduce__(self):
+        return (type(self), tuple(getattr(self, s) for s in self.__slots__))

@@ -1,0 +1,159 @@
+"""Executor side of gradient sharing: one barrier task per worker per epoch.
+
+The algorithm (residual, threshold, encode, apply) is
+:mod:`sparkavg.sharing`; this module only connects it to a Spark barrier
+task: it discovers its rank and its peers (``allGather``), builds the UDP
+endpoint, runs the loop with each phase recorded, flushes, meets the
+others at the barrier and returns its replica.  Every replica applies
+exactly the same messages, so replicas agree at the end of the epoch (up
+to the order of float additions).
+"""
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+from ...backend import get_array_module
+from ...sharing import SharingState, apply_message, apply_received, encode_update, message_bytes
+from ...transport import PeerGroup, PeerStalledError, ReliableEndpoint, select_address
+from ..errors import register_error, task_failure_guard
+from ..stats import CounterName, Phase, PhaseRecorder, SeriesName, task_lane
+from .averaging import check_finite
+from .context import Record, cached_network, host_copy, load_state
+from .minibatches import recorded_minibatches
+
+__all__ = ["SharingResult", "make_sharing_task"]
+
+register_error(PeerStalledError)
+
+#: Iterations between divergence checks (a full pass over the parameters).
+FINITE_CHECK_EVERY = 50
+
+
+class SharingResult(Record):
+    """What one sharing worker returns at the end of an epoch (plain arrays)."""
+
+    __slots__ = ("rank", "params", "updater_state", "carry", "loss_sum", "examples", "iterations", "stats")
+
+
+def _peers(ctx, endpoint, rank: int) -> dict:
+    gathered = ctx.allGather(json.dumps({"rank": rank, "host": endpoint.address[0], "port": endpoint.address[1]}))
+    peers = {}
+    for text in gathered:
+        entry = json.loads(text)
+        peers[int(entry["rank"])] = (entry["host"], int(entry["port"]))
+    return {r: a for r, a in peers.items() if r != rank}
+
+
+def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: int, hooks=None):
+    """Executor function for ``rdd.barrier().mapPartitions``.
+
+    ``shipped.value`` is ``{"state": (iteration, params, updater_state),
+    "carry": per-rank SharingState.to_plain() or None, "key": HMAC key}``;
+    ``master`` is the (frozen, plain) :class:`GradientSharing`.
+    """
+    rule, clipping = master.threshold, master.residual_post_processor
+    prefetch, collect_stats = master.data.prefetch, master.collect_stats
+
+    def run(items) -> Iterator:
+        from pyspark import BarrierTaskContext
+
+        if hooks is not None:
+            hooks.on_task_start()
+        ctx = BarrierTaskContext.get()
+        rank = ctx.partitionId()
+        failures: list = []
+        result = None
+        with task_failure_guard(failures, rank=rank, epoch=epoch + 1):
+            result = _epoch(items, ctx, rank)
+        yield failures[0] if failures else result
+
+    def _epoch(items, ctx, rank: int) -> SharingResult:
+        infos = ctx.getTaskInfos()
+        world = len(infos)
+        rec = PhaseRecorder(task_lane(rank))
+        with rec.phase(Phase.FETCH):
+            value = shipped.value
+            carry = value["carry"][rank] if value["carry"] else None
+        with rec.phase(Phase.MODEL_INIT):
+            net = cached_network(config_json)
+            load_state(net, value["state"], True)
+            n = net.num_params
+            xp = get_array_module(net.params)
+            state = (SharingState(rule, clipping, n, xp=xp) if carry is None
+                     else SharingState.from_plain(rule, clipping, carry, xp=xp))
+            state.reset_statistics()
+            update = xp.zeros(n, xp.float32)
+        spark_host = infos[rank].address.rsplit(":", 1)[0] if infos[rank].address else None
+        host = select_address(network_mask=master.network_mask, fallback=spark_host)
+        port = master.port + rank if master.port else 0
+        # A fresh id per stage and attempt: sequence numbers restart with every endpoint, so
+        # datagrams of an earlier epoch or a failed attempt must never be taken for new ones.
+        stage_job = (job_id << 32) | ((ctx.stageId() & 0xFFFFFF) << 8) | (ctx.attemptNumber() & 0xFF)
+        endpoint = ReliableEndpoint(rank, value["key"], job_id=stage_job, host=host, port=port,
+                                    config=master.endpoint_config(rank, epoch))
+        try:
+            with rec.phase(Phase.WAIT):
+                endpoint.set_peers(_peers(ctx, endpoint, rank))
+            group = PeerGroup(rank, world, endpoint, master.topology)
+            loss_sum, examples, iterations = 0.0, 0, 0
+            start_iteration = net.iteration
+            for x, y in recorded_minibatches(items, prefetch, rec):
+                with rec.phase(Phase.FIT):
+                    loss = net.compute_update(x, y, update)
+                tau = state.tau
+                with rec.phase(Phase.ENCODE):
+                    message = encode_update(state, update)
+                if message is not None:
+                    with rec.phase(Phase.SEND):
+                        group.publish(message_bytes(message))
+                    with rec.phase(Phase.APPLY):
+                        apply_message(message, net.params)
+                with rec.phase(Phase.APPLY):
+                    apply_received(state, [p for _, p in group.poll(0)], net.params)
+                loss_sum += float(loss) * len(x)
+                examples += len(x)
+                iterations += 1
+                if collect_stats:
+                    step = start_iteration + iterations - 1  # global iteration: series continue across epochs
+                    rec.series(SeriesName.THRESHOLD, step, tau)
+                    rec.series(SeriesName.SPARSITY, step, state.last_sparsity)
+                    if iterations % 10 == 1:
+                        rec.series(SeriesName.RESIDUAL_NORM, step, float(xp.linalg.norm(state.residual)))
+                if iterations % FINITE_CHECK_EVERY == 0:
+                    check_finite(net, loss_sum, f"worker rank {rank}")
+            if hooks is not None:
+                hooks.on_epoch_end(rank)
+            with rec.phase(Phase.WAIT):
+                remaining = group.finish(master.transport.stall_timeout)
+            with rec.phase(Phase.APPLY):
+                apply_received(state, [p for _, p in remaining], net.params)
+            with rec.phase(Phase.WAIT):
+                ctx.barrier()
+            t = endpoint.stats()
+        finally:
+            endpoint.close()
+        check_finite(net, loss_sum, f"worker rank {rank}")
+        _count(rec, state, t, examples, iterations, n, world)
+        return SharingResult(rank, host_copy(net.params), host_copy(net.updater_state), state.to_plain(),
+                             loss_sum, examples, net.iteration - start_iteration, rec.to_payload())
+
+    return run
+
+
+def _count(rec, state: SharingState, t: dict, examples: int, iterations: int, n: int, world: int) -> None:
+    rec.count(CounterName.EXAMPLES, examples)
+    rec.count(CounterName.ITERATIONS, iterations)
+    rec.count(CounterName.MESSAGES_SENT, state.messages_sent)
+    rec.count(CounterName.MESSAGES_RECEIVED, state.messages_received)
+    rec.count(CounterName.ENTRIES_SENT, state.entries_sent)
+    rec.count(CounterName.BYTES_SENT, t["wire_bytes_sent"])  # every datagram: retransmissions and acks included
+    rec.count(CounterName.BYTES_RECEIVED, t["wire_bytes_received"])
+    rec.count(CounterName.PAYLOAD_BYTES_SENT, t["payload_bytes_sent"])
+    rec.count(CounterName.DENSE_BYTES, 4 * n * (world - 1) * iterations)
+    rec.count(CounterName.DATAGRAMS_SENT, t["datagrams_sent"])
+    rec.count(CounterName.DATAGRAMS_RETRANSMITTED, t["datagrams_retransmitted"])
+    rec.count(CounterName.DATAGRAMS_INVALID, t["datagrams_invalid"])
+    rec.count(CounterName.DATAGRAMS_FORGED, t["rejected_bad_mac"])
+    rec.count(CounterName.DATAGRAMS_REPLAYED, t["rejected_replay"])  # mostly late retransmissions: harmless
+

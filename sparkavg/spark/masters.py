@@ -1,0 +1,330 @@
+"""Training masters: frozen dataclasses with documented defaults, validated
+on the driver before any Spark job by the same rules the executors apply
+(after torch.distributed.fsdp.api).
+
+A master says HOW an epoch is distributed; :class:`~sparkavg.spark.trainer.SparkTrainer`
+is the one interface that runs either.  What both masters share -- where
+minibatches live (:class:`DataOptions`), the batch size, the worker count,
+the device, statistics and the seed -- is defined once in :class:`Master`.
+"""
+from __future__ import annotations
+
+import enum
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+from ..configurable import Configurable, from_config, register
+from ..sharing.thresholds import AdaptiveThreshold, FixedThreshold, ResidualClipping, TargetSparsityThreshold
+from ..transport import EndpointConfig, FaultInjection, Topology
+
+__all__ = [
+    "Weighting",
+    "Repartition",
+    "Device",
+    "Placement",
+    "Topology",
+    "DataOptions",
+    "Master",
+    "ParameterAveraging",
+    "GradientSharing",
+    "EndpointConfig",
+    "FixedThreshold",
+    "AdaptiveThreshold",
+    "TargetSparsityThreshold",
+    "ResidualClipping",
+    "master_from_config",
+]
+
+
+class Weighting(str, enum.Enum):
+    """How worker results are averaged."""
+
+    EXAMPLES = "examples"  #: weight each worker by the examples it trained (default)
+    UNIFORM = "uniform"  #: every non-empty worker counts once (DL4J's behaviour)
+
+
+class Repartition(str, enum.Enum):
+    """How minibatches are assigned to workers each epoch."""
+
+    BALANCED = "balanced"  #: shuffled, then dealt round-robin: shards differ by at most one minibatch
+    NEVER = "never"  #: keep the data's order (no shuffle), still dealt so that every minibatch trains
+
+
+class Placement(str, enum.Enum):
+    """Where a fit's minibatches live between rounds."""
+
+    AUTO = "auto"  #: files under ``shared_dir`` when given; else a temp folder for local[N], Spark blocks on clusters
+    SPARK = "spark"  #: persisted Spark blocks (needs no shared filesystem)
+    FILES = "files"  #: .npz files under ``shared_dir``
+
+
+class Device(str, enum.Enum):
+    """Where an executor trains."""
+
+    AUTO = "auto"  #: the task's Spark-assigned GPU when it has one and CuPy works, else the CPU (reason logged)
+    GPU = "gpu"  #: the task's GPU; an error when Spark assigned none or CuPy cannot use it
+    CPU = "cpu"  #: always the CPU
+
+
+def check(cond: bool, message: str) -> None:
+    """Raise ``ValueError(message)`` unless ``cond`` (the masters' one validation rule)."""
+    if not cond:
+        raise ValueError(message)
+
+
+def check_int(name: str, value, minimum: int = 1, maximum: Optional[int] = None) -> None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+    ok = ok and (maximum is None or value <= maximum)
+    bound = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
+    check(ok, f"Expect {name} {bound} (an int), got {value!r}")
+
+
+def as_enum(cls, name: str, value):
+    try:
+        return cls(value.value if isinstance(value, enum.Enum) and not isinstance(value, cls) else value)
+    except ValueError:
+        allowed = ", ".join(repr(m.value) for m in cls)
+        raise ValueError(f"Expect {name} in {{{allowed}}}, got {value!r}") from None
+
+
+@register("data")
+@dataclass(frozen=True)
+class DataOptions(Configurable):
+    """Where minibatches live between rounds, shared by both masters.
+
+    Parameters
+    ----------
+    shared_dir : str or None, default None
+        A location EVERY host (driver and executors) reads and writes: a
+        mounted path or a URL of a filesystem ``fsspec`` knows
+        (``file://``, ``hdfs://``, ``s3://`` ...).  Minibatches are written
+        there once per fit as ``.npz`` files and each round reads only its
+        own.
+    placement : Placement, default AUTO
+        ``auto``: files under ``shared_dir`` when it is given; else
+        persisted Spark blocks -- except with a ``local[N]`` master, where
+        every executor runs on the driver's machine and a temporary folder
+        there is shared by construction.  ``spark`` forces blocks,
+        ``files`` requires ``shared_dir``.
+    storage_level : str, default "MEMORY_AND_DISK"
+        Storage level of the persisted minibatch blocks; a name from
+        ``pyspark.StorageLevel``.
+    repartition : Repartition, default BALANCED
+        Shuffle minibatches each epoch (seeded) and deal them evenly.
+    prefetch : int, default 1
+        Minibatches a worker loads ahead in a background thread (0 = off).
+    """
+
+    shared_dir: Optional[str] = None
+    placement: Placement = Placement.AUTO
+    storage_level: str = "MEMORY_AND_DISK"
+    repartition: Repartition = Repartition.BALANCED
+    prefetch: int = 1
+
+    def __post_init__(self):
+        check(self.shared_dir is None or (isinstance(self.shared_dir, str) and self.shared_dir.strip() != ""),
+              f"Expect shared_dir to be a path or URL every host reaches (a non-empty str) or None, "
+              f"got {self.shared_dir!r}")
+        object.__setattr__(self, "placement", as_enum(Placement, "placement", self.placement))
+        check(self.placement is not Placement.FILES or self.shared_dir is not None,
+              "Expect shared_dir (a location every host reaches) with placement='files', got None")
+        object.__setattr__(self, "repartition", as_enum(Repartition, "repartition", self.repartition))
+        check_int("prefetch", self.prefetch, minimum=0)
+        _storage_level(self.storage_level)
+
+
+_STORAGE_LEVELS = ("DISK_ONLY", "DISK_ONLY_2", "DISK_ONLY_3", "MEMORY_AND_DISK", "MEMORY_AND_DISK_2",
+                   "MEMORY_AND_DISK_DESER", "MEMORY_ONLY", "MEMORY_ONLY_2", "OFF_HEAP")
+
+
+def _storage_level(name) -> None:
+    check(name in _STORAGE_LEVELS, f"Expect storage_level to name a pyspark.StorageLevel "
+                                   f"({', '.join(_STORAGE_LEVELS)}), got {name!r}")
+
+
+@dataclass(frozen=True)
+class Master(Configurable):
+    """What every master shares (see the subclasses for the whole list).
+
+    Parameters
+    ----------
+    batch_size_per_worker : int, default 16
+        Examples per minibatch (DL4J's default).  Data is re-batched to this
+        size once per fit; a partition's last minibatch may be smaller.
+    workers : int or None, default None
+        Workers per round; ``None`` means Spark's default parallelism.
+    data : DataOptions, default DataOptions()
+        Where minibatches live between rounds.
+    device : Device, default AUTO
+        Where executors train.
+    collect_stats : bool, default True
+        Record per-phase timings on driver and workers.
+    seed : int, default 12345
+        Seed of the per-epoch minibatch shuffle (epoch ``e`` uses ``seed + e``,
+        so a resumed fit shuffles exactly as an uninterrupted one), >= 0.
+    """
+
+    batch_size_per_worker: int = 16
+    workers: Optional[int] = None
+    data: DataOptions = field(default_factory=DataOptions)
+    device: Device = Device.AUTO
+    collect_stats: bool = True
+    seed: int = 12345
+
+    def __post_init__(self):
+        check_int("batch_size_per_worker", self.batch_size_per_worker)
+        if self.workers is not None:
+            check_int("workers", self.workers)
+        check(isinstance(self.data, DataOptions), f"Expect data to be DataOptions(...), got {self.data!r}")
+        object.__setattr__(self, "device", as_enum(Device, "device", self.device))
+        check(isinstance(self.collect_stats, bool), f"Expect collect_stats to be a bool, got {self.collect_stats!r}")
+        check_int("seed", self.seed, minimum=0, maximum=2**31 - 1)
+
+    def validate_for(self, workers: int) -> None:
+        """Checks that need the resolved worker count (driver, before any job)."""
+        check_int("workers", workers)
+
+
+@register("master")
+@dataclass(frozen=True)
+class ParameterAveraging(Master):
+    """Synchronous parameter averaging (the default master).
+
+    Per round the driver broadcasts the flat parameters (and updater
+    state), every worker fits ``averaging_frequency`` minibatches of its
+    own shard of that round, ``treeAggregate`` sums the weighted results
+    and the driver divides.  Every example trains exactly once per epoch.
+
+    Parameters
+    ----------
+    averaging_frequency : int, default 5
+        Minibatches each worker fits between averagings.  DL4J warns that
+        values far above 20 hurt convergence.
+    aggregation_depth : int, default 2
+        ``treeAggregate`` depth.
+    save_updater : bool, default True
+        Average and carry the updater state (Adam's moments ...) too.
+        DL4J documents this default but ships False; we ship what it says.
+    weighting : Weighting, default EXAMPLES
+        ``examples`` weights each worker by the examples it trained;
+        ``uniform`` is DL4J's unweighted mean.
+
+    The fields of :class:`Master` (batch size, workers, data, device,
+    statistics, seed) come first.
+    """
+
+    averaging_frequency: int = 5
+    aggregation_depth: int = 2
+    save_updater: bool = True
+    weighting: Weighting = Weighting.EXAMPLES
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_int("averaging_frequency", self.averaging_frequency)
+        check_int("aggregation_depth", self.aggregation_depth)
+        check(isinstance(self.save_updater, bool), f"Expect save_updater to be a bool, got {self.save_updater!r}")
+        object.__setattr__(self, "weighting", as_enum(Weighting, "weighting", self.weighting))
+
+
+ThresholdRule = Union[FixedThreshold, AdaptiveThreshold, TargetSparsityThreshold]
+
+
+@register("master")
+@dataclass(frozen=True)
+class GradientSharing(Master):
+    """Asynchronous gradient sharing (Strom 2015), opt-in.
+
+    One barrier stage per epoch; each iteration every worker adds its
+    updater step to a residual, threshold-encodes it, sends it to its peers
+    over authenticated reliable UDP and applies its own and every received
+    message.
+
+    Parameters
+    ----------
+    threshold : FixedThreshold | AdaptiveThreshold | TargetSparsityThreshold, default FixedThreshold(1e-3)
+        The threshold rule (a float means ``FixedThreshold(value)``).
+    residual_post_processor : ResidualClipping or None, default ResidualClipping(5, 5.0)
+    topology : Topology, default PLAIN
+        ``PLAIN`` all-to-all; ``MESH`` relay tree with fan-out 8.
+    port : int, default 0
+        0 = an ephemeral UDP port per worker; else a base port: worker ``i``
+        binds ``port + i`` (open ``port`` .. ``port + workers - 1`` between hosts).
+    network_mask : str or None
+        CIDR mask choosing the interface whose address peers use, e.g.
+        ``"10.1.1.0/24"``; else env ``SPARKAVG_IP``; else the executor's
+        Spark host address.
+    transport : EndpointConfig, default EndpointConfig()
+        Datagram size, retransmit and stall timeouts, windows of the UDP
+        transport -- the transport's own configuration type, validated by
+        its own rules.
+    simulate_loss : float, default 0.0
+        Fault injection: drop, duplicate and reorder this fraction of
+        datagrams inside the transport (tests and demos).
+    max_stage_attempts : int, default 3
+        Spark never retries a failed barrier result stage, so the driver
+        does: a lost worker (process killed, peer stalled) restarts the
+        epoch from its starting state, up to this many attempts in all.
+        Errors retrying cannot fix (data, configuration, divergence) are
+        never retried.
+    """
+
+    threshold: ThresholdRule = field(default_factory=lambda: FixedThreshold(1e-3))
+    residual_post_processor: Optional[ResidualClipping] = field(default_factory=ResidualClipping)
+    topology: Topology = Topology.PLAIN
+    port: int = 0
+    network_mask: Optional[str] = None
+    transport: EndpointConfig = field(default_factory=EndpointConfig)
+    simulate_loss: float = 0.0
+    max_stage_attempts: int = 3
+
+    def __post_init__(self):
+        super().__post_init__()
+        if isinstance(self.threshold, (int, float)) and not isinstance(self.threshold, bool):
+            object.__setattr__(self, "threshold", FixedThreshold(float(self.threshold)))
+        check(isinstance(self.threshold, (FixedThreshold, AdaptiveThreshold, TargetSparsityThreshold)),
+              f"Expect threshold to be FixedThreshold, AdaptiveThreshold, TargetSparsityThreshold "
+              f"or a float, got {self.threshold!r}")
+        check(self.residual_post_processor is None or isinstance(self.residual_post_processor, ResidualClipping),
+              f"Expect residual_post_processor to be ResidualClipping or None, got {self.residual_post_processor!r}")
+        object.__setattr__(self, "topology", as_enum(Topology, "topology", self.topology))
+        check_int("port", self.port, minimum=0, maximum=65535)
+        if self.network_mask is not None:
+            try:
+                ipaddress.ip_network(str(self.network_mask), strict=False)
+            except ValueError as exc:
+                raise ValueError(f"Expect network_mask in CIDR form like '10.1.1.0/24', "
+                                 f"got {self.network_mask!r}: {exc}") from None
+        check(isinstance(self.transport, EndpointConfig),
+              f"Expect transport to be EndpointConfig(...), got {self.transport!r}")
+        check(isinstance(self.simulate_loss, (int, float)) and not isinstance(self.simulate_loss, bool),
+              f"Expect simulate_loss to be a float in [0, 1), got {self.simulate_loss!r}")
+        self.fault_injection(rank=0, epoch=0)  # the executors' rule, applied here first
+        check_int("max_stage_attempts", self.max_stage_attempts)
+        if self.workers is not None:
+            self.validate_for(self.workers)
+
+    def validate_for(self, workers: int) -> None:
+        super().validate_for(workers)
+        if self.port:
+            check(self.port + workers - 1 <= 65535,
+                  f"Expect port + workers - 1 <= 65535 (worker i binds port + i), got port {self.port} "
+                  f"with {workers} workers")
+
+    def fault_injection(self, rank: int, epoch: int) -> Optional[FaultInjection]:
+        """The transport's fault injection for one worker (None when off)."""
+        p = float(self.simulate_loss)
+        if p == 0.0:
+            return None
+        return FaultInjection(loss=p, duplicate=p / 2, reorder=p / 2, seed=self.seed * 1000 + rank + 17 * epoch)
+
+    def endpoint_config(self, rank: int, epoch: int) -> EndpointConfig:
+        """The transport configuration one worker runs with."""
+        import dataclasses
+
+        return dataclasses.replace(self.transport, faults=self.fault_injection(rank, epoch))
+
+
+def master_from_config(config: dict) -> Master:
+    """Rebuild a master from :meth:`Master.to_config` output (checkpoints use this)."""
+    return from_config(config, kind="master", expect=Master)

@@ -1,0 +1,165 @@
+"""One epoch skeleton for every master.
+
+:meth:`EpochRunner.run_epoch` is the same for both masters: plan the
+epoch (deal minibatches to rounds x workers), then per round ship the
+network state, launch the round's tasks through the seam, destroy what
+was shipped, raise an executor's permanent error as itself, merge the
+results into the network and record the round.  A master says only how
+its epoch distributes work:
+
+- :meth:`~EpochRunner.minibatches_per_round` -- how many minibatches each
+  worker fits between merges;
+- :meth:`~EpochRunner.shipped` -- what travels to the executors besides the state;
+- :meth:`~EpochRunner.launch` -- which tasks run and how their results come back;
+- :meth:`~EpochRunner.merge` -- how results become the network's new state.
+"""
+from __future__ import annotations
+
+import abc
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ... import ops
+from ...backend import to_cpu
+from ..data import EpochPlan, PreparedData
+from ..errors import raise_failures
+from ..masters import Repartition
+from ..session import check_result_path
+from ..stats import Phase
+
+__all__ = ["EpochRunner", "Merged", "Progress", "network_state", "set_state"]
+
+logger = logging.getLogger(__name__)
+
+
+def network_state(network, with_updater: bool) -> tuple:
+    """``(iteration, params, updater_state)`` as plain host numpy arrays."""
+    params = np.ascontiguousarray(to_cpu(network.params), dtype=np.float32)
+    state = np.ascontiguousarray(to_cpu(network.updater_state), dtype=np.float32) if with_updater else None
+    return int(network.iteration), params, state
+
+
+def set_state(network, params, state, weight: float, iterations: int) -> None:
+    """Set ``params / weight`` (and ``state / weight``) on ``network``, in place
+    on the given sums, and advance its iteration."""
+    inv = 1.0 / weight
+    if inv != 1.0:
+        ops.scale(params, inv)
+    network.params = params
+    if state is not None:
+        if inv != 1.0:
+            ops.scale(state, inv)
+        network.updater_state = state
+    network.iteration = network.iteration + int(iterations)
+
+
+@dataclass
+class Merged:
+    """What a merged round contributes to the epoch's summary."""
+
+    loss_sum: float
+    examples: int
+    payloads: list
+    extra: dict = field(default_factory=dict)
+
+
+class Progress:
+    """Periodic progress lines on the driver (at most one per ``every`` s)."""
+
+    def __init__(self, label: str, total: int, every: float = 5.0):
+        self.label, self.total, self.every = label, max(1, total), every
+        self.start = self._last = time.monotonic()
+
+    def update(self, done: int, **fields) -> None:
+        now = time.monotonic()
+        if done < self.total and now - self._last < self.every:
+            return
+        self._last = now
+        extra = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items())
+        logger.info("%s: %d/%d (%.0f%%) %.1fs %s", self.label, done, self.total, 100.0 * done / self.total,
+                    now - self.start, extra)
+
+
+class EpochRunner(abc.ABC):
+    """Runs epochs of one master through one seam (see the module docstring)."""
+
+    #: What a round is called in errors and progress lines.
+    round_name = "round"
+
+    def __init__(self, seam, master):
+        self.seam = seam
+        self.master = master
+        self._session_checked = False
+
+    # ------------------------------------------------------------ the hooks
+    @abc.abstractmethod
+    def minibatches_per_round(self, prepared: PreparedData, workers: int, network, epoch: int, stats) -> int:
+        """Minibatches each worker fits between two merges."""
+
+    @abc.abstractmethod
+    def result_bytes(self, network) -> int:
+        """Bytes one worker returns per round (checked against the session)."""
+
+    def shipped(self, network, epoch: int):
+        """The value shipped to executors for one round (default: the network state)."""
+        return network_state(network, with_updater=True)
+
+    @abc.abstractmethod
+    def launch(self, plan: EpochPlan, r: int, config_json: str, shipped, epoch: int, stats):
+        """Run round ``r``'s tasks; return their (combined or listed) results."""
+
+    @abc.abstractmethod
+    def merge(self, network, results, epoch: int, r: int, stats) -> Merged:
+        """Fold the round's results into ``network``."""
+
+    def epoch_done(self, summary: dict, stats) -> None:
+        """Called once the epoch's rounds are merged (default: nothing)."""
+
+    # ----------------------------------------------------------- skeleton
+    def run_epoch(self, network, prepared: PreparedData, epoch: int, workers: int, stats) -> dict:
+        """Train one epoch in place on ``network``; returns a summary dict."""
+        if not self._session_checked:
+            check_result_path(self.seam.conf("spark.task.maxDirectResultSize", "1m"), self.result_bytes(network))
+            self._session_checked = True
+        m = self.master
+        per_round = self.minibatches_per_round(prepared, workers, network, epoch, stats)
+        seed = None if m.data.repartition is Repartition.NEVER else m.seed + epoch
+        with stats.timed(Phase.PLAN, epoch=epoch):
+            plan = self.seam.plan(prepared, workers, per_round, seed)
+        rounds = len(plan.rounds)
+        progress = Progress(f"epoch {epoch + 1} {self.round_name}s", rounds)
+        config_json = network.to_json()
+        loss_sum, examples, extra = 0.0, 0, {}
+        try:
+            for r in range(rounds):
+                t_round = time.perf_counter()
+                with stats.timed(Phase.BROADCAST, epoch=epoch, round=r):
+                    shipped = self.seam.ship(self.shipped(network, epoch))
+                try:
+                    launched = time.perf_counter()
+                    results = self.launch(plan, r, config_json, shipped, epoch, stats)
+                    returned = time.perf_counter()
+                finally:
+                    shipped.destroy()
+                raise_failures(results, f"{self.round_name} {r + 1} of epoch {epoch + 1}")
+                if results is None or (isinstance(results, list) and not results):
+                    raise RuntimeError(f"{self.round_name} {r + 1} of epoch {epoch + 1} returned no result: "
+                                       "every shard was empty")
+                with stats.timed(Phase.AVERAGE, epoch=epoch, round=r):
+                    merged = self.merge(network, results, epoch, r, stats)
+                for payload in merged.payloads:
+                    stats.add_worker_payload(payload, epoch=epoch, round=r, launched=launched, returned=returned)
+                loss_sum += merged.loss_sum
+                examples += merged.examples
+                extra.update(merged.extra)
+                stats.record(Phase.ROUND, t_round, time.perf_counter(), epoch=epoch, round=r)
+                progress.update(r + 1, loss=loss_sum / max(examples, 1), examples=examples)
+        finally:
+            plan.drop()
+        summary = {"loss": loss_sum / max(examples, 1), "examples": examples, "rounds": rounds, **extra}
+        self.epoch_done(summary, stats)
+        return summary
+

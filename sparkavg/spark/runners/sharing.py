@@ -1,0 +1,87 @@
+"""Gradient sharing: how its epoch distributes work.
+
+One round per epoch: one barrier stage with one task per worker.  The
+driver ships the network state, each rank's carried sharing state
+(residual, threshold) and the per-job HMAC key; it gets back every
+replica, keeps rank 0's parameters, averages the updater state, checks
+that the replicas agree and keeps the sharing states for the next epoch.
+Spark never retries a failed barrier stage, so the driver restarts the
+epoch -- unless the error is one retrying cannot fix.
+"""
+from __future__ import annotations
+
+import logging
+import secrets
+
+import numpy as np
+
+from ... import ops
+from ..errors import TaskFailure, is_permanent
+from ..executor.sharing import make_sharing_task
+from ..masters import GradientSharing
+from .base import EpochRunner, Merged, network_state
+
+__all__ = ["SharingRunner"]
+
+logger = logging.getLogger(__name__)
+
+
+class SharingRunner(EpochRunner):
+    """Runs epochs of :class:`GradientSharing`."""
+
+    master: GradientSharing
+    round_name = "gradient-sharing stage"
+
+    def __init__(self, seam, master):
+        super().__init__(seam, master)
+        self.key = secrets.token_bytes(32)  # per-job HMAC key, shipped with the job only
+        self.job_id = secrets.randbits(32)
+        self.carry = None  # per rank: SharingState.to_plain()
+
+    def minibatches_per_round(self, prepared, workers, network, epoch, stats) -> int:
+        if self.carry is not None and len(self.carry) != workers:
+            logger.warning("worker count changed (%d -> %d): residuals reset", len(self.carry), workers)
+            self.carry = None
+        return -(-len(prepared.sizes) // workers)  # the whole epoch in one round
+
+    def result_bytes(self, network) -> int:
+        return 4 * (2 * network.num_params + network.updater_state.size)
+
+    def shipped(self, network, epoch):
+        return {"state": network_state(network, with_updater=True), "carry": self.carry, "key": self.key}
+
+    def launch(self, plan, r, config_json, shipped, epoch, stats):
+        m = self.master
+        task = make_sharing_task(config_json, shipped, m, epoch=epoch, job_id=self.job_id,
+                                 hooks=self.seam.test_hooks())
+        what = f"gradient-sharing epoch {epoch + 1}"
+        for attempt in range(1, m.max_stage_attempts + 1):
+            try:
+                return self.seam.barrier_round(plan, r, task, what)
+            except Exception as exc:
+                # Nothing of a failed attempt reached the driver: restart from the shipped state.
+                if attempt == m.max_stage_attempts or is_permanent(exc):
+                    raise
+                stats.count("stage_restarts", 1)
+                logger.warning("%s, attempt %d of %d failed (%s); restarting the epoch", what, attempt,
+                               m.max_stage_attempts, str(exc).splitlines()[0][:300])
+
+    def merge(self, network, results, epoch, r, stats) -> Merged:
+        results = sorted((x for x in results if not isinstance(x, TaskFailure)), key=lambda x: x.rank)
+        reference = results[0].params
+        diff = max((float(np.max(np.abs(x.params - reference))) if x.params.size else 0.0) for x in results)
+        # Replicas agree on the parameters (rank 0's are kept); updater states are averaged.
+        if results[0].updater_state.size:
+            mean_state = np.zeros_like(results[0].updater_state)
+            for x in results:
+                ops.accumulate(mean_state, x.updater_state)
+            ops.scale(mean_state, 1.0 / len(results))
+            network.updater_state = mean_state
+        network.params = reference
+        network.iteration = network.iteration + max(x.iterations for x in results)
+        self.carry = [x.carry for x in results]
+        stats.series("replica_max_abs_diff", epoch, diff)
+        logger.info("epoch %d: replicas agree to %.3g (max |difference|), thresholds %s", epoch + 1, diff,
+                    ", ".join(f"{x.carry['tau']:.3g}" for x in results))
+        return Merged(sum(x.loss_sum for x in results), sum(x.examples for x in results),
+                      [x.stats for x in results], {"replica_max_abs_diff": diff})

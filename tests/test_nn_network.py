@@ -386,7 +386,7 @@ def test_missing_member_and_non_archive_rejected(saved, tmp_path):
         Network.load(path)
     npy = tmp_path / "plain.npy"
     np.save(npy, np.zeros(3))
-    with pytest.raises(ModelFileError, match="not an .npz model archive"):
+    with pytest.raises(ModelFileError, match="expected an .npz model archive"):
         Network.load(npy)
     junk = tmp_path / "junk.npz"
     junk.write_bytes(b"definitely not a zip")

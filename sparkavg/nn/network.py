@@ -524,13 +524,26 @@ class Network(Configurable):
         save_network(self, path)
 
     @classmethod
-    def load(cls, path) -> "Network":
-        """Read a file written by :meth:`save`, verifying it; raises
-        :class:`~sparkavg.nn.serialization.ModelFileError` naming the file
-        and the problem."""
+    def load(cls, path, *, max_params: int | None = None) -> "Network":
+        """Read a file written by :meth:`save`, verifying it in bounded memory.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+        max_params : int, optional
+            Refuse a configuration with more parameters than this (before
+            anything is allocated); default
+            :data:`sparkavg.nn.serialization.MAX_PARAMS`.
+
+        Raises
+        ------
+        ModelFileError
+            Anything wrong with the file, naming the file and what was
+            expected (see :mod:`sparkavg.nn.serialization`).
+        """
         from .serialization import load_network
 
-        return load_network(path)
+        return load_network(path, max_params=max_params)
 
     def summary(self) -> str:
         """A table of layers, output shapes (NCHW convention) and parameter counts."""

@@ -1,11 +1,13 @@
-"""Model files: an .npz archive, never pickle.
+"""Model files: an .npz archive, never pickle, read in bounded memory.
 
-Members (all plain numeric arrays):
+Members (all plain numeric ``.npy`` arrays, stored uncompressed):
 
 ===================  =========  ===============================================
 name                 dtype      content
 ===================  =========  ===============================================
-``config``           uint8      the network's JSON configuration (UTF-8)
+``config``           uint8      the network's JSON configuration (UTF-8),
+                                :meth:`Network.to_config` (or the version-1
+                                layout, which still loads)
 ``params``           float32/64 the flat parameter vector
 ``updater_state``    float32/64 the flat updater state
 ``counters``         int64      [iteration, epoch]
@@ -13,17 +15,39 @@ name                 dtype      content
                                 array's dtype, shape and bytes
 ===================  =========  ===============================================
 
-Loading reads with ``allow_pickle=False``, rebuilds the network from the
-config, checks every array's dtype and shape against it and verifies the
-digest; anything wrong raises :class:`ModelFileError` naming the file and
-the problem.  The digest detects corruption and accidental edits, not a
-forger (who could recompute it).
+Loading trusts nothing it has not checked, in this order, so that a hostile
+file costs little memory or time before it is refused:
+
+1. the zip directory: exactly the five members, each stored or deflated
+   (not encrypted, no other method), deflated ones expanding at most
+   :data:`MAX_COMPRESSION_RATIO` times;
+2. the small members (config at most :data:`MAX_CONFIG_BYTES`, counters,
+   digest), each by its ``.npy`` header and declared size first;
+3. the JSON configuration, rebuilt as far as the sizes it implies
+   (:meth:`Network.sizes`), which must not exceed ``max_params``
+   (:data:`MAX_PARAMS` by default);
+4. the ``.npy`` headers of ``params`` and ``updater_state`` (dtype, shape,
+   no object dtype) and the zip entries' declared sizes against those
+   sizes -- before any array is read;
+5. then the network is built and the arrays streamed into it in 1 MiB
+   chunks while the digest is computed; a mismatch discards it.
+
+Anything wrong raises :class:`ModelFileError` (a ``ValueError``) naming the
+file and what was expected.  A missing or unreadable path raises the usual
+``OSError``.  The digest detects corruption and accidental edits, not a
+forger (who could recompute it); the checks above are what bound a forger.
+Non-finite parameters load (a diverged network is still what was saved)
+with a warning.
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
+import logging
+import math
 import os
+import struct
 import tempfile
 import zipfile
 import zlib
@@ -31,30 +55,60 @@ import zlib
 import numpy as np
 
 from .. import backend
+from ..configurable import checked_arguments
 
-__all__ = ["ModelFileError", "save_network", "load_network", "FILE_TAG"]
+__all__ = ["ModelFileError", "save_network", "load_network", "FILE_TAG", "MAX_PARAMS", "MAX_CONFIG_BYTES",
+           "MAX_COMPRESSION_RATIO"]
+
+logger = logging.getLogger(__name__)
 
 FILE_TAG = b"sparkavg.nn model v1"
+
+#: Default ``max_params`` of :func:`load_network`: 2**29 parameters (2 GiB of float32).
+MAX_PARAMS = 2**31 // 4
+#: Largest JSON configuration a model file may hold.
+MAX_CONFIG_BYTES = 1 << 20
+#: A deflated member may expand at most this many times (the writer stores
+#: members uncompressed; deflate itself tops out near 1032).
+MAX_COMPRESSION_RATIO = 100
+
 _MEMBERS = ("config", "params", "updater_state", "counters", "sha256")
+_CHUNK = 1 << 20
+_MAX_NPY_HEADER = 10_000  # numpy's own default limit
+# What reading a corrupt zip member can raise, besides our own ModelFileError.
+_READ_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, KeyError, NotImplementedError,
+                RuntimeError, struct.error, OverflowError, SyntaxError, TypeError)
 
 
 class ModelFileError(ValueError):
     """A model file that cannot be trusted or read; the message names the
-    file and what was wrong."""
+    file and what was expected."""
 
 
-def _digest(config_bytes: bytes, arrays) -> np.ndarray:
+# ------------------------------------------------------------------ digest
+def _digest_start(config_bytes: bytes):
     h = hashlib.sha256(FILE_TAG)
     h.update(len(config_bytes).to_bytes(8, "little"))
     h.update(config_bytes)
+    return h
+
+
+def _digest_meta(h, dtype, shape) -> None:
+    meta = f"{np.dtype(dtype).str}{tuple(shape)}".encode()
+    h.update(len(meta).to_bytes(8, "little"))
+    h.update(meta)
+
+
+def _digest(config_bytes: bytes, arrays) -> np.ndarray:
+    """SHA-256 over the tag, the config and each array's dtype, shape and bytes, as (32,) uint8."""
+    h = _digest_start(config_bytes)
     for a in arrays:
-        meta = f"{a.dtype.str}{a.shape}".encode()
-        h.update(len(meta).to_bytes(8, "little"))
-        h.update(meta)
+        _digest_meta(h, a.dtype, a.shape)
         h.update(np.ascontiguousarray(a).tobytes())
     return np.frombuffer(h.digest(), dtype=np.uint8)
 
 
+# ------------------------------------------------------------------- write
 def save_network(network, path) -> None:
     """Write ``network`` to ``path`` exactly (no '.npz' appended), atomically
     (a temporary file in the same folder, then a rename)."""
@@ -82,72 +136,198 @@ def save_network(network, path) -> None:
         raise
 
 
-def _read_members(path):
-    """Every expected member as a numpy array, or ModelFileError."""
-    try:
-        archive = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise ModelFileError(f"{path}: not a readable .npz model archive ({exc})") from None
-    if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise ModelFileError(f"{path}: holds a single array, not an .npz model archive")
-    with archive:
-        names = set(archive.files)
-        missing = [m for m in _MEMBERS if m not in names]
-        extra = sorted(names - set(_MEMBERS))
+# -------------------------------------------------------------------- read
+class _Archive:
+    """The checked zip directory of one model file; every error names the file."""
+
+    def __init__(self, path: str, fh):
+        self.path = path
+        try:
+            self.zip = zipfile.ZipFile(fh)
+            infos = self.zip.infolist()
+        except _READ_ERRORS as exc:
+            raise self.error(f"expected an .npz model archive (a zip file), got unreadable data ({exc})") from None
+        counts = collections.Counter(i.filename for i in infos)
+        expected = [f"{m}.npy" for m in _MEMBERS]
+        missing = [m for m, n in zip(_MEMBERS, expected) if n not in counts]
+        extra = sorted(n for n, k in counts.items() if n not in expected or k > 1)
         if missing or extra:
-            raise ModelFileError(f"{path}: expected members {list(_MEMBERS)}, missing {missing}, "
-                                 f"unexpected {extra}")
-        members = {}
-        for name in _MEMBERS:
+            shown = extra[:10] + ([f"... {len(extra) - 10} more"] if len(extra) > 10 else [])
+            raise self.error(f"expected exactly the members {list(_MEMBERS)}, missing {missing}, "
+                             f"unexpected or repeated {shown}")
+        self.infos = {i.filename[:-4]: i for i in infos}
+        for name, info in self.infos.items():
+            self._check_entry(name, info)
+
+    def error(self, message: str) -> ModelFileError:
+        return ModelFileError(f"{self.path}: {message}")
+
+    def _check_entry(self, name, info) -> None:
+        if info.flag_bits & 0x1:
+            raise self.error(f"member {name!r} is encrypted; expected a plain entry")
+        if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            raise self.error(f"member {name!r} uses compression method {info.compress_type}; expected stored (0) "
+                             f"or deflated (8)")
+        if info.compress_type == zipfile.ZIP_STORED and info.compress_size != info.file_size:
+            raise self.error(f"member {name!r} is stored with {info.compress_size} bytes but declares "
+                             f"{info.file_size}; expected equal sizes")
+        if info.compress_type == zipfile.ZIP_DEFLATED and \
+                info.file_size > max(_CHUNK, MAX_COMPRESSION_RATIO * info.compress_size):
+            raise self.error(f"member {name!r} expands {info.compress_size:,} compressed bytes to {info.file_size:,} "
+                             f"(ratio {info.file_size / max(info.compress_size, 1):,.0f}); expected a ratio of at "
+                             f"most {MAX_COMPRESSION_RATIO} -- refusing a possible zip bomb")
+
+    def open(self, name: str, dtype, shape=None, max_length: int | None = None):
+        """Open member ``name`` and check its ``.npy`` header and declared size
+        (``shape`` exact, or a 1-D length of at most ``max_length``) without
+        reading the data.  Returns ``(stream positioned at the data, shape)``."""
+        info = self.infos[name]
+        dtype = np.dtype(dtype)
+        try:
+            fp = self.zip.open(info)
             try:
-                members[name] = archive[name]
-            except ValueError as exc:
-                if "allow_pickle" in str(exc) or "Object arrays" in str(exc):
-                    raise ModelFileError(f"{path}: member {name!r} is a pickled object array; "
-                                         f"refusing to unpickle a model file") from None
-                raise ModelFileError(f"{path}: member {name!r} is unreadable ({exc})") from None
-            except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
-                raise ModelFileError(f"{path}: member {name!r} is truncated or corrupt ({exc})") from None
-    return members
+                version = np.lib.format.read_magic(fp)
+                if version == (1, 0):
+                    got_shape, fortran, got_dtype = np.lib.format.read_array_header_1_0(fp, _MAX_NPY_HEADER)
+                elif version == (2, 0):
+                    got_shape, fortran, got_dtype = np.lib.format.read_array_header_2_0(fp, _MAX_NPY_HEADER)
+                else:
+                    raise self.error(f"member {name!r} is .npy format {version}; expected 1.0 or 2.0")
+                header_bytes = fp.tell()
+            except BaseException:
+                fp.close()
+                raise
+        except ModelFileError:
+            raise
+        except _READ_ERRORS as exc:
+            raise self.error(f"member {name!r} is corrupt: expected an .npy header ({exc})") from None
+        want = f"{dtype} of shape {shape}" if shape is not None else f"1-D {dtype} of at most {max_length:,} values"
+        if got_dtype.hasobject:
+            fp.close()
+            raise self.error(f"member {name!r} is a pickled object array (dtype {got_dtype}); expected {want} "
+                             f"(model files are never unpickled)")
+        ok = got_dtype == dtype and not (fortran and len(got_shape) > 1)
+        ok = ok and (got_shape == shape if shape is not None else len(got_shape) == 1 and got_shape[0] <= max_length)
+        if not ok:
+            fp.close()
+            raise self.error(f"{name} should be {want} for this configuration, got {got_dtype} of shape {got_shape}")
+        nbytes = math.prod(got_shape) * dtype.itemsize
+        if info.file_size != header_bytes + nbytes:
+            fp.close()
+            raise self.error(f"member {name!r} declares {info.file_size:,} bytes; expected {header_bytes + nbytes:,} "
+                             f"(a {header_bytes}-byte header and {got_dtype} of shape {got_shape})")
+        return fp, got_shape
+
+    def read_into(self, name: str, fp, out: np.ndarray, digest) -> None:
+        """Stream the data of an opened member into ``out`` in chunks, hashing it;
+        reading to the end makes zipfile check the entry's CRC-32."""
+        view = memoryview(out.reshape(-1).view(np.uint8))
+        try:
+            with fp:
+                for start in range(0, len(view), _CHUNK):
+                    want = min(_CHUNK, len(view) - start)
+                    chunk = fp.read(want)  # fewer bytes only at the end of the entry
+                    if len(chunk) != want:
+                        raise EOFError(f"data ends after {start + len(chunk):,} of {len(view):,} bytes")
+                    view[start:start + want] = chunk
+                    digest.update(chunk)
+                if fp.read(1):
+                    raise ValueError("data continues past the array")
+        except _READ_ERRORS as exc:
+            raise self.error(f"member {name!r} is truncated or corrupt ({exc})") from None
+
+    def read_small(self, name: str, dtype, shape=None, max_length=None) -> np.ndarray:
+        """A small member, checked by header first, read whole."""
+        fp, got_shape = self.open(name, dtype, shape, max_length)
+        out = np.empty(got_shape, dtype=dtype)
+        self.read_into(name, fp, out, hashlib.sha256())
+        return out
 
 
-def _expect(path, name, array, dtype, shape):
-    if array.dtype != np.dtype(dtype) or array.shape != shape:
-        raise ModelFileError(f"{path}: {name} should be {np.dtype(dtype)} of shape {shape} for "
-                             f"this configuration, got {array.dtype} of shape {array.shape}")
+def _network_plan(archive: _Archive, config_bytes: bytes, max_params: int):
+    """The network class, its checked arguments and sizes, from the config
+    member -- nothing allocated yet."""
+    from .network import _DTYPES, Network, upgrade_config
 
-
-def load_network(path):
-    """Read, verify and rebuild a network written by :func:`save_network`."""
-    from ..configurable import from_config
-    from .network import Network, upgrade_config
-
-    path = os.fspath(path)
-    m = _read_members(path)
-    if m["config"].dtype != np.uint8 or m["config"].ndim != 1:
-        raise ModelFileError(f"{path}: config should be a 1-D uint8 array, got {m['config'].dtype} "
-                             f"of shape {m['config'].shape}")
-    _expect(path, "sha256", m["sha256"], np.uint8, (32,))
-    _expect(path, "counters", m["counters"], np.int64, (2,))
-    config_bytes = m["config"].tobytes()
-    # The digest first: a corrupted config should be reported as corruption.
-    digest = _digest(config_bytes, (m["params"], m["updater_state"], m["counters"]))
-    if not np.array_equal(digest, m["sha256"]):
-        raise ModelFileError(f"{path}: SHA-256 mismatch: the file was modified or corrupted "
-                             f"after it was saved")
     try:
         config = upgrade_config(json.loads(config_bytes.decode("utf-8")))
-        network = from_config(config, kind="network", expect=Network)
-    except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
-        raise ModelFileError(f"{path}: invalid network configuration ({exc})") from None
-    _expect(path, "params", m["params"], network.dtype, (network.num_params,))
-    _expect(path, "updater_state", m["updater_state"], network.dtype, network.updater_state.shape)
-    iteration, epoch = (int(v) for v in m["counters"])
+        cls, args = checked_arguments(config, kind="network", expect=Network)
+        num_params, state_size = cls.sizes(args["input_shape"], args["layers"], args.get("updater"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # ConfigError and JSONDecodeError included
+        raise archive.error(f"expected a valid network configuration in member 'config' ({exc})") from None
+    dtype = args.get("dtype", "float32")
+    if dtype not in _DTYPES:
+        raise archive.error(f"expected a network dtype in {_DTYPES}, got {dtype!r:.50}")
+    if num_params > max_params:
+        raise archive.error(f"the configuration has {num_params:,} parameters, more than max_params="
+                            f"{max_params:,}; pass a larger max_params to load a trusted file this large")
+    if state_size > 2 * max_params:
+        raise archive.error(f"the configuration's updater state has {state_size:,} values, more than "
+                            f"2 * max_params = {2 * max_params:,}")
+    return cls, args, num_params, state_size, np.dtype(dtype)
+
+
+def load_network(path, *, max_params: int | None = None):
+    """Read, verify and rebuild a network written by :func:`save_network`.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+    max_params : int, optional
+        Refuse configurations with more parameters (default :data:`MAX_PARAMS`).
+
+    Returns
+    -------
+    Network
+        On the CPU, with the saved parameters, updater state and counters.
+
+    Raises
+    ------
+    ModelFileError
+        The file is not a model file this library wrote, or was altered,
+        truncated, or is larger than allowed; the message names the file.
+    OSError
+        ``path`` cannot be opened.
+    """
+    path = os.fspath(path)
+    if max_params is None:
+        max_params = MAX_PARAMS
+    if isinstance(max_params, bool) or not isinstance(max_params, (int, np.integer)) or max_params < 1:
+        raise ValueError(f"Expect max_params as an int >= 1, got {max_params!r}")
+    with open(path, "rb") as fh:
+        archive = _Archive(path, fh)
+        with archive.zip:
+            config = archive.read_small("config", np.uint8, max_length=MAX_CONFIG_BYTES)
+            counters = archive.read_small("counters", np.int64, shape=(2,))
+            expected_digest = archive.read_small("sha256", np.uint8, shape=(32,))
+            config_bytes = config.tobytes()
+            cls, args, num_params, state_size, dtype = _network_plan(archive, config_bytes, int(max_params))
+            # Both big headers before the network allocates anything.
+            params_fp, _ = archive.open("params", dtype, shape=(num_params,))
+            params_fp.close()
+            state_fp, _ = archive.open("updater_state", dtype, shape=(state_size,))
+            state_fp.close()
+            try:
+                network = cls(**args)
+            except ValueError as exc:
+                raise archive.error(f"expected a valid network configuration in member 'config' ({exc})") from None
+            digest = _digest_start(config_bytes)
+            for name, target in (("params", network.params), ("updater_state", network.updater_state)):
+                fp, _ = archive.open(name, dtype, shape=target.shape)
+                _digest_meta(digest, target.dtype, target.shape)
+                archive.read_into(name, fp, target, digest)
+    _digest_meta(digest, counters.dtype, counters.shape)
+    digest.update(counters.tobytes())
+    if digest.digest() != expected_digest.tobytes():
+        raise ModelFileError(f"{path}: SHA-256 mismatch: expected the digest stored in the file; the file was "
+                             f"modified or corrupted after it was saved")
+    iteration, epoch = (int(v) for v in counters)
     if iteration < 0 or epoch < 0:
         raise ModelFileError(f"{path}: counters should be >= 0, got iteration={iteration}, epoch={epoch}")
-    network.params = m["params"]
-    network.updater_state = m["updater_state"]
     network.iteration, network.epoch = iteration, epoch
+    params = network.params
+    bad = sum(int(params[i:i + _CHUNK].size - np.count_nonzero(np.isfinite(params[i:i + _CHUNK])))
+              for i in range(0, params.size, _CHUNK))
+    if bad:
+        logger.warning("%s: %d of %d parameters are not finite (loaded as saved)", path, bad, network.num_params)
     return network

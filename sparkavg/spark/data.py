@@ -24,7 +24,7 @@ from typing import List, Optional
 import numpy as np
 
 from ..data.validation import DataSpec, DataValidationError, rebatch_partition
-from .errors import executor_errors
+from .errors import TaskFailure, executor_errors, guarded_partitions, raise_failures
 from .storage import SharedLocation, load_minibatch, save_minibatch
 
 __all__ = ["as_example_rdd", "PreparedData", "prepare", "deal", "EpochPlan", "placement_for", "load_minibatch"]
@@ -98,14 +98,12 @@ def _write_partition(spec: DataSpec, batch_size: int, folder: str):
     rebatch = rebatch_partition(spec, batch_size)
 
     def run(index, rows):
-        out = []
         for j, (x, y) in enumerate(rebatch(index, rows)):
             path = f"{folder}/p{index:05d}-b{j:06d}.npz"
             save_minibatch(path, x, y)
-            out.append((path, int(x.shape[0])))
-        return out
+            yield path, int(x.shape[0])
 
-    return run
+    return guarded_partitions(run)
 
 
 def prepare(rdd, spec: DataSpec, batch_size: int, location: Optional[SharedLocation],
@@ -120,6 +118,7 @@ def prepare(rdd, spec: DataSpec, batch_size: int, location: Optional[SharedLocat
             folder = location.make()
             with executor_errors("writing minibatches to the shared location"):
                 meta = rdd.mapPartitionsWithIndex(_write_partition(spec, batch_size, folder)).collect()
+            raise_failures(meta, "minibatching")
         except BaseException:
             location.release()
             raise
@@ -127,11 +126,13 @@ def prepare(rdd, spec: DataSpec, batch_size: int, location: Optional[SharedLocat
         return PreparedData([n for _, n in meta], paths=[p for p, _ in meta], location=location)
     from pyspark import StorageLevel
 
-    mb = rdd.mapPartitionsWithIndex(rebatch_partition(spec, batch_size))
+    mb = rdd.mapPartitionsWithIndex(guarded_partitions(rebatch_partition(spec, batch_size)))
     mb = mb.zipWithIndex().map(lambda t: (t[1], t[0])).persist(getattr(StorageLevel, storage_level))
     try:
         with executor_errors("minibatching"):
-            meta = mb.map(lambda kv: (kv[0], int(kv[1][0].shape[0]))).collect()
+            meta = mb.map(lambda kv: kv[1] if isinstance(kv[1], TaskFailure) else (kv[0], int(kv[1][0].shape[0])))
+            meta = meta.collect()
+        raise_failures(meta, "minibatching")
     except BaseException:
         mb.unpersist()
         raise

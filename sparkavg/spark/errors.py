@@ -29,6 +29,7 @@ __all__ = [
     "register_error",
     "is_permanent",
     "task_failure_guard",
+    "guarded_partitions",
     "raise_failures",
     "executor_errors",
 ]
@@ -99,6 +100,21 @@ def task_failure_guard(failures: list, **context):
         note = json.dumps({"kind": type(exc).__name__, "message": str(exc)[:2000], "where": where})
         raise type(exc)(f"{exc}\n{_MARKER}{note}") if _can_rebuild(exc) else RuntimeError(
             f"{type(exc).__name__}: {exc}\n{_MARKER}{note}") from exc
+
+
+def guarded_partitions(fn):
+    """Wrap a ``(index, rows) -> iterator`` executor function: a permanent
+    error ends the partition with a :class:`TaskFailure` element instead of
+    failing the task (which Spark would retry)."""
+
+    def run(index, rows):
+        failures: list = []
+        with task_failure_guard(failures, partition=index):
+            yield from fn(index, rows)
+        if failures:
+            yield failures[0]
+
+    return run
 
 
 def _can_rebuild(exc: BaseException) -> bool:

@@ -57,9 +57,10 @@ class SparkTrainer:
         :class:`~sparkavg.spark.DivergenceError` naming the worker and
         iteration (the last checkpoint is the last good state).
         ``"recover"`` instead restores the state from the start of the
-        epoch, halves the learning rate and trains the epoch again (up to
-        ``max_recoveries`` times per fit).
+        epoch, multiplies the learning rate by ``recovery_lr_factor`` and
+        trains the epoch again (up to ``max_recoveries`` times per fit).
     max_recoveries : int, default 3
+    recovery_lr_factor : float, default 0.5
 
     The trainer holds exported minibatches and shipped parameters of
     ``predict``; :meth:`close` (or leaving ``with SparkTrainer(...)``, or
@@ -69,7 +70,7 @@ class SparkTrainer:
     def __init__(self, spark_or_sc, network, master=None, *, features_col: str = "features",
                  label_col: str = "label", checkpoint_dir: Optional[str] = None,
                  overwrite_checkpoints: bool = False, eval_batch_size: int = 64, on_divergence: str = "raise",
-                 max_recoveries: int = 3):
+                 max_recoveries: int = 3, recovery_lr_factor: float = 0.5):
         self.seam = seam_for(spark_or_sc)
         self.master = master if master is not None else ParameterAveraging()
         self._runner = runner_for(self.seam, self.master)
@@ -83,6 +84,9 @@ class SparkTrainer:
             raise ValueError(f"Expect on_divergence in {_ON_DIVERGENCE}, got {on_divergence!r}")
         if not isinstance(max_recoveries, int) or max_recoveries < 0:
             raise ValueError(f"Expect max_recoveries >= 0 (an int), got {max_recoveries!r}")
+        if not (isinstance(recovery_lr_factor, (int, float)) and 0 < recovery_lr_factor < 1):
+            raise ValueError(f"Expect 0 < recovery_lr_factor < 1, got {recovery_lr_factor!r}")
+        self.recovery_lr_factor = float(recovery_lr_factor)
         self.eval_batch_size = eval_batch_size
         self.on_divergence, self.max_recoveries = on_divergence, max_recoveries
         self.run_id = uuid.uuid4().hex[:12]
@@ -236,11 +240,12 @@ class SparkTrainer:
         net = self.network
         net.params, net.updater_state, net.iteration = params, state, iteration
         old = net.updater.lr
-        net.updater = dataclasses.replace(net.updater, lr=old / 2)
-        self.stats.decision("learning_rate", old / 2, f"epoch {epoch + 1} diverged ({exc}); restored the epoch's "
-                            f"starting state and halved the learning rate", epoch=epoch)
+        new = old * self.recovery_lr_factor
+        net.updater = dataclasses.replace(net.updater, lr=new)
+        self.stats.decision("learning_rate", new, f"epoch {epoch + 1} diverged ({exc}); restored the epoch's "
+                            f"starting state, learning rate {old:.3g} -> {new:.3g}", epoch=epoch)
         logger.warning("epoch %d diverged (%s): restored its starting state, learning rate %.3g -> %.3g, "
-                       "training it again", epoch + 1, exc, old, old / 2)
+                       "training it again", epoch + 1, exc, old, new)
 
     def _restore(self, found, saved) -> None:
         """Load a checkpoint INTO the trainer's own network object."""

@@ -16,7 +16,7 @@ from typing import Iterator
 from ...backend import get_array_module
 from ...sharing import SharingState, apply_message, apply_received, encode_update, message_bytes
 from ...transport import PeerGroup, PeerStalledError, ReliableEndpoint, select_address
-from ..errors import register_error, task_failure_guard
+from ..errors import DivergenceError, register_error, task_failure_guard
 from ..stats import CounterName, Phase, PhaseRecorder, SeriesName, task_lane
 from .averaging import check_finite
 from .context import Record, cached_network, host_copy, load_state
@@ -103,7 +103,7 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
                     loss = net.compute_update(x, y, update)
                 tau = state.tau
                 with rec.phase(Phase.ENCODE):
-                    message = encode_update(state, update)
+                    message = _encode_or_diverge(state, update, rank, net.iteration)
                 if message is not None:
                     with rec.phase(Phase.SEND):
                         group.publish(message_bytes(message))
@@ -141,6 +141,18 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
     return run
 
 
+def _encode_or_diverge(state: SharingState, update, rank: int, iteration: int):
+    """:func:`encode_update`, with a residual overflowed by huge updates named as divergence."""
+    try:
+        return encode_update(state, update)
+    except ValueError as exc:
+        xp = get_array_module(state.residual)
+        if not bool(xp.isfinite(state.residual).all()):
+            raise DivergenceError(f"training diverged: non-finite residual (update too large) on worker rank {rank} "
+                                  f"at iteration {iteration}; lower the learning rate") from exc
+        raise
+
+
 def _count(rec, state: SharingState, t: dict, examples: int, iterations: int, n: int, world: int) -> None:
     rec.count(CounterName.EXAMPLES, examples)
     rec.count(CounterName.ITERATIONS, iterations)
@@ -150,9 +162,10 @@ def _count(rec, state: SharingState, t: dict, examples: int, iterations: int, n:
     rec.count(CounterName.BYTES_SENT, t["wire_bytes_sent"])  # every datagram: retransmissions and acks included
     rec.count(CounterName.BYTES_RECEIVED, t["wire_bytes_received"])
     rec.count(CounterName.PAYLOAD_BYTES_SENT, t["payload_bytes_sent"])
-    rec.count(CounterName.DENSE_BYTES, 4 * n * (world - 1) * iterations)
+    rec.count(CounterName.DENSE_BYTES_EQUIVALENT, 4 * n * (world - 1) * iterations)
     rec.count(CounterName.DATAGRAMS_SENT, t["datagrams_sent"])
     rec.count(CounterName.DATAGRAMS_RETRANSMITTED, t["datagrams_retransmitted"])
+    rec.count(CounterName.DATAGRAMS_REJECTED, t["datagrams_rejected"])  # every datagram dropped, any reason
     rec.count(CounterName.DATAGRAMS_INVALID, t["datagrams_invalid"])
     rec.count(CounterName.DATAGRAMS_FORGED, t["rejected_bad_mac"])
     rec.count(CounterName.DATAGRAMS_REPLAYED, t["rejected_replay"])  # mostly late retransmissions: harmless

@@ -10,12 +10,16 @@ that partial evaluations computed on Spark executors pickle cheaply and
 :class:`Evaluation` accumulates a confusion matrix; accuracy, precision,
 recall and F1 are derived from it. :class:`RegressionEvaluation` accumulates
 per-column error sums and label moments; MSE, MAE, RMSE and R² are derived.
+
+A metric of an evaluation that has seen no examples is undefined and raises
+``ValueError`` (as ``Network.score`` does on no data) rather than returning
+NaN; ``count`` tells whether there is anything to ask, and ``stats()`` /
+``repr()`` print ``n/a``.
 """
 from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -44,6 +48,20 @@ def _check_names(name: str, names, expected_len: int):
     if len(names) != expected_len:
         raise ValueError(f"Expect {expected_len} {name}, got {len(names)}: {names!r}")
     return names
+
+
+def _require_examples(owner: str, count: int, metric: str) -> None:
+    if count == 0:
+        raise ValueError(f"Expect at least one evaluated example for {metric}, got 0: {owner} has seen no "
+                         f"examples (evaluated on empty data?)")
+
+
+def _fmt(value_fn, spec: str) -> str:
+    """``value_fn()`` formatted, or 'n/a' when the evaluation is empty."""
+    try:
+        return format(value_fn(), spec)
+    except ValueError:
+        return "n/a"
 
 
 def _first_nonfinite(a: np.ndarray, what: str) -> None:
@@ -85,7 +103,8 @@ class Evaluation:
       recall, and classes with either from macro F1; :meth:`excluded_classes`
       lists them and :meth:`stats` warns about them. If data was seen but no
       class qualifies, the macro average is 0.0.
-    * With no data at all (``count == 0``) every metric is ``nan``.
+    * With no data at all (``count == 0``) every metric raises ``ValueError``
+      (:meth:`stats` prints ``n/a``).
     * Unlike DL4J we never switch to "positive class only" for two classes:
       binary problems are macro-averaged too; ask ``precision(1)`` for the
       positive class.
@@ -214,9 +233,10 @@ class Evaluation:
     def _metric(self, metric: str, cls, average: str) -> float:
         self._check_average(average)
         if cls is not None:
-            return float(self._per_class(metric)[0][self._check_cls(cls)])
-        if self.count == 0:
-            return math.nan
+            cls = self._check_cls(cls)
+        _require_examples("the Evaluation", self.count, metric)
+        if cls is not None:
+            return float(self._per_class(metric)[0][cls])
         if average == "micro":
             # Single-label multi-class: micro P = micro R = micro F1 = accuracy.
             return self.accuracy()
@@ -224,9 +244,16 @@ class Evaluation:
         return float(values[defined].mean()) if defined.any() else 0.0
 
     def accuracy(self) -> float:
-        """Fraction of examples predicted correctly; ``nan`` with no data."""
+        """Fraction of examples predicted correctly.
+
+        Raises
+        ------
+        ValueError
+            No examples were evaluated.
+        """
         n = self.count
-        return float(np.trace(self._confusion)) / n if n else math.nan
+        _require_examples("the Evaluation", n, "accuracy")
+        return float(np.trace(self._confusion)) / n
 
     def precision(self, cls: int | None = None, average: str = "macro") -> float:
         """Precision of class ``cls``, or its average over classes.
@@ -242,6 +269,11 @@ class Evaluation:
         Returns
         -------
         float
+
+        Raises
+        ------
+        ValueError
+            No examples were evaluated, or a bad ``cls`` / ``average``.
         """
         return self._metric("precision", cls, average)
 
@@ -309,7 +341,7 @@ class Evaluation:
     __hash__ = None  # mutable
 
     def __repr__(self):
-        return f"Evaluation(num_classes={self.num_classes}, count={self.count}, accuracy={self.accuracy():.4f})"
+        return f"Evaluation(num_classes={self.num_classes}, count={self.count}, accuracy={_fmt(self.accuracy, '.4f')})"
 
     # ------------------------------------------------------------------ text
     def _label(self, i: int) -> str:
@@ -332,10 +364,10 @@ class Evaluation:
             "========================Evaluation Metrics========================",
             f" # of classes:    {c}",
             f" # of examples:   {self.count}",
-            f" Accuracy:        {self.accuracy():.4f}",
-            f" Precision:       {self.precision():.4f}",
-            f" Recall:          {self.recall():.4f}",
-            f" F1 Score:        {self.f1():.4f}",
+            f" Accuracy:        {_fmt(self.accuracy, '.4f')}",
+            f" Precision:       {_fmt(self.precision, '.4f')}",
+            f" Recall:          {_fmt(self.recall, '.4f')}",
+            f" F1 Score:        {_fmt(self.f1, '.4f')}",
             f"Precision, recall & F1: macro-averaged (equally weighted avg. of {c} classes)",
         ]
         if self.count:
@@ -413,7 +445,8 @@ class RegressionEvaluation:
     R² is ``1 - SSE / SST`` with ``SST`` the labels' sum of squared
     deviations. For constant labels (``SST == 0``) R² is 1.0 when the
     predictions are perfect and 0.0 otherwise (scikit-learn's
-    ``force_finite`` convention). With no data every metric is ``nan``.
+    ``force_finite`` convention). With no data every metric raises
+    ``ValueError`` (:meth:`stats` prints ``n/a``).
     ``column=None`` in a metric averages the per-column values, as DL4J's
     ``averageMeanSquaredError`` and friends do.
     """
@@ -505,19 +538,23 @@ class RegressionEvaluation:
         return self
 
     # --------------------------------------------------------------- metrics
-    def _pick(self, values: np.ndarray, column) -> float:
-        if column is None:
-            return float(values.mean())
-        if isinstance(column, bool) or not isinstance(column, (int, np.integer)) or not 0 <= column < self.num_columns:
+    def _pick(self, key: str, column) -> float:
+        """Metric ``key`` of ``column``, or its mean over columns (argument checked first)."""
+        if column is not None and (isinstance(column, bool) or not isinstance(column, (int, np.integer))
+                                   or not 0 <= column < self.num_columns):
             raise ValueError(f"Expect a column index in 0..{self.num_columns - 1}, got {column!r}")
-        return float(values[int(column)])
+        values = self.metrics()[key]
+        return float(values.mean() if column is None else values[int(column)])
 
     def metrics(self) -> dict[str, np.ndarray]:
-        """Per-column metrics: ``{'mse', 'mae', 'rmse', 'r2'}`` -> (C,) float64 arrays."""
-        c = self.num_columns
-        if self.count == 0:
-            nan = np.full(c, np.nan)
-            return {"mse": nan, "mae": nan.copy(), "rmse": nan.copy(), "r2": nan.copy()}
+        """Per-column metrics: ``{'mse', 'mae', 'rmse', 'r2'}`` -> (C,) float64 arrays.
+
+        Raises
+        ------
+        ValueError
+            No examples were evaluated.
+        """
+        _require_examples("the RegressionEvaluation", self.count, "regression metrics")
         mse = self.sum_squared_error / self.count
         sst = self.label_m2
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -526,34 +563,33 @@ class RegressionEvaluation:
         return {"mse": mse, "mae": self.sum_absolute_error / self.count, "rmse": np.sqrt(mse), "r2": r2}
 
     def mse(self, column: int | None = None) -> float:
-        """Mean squared error of ``column``, or the mean over columns."""
-        return self._pick(self.metrics()["mse"], column)
+        """Mean squared error of ``column``, or the mean over columns (ValueError with no examples)."""
+        return self._pick("mse", column)
 
     def mae(self, column: int | None = None) -> float:
         """Mean absolute error of ``column``, or the mean over columns."""
-        return self._pick(self.metrics()["mae"], column)
+        return self._pick("mae", column)
 
     def rmse(self, column: int | None = None) -> float:
         """Root mean squared error of ``column``, or the mean of per-column RMSEs."""
-        return self._pick(self.metrics()["rmse"], column)
+        return self._pick("rmse", column)
 
     def r2(self, column: int | None = None) -> float:
         """Coefficient of determination of ``column``, or the mean over columns."""
-        return self._pick(self.metrics()["r2"], column)
+        return self._pick("r2", column)
 
     def _name(self, i: int) -> str:
         return self.column_names[i] if self.column_names is not None else f"col_{i}"
 
     def stats(self) -> str:
-        """Human-readable per-column table in the manner of DL4J's ``RegressionEvaluation.stats()``."""
-        m = self.metrics()
+        """Human-readable per-column table in the manner of DL4J's ``RegressionEvaluation.stats()``
+        (``n/a`` for every metric with no examples)."""
         width = max([6] + [len(self._name(i)) for i in range(self.num_columns)]) + 2
         lines = [f"{'Column':<{width}}{'MSE':<15}{'MAE':<15}{'RMSE':<15}{'R^2'}"]
+        m = self.metrics() if self.count else None
         for i in range(self.num_columns):
-            lines.append(
-                f"{self._name(i):<{width}}"
-                + "".join(f"{m[k][i]:<15.5e}" for k in ("mse", "mae", "rmse", "r2")).rstrip()
-            )
+            cells = [f"{m[k][i]:<15.5e}" if m else f"{'n/a':<15}" for k in ("mse", "mae", "rmse", "r2")]
+            lines.append(f"{self._name(i):<{width}}" + "".join(cells).rstrip())
         lines.append(f"({self.count} examples)")
         return "\n".join(lines)
 
@@ -565,7 +601,8 @@ class RegressionEvaluation:
     __hash__ = None  # mutable
 
     def __repr__(self):
-        return f"RegressionEvaluation(num_columns={self.num_columns}, count={self.count}, mse={self.mse():.6g})"
+        return (f"RegressionEvaluation(num_columns={self.num_columns}, count={self.count}, "
+                f"mse={_fmt(self.mse, '.6g')})")
 
     # --------------------------------------------------------- serialization
     def to_dict(self) -> dict:

@@ -55,8 +55,10 @@ def test_validation_is_eager():
     x, y = _data(5)
     with pytest.raises(ValueError, match="batch_size to be an int >= 1, got 0"):
         minibatches(x, y, 0)  # raised at call time, before iterating
-    with pytest.raises(ValueError, match=r"len\(x\)=5, len\(y\)=4"):
+    with pytest.raises(ValueError, match=r"Expect x and y with the same number of examples, got x \(5, 3\) and y \(4,\)"):
         minibatches(x, y[:4], 2)
+    with pytest.raises(ValueError, match=r"got x \(5, 3\) and y \(6,\)"):
+        minibatches(x, list(range(6)), 2)
     with pytest.raises(ValueError, match="batch_size"):
         minibatches(x, y, 2.5)
 

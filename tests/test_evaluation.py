@@ -86,14 +86,23 @@ def test_macro_f1_zero_when_no_class_qualifies():
     assert ev.accuracy() == 0.0 and ev.f1() == 0.0
 
 
-def test_empty_evaluation_is_nan():
+@pytest.mark.parametrize("metric", [lambda ev: ev.accuracy(), lambda ev: ev.precision(),
+                                    lambda ev: ev.recall(average="micro"), lambda ev: ev.f1(),
+                                    lambda ev: ev.precision(2), lambda ev: ev.recall(0)])
+def test_empty_evaluation_metrics_raise(metric):
+    ev = Evaluation(4).eval(np.zeros(0, np.int64), np.zeros((0, 4)))  # empty batches add nothing
+    assert ev.count == 0
+    with pytest.raises(ValueError, match=r"Expect at least one evaluated example for \w+, got 0: "
+                                         r"the Evaluation has seen no examples"):
+        metric(ev)
+
+
+def test_empty_evaluation_still_prints():
     ev = Evaluation(4)
-    assert ev.count == 0
-    for value in (ev.accuracy(), ev.precision(), ev.recall(), ev.f1()):
-        assert math.isnan(value)
-    assert "Accuracy:        nan" in ev.stats()
-    ev.eval(np.zeros(0, np.int64), np.zeros((0, 4)))
-    assert ev.count == 0
+    assert "Accuracy:        n/a" in ev.stats() and "F1 Score:        n/a" in ev.stats()
+    assert repr(ev) == "Evaluation(num_classes=4, count=0, accuracy=n/a)"
+    with pytest.raises(ValueError, match="class index in 0..3, got 7"):  # argument errors come first
+        ev.precision(7)
 
 
 def test_stats_text():
@@ -158,9 +167,9 @@ def test_merge_equals_eval_on_concatenated_data(data):
     merged = a.merge(b)
     assert merged == whole
     assert merged.count == len(y)
-    for name in ("accuracy", "precision", "recall", "f1"):
-        x1, x2 = getattr(merged, name)(), getattr(whole, name)()
-        assert (math.isnan(x1) and math.isnan(x2)) or x1 == x2
+    if len(y):
+        for name in ("accuracy", "precision", "recall", "f1"):
+            assert getattr(merged, name)() == getattr(whole, name)()
 
 
 def test_json_round_trip():
@@ -221,8 +230,13 @@ def test_regression_constant_labels_and_empty():
     ev = RegressionEvaluation(1).eval(np.full(4, 5.0), np.array([5.0, 5.0, 5.0, 6.0]))
     assert ev.r2() == 0.0 and ev.mse() == pytest.approx(0.25)
     assert RegressionEvaluation(1).eval([5.0, 5.0], [5.0, 5.0]).r2() == 1.0
-    empty = RegressionEvaluation(3)
-    assert math.isnan(empty.mse()) and math.isnan(empty.r2(2))
+    empty = RegressionEvaluation(3).eval(np.zeros((0, 3)), np.zeros((0, 3)))
+    for metric in (empty.mse, empty.mae, empty.rmse, lambda: empty.r2(2), empty.metrics):
+        with pytest.raises(ValueError, match="Expect at least one evaluated example for .*, got 0: "
+                                             "the RegressionEvaluation has seen no examples"):
+            metric()
+    assert "n/a" in empty.stats() and "(0 examples)" in empty.stats()
+    assert repr(empty) == "RegressionEvaluation(num_columns=3, count=0, mse=n/a)"
 
 
 def test_regression_validation():

@@ -17,6 +17,11 @@ def _check_batch_size(batch_size) -> int:
     return int(batch_size)
 
 
+def _shape(a) -> tuple:
+    shape = getattr(a, "shape", None)
+    return tuple(shape) if shape is not None else (len(a),)
+
+
 def num_batches(n: int, batch_size: int) -> int:
     """Number of minibatches :func:`minibatches` yields for ``n`` examples.
 
@@ -76,7 +81,7 @@ def minibatches(
     batch_size = _check_batch_size(batch_size)
     n = len(x)
     if len(y) != n:
-        raise ValueError(f"Expect x and y with the same number of examples, got len(x)={n}, len(y)={len(y)}")
+        raise ValueError(f"Expect x and y with the same number of examples, got x {_shape(x)} and y {_shape(y)}")
     order = np.random.default_rng(seed).permutation(n) if shuffle else None
     return _iterate(x, y, batch_size, order)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The seeds' LeNet on any MNIST-format folder (Fashion-MNIST by default).
+"""DL4J's LeNet example on any MNIST-format folder (Fashion-MNIST by default).
 
     python examples/mnist_lenet.py --mode local --epochs 1
     python examples/mnist_lenet.py --mode averaging --master local[2] --workers 2
@@ -29,6 +29,19 @@ from sparkavg.threads import set_threads
 log = logging.getLogger("mnist_lenet")
 
 
+def averaging_frequency(text: str):
+    """``--averaging-frequency``: ``"auto"`` or an int >= 1."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1 or 'auto', got {text!r}")
+    return value
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", default=None,
@@ -40,7 +53,9 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=None,
                    help="minibatch size (per worker on Spark); default 64 local, 32 on Spark")
-    p.add_argument("--averaging-frequency", type=int, default=5)
+    p.add_argument("--averaging-frequency", type=averaging_frequency, default="auto",
+                   help="minibatches per worker between averagings: an int, or 'auto' (default: chosen every "
+                        "epoch from the measured round and iteration costs)")
     p.add_argument("--threshold", type=float, default=1e-2,
                    help="gradient sharing: initial tau of DL4J's adaptive algorithm (default 1e-2: Adam's steps "
                         "are about lr=1e-3 per parameter, so tau must be several steps to compress)")
@@ -149,6 +164,8 @@ def train_spark(args, net, train, test):
             trainer.stats.to_html(args.stats_html)
             log.info("training stats page: %s", args.stats_html)
         extra = {"stats_summary": trainer.stats.summary()}
+        if args.mode == "averaging":  # the frequency each epoch used (chosen per epoch with "auto")
+            extra["averaging_frequency"] = [h["averaging_frequency"] for h in trainer.history]
         if args.mode == "sharing":
             c = trainer.stats.counters
             extra.update({

@@ -11,7 +11,7 @@ import os
 
 from threadpoolctl import threadpool_limits
 
-__all__ = ["limit_threads", "set_threads", "task_cpus"]
+__all__ = ["limit_threads", "set_threads"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,17 +38,3 @@ def limit_threads(n: int):
     with threadpool_limits(limits=int(n)):
         yield
 
-
-def task_cpus(default: int = 1) -> int:
-    """Cores given to the current Spark task (``spark.task.cpus``), else ``default``."""
-    try:
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        if ctx is not None:
-            value = ctx.cpus() if hasattr(ctx, "cpus") else None
-            if value:
-                return int(value)
-    except Exception:  # not inside Spark
-        pass
-    return default

@@ -58,18 +58,25 @@ def test_uneven_and_empty_partitions_train_every_example(sc):
     assert ev.accuracy() > 0.9  # separable blobs: it learned
 
 
-def test_uniform_and_example_weighting_differ_on_uneven_shards(sc):
+def test_example_and_uniform_weighting_on_uneven_shards(sc):
     x, y = blobs(12, seed=5)
     rdd = sc.parallelize(_pairs(x, y), 1)
-    results = {}
-    for weighting in ("examples", "uniform"):
-        net = small_net(seed=6)
-        # 3 minibatches of 4 over 2 workers: shards of 2 and 1 minibatches
+    start = small_net(seed=6)
+    # 3 minibatches of 4 over 2 workers, frequency 2, data order kept: worker 0 fits [0, 2], worker 1 fits [1].
+    replicas = []
+    for shard in ([0, 2], [1]):
+        rep = start.clone()
+        for b in shard:
+            rep.fit_batch(x[4 * b:4 * b + 4], y[4 * b:4 * b + 4])
+        replicas.append(rep)
+    expected = {"examples": (8 * replicas[0].params + 4 * replicas[1].params) / 12,
+                "uniform": (replicas[0].params + replicas[1].params) / 2}
+    for weighting, want in expected.items():
+        net = start.clone()
         master = ParameterAveraging(batch_size_per_worker=4, averaging_frequency=2, workers=2,
                                     weighting=weighting, data=DataOptions(repartition="never"))
         SparkTrainer(sc, net, master).fit(rdd)
-        results[weighting] = net.params.copy()
-    assert not np.allclose(results["examples"], results["uniform"])
+        np.testing.assert_allclose(net.params, want, rtol=1e-5, atol=1e-6, err_msg=weighting)
 
 
 def test_spark_blocks_and_shared_files_give_the_same_model(sc, tmp_path):

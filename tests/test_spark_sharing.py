@@ -49,11 +49,17 @@ def test_sharing_under_simulated_loss_still_agrees(sc):
 
 def test_same_trainer_interface_for_both_masters(sc):
     rdd, x, y = _rdd(sc, 100, seed=25)
-    for master in (ParameterAveraging(workers=2, batch_size_per_worker=10), GradientSharing(workers=2, batch_size_per_worker=10)):
-        trainer = SparkTrainer(sc, small_net(seed=26), master)
+    for master in (ParameterAveraging(workers=2, batch_size_per_worker=10),
+                   GradientSharing(workers=2, batch_size_per_worker=10)):
+        net = small_net(seed=26)
+        trainer = SparkTrainer(sc, net, master)
         trainer.fit(rdd)
-        assert trainer.evaluate(rdd).count == 100
-        assert np.isfinite(trainer.score(rdd))
+        ev = trainer.evaluate(rdd)
+        assert ev.count == 100
+        # distributed evaluation and score are the trained network's own, whichever master trained it
+        assert ev.accuracy() == pytest.approx(float(np.mean(np.argmax(net.output(x), axis=1) == y)))
+        assert trainer.score(rdd) == pytest.approx(float(net.score(x, y)), rel=1e-5)
+        assert trainer.history[0]["examples"] == 100 and net.iteration > 0
 
 
 def test_killed_sharing_worker_restarts_the_barrier_stage(sc, tmp_path):

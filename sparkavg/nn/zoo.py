@@ -11,7 +11,7 @@ __all__ = ["lenet"]
 
 def lenet(num_classes: int = 10, seed: int = 123, updater: Updater | None = None,
           dtype: str = "float32") -> Network:
-    """The seeds' LeNet (dl4j-examples) for 1x28x28 inputs.
+    """DL4J's LeNet (dl4j-examples) for 1x28x28 inputs.
 
     conv 5x5x20 stride 1 (identity) -> max-pool 2x2 -> conv 5x5x50 stride 1
     (identity) -> max-pool 2x2 -> dense 500 relu -> output softmax NLL;

@@ -11,8 +11,8 @@ compute. Phases on one lane should therefore not nest, apart from span
 phases. :attr:`Analysis.utilisation` relates compute to wall time:
 ``compute / (train_seconds * workers)``.
 
-The verdict judges the mean per-minibatch fit time against the seeds'
-guidance (REFERENCE.md section 2): >= 100 ms near-linear scaling (borderline
+The verdict judges the mean per-minibatch fit time against DL4J's
+guidance (DL4J's Spark documentation): >= 100 ms near-linear scaling (borderline
 below 150 ms), 1 ms to 100 ms sub-linear, <= 1 ms one machine is probably
 faster.
 """
@@ -33,7 +33,7 @@ from .timeline import extent, ordered_lanes, peak_concurrency
 __all__ = ["Analysis", "Regime", "iteration_verdict", "datagram_breakdown", "format_seconds", "format_bytes",
            "NEAR_LINEAR_SECONDS", "WORTH_IT_SECONDS", "SINGLE_MACHINE_SECONDS"]
 
-# The seeds' guidance (REFERENCE.md section 2), per minibatch fit.
+# DL4J's guidance (its Spark documentation), per minibatch fit.
 NEAR_LINEAR_SECONDS = 0.100
 WORTH_IT_SECONDS = 0.150
 SINGLE_MACHINE_SECONDS = 0.001
@@ -63,7 +63,7 @@ def format_bytes(n: float) -> str:
 
 
 class Regime(str, Enum):
-    """What the mean iteration time says about scaling (REFERENCE.md section 2)."""
+    """What the mean iteration time says about scaling (DL4J's Spark documentation)."""
 
     NEAR_LINEAR = "near-linear"
     SUB_LINEAR = "sub-linear"
@@ -72,7 +72,7 @@ class Regime(str, Enum):
 
 
 def iteration_verdict(mean_iteration_seconds: float | None) -> tuple[Regime, str]:
-    """Judge a mean per-minibatch fit time against the seeds' guidance.
+    """Judge a mean per-minibatch fit time against DL4J's guidance.
 
     >= 100 ms: near-linear scaling (borderline below 150 ms); between 1 ms
     and 100 ms (the "~10 ms" regime): sub-linear; <= 1 ms: one machine is
@@ -90,11 +90,11 @@ def iteration_verdict(mean_iteration_seconds: float | None) -> tuple[Regime, str
     if t >= NEAR_LINEAR_SECONDS:
         text = f"at {shown} per iteration (>= 100 ms) Spark is likely to pay: scaling should be near-linear"
         if t < WORTH_IT_SECONDS:
-            text += " (borderline: the seeds caution that below ~150 ms Spark may not be worth it)"
+            text += " (borderline: DL4J's documentation cautions that below ~150 ms Spark may not be worth it)"
         return Regime.NEAR_LINEAR, text
     if t > SINGLE_MACHINE_SECONDS:
         return Regime.SUB_LINEAR, (
-            f"at {shown} per iteration (between 1 ms and 100 ms, the seeds' ~10 ms case) expect sub-linear scaling: "
+            f"at {shown} per iteration (between 1 ms and 100 ms, DL4J's ~10 ms case) expect sub-linear scaling: "
             "per-round overhead eats much of the gain, and below ~150 ms Spark may not be worth it; "
             "larger minibatches (more work per iteration) help")
     return Regime.SINGLE_MACHINE, (

@@ -1,7 +1,9 @@
 """Per-epoch checkpoints that belong to a run.
 
 A checkpoint folder ``epoch-NNNNN/`` holds the network (``Network.save``:
-npz + JSON, never pickle) and ``trainer.json``: the run it belongs to
+npz + JSON, never pickle), the master's runner state when it has one
+(``runner.npz``: plain arrays, e.g. a block velocity; read without pickle)
+and ``trainer.json``: the run it belongs to
 (``run_id``), the epochs done and the epochs the run aims at, the master's
 configuration, a fingerprint of the network's architecture and the
 history.  Folders are written atomically (tmp folder + rename).
@@ -25,6 +27,8 @@ import shutil
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+import numpy as np
+
 __all__ = ["Checkpoint", "CheckpointError", "save_checkpoint", "list_checkpoints", "find_resumable",
            "check_fresh", "architecture_fingerprint"]
 
@@ -32,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 _EPOCH_DIR = re.compile(r"^epoch-(\d{5})$")
 _FORMAT = "sparkavg.checkpoint/2"
+_RUNNER_FILE = "runner.npz"
 
 
 class CheckpointError(ValueError):
@@ -40,9 +45,8 @@ class CheckpointError(ValueError):
 
 def architecture_fingerprint(network) -> str:
     """SHA-256 of what fixes the parameter layout: input shape and layers."""
-    config = json.loads(network.to_json())
-    config = config.get("config", config)
-    keep = {k: config[k] for k in ("input_shape", "layers") if k in config}
+    config = network.to_config()
+    keep = {"input_shape": list(config["input_shape"]), "layers": config["layers"]}
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -64,20 +68,34 @@ class Checkpoint:
 
         return Network.load(os.path.join(self.directory, "network.npz"))
 
+    def load_runner_state(self) -> dict:
+        """The runner state saved with this checkpoint (name -> ndarray; empty when none was saved)."""
+        path = os.path.join(self.directory, _RUNNER_FILE)
+        if not os.path.exists(path):
+            return {}
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+
     def describe(self) -> str:
         target = f" of {self.target_epochs}" if self.target_epochs else ""
         return f"run {self.run_id} after epoch {self.epochs_done}{target} ({self.directory}, written {self.written_at})"
 
 
 def save_checkpoint(directory: str, network, *, run_id: str, epochs_done: int, target_epochs: Optional[int],
-                    master: dict, extra: Optional[dict] = None) -> str:
-    """Write ``directory/epoch-NNNNN/`` atomically; returns its path."""
+                    master: dict, extra: Optional[dict] = None, runner_state: Optional[dict] = None) -> str:
+    """Write ``directory/epoch-NNNNN/`` atomically; returns its path.
+
+    ``runner_state`` (name -> array or plain number/string, see
+    :meth:`~sparkavg.spark.runners.base.EpochRunner.state_dict`) goes to
+    ``runner.npz`` when not empty."""
     os.makedirs(directory, exist_ok=True)
     final = os.path.join(directory, f"epoch-{epochs_done:05d}")
     tmp = final + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     network.save(os.path.join(tmp, "network.npz"))
+    if runner_state:
+        np.savez(os.path.join(tmp, _RUNNER_FILE), **{k: np.asarray(v) for k, v in runner_state.items()})
     meta = {"format": _FORMAT, "run_id": run_id, "epochs_done": epochs_done, "target_epochs": target_epochs,
             "master": master, "architecture": architecture_fingerprint(network),
             "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

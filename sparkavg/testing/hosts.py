@@ -21,7 +21,6 @@ Needs root; :meth:`SimulatedCluster.available` says why not otherwise::
 """
 from __future__ import annotations
 
-import atexit
 import ipaddress
 import logging
 import os
@@ -37,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from . import netns
+from . import netns, processes, safety
 from .netns import HostLink
 
 __all__ = ["SimulatedCluster", "SimulatedHost"]
@@ -94,7 +93,9 @@ class SimulatedCluster:
     cores_per_worker : int, default 1
         ``--cores`` of each Worker.
     memory : str, default "1g"
-        ``--memory`` of each Worker (a Spark size: ``"512m"``, ``"1g"``).
+        ``--memory`` of each Worker (a Spark size: ``"512m"``, ``"1g"``); a
+        driver's ``spark.executor.memory`` (default 1g) must fit in it, or
+        its executors never start.
     rate : str or None, default None
         ``tc`` rate (``"100mbit"``, ``"1gbit"``) of every host's link, the
         driver's included, in both directions; None leaves links unshaped.
@@ -187,7 +188,7 @@ class SimulatedCluster:
         self._started = True
         began = time.monotonic()
         netns.reap_stale()
-        _register(self)
+        safety.register(self)
         try:
             self._start_hosts()
             if self.spark:
@@ -201,17 +202,15 @@ class SimulatedCluster:
 
     def _start_hosts(self) -> None:
         self.id = netns.new_cluster_id()
-        self.subnet = netns.pick_subnet(c.subnet for c in _LIVE if c.subnet is not None)
+        self.subnet = netns.pick_subnet(c.subnet for c in safety.live() if c.subnet is not None)
         if self._given_log_dir is not None:
             self.log_dir = self._given_log_dir
             self.log_dir.mkdir(parents=True, exist_ok=True)
         else:
             self.log_dir = Path(tempfile.mkdtemp(prefix=f"{self.id}-"))
         self._hub = f"{self.id}-hub"
-        netns._run(["ip", "netns", "add", self._hub], "create the hub namespace")
         self._created.append(self._hub)
-        netns._run(["ip", "-n", self._hub, "link", "add", "br0", "type", "bridge"], "create the bridge")
-        netns._run(["ip", "-n", self._hub, "link", "set", "br0", "up"], "bring the bridge up")
+        netns.create_hub(self._hub)
         addresses = self.subnet.hosts()
         for name in self._names:
             link = HostLink(name=name, netns=f"{self.id}-{name}", ip=str(next(addresses)),
@@ -250,9 +249,7 @@ class SimulatedCluster:
     def _spawn_daemon(self, name: str, argv: List[str]) -> subprocess.Popen:
         log = open(self.log_dir / f"{name}.log", "wb")
         self._logs.append(log)
-        env = self.host_env(self._daemon_host(name))
-        env["SPARK_DAEMON_JAVA_OPTS"] = DAEMON_JAVA_OPTS
-        proc = self.spawn(self._daemon_host(name), argv, env=env, cwd="/tmp",
+        proc = self.spawn(self._daemon_host(name), argv, env={"SPARK_DAEMON_JAVA_OPTS": DAEMON_JAVA_OPTS}, cwd="/tmp",
                           stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         self._daemons[name] = proc
         return proc
@@ -306,7 +303,7 @@ class SimulatedCluster:
             groups = [p for p in self._spawned if p.poll() is None]
             for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
                 for proc in groups:
-                    _killpg(proc, sig)
+                    processes.killpg(proc, sig)
                 deadline = time.monotonic() + grace
                 for proc in groups:
                     try:
@@ -323,9 +320,9 @@ class SimulatedCluster:
                 except OSError:
                     pass
             anchors = {link.anchor.pid for link in self._links.values() if link.anchor is not None}
-            stray = [p for p in netns.pids_in_netns(inodes) if p not in anchors]
-            left = netns.kill_pids(stray, grace=2.0)
-            left += netns.kill_pids(anchors, grace=0.5)
+            stray = [p for p in processes.pids_in_netns(inodes) if p not in anchors]
+            left = processes.kill_pids(stray, grace=2.0)
+            left += processes.kill_pids(anchors, grace=0.5)
             for link in self._links.values():
                 if link.anchor is not None:
                     link.anchor.wait(5)
@@ -341,7 +338,7 @@ class SimulatedCluster:
         finally:
             for log in self._logs:
                 log.close()
-            _unregister(self)
+            safety.unregister(self)
             if self._given_log_dir is None and self.log_dir is not None:
                 shutil.rmtree(self.log_dir, ignore_errors=True)
             logger.info("simulated cluster %s torn down in %.1f s", self.id, time.monotonic() - began)
@@ -394,6 +391,15 @@ class SimulatedCluster:
         """The Master's web UI (``/json`` lists the workers), reachable from the hosts only."""
         return f"http://{self.driver_host}:{MASTER_WEBUI_PORT}"
 
+    def spark_conf(self) -> Dict[str, str]:
+        """Settings for a driver on this cluster: its master, every core, and
+        no job before all executors have registered (else the first tasks
+        may all land on the first executor up)."""
+        return {"spark.master": self.master_url,
+                "spark.cores.max": str(self.workers * self.cores_per_worker),
+                "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+                "spark.scheduler.maxRegisteredResourcesWaitingTime": f"{int(self.start_timeout)}s"}
+
     def host_env(self, host: HostRef) -> Dict[str, str]:
         """Environment of processes on ``host``: this process's, less its
         Spark and temp-dir settings, plus the host's: ``SPARK_HOME``,
@@ -440,11 +446,11 @@ class SimulatedCluster:
         try:
             out, err = proc.communicate(input, timeout=timeout)
         except subprocess.TimeoutExpired:
-            _killpg(proc, signal.SIGKILL)
+            processes.killpg(proc, signal.SIGKILL)
             out, err = proc.communicate()
             raise subprocess.TimeoutExpired(proc.args, timeout, out, err) from None
         finally:
-            _killpg(proc, signal.SIGKILL)  # children it left behind
+            processes.killpg(proc, signal.SIGKILL)  # children it left behind
         done = subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
         if check:
             done.check_returncode()
@@ -466,7 +472,7 @@ class SimulatedCluster:
     def pids(self, host: HostRef) -> List[int]:
         """Processes running on ``host``, its namespace holder excluded."""
         link = self._link(host)
-        return [p for p in netns.pids_in_netns({netns.netns_inode(link.netns)}) if p != link.anchor.pid]
+        return [p for p in processes.pids_in_netns({netns.netns_inode(link.netns)}) if p != link.anchor.pid]
 
     def interface_bytes(self) -> Dict[str, Dict[str, int]]:
         """``{host name: {"tx": bytes, "rx": bytes}}`` from the kernel counters
@@ -480,10 +486,10 @@ class SimulatedCluster:
         Returns the pids killed, once they are gone.  Raises LookupError when
         the host runs no Python worker."""
         link = self._link(host)
-        workers = sorted(p for p in self.pids(link.name) if _is_python_worker(p))
+        workers = sorted(p for p in self.pids(link.name) if processes.is_python_worker(p))
         if not workers:
             raise LookupError(f"Expect a PySpark Python worker on {link.name} ({link.ip}), found none among "
-                              f"{[_cmdline(p)[:4] for p in self.pids(link.name)]}")
+                              f"{[processes.cmdline(p)[:4] for p in self.pids(link.name)]}")
         targets = workers if every else workers[:1]
         for pid in targets:
             try:
@@ -491,7 +497,7 @@ class SimulatedCluster:
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + 10
-        while any(netns._alive(p) for p in targets) and time.monotonic() < deadline:
+        while any(processes.alive(p) for p in targets) and time.monotonic() < deadline:
             time.sleep(0.02)
         logger.info("killed Python worker(s) %s on %s", targets, link.name)
         return targets
@@ -500,89 +506,3 @@ class SimulatedCluster:
         state = "closed" if self._closed else "running" if self._started else "not started"
         return (f"SimulatedCluster(id={self.id!r}, subnet={str(self.subnet) if self.subnet else None!r}, "
                 f"workers={self.workers}, rates={self._rates}, {state})")
-
-
-def _killpg(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _cmdline(pid: int) -> List[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return [a.decode(errors="replace") for a in fh.read().split(b"\0") if a]
-    except OSError:
-        return []
-
-
-def _module(argv: List[str]) -> Optional[str]:
-    """The ``-m`` module of a Python command line."""
-    for i, arg in enumerate(argv[:-1]):
-        if arg == "-m":
-            return argv[i + 1]
-    return None
-
-
-def _parent(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return int(fh.read().rsplit(b")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-def _is_python_worker(pid: int) -> bool:
-    module = _module(_cmdline(pid))
-    if module == "pyspark.worker":
-        return True
-    # The daemon forks its workers: same command line, the daemon as parent.
-    return module == "pyspark.daemon" and _module(_cmdline(_parent(pid))) == "pyspark.daemon"
-
-
-# -- safety net: tear down at exit and on SIGTERM --------------------------------
-
-_LIVE: "set[SimulatedCluster]" = set()
-_registry_lock = threading.Lock()
-_sigterm_installed = False
-_previous_sigterm = None
-
-
-def _close_all() -> None:
-    with _registry_lock:
-        clusters = list(_LIVE)
-    for cluster in clusters:
-        try:
-            cluster.close()
-        except Exception:
-            logger.exception("tearing down %s", cluster.id)
-
-
-def _on_sigterm(signum, frame) -> None:
-    _close_all()
-    if callable(_previous_sigterm):
-        _previous_sigterm(signum, frame)
-    else:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _register(cluster: SimulatedCluster) -> None:
-    global _sigterm_installed, _previous_sigterm
-    with _registry_lock:
-        _LIVE.add(cluster)
-        if not _sigterm_installed and threading.current_thread() is threading.main_thread():
-            previous = signal.getsignal(signal.SIGTERM)
-            if previous is not signal.SIG_IGN:  # a process that ignores SIGTERM keeps doing so
-                _previous_sigterm = previous
-                signal.signal(signal.SIGTERM, _on_sigterm)
-            _sigterm_installed = True
-
-
-def _unregister(cluster: SimulatedCluster) -> None:
-    with _registry_lock:
-        _LIVE.discard(cluster)
-
-
-atexit.register(_close_all)

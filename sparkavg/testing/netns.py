@@ -1,6 +1,6 @@
 """Linux plumbing for simulated hosts: network and mount namespaces, a
-bridge in a hub namespace, veth links shaped with ``tc tbf``, and finding
-and ending the processes that live in those namespaces.
+bridge in a hub namespace, veth links shaped with ``tc tbf``, and the
+clean-up of namespaces whose owner died.
 
 Nothing here knows about Spark; :mod:`sparkavg.testing.hosts` builds the
 cluster on top.  Every address and interface exists only inside
@@ -16,12 +16,12 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+from . import processes
 
 __all__ = [
     "NAME_PREFIX",
@@ -30,10 +30,9 @@ __all__ = [
     "rate_bits_per_second",
     "pick_subnet",
     "new_cluster_id",
+    "create_hub",
     "list_netns",
     "netns_inode",
-    "pids_in_netns",
-    "kill_pids",
     "reap_stale",
 ]
 
@@ -118,6 +117,15 @@ def namespaces_available() -> Tuple[bool, str]:
     return True, ""
 
 
+def create_hub(name: str) -> None:
+    """The hub namespace and its bridge ``br0``, which every host's veth joins.
+    It has no address: it switches frames and routes nothing."""
+    _run(["ip", "netns", "add", name], "create the hub namespace")
+    _run(["ip", "-n", name, "link", "add", "br0", "type", "bridge"], "create the bridge")
+    _run(["ip", "-n", name, "link", "set", "br0", "up"], "bring the bridge up")
+    _run(["ip", "-n", name, "link", "set", "lo", "up"], "loopback of the hub")
+
+
 def new_cluster_id() -> str:
     """``sparkavg-<pid>-<6 hex>``: unique per cluster, and says who owns it."""
     return f"{NAME_PREFIX}-{os.getpid()}-{secrets.token_hex(3)}"
@@ -153,49 +161,6 @@ def netns_inode(name: str) -> int:
     return os.stat(f"/run/netns/{name}").st_ino
 
 
-def pids_in_netns(inodes: Set[int]) -> List[int]:
-    """Every process whose network namespace is one of ``inodes``."""
-    wanted = {f"net:[{ino}]" for ino in inodes}
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            if os.readlink(f"/proc/{entry.name}/ns/net") in wanted:
-                found.append(int(entry.name))
-        except OSError:
-            continue  # exited meanwhile, or a kernel thread
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            state = fh.read().rsplit(b")", 1)[1].split()[0]
-        return state not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return False
-
-
-def kill_pids(pids: Iterable[int], grace: float = 5.0) -> List[int]:
-    """SIGTERM ``pids``, SIGKILL what is left after ``grace`` seconds;
-    returns those that still exist afterwards (should be none)."""
-    pids = [p for p in pids if p != os.getpid()]
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            pids = [p for p in pids if _alive(p)]
-            if not pids:
-                return []
-            time.sleep(0.05)
-    return [p for p in pids if _alive(p)]
-
-
 def reap_stale() -> List[str]:
     """Delete namespaces this module made for a process that no longer
     exists (a run killed with SIGKILL), ending what still runs in them.
@@ -203,10 +168,10 @@ def reap_stale() -> List[str]:
     deleted = []
     for name in list_netns():
         match = _NAME_RE.match(name)
-        if match is None or _alive(int(match.group(1))):
+        if match is None or processes.alive(int(match.group(1))):
             continue
         try:
-            kill_pids(pids_in_netns({netns_inode(name)}), grace=1.0)
+            processes.kill_pids(processes.pids_in_netns({netns_inode(name)}), grace=1.0)
         except OSError:
             pass
         if subprocess.run(["ip", "netns", "del", name], capture_output=True).returncode == 0:

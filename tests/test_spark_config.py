@@ -15,7 +15,7 @@ def test_parameter_averaging_defaults_fix_dl4j_flaws():
     m = ParameterAveraging()
     assert m.save_updater is True  # DL4J documents True but ships False
     assert m.weighting is Weighting.EXAMPLES
-    assert (m.batch_size_per_worker, m.averaging_frequency, m.aggregation_depth) == (16, 5, 2)
+    assert (m.batch_size_per_worker, m.averaging_frequency, m.aggregation_depth) == (16, "auto", 2)
     assert m.data == DataOptions() and m.data.placement is Placement.AUTO and m.data.shared_dir is None
 
 
@@ -143,7 +143,8 @@ def test_transport_and_clipping_settings_fail_at_construction():
 def test_config_with_numbers_as_strings_names_the_field():
     config = ParameterAveraging().to_config()
     config["averaging_frequency"] = "5"
-    with pytest.raises(ConfigError, match=r"ParameterAveraging.averaging_frequency to be int, got str '5'"):
+    with pytest.raises(ConfigError, match=r"ParameterAveraging.averaging_frequency to be int or one of \['auto'\], "
+                                          r"got str '5'"):
         master_from_config(config)
     nested = GradientSharing().to_config()
     nested["transport"]["retransmit_timeout"] = "0.5"

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+import math
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Literal, Optional, Union
 
 from ..configurable import Configurable, from_config, register
 from ..sharing.thresholds import AdaptiveThreshold, FixedThreshold, ResidualClipping, TargetSparsityThreshold
@@ -26,6 +27,8 @@ __all__ = [
     "Topology",
     "DataOptions",
     "Master",
+    "AUTO",
+    "BlockMomentum",
     "ParameterAveraging",
     "GradientSharing",
     "EndpointConfig",
@@ -186,6 +189,58 @@ class Master(Configurable):
         check_int("workers", workers)
 
 
+#: ``averaging_frequency="auto"``: chosen from measured round and iteration costs.
+AUTO = "auto"
+
+
+@register("block_momentum")
+@dataclass(frozen=True)
+class BlockMomentum(Configurable):
+    """Block momentum on the driver: blockwise model-update filtering (BMUF;
+    Chen & Huo, ICASSP 2016; also SlowMo, Wang et al. 2020).
+
+    A round's averaged change is a *block gradient*
+    ``G = W_avg - W_sent`` (``W_sent`` the parameters the round started
+    from).  The driver keeps a flat block velocity ``Delta`` and sets::
+
+        Delta = momentum * Delta + block_lr * G
+        W     = W + Delta
+
+    With ``nesterov`` the next round starts from the look-ahead
+    ``W + momentum * Delta`` (the paper's "BMUF with NBM"); the network
+    itself holds ``W``.  Averaging ``N`` workers shrinks a round's step to
+    about one worker's; block momentum ``1 - 1/N`` restores the step of the
+    whole block (the paper's rule).  The updater state is averaged as
+    without it.  ``Delta`` is checkpointed with the network.
+
+    Parameters
+    ----------
+    momentum : float or None, default None
+        Block momentum in [0, 1); None means the paper's ``1 - 1/workers``.
+    block_lr : float, default 1.0
+        Block learning rate (> 0).
+    nesterov : bool, default True
+        Start every round from the Nesterov look-ahead.
+    """
+
+    momentum: Optional[float] = None
+    block_lr: float = 1.0
+    nesterov: bool = True
+
+    def __post_init__(self):
+        m = self.momentum
+        check(m is None or (isinstance(m, (int, float)) and not isinstance(m, bool) and 0.0 <= m < 1.0),
+              f"Expect block momentum in [0, 1) or None (1 - 1/workers), got {m!r}")
+        lr = self.block_lr
+        check(isinstance(lr, (int, float)) and not isinstance(lr, bool) and math.isfinite(lr) and lr > 0,
+              f"Expect block_lr > 0 (a finite float), got {lr!r}")
+        check(isinstance(self.nesterov, bool), f"Expect nesterov to be a bool, got {self.nesterov!r}")
+
+    def momentum_for(self, workers: int) -> float:
+        """The block momentum used with ``workers`` workers."""
+        return float(self.momentum) if self.momentum is not None else 1.0 - 1.0 / workers
+
+
 @register("master")
 @dataclass(frozen=True)
 class ParameterAveraging(Master):
@@ -194,13 +249,34 @@ class ParameterAveraging(Master):
     Per round the driver broadcasts the flat parameters (and updater
     state), every worker fits ``averaging_frequency`` minibatches of its
     own shard of that round, ``treeAggregate`` sums the weighted results
-    and the driver divides.  Every example trains exactly once per epoch.
+    and the driver divides (and, with ``block_momentum``, applies block
+    momentum).  Every example trains exactly once per epoch.
 
     Parameters
     ----------
-    averaging_frequency : int, default 5
-        Minibatches each worker fits between averagings.  DL4J warns that
-        values far above 20 hurt convergence.
+    averaging_frequency : int or "auto", default "auto"
+        Minibatches each worker fits between averagings.  ``"auto"``
+        chooses it every epoch from measured costs: what a round costs
+        whatever its length (job latency, shipping the state, the result
+        path; from probe rounds before the first epoch, then from the
+        previous epoch's rounds) against what one minibatch costs, so that
+        the overhead stays at or under ``target_overhead`` of a round,
+        at most ``max_averaging_frequency``.  The choice and its reason are
+        logged and recorded in ``trainer.stats`` (decision
+        ``averaging_frequency``); every epoch's summary in
+        ``trainer.history`` carries the frequency it used.  An int pins it.
+    target_overhead : float, default 0.1
+        With ``"auto"``: the largest share of a round's wall time the
+        per-round overhead may take, in (0, 1).
+    max_averaging_frequency : int, default 200
+        With ``"auto"``: the bound that protects convergence.  DL4J warns
+        that plain averaging far above 20 hurts convergence; measured on
+        LeNet / Fashion-MNIST with block momentum (benchmarks/RESULTS.md),
+        200 minibatches per round still trains to the accuracy of one
+        process.  A pinned int is not bounded.
+    block_momentum : BlockMomentum or None, default BlockMomentum()
+        Block momentum (BMUF) applied by the driver after each averaging;
+        None averages plainly (DL4J).
     aggregation_depth : int, default 2
         ``treeAggregate`` depth.
     save_updater : bool, default True
@@ -211,20 +287,40 @@ class ParameterAveraging(Master):
         ``uniform`` is DL4J's unweighted mean.
 
     The fields of :class:`Master` (batch size, workers, data, device,
-    statistics, seed) come first.
+    statistics, seed) come first.  ``"auto"`` measures from the workers'
+    timings, so it needs ``collect_stats=True``.
     """
 
-    averaging_frequency: int = 5
+    averaging_frequency: Union[int, Literal["auto"]] = AUTO
+    target_overhead: float = 0.1
+    max_averaging_frequency: int = 200
+    block_momentum: Optional[BlockMomentum] = field(default_factory=BlockMomentum)
     aggregation_depth: int = 2
     save_updater: bool = True
     weighting: Weighting = Weighting.EXAMPLES
 
     def __post_init__(self):
         super().__post_init__()
-        check_int("averaging_frequency", self.averaging_frequency)
+        f = self.averaging_frequency
+        check(f == AUTO or (isinstance(f, int) and not isinstance(f, bool) and f >= 1),
+              f"Expect averaging_frequency >= 1 (an int) or {AUTO!r}, got {f!r}")
+        t = self.target_overhead
+        check(isinstance(t, (int, float)) and not isinstance(t, bool) and 0.0 < t < 1.0,
+              f"Expect target_overhead in (0, 1) (a share of a round), got {t!r}")
+        check_int("max_averaging_frequency", self.max_averaging_frequency)
+        check(self.block_momentum is None or isinstance(self.block_momentum, BlockMomentum),
+              f"Expect block_momentum to be BlockMomentum(...) or None, got {self.block_momentum!r}")
+        check(f != AUTO or self.collect_stats,
+              "Expect collect_stats=True with averaging_frequency='auto' (it is chosen from the workers' "
+              "timings), got collect_stats=False; pin an int averaging_frequency to train without statistics")
         check_int("aggregation_depth", self.aggregation_depth)
         check(isinstance(self.save_updater, bool), f"Expect save_updater to be a bool, got {self.save_updater!r}")
         object.__setattr__(self, "weighting", as_enum(Weighting, "weighting", self.weighting))
+
+    @property
+    def auto_frequency(self) -> bool:
+        """Whether the frequency is chosen from measurements."""
+        return self.averaging_frequency == AUTO
 
 
 ThresholdRule = Union[FixedThreshold, AdaptiveThreshold, TargetSparsityThreshold]

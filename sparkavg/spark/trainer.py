@@ -201,7 +201,10 @@ class SparkTrainer:
         recoveries = 0
         while self.epochs_done < target:
             epoch = self.epochs_done
-            snapshot = network_state(self.network, with_updater=True) if self.on_divergence == "recover" else None
+            snapshot = None
+            if self.on_divergence == "recover":  # copies: network_state() hands out the live host arrays
+                iteration, params, state = network_state(self.network, with_updater=True)
+                snapshot = (iteration, params.copy(), state.copy(), self._runner.state_dict())
             t0 = time.perf_counter()
             try:
                 summary = self._runner.run_epoch(self.network, prepared, epoch, self.workers, self.stats)
@@ -224,7 +227,8 @@ class SparkTrainer:
                 with self.stats.timed(Phase.CHECKPOINT, epoch=epoch):
                     ckpt_io.save_checkpoint(self.checkpoint_dir, self.network, run_id=self.run_id,
                                             epochs_done=epoch + 1, target_epochs=target,
-                                            master=self.master.to_config(), extra={"history": self.history})
+                                            master=self.master.to_config(), extra={"history": self.history},
+                                            runner_state=self._runner.state_dict())
             if validation_data is not None:
                 with self.stats.timed(Phase.EVALUATE, epoch=epoch):
                     ev = self.evaluate(validation_data)
@@ -236,9 +240,10 @@ class SparkTrainer:
         return self
 
     def _recover(self, snapshot, exc, epoch: int) -> None:
-        iteration, params, state = snapshot
+        iteration, params, state, runner_state = snapshot
         net = self.network
         net.params, net.updater_state, net.iteration = params, state, iteration
+        self._runner.load_state_dict(runner_state)
         old = net.updater.lr
         new = old * self.recovery_lr_factor
         net.updater = dataclasses.replace(net.updater, lr=new)
@@ -254,6 +259,7 @@ class SparkTrainer:
         net.updater_state = saved.updater_state
         net.iteration = saved.iteration
         net.epoch = found.epochs_done
+        self._runner.load_state_dict(found.load_runner_state())
         self.run_id = found.run_id
         self.history = list(found.extra.get("history", []))
 

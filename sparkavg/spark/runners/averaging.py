@@ -3,15 +3,73 @@
 Rounds of ``averaging_frequency`` minibatches per worker; per round the
 shipped ``(iteration, params, updater state)`` is fitted by every worker on
 its own shard, the weighted sums come back through ``treeAggregate`` and
-the driver divides.
+the driver divides -- then, with :class:`~sparkavg.spark.masters.BlockMomentum`,
+applies block momentum (:func:`block_momentum_step`).
+
+With ``averaging_frequency="auto"`` the frequency of each epoch is chosen
+(:mod:`.frequency`) from the costs measured in the previous epoch's rounds;
+before the first epoch of a runner, two probe rounds of
+:data:`PROBE_MINIBATCHES` minibatches measure them.  A probe round is a
+real round on the epoch's data whose result is thrown away (its examples
+still train exactly once, in the epoch): it costs the first epoch about two
+rounds' overhead, and with data in Spark blocks one more shuffle of the
+minibatches.
 """
 from __future__ import annotations
 
+import logging
+import math
+import time
+from typing import Optional
+
+import numpy as np
+
+from ... import ops
+from ...backend import to_cpu
+from ..errors import raise_failures
 from ..executor.averaging import combine_results, make_round_task
 from ..masters import ParameterAveraging, Weighting
 from .base import EpochRunner, Merged, network_state, set_state
+from .frequency import RoundCosts, busy_from_payloads, choose_frequency, round_costs, rounds_from_events
 
-__all__ = ["AveragingRunner"]
+__all__ = ["AveragingRunner", "block_momentum_step", "PROBE_MINIBATCHES", "PROBE_ROUNDS"]
+
+logger = logging.getLogger(__name__)
+
+#: Minibatches per worker in a probe round.
+PROBE_MINIBATCHES = 4
+#: Probe rounds before the first epoch (the first also warms the workers' cached networks up).
+PROBE_ROUNDS = 2
+
+
+def block_momentum_step(model, averaged, delta, momentum: float, block_lr: float, nesterov: bool) -> None:
+    """One BMUF update, in place on flat float32 vectors, no temporaries.
+
+    Parameters
+    ----------
+    model : ndarray (n,)
+        ``W``, the model before the round (read only).
+    averaged : ndarray (n,)
+        The workers' average ``W_avg`` on entry; ``W``'s successor on exit.
+    delta : ndarray (n,)
+        The block velocity ``Delta``, updated.
+    momentum, block_lr : float
+        ``mu`` and ``zeta``.
+    nesterov : bool
+        The round started from ``W + mu * Delta`` (else from ``W``).
+
+    Notes
+    -----
+    ``G = W_avg - W_sent``; ``Delta = mu * Delta + zeta * G``;
+    ``W = W + Delta`` (Chen & Huo 2016, eqs. 2-4).
+    """
+    ops.accumulate(averaged, model, -1.0)  # W_avg - W
+    if nesterov:
+        ops.accumulate(averaged, delta, -momentum)  # - mu * Delta: the round started from the look-ahead
+    ops.scale(delta, momentum)
+    ops.accumulate(delta, averaged, block_lr)
+    np.copyto(averaged, model)
+    ops.accumulate(averaged, delta)
 
 
 class AveragingRunner(EpochRunner):
@@ -19,26 +77,137 @@ class AveragingRunner(EpochRunner):
 
     master: ParameterAveraging
 
-    def minibatches_per_round(self, prepared, workers, network, epoch, stats) -> int:
-        return self.master.averaging_frequency
+    def __init__(self, seam, master):
+        super().__init__(seam, master)
+        self._delta: Optional[np.ndarray] = None  # BMUF block velocity, flat float32 (host)
+        self._momentum: Optional[float] = None  # resolved block momentum
+        self._costs: Optional[RoundCosts] = None  # the last measurement ("auto")
+        self._frequency: Optional[int] = None  # the frequency of the running epoch
+        self._epoch: Optional[int] = None  # the running epoch
 
+    # ------------------------------------------------------------ frequency
+    def minibatches_per_round(self, prepared, workers, network, epoch, stats) -> int:
+        m = self.master
+        self._epoch = epoch
+        if m.block_momentum is not None and self._momentum is None:
+            self._momentum = m.block_momentum.momentum_for(workers)
+            why = ("BlockMomentum(momentum=...)" if m.block_momentum.momentum is not None
+                   else f"1 - 1/workers with {workers} workers (Chen & Huo 2016)")
+            stats.decision("block_momentum", self._momentum, f"{why}; block_lr {m.block_momentum.block_lr}, "
+                           f"{'Nesterov look-ahead' if m.block_momentum.nesterov else 'classic'}", epoch=epoch)
+        if not m.auto_frequency:
+            self._frequency = int(m.averaging_frequency)
+            return self._frequency
+        if self._costs is None:
+            self._costs = self._probe(prepared, workers, network, epoch, stats)
+        per_worker = math.ceil(len(prepared.sizes) / workers)
+        if self._costs is None:  # the probe saw no minibatch fitted: nothing to measure
+            frequency, reason = m.max_averaging_frequency, "no probe round fitted a minibatch: the bound"
+        else:
+            frequency, reason = choose_frequency(self._costs, m.target_overhead, m.max_averaging_frequency,
+                                                 per_worker)
+        stats.decision("averaging_frequency", frequency, reason, epoch=epoch)
+        logger.info("epoch %d: averaging_frequency %d: %s", epoch + 1, frequency, reason)
+        self._frequency = frequency
+        return frequency
+
+    def _probe(self, prepared, workers, network, epoch, stats) -> Optional[RoundCosts]:
+        """Run :data:`PROBE_ROUNDS` throw-away rounds of :data:`PROBE_MINIBATCHES`
+        minibatches; their costs (the last round's: the first also warms up)."""
+        plan = self.seam.plan(prepared, workers, PROBE_MINIBATCHES, None)
+        config_json = network.to_json()
+        measured = []
+        try:
+            for r in range(min(PROBE_ROUNDS, len(plan.rounds))):
+                start = time.perf_counter()
+                shipped = self.seam.ship(self.shipped(network, epoch))
+                try:
+                    result = self._run_round(plan, r, config_json, shipped, f"probe round {r + 1} of epoch "
+                                                                            f"{epoch + 1}")
+                finally:
+                    shipped.destroy()
+                raise_failures(result, f"probe round {r + 1} of epoch {epoch + 1}")
+                if result is None:
+                    continue
+                ops.scale(result.params, 1.0 / result.weight)  # what a merge costs; the result is dropped
+                if result.state is not None:
+                    ops.scale(result.state, 1.0 / result.weight)
+                measured.append((time.perf_counter() - start, busy_from_payloads(result.stats)))
+        finally:
+            plan.drop()
+        if not measured:
+            return None
+        return round_costs(measured[-1:], f"probe round {len(measured)} of {PROBE_MINIBATCHES} minibatches "
+                                          f"before epoch {epoch + 1}")
+
+    def epoch_done(self, summary, stats) -> None:
+        summary["averaging_frequency"] = self._frequency
+        if self.master.auto_frequency:
+            epoch = self._epoch
+            costs = round_costs(rounds_from_events(stats.events, epoch), f"epoch {epoch + 1}")
+            if costs is not None:  # else keep the last measurement
+                self._costs = costs
+
+    # ---------------------------------------------------------------- rounds
     def result_bytes(self, network) -> int:
         state = network.updater_state.size if self.master.save_updater else 0
         return 4 * (network.num_params + state)
 
     def shipped(self, network, epoch):
-        return network_state(network, self.master.save_updater)
+        iteration, params, state = network_state(network, self.master.save_updater)
+        bm = self.master.block_momentum
+        if bm is not None and bm.nesterov and self._delta is not None:
+            params = params.copy()  # the look-ahead W + mu * Delta; the network keeps W
+            ops.accumulate(params, self._delta, self._momentum)
+        return iteration, params, state
 
-    def launch(self, plan, r, config_json, shipped, epoch, stats):
+    def _run_round(self, plan, r, config_json, shipped, what):
         m = self.master
         task = make_round_task(config_json, shipped, round_no=r + 1, save_updater=m.save_updater,
                                uniform=m.weighting is Weighting.UNIFORM, collect_stats=m.collect_stats,
                                prefetch=m.data.prefetch, hooks=self.seam.test_hooks())
-        return self.seam.aggregate_round(plan, r, task, combine_results, m.aggregation_depth,
-                                         f"averaging round {r + 1} of epoch {epoch + 1}")
+        return self.seam.aggregate_round(plan, r, task, combine_results, m.aggregation_depth, what)
+
+    def launch(self, plan, r, config_json, shipped, epoch, stats):
+        return self._run_round(plan, r, config_json, shipped, f"averaging round {r + 1} of epoch {epoch + 1}")
 
     def merge(self, network, result, epoch, r, stats) -> Merged:
-        set_state(network, result.params, result.state, result.weight, result.max_iterations)
+        bm = self.master.block_momentum
+        if bm is None:
+            set_state(network, result.params, result.state, result.weight, result.max_iterations)
+        else:
+            inv = 1.0 / result.weight
+            ops.scale(result.params, inv)
+            if result.state is not None:
+                ops.scale(result.state, inv)
+            model = np.ascontiguousarray(to_cpu(network.params), dtype=np.float32)  # W: read only
+            if self._delta is None:
+                self._delta = np.zeros_like(model)
+            block_momentum_step(model, result.params, self._delta, self._momentum, bm.block_lr, bm.nesterov)
+            set_state(network, result.params, result.state, 1.0, result.max_iterations)
         stats.count("examples", result.examples)
         stats.count("minibatches", result.batches)
         return Merged(result.loss_sum, result.examples, result.stats)
+
+    # ------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict:
+        state = {}
+        if self._delta is not None:
+            state["block_momentum_delta"] = self._delta.copy()
+        if self._costs is not None:
+            state.update({f"round_costs_{k}": v for k, v in self._costs.to_plain().items()})
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        unknown = set(state) - {"block_momentum_delta"} - {f"round_costs_{k}" for k in
+                                                           ("overhead", "iteration", "rounds", "source")}
+        if unknown:
+            raise ValueError(f"Expect averaging runner state (block_momentum_delta, round_costs_*), "
+                             f"got unknown keys {sorted(unknown)}")
+        delta = state.get("block_momentum_delta")
+        self._delta = None if delta is None else np.array(delta, dtype=np.float32)
+        if "round_costs_overhead" in state:
+            self._costs = RoundCosts.from_plain({k: np.asarray(state[f"round_costs_{k}"]).item()
+                                                 for k in ("overhead", "iteration", "rounds", "source")})
+        else:
+            self._costs = None

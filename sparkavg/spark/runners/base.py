@@ -11,7 +11,9 @@ its epoch distributes work:
   worker fits between merges;
 - :meth:`~EpochRunner.shipped` -- what travels to the executors besides the state;
 - :meth:`~EpochRunner.launch` -- which tasks run and how their results come back;
-- :meth:`~EpochRunner.merge` -- how results become the network's new state.
+- :meth:`~EpochRunner.merge` -- how results become the network's new state;
+- :meth:`~EpochRunner.state_dict` / :meth:`~EpochRunner.load_state_dict` -- what the
+  runner carries between epochs (checkpointed next to the network).
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from ... import ops
 from ...backend import to_cpu
 from ..data import EpochPlan, PreparedData
 from ..errors import raise_failures
+from ..executor.device import summarize_devices
 from ..masters import Repartition
 from ..session import check_result_path
 from ..stats import Phase
@@ -93,6 +96,7 @@ class EpochRunner(abc.ABC):
         self.seam = seam
         self.master = master
         self._session_checked = False
+        self._device_stats, self._device_keys = None, set()  # device decisions recorded (record_devices)
 
     # ------------------------------------------------------------ the hooks
     @abc.abstractmethod
@@ -117,6 +121,37 @@ class EpochRunner(abc.ABC):
 
     def epoch_done(self, summary: dict, stats) -> None:
         """Called once the epoch's rounds are merged (default: nothing)."""
+
+    def state_dict(self) -> dict:
+        """What the runner carries from epoch to epoch besides the network
+        (e.g. a block velocity), for checkpoints: names to numpy arrays or
+        plain numbers/strings, saved as ``.npz`` (never pickle).  Default: none."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` output (arrays as read from ``.npz``)."""
+        if state:
+            raise ValueError(f"Expect no runner state for {type(self).__name__}, got keys {sorted(state)}")
+
+    def record_devices(self, results, epoch: int, stats) -> None:
+        """Record where the round's workers trained and why (decision
+        ``device``, logged): once per fit, again only when it changes.
+
+        ``results`` is a round's result or list of results; each carries
+        ``devices``, the workers' ``DeviceChoice.to_plain()`` entries."""
+        listed = results if isinstance(results, (list, tuple)) else [results]
+        entries = [e for r in listed for e in (getattr(r, "devices", None) or ())]
+        if not entries:
+            return
+        if stats is not self._device_stats:
+            self._device_stats, self._device_keys = stats, set()
+        value, reason = summarize_devices(entries)
+        key = (value, frozenset((e["kind"], e["reason"]) for e in entries))  # not the addresses: they vary
+        if key in self._device_keys:
+            return
+        self._device_keys.add(key)
+        stats.decision("device", value, reason, epoch=epoch)
+        logger.info("epoch %d: workers train on %s: %s", epoch + 1, value, reason)
 
     # ----------------------------------------------------------- skeleton
     def run_epoch(self, network, prepared: PreparedData, epoch: int, workers: int, stats) -> dict:
@@ -148,6 +183,7 @@ class EpochRunner(abc.ABC):
                 if results is None or (isinstance(results, list) and not results):
                     raise RuntimeError(f"{self.round_name} {r + 1} of epoch {epoch + 1} returned no result: "
                                        "every shard was empty")
+                self.record_devices(results, epoch, stats)
                 with stats.timed(Phase.AVERAGE, epoch=epoch, round=r):
                     merged = self.merge(network, results, epoch, r, stats)
                 for payload in merged.payloads:

@@ -1,0 +1,268 @@
+"""averaging_frequency="auto" and block momentum (BMUF): the choice as pure
+logic, the block-momentum update against a numpy reference (alone and over
+real local[2] rounds), checkpoint/resume of the block velocity, the decision
+in the stats and the example's report field."""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sparkavg.configurable import ConfigError
+from sparkavg.spark import DataOptions, ParameterAveraging, SparkTrainer
+from sparkavg.spark.masters import BlockMomentum, master_from_config
+from sparkavg.spark.runners.averaging import block_momentum_step
+from sparkavg.spark.runners.frequency import (RoundCosts, busy_from_payloads, choose_frequency, round_costs,
+                                              rounds_from_events)
+from sparkavg.spark.stats import Event
+
+from .nets import blobs, small_net
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mnist_lenet.py"
+
+
+# ------------------------------------------------------------------ the choice (pure)
+def test_frequency_keeps_overhead_at_target_share_of_a_round():
+    costs = RoundCosts(overhead=0.1, iteration=0.01, rounds=5, source="epoch 1")
+    f, reason = choose_frequency(costs, target=0.1, max_frequency=1000)
+    # 0.1 / (0.1 + F * 0.01) <= 0.1  <=>  F >= 90
+    assert f == 90
+    assert 0.1 / (0.1 + f * 0.01) <= 0.1 < 0.1 / (0.1 + (f - 1) * 0.01)
+    assert "100.0 ms" in reason and "10.00 ms per minibatch" in reason and "epoch 1" in reason
+    assert "overhead 10% of a round" in reason
+    f, _ = choose_frequency(costs, target=0.5, max_frequency=1000)
+    assert f == 10  # 0.1 / (0.1 + 10 * 0.01) = 0.5
+
+
+def test_frequency_is_clamped_to_bounds_and_says_so():
+    f, reason = choose_frequency(RoundCosts(2.0, 0.001, 3, "probe"), 0.1, max_frequency=150)
+    assert f == 150 and "capped at max_averaging_frequency 150" in reason
+    f, reason = choose_frequency(RoundCosts(0.0, 0.02, 3, "probe"), 0.1, max_frequency=150)
+    assert f == 1 and "capped" not in reason
+    f, reason = choose_frequency(RoundCosts(0.1, 0.001, 3, "probe"), 0.1, max_frequency=500,
+                                 minibatches_per_worker=40)
+    assert f == 500 and "one round per epoch" in reason
+    f, reason = choose_frequency(RoundCosts(0.1, 0.0, 3, "probe"), 0.1, max_frequency=77)
+    assert f == 77 and "no usable iteration time" in reason
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"target": 0.0}, "Expect 0 < target < 1, got 0.0"),
+    ({"target": 1.0}, "Expect 0 < target < 1, got 1.0"),
+    ({"max_frequency": 0}, "Expect max_frequency >= 1"),
+])
+def test_frequency_choice_rejects_bad_arguments(kwargs, message):
+    args = {"target": 0.1, "max_frequency": 10, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        choose_frequency(RoundCosts(0.1, 0.01, 1, "x"), **args)
+
+
+def test_round_costs_take_the_slowest_worker_and_the_median_round():
+    rounds = [
+        (1.0, [(0.5, 10), (0.8, 10)]),   # slowest worker 0.8 s: overhead 0.2, 80 ms per minibatch
+        (1.3, [(0.9, 10), (0.2, 5)]),    # overhead 0.4, 90 ms
+        (0.9, [(1.0, 10)]),              # clock noise: overhead clamps to 0, 100 ms
+        (5.0, [(0.0, 0), (0.0, 0)]),     # nothing fitted: ignored
+    ]
+    costs = round_costs(rounds, "epoch 2")
+    assert (costs.overhead, costs.iteration) == (pytest.approx(0.2), pytest.approx(0.09))
+    assert (costs.rounds, costs.source) == (3, "epoch 2")
+    assert round_costs([(1.0, [])], "x") is None
+
+
+def test_rounds_from_events_and_payloads():
+    ev = [Event("driver", "round", 0.0, 1.0, 0, 0), Event("driver", "round", 1.0, 2.0, 0, 1),
+          Event("driver", "broadcast", 0.0, 0.1, 0, 0),
+          Event("h/1/p0", "fit", 0.1, 0.3, 0, 0), Event("h/1/p0", "data_load", 0.1, 0.1, 0, 0),
+          Event("h/1/p0", "fit", 0.5, 0.3, 0, 0), Event("h/1/p0", "fetch", 0.0, 0.5, 0, 0),
+          Event("h/2/p1", "fit", 0.1, 0.2, 0, 0), Event("h/1/p0", "fit", 1.1, 0.4, 0, 1),
+          Event("h/1/p0", "fit", 0.1, 9.0, 1, 0), Event("driver", "round", 9.0, 9.0, 1, 0)]
+    rounds = rounds_from_events(ev, epoch=0)
+    assert [r[0] for r in rounds] == [1.0, 2.0]
+    assert sorted(rounds[0][1]) == [(0.2, 1), pytest.approx((0.7, 2))]
+    assert rounds[1][1] == [(0.4, 1)]
+    payload = {"events": [["fetch", 0.0, 0.2, None], ["data_load", 0.2, 0.01, None], ["fit", 0.21, 0.05, None],
+                          ["fit", 0.26, 0.05, {"minibatch": 1}], ["model_init", 0, 1.0, None]]}
+    assert busy_from_payloads([payload, {"events": []}]) == [(pytest.approx(0.11), 2), (0.0, 0)]
+
+
+# ------------------------------------------------------------------ configuration
+def test_defaults_and_validation():
+    m = ParameterAveraging()
+    assert m.averaging_frequency == "auto" and m.auto_frequency
+    assert m.block_momentum == BlockMomentum() and m.block_momentum.nesterov
+    assert m.block_momentum.momentum_for(4) == 0.75
+    assert ParameterAveraging(averaging_frequency=7).auto_frequency is False
+    for kwargs, message in [
+        ({"averaging_frequency": 0}, "Expect averaging_frequency >= 1 (an int) or 'auto', got 0"),
+        ({"averaging_frequency": "often"}, "Expect averaging_frequency >= 1 (an int) or 'auto', got 'often'"),
+        ({"target_overhead": 1.5}, "Expect target_overhead in (0, 1) (a share of a round), got 1.5"),
+        ({"max_averaging_frequency": 0}, "Expect max_averaging_frequency >= 1"),
+        ({"block_momentum": 0.9}, "Expect block_momentum to be BlockMomentum"),
+        ({"collect_stats": False}, "Expect collect_stats=True with averaging_frequency='auto'"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            ParameterAveraging(**kwargs)
+    ParameterAveraging(collect_stats=False, averaging_frequency=5)  # a pinned frequency needs no stats
+    with pytest.raises(ValueError, match=r"Expect block momentum in \[0, 1\) or None"):
+        BlockMomentum(momentum=1.0)
+    with pytest.raises(ValueError, match="Expect block_lr > 0"):
+        BlockMomentum(block_lr=0)
+
+
+@pytest.mark.parametrize("master", [
+    ParameterAveraging(),
+    ParameterAveraging(averaging_frequency=12, block_momentum=None, target_overhead=0.05),
+    ParameterAveraging(block_momentum=BlockMomentum(momentum=0.7, block_lr=0.9, nesterov=False),
+                       max_averaging_frequency=64),
+])
+def test_config_round_trip(master):
+    assert master_from_config(json.loads(json.dumps(master.to_config()))) == master
+
+
+def test_config_names_a_bad_frequency_and_block_momentum():
+    config = ParameterAveraging().to_config()
+    config["averaging_frequency"] = "5"
+    with pytest.raises(ConfigError, match=r"averaging_frequency to be int or one of \['auto'\], got str '5'"):
+        master_from_config(config)
+    config = ParameterAveraging().to_config()
+    config["block_momentum"]["momentum"] = "0.5"
+    with pytest.raises(ConfigError, match="BlockMomentum.momentum to be float, got str"):
+        master_from_config(config)
+
+
+# ------------------------------------------------------------------ BMUF math
+def _bmuf_reference(model, averaged, delta, mu, zeta, nesterov):
+    """Chen & Huo 2016, eqs. 2-4, in float64."""
+    sent = model + mu * delta if nesterov else model
+    g = averaged - sent
+    delta = mu * delta + zeta * g
+    return model + delta, delta
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_block_momentum_step_matches_reference(nesterov):
+    rng = np.random.default_rng(0)
+    n = 1000
+    model = rng.standard_normal(n).astype(np.float32)
+    delta = np.zeros(n, np.float32)
+    ref_model, ref_delta = model.astype(np.float64), delta.astype(np.float64)
+    for _ in range(3):
+        averaged = (model + 0.1 * rng.standard_normal(n)).astype(np.float32)
+        ref_model, ref_delta = _bmuf_reference(ref_model, averaged.astype(np.float64), ref_delta, 0.6, 0.8, nesterov)
+        new = averaged.copy()
+        block_momentum_step(model, new, delta, 0.6, 0.8, nesterov)
+        model = new
+        np.testing.assert_allclose(model, ref_model, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(delta, ref_delta, rtol=1e-5, atol=1e-5)
+
+
+def _pairs(x, y):
+    return list(zip(x, y.tolist()))
+
+
+def _simulate(start, x, rounds, mu, zeta, nesterov, y):
+    """The driver's BMUF over replicas fitted in this process (float64 driver arithmetic)."""
+    model = start.params.astype(np.float64)
+    state, iteration = start.updater_state.copy(), start.iteration
+    delta = np.zeros_like(model)
+    for shards in rounds:
+        sent = model + mu * delta if nesterov else model
+        reps = []
+        for shard in shards:
+            rep = start.clone()
+            rep.params, rep.updater_state, rep.iteration = sent.astype(np.float32), state, iteration
+            for b in shard:
+                rep.fit_batch(x[4 * b:4 * b + 4], y[4 * b:4 * b + 4])
+            reps.append(rep)
+        averaged = np.mean([r.params.astype(np.float64) for r in reps], axis=0)
+        state = np.mean([r.updater_state for r in reps], axis=0).astype(np.float32)
+        iteration += len(shards[0])
+        model, delta = _bmuf_reference(model, averaged, delta, mu, zeta, nesterov)
+    return model
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("nesterov, zeta", [(True, 1.0), (False, 0.8)])
+def test_block_momentum_over_spark_rounds_matches_numpy(sc, nesterov, zeta):
+    x, y = blobs(48, seed=21)
+    rdd = sc.parallelize(_pairs(x, y), 2)
+    start = small_net(seed=22)
+    net = start.clone()
+    master = ParameterAveraging(batch_size_per_worker=4, averaging_frequency=2, workers=2,
+                                data=DataOptions(repartition="never"),
+                                block_momentum=BlockMomentum(momentum=0.5, block_lr=zeta, nesterov=nesterov))
+    trainer = SparkTrainer(sc, net, master)
+    trainer.fit(rdd, epochs=1)
+    # 12 minibatches of 4 in data order, 2 per worker per round: 3 rounds dealt round-robin.
+    rounds = [[[0, 2], [1, 3]], [[4, 6], [5, 7]], [[8, 10], [9, 11]]]
+    expected = _simulate(start, x, rounds, 0.5, zeta, nesterov, y)
+    np.testing.assert_allclose(net.params, expected, rtol=1e-5, atol=1e-5)
+    plain = _simulate(start, x, rounds, 0.0, 1.0, False, y)  # what plain averaging gives
+    assert np.abs(expected - plain).max() > 1e-3  # block momentum made a difference the test sees
+    assert trainer.history[0]["averaging_frequency"] == 2 and trainer.history[0]["rounds"] == 3
+    assert [d["value"] for d in trainer.stats.decisions if d["name"] == "block_momentum"] == [0.5]
+
+
+@pytest.mark.spark
+def test_checkpoint_resume_with_block_momentum_continues_exactly(sc, tmp_path):
+    x, y = blobs(60, seed=23)
+    rdd = sc.parallelize(_pairs(x, y), 2)
+    master = ParameterAveraging(batch_size_per_worker=6, averaging_frequency=2, workers=2)
+    assert master.block_momentum is not None
+    straight = small_net(seed=24)
+    SparkTrainer(sc, straight, master).fit(rdd, epochs=3)
+    ckpt = str(tmp_path / "ckpt")
+    SparkTrainer(sc, small_net(seed=24), master, checkpoint_dir=ckpt).fit(rdd, epochs=2)
+    with np.load(os.path.join(ckpt, "epoch-00002", "runner.npz"), allow_pickle=False) as saved:
+        assert np.abs(saved["block_momentum_delta"]).max() > 0
+    resumed = SparkTrainer(sc, small_net(seed=99), master, checkpoint_dir=ckpt)
+    resumed.fit(rdd, epochs=3, resume_from=ckpt)
+    np.testing.assert_allclose(resumed.network.params, straight.params, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(resumed.network.updater_state, straight.updater_state, rtol=1e-5, atol=1e-7)
+
+
+# ------------------------------------------------------------------ "auto" on Spark
+@pytest.mark.spark
+def test_auto_frequency_decision_in_stats_history_and_page(sc, tmp_path):
+    x, y = blobs(96, seed=25)
+    rdd = sc.parallelize(_pairs(x, y), 2)
+    # A target no round can meet: the bound decides, deterministically.
+    auto = ParameterAveraging(batch_size_per_worker=4, workers=2, target_overhead=0.001, max_averaging_frequency=3)
+    net = small_net(seed=26)
+    trainer = SparkTrainer(sc, net, auto)
+    trainer.fit(rdd, epochs=2)
+    chosen = [d for d in trainer.stats.decisions if d["name"] == "averaging_frequency"]
+    assert [(d["epoch"], d["value"]) for d in chosen] == [(0, 3), (1, 3)]
+    assert "probe round" in chosen[0]["reason"] and "epoch 1" in chosen[1]["reason"]
+    assert all("capped at max_averaging_frequency 3" in d["reason"] for d in chosen)
+    assert [h["averaging_frequency"] for h in trainer.history] == [3, 3]
+    assert [h["rounds"] for h in trainer.history] == [4, 4]  # 24 minibatches / (2 workers x 3)
+    assert trainer.stats.counters["examples"] == 2 * 96  # the probe rounds trained nothing
+    saved = json.loads(trainer.stats.to_json())
+    assert [d["value"] for d in saved["decisions"] if d["name"] == "averaging_frequency"] == [3, 3]
+    page = trainer.stats.to_html()
+    assert "averaging_frequency" in page and "capped at max_averaging_frequency 3" in page
+    # The probe left no trace on the model: the same fit with the frequency pinned to 3 is identical.
+    pinned = small_net(seed=26)
+    SparkTrainer(sc, pinned, ParameterAveraging(batch_size_per_worker=4, workers=2,
+                                                averaging_frequency=3)).fit(rdd, epochs=2)
+    np.testing.assert_array_equal(net.params, pinned.params)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_example_report_carries_the_frequency_of_each_epoch(tmp_path, fashion_dir):
+    report = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, str(EXAMPLE), "--mode", "averaging", "--data-dir", str(fashion_dir),
+                           "--epochs", "2", "--limit-train", "1280", "--limit-test", "200", "--workers", "2",
+                           "--report", str(report)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    data = json.loads(report.read_text())
+    freq = data["averaging_frequency"]
+    assert isinstance(freq, list) and len(freq) == 2 and all(isinstance(f, int) and 1 <= f <= 200 for f in freq)
+    assert "averaging_frequency" in proc.stderr  # the choice is logged with its reason

@@ -30,6 +30,7 @@ __all__ = [
     "is_permanent",
     "task_failure_guard",
     "guarded_partitions",
+    "failure_aware",
     "raise_failures",
     "executor_errors",
 ]
@@ -113,6 +114,19 @@ def guarded_partitions(fn):
             yield from fn(index, rows)
         if failures:
             yield failures[0]
+
+    return run
+
+
+def failure_aware(combine):
+    """A combiner of task results where ``None`` is empty and a :class:`TaskFailure` wins."""
+
+    def run(a, b):
+        if a is None or isinstance(b, TaskFailure):
+            return b
+        if b is None or isinstance(a, TaskFailure):
+            return a
+        return combine(a, b)
 
     return run
 

@@ -7,7 +7,7 @@ from typing import Iterable
 import numpy as np
 
 from ...data.validation import split_features
-from ..errors import TaskFailure, task_failure_guard
+from ..errors import failure_aware, task_failure_guard
 from .context import cached_network, load_state
 
 __all__ = ["make_evaluator", "make_scorer", "make_predictor", "merge_evaluations", "add_scores"]
@@ -39,12 +39,9 @@ def make_evaluator(config_json: str, shipped, evaluations: list, rebatch_fn):
     return run
 
 
+@failure_aware
 def merge_evaluations(a, b):
     """treeAggregate combiner of evaluation lists; a failure wins."""
-    if a is None or isinstance(b, TaskFailure):
-        return b
-    if b is None or isinstance(a, TaskFailure):
-        return a
     for x, y in zip(a, b):
         x.merge(y)
     return a
@@ -66,12 +63,9 @@ def make_scorer(config_json: str, shipped, rebatch_fn):
     return run
 
 
+@failure_aware
 def add_scores(a, b):
     """treeAggregate combiner of ``(loss_sum, examples)``; a failure wins."""
-    if a is None or isinstance(b, TaskFailure):
-        return b
-    if b is None or isinstance(a, TaskFailure):
-        return a
     return a[0] + b[0], a[1] + b[1]
 
 

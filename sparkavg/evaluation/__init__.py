@@ -1,0 +1,22 @@
+"""Mergeable evaluation metrics for classification and regression.
+
+Both classes keep only sufficient statistics in plain numpy attributes, so
+that partial evaluations computed on Spark executors pickle cheaply and
+``merge`` into exactly the evaluation of the concatenated data (the
+``treeAggregate`` pattern of DL4J's ``SparkDl4jMultiLayer.evaluate``)::
+
+    ev = rdd.treeAggregate(Evaluation(10), seq_op, lambda a, b: a.merge(b))
+
+:class:`Evaluation` accumulates a confusion matrix; accuracy, precision,
+recall and F1 are derived from it. :class:`RegressionEvaluation` accumulates
+per-column error sums and label moments; MSE, MAE, RMSE and R² are derived.
+
+A metric of an evaluation that has seen no examples is undefined and raises
+``ValueError`` (as ``Network.score`` does on no data) rather than returning
+NaN; ``count`` tells whether there is anything to ask, and ``stats()`` /
+``repr()`` print ``n/a``.
+"""
+from .classification import Evaluation
+from .regression import RegressionEvaluation
+
+__all__ = ["Evaluation", "RegressionEvaluation"]

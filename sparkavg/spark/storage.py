@@ -25,12 +25,8 @@ __all__ = ["SharedLocation", "save_minibatch", "load_minibatch", "is_url"]
 
 
 def is_url(location: str) -> bool:
-    """Whether ``location`` names a filesystem by protocol (``scheme://...``)."""
-    return "://" in location and not location.startswith("file://")
-
-
-def _local(location: str) -> str:
-    return location[len("file://"):] if location.startswith("file://") else location
+    """Whether ``location`` names a filesystem by protocol (``scheme://...``, read through fsspec)."""
+    return "://" in location
 
 
 def save_minibatch(location: str, x: np.ndarray, y: np.ndarray) -> None:
@@ -45,7 +41,7 @@ def save_minibatch(location: str, x: np.ndarray, y: np.ndarray) -> None:
         with fsspec.open(location, "wb") as fh:  # object stores publish on close: atomic
             fh.write(data)
         return
-    path = _local(location)
+    path = location
     tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
     with open(tmp, "wb") as fh:
         fh.write(data)
@@ -62,7 +58,7 @@ def load_minibatch(location: str) -> Tuple[np.ndarray, np.ndarray]:
                 data = fh.read()
             source = io.BytesIO(data)
         else:
-            source = _local(location)
+            source = location
         with np.load(source, allow_pickle=False) as z:
             return z["x"], z["y"]
     except Exception as exc:
@@ -100,7 +96,7 @@ class SharedLocation:
             fs, path = fsspec.core.url_to_fs(self.folder)
             fs.makedirs(path, exist_ok=True)
         else:
-            os.makedirs(_local(self.folder), exist_ok=True)
+            os.makedirs(self.folder, exist_ok=True)
         self._made = True
         return self.folder
 
@@ -117,6 +113,6 @@ class SharedLocation:
             else:
                 import shutil
 
-                shutil.rmtree(_local(target), ignore_errors=True)
+                shutil.rmtree(target, ignore_errors=True)
         except Exception:  # cleanup must not hide the error that got us here
             pass

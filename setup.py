@@ -1,7 +1,9 @@
 """Build script: compiles the Cython kernels in ``sparkavg_ext``.
 
-Compiler directives live here once (not in per-file headers), after
-scikit-learn.  ``SPARKAVG_CYTHON_DEBUG=1`` turns bounds/wraparound/
+Templates ``sparkavg_ext/*.pyx.tp`` are rendered to ``.pyx`` first, with the
+Tempita bundled in Cython (as scikit-learn does); the generated files are
+not in git.  Compiler directives live here once (not in per-file headers),
+after scikit-learn.  ``SPARKAVG_CYTHON_DEBUG=1`` turns bounds/wraparound/
 initialized checks back on for debugging.
 """
 import glob
@@ -9,6 +11,7 @@ import os
 import sys
 
 import numpy as np
+from Cython import Tempita
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
@@ -30,6 +33,22 @@ else:
 
 # No -ffast-math: the kernels must see NaN/inf to reject them.
 extra_compile = ["-O3"] + openmp_compile
+
+
+def render_templates(folder):
+    """Render every ``<name>.pyx.tp`` in ``folder`` to ``<name>.pyx`` when
+    the template is newer (or the .pyx missing)."""
+    for template in sorted(glob.glob(os.path.join(folder, "*.pyx.tp"))):
+        target = template[: -len(".tp")]
+        if os.path.exists(target) and os.path.getmtime(target) >= os.path.getmtime(template):
+            continue
+        with open(template, encoding="utf-8") as f:
+            text = Tempita.sub(f.read())
+        with open(target, "w", encoding="utf-8") as f:
+            f.write(text)
+
+
+render_templates("sparkavg_ext")
 
 extensions = [
     Extension(

@@ -1,7 +1,9 @@
-"""Channels-last (NHWC) im2col / col2im and pooling kernels for sparkavg.nn.
+"""Channels-last (NHWC) im2col / col2im and pooling kernels, float32.
 
 Every public ``def`` checks shapes and allocates the output when none is
-given, then runs a private fused-type kernel without the GIL.  The kernels
+given, then runs a private kernel without the GIL.  float32 only, as every
+kernel in sparkavg_ext: float64 arrays (gradient checks) take the numpy
+twins (sparkavg.ops routes them).  The kernels
 are serial on purpose: they are memory-bound, and an OpenMP pool spinning
 next to OpenBLAS's threads on the same cores (a training step alternates
 the two) made LeNet steps 3x slower on 2 cores, not faster.
@@ -14,17 +16,12 @@ Layouts (C-contiguous):
 - pool argmax       : (N, OH, OW, C) int32, the flat index within one
   sample's (H, W, C) block of the element that won.
 
-Use these through :mod:`sparkavg.nn.kernels`, which dispatches numpy
-float32/float64 arrays here and everything else to xp-generic twins.
+Use these through :mod:`sparkavg.ops` (``im2col``, ``maxpool_forward``,
+...), which checks the arguments first and routes numpy float32 here.
 """
 from libc.string cimport memcpy, memset
 
 import numpy as np
-
-ctypedef fused floating:
-    float
-    double
-
 
 cdef inline Py_ssize_t _out_size(Py_ssize_t size, Py_ssize_t k, Py_ssize_t s,
                                  Py_ssize_t p) noexcept nogil:
@@ -44,9 +41,9 @@ def _check_geometry(Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
 
 
 # ------------------------------------------------------------------ im2col
-def im2col_nhwc(const floating[:, :, :, ::1] x, Py_ssize_t kh, Py_ssize_t kw,
+def im2col_nhwc(const float[:, :, :, ::1] x, Py_ssize_t kh, Py_ssize_t kw,
                 Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t ph, Py_ssize_t pw,
-                floating[:, ::1] out=None, bint ones_column=False):
+                float[:, ::1] out=None, bint ones_column=False):
     """Unfold (N, H, W, C) images into (N*OH*OW, KH*KW*C) patch rows.
 
     Padding reads as zero.  With ``ones_column`` every row gets one more
@@ -61,7 +58,7 @@ def im2col_nhwc(const floating[:, :, :, ::1] x, Py_ssize_t kh, Py_ssize_t kw,
                          f"{h}x{w}, kernel {kh}x{kw}, padding ({ph}, {pw})")
     cdef Py_ssize_t width = kh * kw * c + (1 if ones_column else 0)
     if out is None:
-        out = np.empty((n * oh * ow, width), dtype=np.float32 if floating is float else np.float64)
+        out = np.empty((n * oh * ow, width), dtype=np.float32)
     elif out.shape[0] != n * oh * ow or out.shape[1] != width:
         raise ValueError(f"Expect out of shape ({n * oh * ow}, {width}), "
                          f"got ({out.shape[0]}, {out.shape[1]})")
@@ -71,16 +68,16 @@ def im2col_nhwc(const floating[:, :, :, ::1] x, Py_ssize_t kh, Py_ssize_t kw,
     return np.asarray(out)
 
 
-cdef void _im2col(const floating[:, :, :, ::1] x,   # IN  (N, H, W, C)
+cdef void _im2col(const float[:, :, :, ::1] x,   # IN  (N, H, W, C)
                   Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
                   Py_ssize_t ph, Py_ssize_t pw, Py_ssize_t oh, Py_ssize_t ow,
                   bint ones_column,
-                  floating[:, ::1] out) noexcept nogil:  # OUT (N*OH*OW, KH*KW*C [+ 1])
+                  float[:, ::1] out) noexcept nogil:  # OUT (N*OH*OW, KH*KW*C [+ 1])
     cdef Py_ssize_t n, r, q, i, j, k, ih, iw, iw0, row
     cdef Py_ssize_t h = x.shape[1], w = x.shape[2], c = x.shape[3]
     cdef Py_ssize_t run = kw * c
-    cdef const floating* src
-    cdef floating* dst
+    cdef const float* src
+    cdef float* dst
     for n in range(x.shape[0]):
         for r in range(oh):
             for q in range(ow):
@@ -90,7 +87,7 @@ cdef void _im2col(const floating[:, :, :, ::1] x,   # IN  (N, H, W, C)
                     ih = r * sh - ph + i
                     dst = &out[row, i * run]
                     if ih < 0 or ih >= h:
-                        memset(dst, 0, run * sizeof(floating))
+                        memset(dst, 0, run * sizeof(float))
                     elif iw0 >= 0 and iw0 + kw <= w:
                         # One contiguous run of KW*C values in channels-last layout.
                         src = &x[n, ih, iw0, 0]
@@ -100,17 +97,17 @@ cdef void _im2col(const floating[:, :, :, ::1] x,   # IN  (N, H, W, C)
                         for j in range(kw):
                             iw = iw0 + j
                             if iw < 0 or iw >= w:
-                                memset(dst + j * c, 0, c * sizeof(floating))
+                                memset(dst + j * c, 0, c * sizeof(float))
                             else:
-                                memcpy(dst + j * c, &x[n, ih, iw, 0], c * sizeof(floating))
+                                memcpy(dst + j * c, &x[n, ih, iw, 0], c * sizeof(float))
                 if ones_column:
                     out[row, kh * run] = 1
 
 
 # ------------------------------------------------------------------ col2im
-def col2im_nhwc(const floating[:, ::1] cols, Py_ssize_t kh, Py_ssize_t kw,
+def col2im_nhwc(const float[:, ::1] cols, Py_ssize_t kh, Py_ssize_t kw,
                 Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t ph, Py_ssize_t pw,
-                floating[:, :, :, ::1] out):
+                float[:, :, :, ::1] out):
     """Fold patch rows back, summing overlaps: the adjoint of im2col.
 
     ``out`` (N, H, W, C) gives the image shape; it is overwritten (not
@@ -128,17 +125,17 @@ def col2im_nhwc(const floating[:, ::1] cols, Py_ssize_t kh, Py_ssize_t kw,
     return np.asarray(out)
 
 
-cdef void _col2im(const floating[:, ::1] cols,       # IN  (N*OH*OW, KH*KW*C)
+cdef void _col2im(const float[:, ::1] cols,       # IN  (N*OH*OW, KH*KW*C)
                   Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
                   Py_ssize_t ph, Py_ssize_t pw, Py_ssize_t oh, Py_ssize_t ow,
-                  floating[:, :, :, ::1] out) noexcept nogil:  # OUT (N, H, W, C)
+                  float[:, :, :, ::1] out) noexcept nogil:  # OUT (N, H, W, C)
     cdef Py_ssize_t n, r, q, i, j, k, ih, iw, iw0, row
     cdef Py_ssize_t h = out.shape[1], w = out.shape[2], c = out.shape[3]
     cdef Py_ssize_t run = kw * c
-    cdef const floating* src
-    cdef floating* dst
+    cdef const float* src
+    cdef float* dst
     for n in range(out.shape[0]):
-        memset(&out[n, 0, 0, 0], 0, h * w * c * sizeof(floating))
+        memset(&out[n, 0, 0, 0], 0, h * w * c * sizeof(float))
         for r in range(oh):
             for q in range(ow):
                 row = (n * oh + r) * ow + q
@@ -162,8 +159,8 @@ cdef void _col2im(const floating[:, ::1] cols,       # IN  (N*OH*OW, KH*KW*C)
 
 
 # ----------------------------------------------------------------- max pool
-def maxpool_nhwc_forward(const floating[:, :, :, ::1] x, Py_ssize_t kh, Py_ssize_t kw,
-                         Py_ssize_t sh, Py_ssize_t sw, floating[:, :, :, ::1] out=None,
+def maxpool_nhwc_forward(const float[:, :, :, ::1] x, Py_ssize_t kh, Py_ssize_t kw,
+                         Py_ssize_t sh, Py_ssize_t sw, float[:, :, :, ::1] out=None,
                          int[:, :, :, ::1] argmax=None):
     """Max over KHxKW windows (no padding); returns ``(out, argmax)``.
 
@@ -180,7 +177,7 @@ def maxpool_nhwc_forward(const floating[:, :, :, ::1] x, Py_ssize_t kh, Py_ssize
         raise ValueError(f"Expect fewer than 2**31 values per sample, got {h * w * c}")
     shape = (n, oh, ow, c)
     if out is None:
-        out = np.empty(shape, dtype=np.float32 if floating is float else np.float64)
+        out = np.empty(shape, dtype=np.float32)
     if argmax is None:
         argmax = np.empty(shape, dtype=np.int32)
     if _dims(out.shape) != shape or _dims(argmax.shape) != shape:
@@ -192,9 +189,9 @@ def maxpool_nhwc_forward(const floating[:, :, :, ::1] x, Py_ssize_t kh, Py_ssize
     return np.asarray(out), np.asarray(argmax)
 
 
-cdef void _maxpool_forward(const floating[:, :, :, ::1] x,  # IN  (N, H, W, C)
+cdef void _maxpool_forward(const float[:, :, :, ::1] x,  # IN  (N, H, W, C)
                            Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
-                           floating[:, :, :, ::1] out,       # OUT (N, OH, OW, C)
+                           float[:, :, :, ::1] out,       # OUT (N, OH, OW, C)
                            int[:, :, :, ::1] argmax) noexcept nogil:  # OUT
     # Two passes over each window, both straight-line loops over the
     # contiguous channels that compile to selects (a branchy running
@@ -204,11 +201,11 @@ cdef void _maxpool_forward(const floating[:, :, :, ::1] x,  # IN  (N, H, W, C)
     cdef Py_ssize_t n, r, q, i, j, k, corner, off
     cdef Py_ssize_t w = x.shape[2], c = x.shape[3]
     cdef Py_ssize_t oh = out.shape[1], ow = out.shape[2]
-    cdef const floating* sample
-    cdef const floating* src
-    cdef floating* dst
+    cdef const float* sample
+    cdef const float* src
+    cdef float* dst
     cdef int* idx
-    cdef floating a, b
+    cdef float a, b
     for n in range(x.shape[0]):
         sample = &x[n, 0, 0, 0]
         for r in range(oh):
@@ -241,8 +238,8 @@ cdef void _maxpool_forward(const floating[:, :, :, ::1] x,  # IN  (N, H, W, C)
                             idx[k] = <int>(off + k) if src[k] == dst[k] else idx[k]
 
 
-def maxpool_nhwc_backward(const floating[:, :, :, ::1] dout, const int[:, :, :, ::1] argmax,
-                          floating[:, :, :, ::1] out):
+def maxpool_nhwc_backward(const float[:, :, :, ::1] dout, const int[:, :, :, ::1] argmax,
+                          float[:, :, :, ::1] out):
     """Route each output gradient to its window's maximum.
 
     ``out`` (N, H, W, C) is overwritten; inputs that won no window get 0.
@@ -258,18 +255,18 @@ def maxpool_nhwc_backward(const floating[:, :, :, ::1] dout, const int[:, :, :, 
     return np.asarray(out)
 
 
-cdef void _maxpool_backward(const floating[:, :, :, ::1] dout,  # IN  (N, OH, OW, C)
+cdef void _maxpool_backward(const float[:, :, :, ::1] dout,  # IN  (N, OH, OW, C)
                             const int[:, :, :, ::1] argmax,     # IN  (N, OH, OW, C)
-                            floating[:, :, :, ::1] out) noexcept nogil:  # OUT (N, H, W, C)
+                            float[:, :, :, ::1] out) noexcept nogil:  # OUT (N, H, W, C)
     cdef Py_ssize_t n, k
     cdef Py_ssize_t block = out.shape[1] * out.shape[2] * out.shape[3]
     cdef Py_ssize_t m = dout.shape[1] * dout.shape[2] * dout.shape[3]
-    cdef const floating* g
+    cdef const float* g
     cdef const int* idx
-    cdef floating* dst
+    cdef float* dst
     for n in range(out.shape[0]):
         dst = &out[n, 0, 0, 0]
-        memset(dst, 0, block * sizeof(floating))
+        memset(dst, 0, block * sizeof(float))
         g = &dout[n, 0, 0, 0]
         idx = &argmax[n, 0, 0, 0]
         for k in range(m):
@@ -277,8 +274,8 @@ cdef void _maxpool_backward(const floating[:, :, :, ::1] dout,  # IN  (N, OH, OW
 
 
 # ----------------------------------------------------------------- avg pool
-def avgpool_nhwc_forward(const floating[:, :, :, ::1] x, Py_ssize_t kh, Py_ssize_t kw,
-                         Py_ssize_t sh, Py_ssize_t sw, floating[:, :, :, ::1] out=None):
+def avgpool_nhwc_forward(const float[:, :, :, ::1] x, Py_ssize_t kh, Py_ssize_t kw,
+                         Py_ssize_t sh, Py_ssize_t sw, float[:, :, :, ::1] out=None):
     """Mean over KHxKW windows (no padding); returns ``out``."""
     _check_geometry(kh, kw, sh, sw, 0, 0)
     cdef Py_ssize_t n = x.shape[0], h = x.shape[1], w = x.shape[2], c = x.shape[3]
@@ -288,7 +285,7 @@ def avgpool_nhwc_forward(const floating[:, :, :, ::1] x, Py_ssize_t kh, Py_ssize
                          f"window {kh}x{kw}")
     shape = (n, oh, ow, c)
     if out is None:
-        out = np.empty(shape, dtype=np.float32 if floating is float else np.float64)
+        out = np.empty(shape, dtype=np.float32)
     elif _dims(out.shape) != shape:
         raise ValueError(f"Expect out of shape {shape}, got {_dims(out.shape)}")
     if n > 0:
@@ -297,19 +294,19 @@ def avgpool_nhwc_forward(const floating[:, :, :, ::1] x, Py_ssize_t kh, Py_ssize
     return np.asarray(out)
 
 
-cdef void _avgpool_forward(const floating[:, :, :, ::1] x,  # IN  (N, H, W, C)
+cdef void _avgpool_forward(const float[:, :, :, ::1] x,  # IN  (N, H, W, C)
                            Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
-                           floating[:, :, :, ::1] out) noexcept nogil:  # OUT (N, OH, OW, C)
+                           float[:, :, :, ::1] out) noexcept nogil:  # OUT (N, OH, OW, C)
     cdef Py_ssize_t n, r, q, i, j, k
     cdef Py_ssize_t c = x.shape[3], oh = out.shape[1], ow = out.shape[2]
-    cdef floating scale = <floating>1.0 / <floating>(kh * kw)
-    cdef const floating* src
-    cdef floating* dst
+    cdef float scale = <float>1.0 / <float>(kh * kw)
+    cdef const float* src
+    cdef float* dst
     for n in range(x.shape[0]):
         for r in range(oh):
             for q in range(ow):
                 dst = &out[n, r, q, 0]
-                memset(dst, 0, c * sizeof(floating))
+                memset(dst, 0, c * sizeof(float))
                 for i in range(kh):
                     for j in range(kw):
                         src = &x[n, r * sh + i, q * sw + j, 0]
@@ -319,8 +316,8 @@ cdef void _avgpool_forward(const floating[:, :, :, ::1] x,  # IN  (N, H, W, C)
                     dst[k] *= scale
 
 
-def avgpool_nhwc_backward(const floating[:, :, :, ::1] dout, Py_ssize_t kh, Py_ssize_t kw,
-                          Py_ssize_t sh, Py_ssize_t sw, floating[:, :, :, ::1] out):
+def avgpool_nhwc_backward(const float[:, :, :, ::1] dout, Py_ssize_t kh, Py_ssize_t kw,
+                          Py_ssize_t sh, Py_ssize_t sw, float[:, :, :, ::1] out):
     """Spread each output gradient evenly over its window; ``out`` is overwritten."""
     _check_geometry(kh, kw, sh, sw, 0, 0)
     cdef Py_ssize_t h = out.shape[1], w = out.shape[2]
@@ -333,17 +330,17 @@ def avgpool_nhwc_backward(const floating[:, :, :, ::1] dout, Py_ssize_t kh, Py_s
     return np.asarray(out)
 
 
-cdef void _avgpool_backward(const floating[:, :, :, ::1] dout,  # IN  (N, OH, OW, C)
+cdef void _avgpool_backward(const float[:, :, :, ::1] dout,  # IN  (N, OH, OW, C)
                             Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
-                            floating[:, :, :, ::1] out) noexcept nogil:  # OUT (N, H, W, C)
+                            float[:, :, :, ::1] out) noexcept nogil:  # OUT (N, H, W, C)
     cdef Py_ssize_t n, r, q, i, j, k
     cdef Py_ssize_t c = out.shape[3], oh = dout.shape[1], ow = dout.shape[2]
     cdef Py_ssize_t block = out.shape[1] * out.shape[2] * c
-    cdef floating scale = <floating>1.0 / <floating>(kh * kw)
-    cdef const floating* g
-    cdef floating* dst
+    cdef float scale = <float>1.0 / <float>(kh * kw)
+    cdef const float* g
+    cdef float* dst
     for n in range(out.shape[0]):
-        memset(&out[n, 0, 0, 0], 0, block * sizeof(floating))
+        memset(&out[n, 0, 0, 0], 0, block * sizeof(float))
         for r in range(oh):
             for q in range(ow):
                 g = &dout[n, r, q, 0]

@@ -8,9 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-_threshold = pytest.importorskip("sparkavg_ext._threshold")
-_averaging = pytest.importorskip("sparkavg_ext._averaging")
-_updaters = pytest.importorskip("sparkavg_ext._updaters")
+from sparkavg import ops
+
+pytestmark = pytest.mark.skipif(not ops.have_extension(), reason="sparkavg_ext not built")
+
+if ops.have_extension():
+    from sparkavg_ext import _conv, _elementwise, _threshold
 
 
 def test_decoders_refuse_headers_that_would_overrun():
@@ -31,10 +34,16 @@ def test_memoryviews_reject_wrong_dtype_and_layout():
         _threshold.sparse_encode(np.zeros(8), 0.5, 2)  # float64
     with pytest.raises(ValueError):
         _threshold.bitmap_encode(np.zeros(16, np.float32)[::2], 0.5)
-    with pytest.raises(ValueError, match="length 8"):
-        _averaging.accumulate(np.zeros(8, np.float32), np.zeros(7, np.float32))
-    with pytest.raises(ValueError, match="grads of length 8"):
-        _updaters.sgd_step(np.zeros(8, np.float32), np.zeros(7, np.float32), 0.1)
+    with pytest.raises(ValueError, match="Expect x of length 8 like buffer, got 7"):
+        _elementwise.accumulate(np.zeros(8, np.float32), np.zeros(7, np.float32), 1.0)
+    with pytest.raises(ValueError, match="Expect grads of length 8 like params, got 7"):
+        _elementwise.sgd_step(np.zeros(8, np.float32), np.zeros(7, np.float32), 0.1)
+    z = np.zeros(8, np.float32)
+    with pytest.raises(ValueError, match="Expect v of length 8 like params, got 9"):
+        _elementwise.adam_step(z, z.copy(), z.copy(), np.zeros(9, np.float32),
+                               0.9, 0.1, 0.999, 0.001, 0.01, 1e-8)
+    with pytest.raises(ValueError):
+        _conv.im2col_nhwc(np.zeros((1, 4, 4, 1)), 2, 2, 1, 1, 0, 0)  # float64: ops' job
 
 
 def test_capped_message_not_applied_when_asked():

@@ -274,10 +274,13 @@ def test_float64_takes_the_reference_path():
 
 
 def test_pure_numpy_switch(monkeypatch):
-    from sparkavg.ops import _dispatch
+    from sparkavg.ops import _cython
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("SPARKAVG_PURE_NUMPY=1 must not reach the Cython kernels")
 
     monkeypatch.setenv("SPARKAVG_PURE_NUMPY", "1")
-    monkeypatch.setattr(_dispatch.ext, "threshold", None)  # would fail if used
+    monkeypatch.setattr(_cython, "encode_bitmap", refuse)
     r = np.array([0.0, 2.0, -3.0, 0.5], np.float32)
     message = ops.encode(r, 1.0)
     assert list(message) == [4, 4, tau_bits(1.0), 1, 0x00040006]

@@ -134,15 +134,20 @@ def test_count_and_clip(r, tau, k):
     assert same_bits(host(d), want)
 
 
-UPDATERS = [
-    ("accumulate", 2, dict(weight=0.3)),
-    ("scale", 1, dict(factor=0.7)),
-    ("sgd_step", 2, dict(lr=0.01)),
-    ("nesterov_step", 3, dict(lr=0.01, momentum=0.9)),
-    ("adagrad_step", 3, dict(lr=0.01)),
-    ("rmsprop_step", 3, dict(lr=0.01)),
-    ("adam_step", 4, dict(lr=0.01, t=7)),
-]
+# Arrays each elementwise kernel takes, and its scalars.  Looked up for every
+# elementwise kernel of the front, so a new one without a case fails at
+# collection, with or without a GPU.
+ELEMENTWISE_CASES = {
+    "accumulate": (2, dict(weight=0.3)),
+    "scale": (1, dict(factor=0.7)),
+    "sgd_step": (2, dict(lr=0.01)),
+    "nesterov_step": (3, dict(lr=0.01, momentum=0.9)),
+    "adagrad_step": (3, dict(lr=0.01)),
+    "rmsprop_step": (3, dict(lr=0.01)),
+    "adam_step": (4, dict(lr=0.01, t=7)),
+}
+UPDATERS = [(name, *ELEMENTWISE_CASES[name]) for name in ops.KERNELS
+            if name in ops.elementwise.__all__]
 
 
 @pytest.mark.parametrize("name, k, kwargs", UPDATERS)

@@ -28,9 +28,10 @@ from collections import namedtuple
 
 import numpy as np
 
+from .. import ops
 from ..backend import get_array_module
 from ..configurable import Configurable, register
-from . import activations, kernels
+from . import activations
 from .initializers import check_weight_init, init_weights
 
 __all__ = [
@@ -226,7 +227,7 @@ class Conv2D(_Weighted):
         self.input_shape = tuple(input_shape)
         c, h, w = input_shape
         (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
-        oh, ow = (kernels.conv_output_size(h, kh, sh, ph), kernels.conv_output_size(w, kw, sw, pw))
+        oh, ow = (ops.conv_output_size(h, kh, sh, ph), ops.conv_output_size(w, kw, sw, pw))
         if oh < 1 or ow < 1:
             raise ValueError(f"Expect a Conv2D kernel {kh}x{kw} (padding {ph}, {pw}) that fits the "
                              f"input {h}x{w}, got an empty output")
@@ -268,8 +269,8 @@ class Conv2D(_Weighted):
             xp.matmul(cols, self._W2, out=y)
             y += self.b
         else:
-            cols = kernels.im2col(x, kh, kw, sh, sw, ph, pw, ones_column=True,
-                                  out=self._buffer("cols", (rows, self._Wb.shape[0]), x))
+            cols = ops.im2col(x, kh, kw, sh, sw, ph, pw, ones_column=True,
+                              out=self._buffer("cols", (rows, self._Wb.shape[0]), x))
             xp.matmul(cols, self._Wb, out=y)
         activations.forward(self.activation, y)
         self._x_shape, self._cols, self._y = x.shape, cols, y
@@ -303,7 +304,7 @@ class Conv2D(_Weighted):
         dcols = self._buffer("dcols", (cols.shape[0], self._W2.shape[0]), dz)
         xp.matmul(dz, self._W2.T, out=dcols)
         (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
-        return kernels.col2im(dcols, kh, kw, sh, sw, ph, pw, out=self._buffer("dx", self._x_shape, dz))
+        return ops.col2im(dcols, kh, kw, sh, sw, ph, pw, out=self._buffer("dx", self._x_shape, dz))
 
 
 class _Pool2D(Layer):
@@ -322,7 +323,7 @@ class _Pool2D(Layer):
         self.input_shape = tuple(input_shape)
         c, h, w = input_shape
         (kh, kw), (sh, sw) = self.pool_size, self.stride
-        oh, ow = kernels.conv_output_size(h, kh, sh, 0), kernels.conv_output_size(w, kw, sw, 0)
+        oh, ow = ops.conv_output_size(h, kh, sh, 0), ops.conv_output_size(w, kw, sw, 0)
         if oh < 1 or ow < 1:
             raise ValueError(f"Expect a {name} window {kh}x{kw} that fits the input {h}x{w}")
         self.output_shape = (c, oh, ow)
@@ -341,7 +342,7 @@ class MaxPool2D(_Pool2D):
         (kh, kw), (sh, sw) = self.pool_size, self.stride
         out = self._buffer("y", (n, oh, ow, c), x)
         argmax = self._buffer("argmax", (n, oh, ow, c), x, dtype=np.int32)
-        kernels.maxpool_forward(x, kh, kw, sh, sw, out=out, argmax=argmax)
+        ops.maxpool_forward(x, kh, kw, sh, sw, out=out, argmax=argmax)
         self._x_shape, self._argmax = x.shape, argmax
         return out
 
@@ -350,7 +351,7 @@ class MaxPool2D(_Pool2D):
             return None
         (kh, kw), (sh, sw) = self.pool_size, self.stride
         dx = self._buffer("dx", self._x_shape, dy)
-        return kernels.maxpool_backward(dy, self._argmax, kh, kw, sh, sw, out=dx)
+        return ops.maxpool_backward(dy, self._argmax, kh, kw, sh, sw, out=dx)
 
 
 @register("layer")
@@ -361,13 +362,13 @@ class AvgPool2D(_Pool2D):
         c, oh, ow = self.output_shape
         (kh, kw), (sh, sw) = self.pool_size, self.stride
         self._x_shape = x.shape
-        return kernels.avgpool_forward(x, kh, kw, sh, sw, out=self._buffer("y", (x.shape[0], oh, ow, c), x))
+        return ops.avgpool_forward(x, kh, kw, sh, sw, out=self._buffer("y", (x.shape[0], oh, ow, c), x))
 
     def backward(self, dy, need_dx):
         if not need_dx:
             return None
         (kh, kw), (sh, sw) = self.pool_size, self.stride
-        return kernels.avgpool_backward(dy, kh, kw, sh, sw, out=self._buffer("dx", self._x_shape, dy))
+        return ops.avgpool_backward(dy, kh, kw, sh, sw, out=self._buffer("dx", self._x_shape, dy))
 
 
 @register("layer")

@@ -1,9 +1,23 @@
 """Argument checks and error messages shared by every kernel backend.
 
-Each message says what was expected and what was got.  The data-dependent
-checks (NaN/inf in a residual, bad indices in a message body) run inside
-each backend, which formats them with the helpers here so that the Cython,
-CuPy and numpy paths raise the same text.
+Each message says what was expected and what was got.  The fronts
+(:mod:`sparkavg.ops.elementwise`, ``.encoding``, ``.conv``) check their
+arguments here before dispatching, so every path rejects the same input
+with the same text.  The data-dependent checks (NaN/inf in a residual, bad
+indices in a message body) run inside each backend, which formats them with
+the helpers here.
+
+Convert or reject:
+
+- Arrays written in place (a buffer, params, updater state, a residual, a
+  decode target, a conv/pool ``out``) are *rejected* unless C-contiguous and
+  writeable: a converted copy would take the write and the caller would
+  never see it.  Float arrays must be float32/float64 (``TypeError``
+  otherwise); layout problems raise ``ValueError``.
+- Read-only operands (``x``, ``grads``, an encoded message, the residual of
+  ``count_above``, conv/pool inputs) must have the dtype of the array they
+  update (no silent float64 -> float32 casts) and are *converted* to a
+  C-contiguous copy when strided.
 """
 from __future__ import annotations
 
@@ -13,7 +27,15 @@ import struct
 
 import numpy as np
 
+from .. import backend
+
 __all__ = [
+    "array_kind",
+    "check_inplace",
+    "check_operand",
+    "check_readonly",
+    "check_message",
+    "check_threads",
     "MAX_LENGTH",
     "SPARSE_FLAG",
     "BITMAP_FLAG",
@@ -23,6 +45,7 @@ __all__ = [
     "check_threshold",
     "check_limit",
     "check_clip_factor",
+    "clip_bound",
     "float_bits",
     "bits_float",
     "non_finite_error",
@@ -99,6 +122,11 @@ def check_clip_factor(k) -> float:
     return value
 
 
+def clip_bound(dtype, tau: float, k) -> float:
+    """``k * tau`` rounded to ``dtype``: the bound :func:`clip_residual` uses."""
+    return np.dtype(dtype).type(check_clip_factor(k) * float(tau))
+
+
 def float_bits(tau: float) -> int:
     """The int32 whose bits are the float32 ``tau`` (header word 2)."""
     return _I32.unpack(_F32.pack(tau))[0]
@@ -128,3 +156,107 @@ def bad_word_error(position: int, word: int, n: int) -> ValueError:
         f"bitmap word {position} (0x{word & 0xFFFFFFFF:08x}) has a sign bit "
         f"without its value bit or a bit past element {n - 1}; the target is unchanged"
     )
+
+
+# ------------------------------------------------------------------- arrays
+def array_kind(name: str, a) -> str:
+    """"numpy" or "cupy"; TypeError for anything else."""
+    if isinstance(a, np.ndarray):
+        return "numpy"
+    if backend.is_gpu_array(a):
+        return "cupy"
+    raise TypeError(f"Expect {name} to be a numpy or CuPy array, got {type(a).__name__}")
+
+
+def _check_float(name: str, a) -> None:
+    if a.dtype != np.float32 and a.dtype != np.float64:
+        raise TypeError(
+            f"Expect {name} of dtype float32 (float64 takes the numpy reference path), "
+            f"got {a.dtype}"
+        )
+
+
+def _check_flat(name: str, a) -> None:
+    if a.ndim != 1:
+        raise ValueError(f"Expect {name} to be a flat 1-D vector, got shape {a.shape}")
+    if a.size > MAX_LENGTH:
+        raise ValueError(
+            f"Expect {name} of at most {MAX_LENGTH} values (indices travel as int32), "
+            f"got {a.size}"
+        )
+
+
+def check_inplace(name: str, a, flat: bool = False, dtype=None) -> str:
+    """Check an array written in place; return its kind ("numpy"/"cupy").
+
+    A float32/float64 array unless ``dtype`` names the one dtype allowed.
+    """
+    kind = array_kind(name, a)
+    if dtype is None:
+        _check_float(name, a)
+    elif a.dtype != dtype:
+        raise TypeError(f"Expect {name} of dtype {np.dtype(dtype)}, got {a.dtype}")
+    if flat:
+        _check_flat(name, a)
+    if not a.flags.c_contiguous:
+        raise ValueError(
+            f"Expect {name} to be C-contiguous, got a strided view (strides {a.strides}): "
+            "it is updated in place, so it cannot be converted to a contiguous copy"
+        )
+    if kind == "numpy" and not a.flags.writeable:
+        raise ValueError(f"Expect {name} to be writeable: it is updated in place")
+    return kind
+
+
+def check_operand(name: str, x, like, like_name: str, shape=None, dtype=None):
+    """A read-only operand of an in-place op: the kind and dtype of ``like``
+    (or ``dtype``) and its shape (or ``shape``); a strided one comes back as
+    a contiguous copy."""
+    kind = array_kind(name, x)
+    like_kind = array_kind(like_name, like)
+    if kind != like_kind:
+        raise TypeError(
+            f"Expect {name} to be a {like_kind} array like {like_name}, got a {kind} array"
+        )
+    want = like.dtype if dtype is None else np.dtype(dtype)
+    if x.dtype != want:
+        raise TypeError(f"Expect {name} of dtype {want} like {like_name}, got {x.dtype}")
+    want_shape = like.shape if shape is None else tuple(shape)
+    if x.shape != want_shape:
+        raise ValueError(f"Expect {name} of shape {want_shape} like {like_name}, got {x.shape}")
+    if not x.flags.c_contiguous:
+        x = backend.get_array_module(x).ascontiguousarray(x)
+    return x
+
+
+def check_readonly(name: str, a):
+    """A float array that is only read; strided ones are copied.
+    Returns ``(kind, array)``."""
+    kind = array_kind(name, a)
+    _check_float(name, a)
+    if not a.flags.c_contiguous:
+        a = backend.get_array_module(a).ascontiguousarray(a)
+    return kind, a
+
+
+def check_message(encoded):
+    """An int32 1-D message; strided ones are copied.  Returns ``(kind, array)``."""
+    kind = array_kind("encoded", encoded)
+    if encoded.dtype != np.int32:
+        raise TypeError(f"Expect an int32 encoded message, got dtype {encoded.dtype}")
+    if encoded.ndim != 1:
+        raise ValueError(f"Expect a 1-D encoded message, got shape {encoded.shape}")
+    if not encoded.flags.c_contiguous:
+        encoded = backend.get_array_module(encoded).ascontiguousarray(encoded)
+    return kind, encoded
+
+
+def check_threads(n_threads) -> int:
+    """``n_threads`` for the Cython kernels: None -> 1 (a Spark task owns one core)."""
+    if n_threads is None:
+        return 1
+    if isinstance(n_threads, bool) or not isinstance(n_threads, numbers.Integral):
+        raise TypeError(f"Expect n_threads to be an int or None, got {n_threads!r}")
+    if n_threads < 1:
+        raise ValueError(f"Expect n_threads >= 1, got {n_threads}")
+    return int(n_threads)

@@ -12,10 +12,16 @@ Arithmetic matches the CPU paths: encoders and decoders only add or
 subtract the float32 threshold (exact IEEE results, so messages and
 residuals equal the numpy reference bit for bit); updaters may differ by
 a few ulps because nvrtc contracts multiply-adds into FMAs.
+
+One function per backend operation (:data:`sparkavg.ops._kernels.OPERATIONS`),
+with the signature every backend shares.  Convolution and pooling run the
+xp-generic twins of :mod:`sparkavg.ops.reference_conv` on CuPy arrays (the
+GEMM around them is CuPy's).
 """
 from __future__ import annotations
 
 import functools
+import math
 import types
 
 import numpy as np
@@ -26,27 +32,21 @@ from ._checks import (
     SPARSE_FLAG,
     bad_index_error,
     bad_word_error,
+    clip_bound,
     float_bits,
     non_finite_error,
 )
+from ._kernels import OPERATIONS
+from .reference_conv import (  # xp-generic: run as they are on CuPy arrays
+    avgpool_backward,
+    avgpool_forward,
+    col2im,
+    im2col,
+    maxpool_backward,
+    maxpool_forward,
+)
 
-__all__ = [
-    "kernels",
-    "accumulate",
-    "scale",
-    "sgd_step",
-    "nesterov_step",
-    "adagrad_step",
-    "rmsprop_step",
-    "adam_step",
-    "sparse_encode",
-    "bitmap_encode",
-    "sparse_decode",
-    "bitmap_decode",
-    "count_above",
-    "clip",
-    "bitmap_count",
-]
+__all__ = ["kernels", "bitmap_count", *OPERATIONS]
 
 # One bitmap word per thread: elements 16*i .. 16*i+15 of r (i = word index).
 _BITMAP_ENCODE = r"""
@@ -185,10 +185,12 @@ def rmsprop_step(params, grads, cache, lr, decay, eps):
     kernels().rmsprop(grads, t(lr), t(decay), t(1.0 - decay), t(eps), params, cache)
 
 
-def adam_step(params, grads, m, v, beta1, beta2, alpha, eps):
-    t = params.dtype.type
-    kernels().adam(grads, t(beta1), t(1.0 - beta1), t(beta2), t(1.0 - beta2), t(alpha), t(eps),
-                   params, m, v)
+def adam_step(params, grads, m, v, lr, beta1, beta2, eps, t):
+    # The reference's double-precision expression, rounded once.
+    alpha = lr * math.sqrt(1.0 - beta2**t) / (1.0 - beta1**t)
+    ty = params.dtype.type
+    kernels().adam(grads, ty(beta1), ty(1.0 - beta1), ty(beta2), ty(1.0 - beta2), ty(alpha),
+                   ty(eps), params, m, v)
 
 
 # ------------------------------------------------------------------ encoding
@@ -207,7 +209,7 @@ def _header(cp, words):
     return cp.asarray(np.asarray(words, dtype=np.int32))  # sync: host -> device copy
 
 
-def sparse_encode(residual, tau, limit, apply_when_capped=True):
+def encode_sparse(residual, tau, limit, apply_when_capped=True):
     """(message or None, total) on the device; see sparkavg.ops.threshold_encode."""
     cp = backend.cupy()
     n = residual.size
@@ -225,7 +227,7 @@ def sparse_encode(residual, tau, limit, apply_when_capped=True):
     return out, total
 
 
-def bitmap_encode(residual, tau):
+def encode_bitmap(residual, tau):
     """(message, count) on the device; see sparkavg.ops.bitmap_encode."""
     cp = backend.cupy()
     n = residual.size
@@ -243,7 +245,7 @@ def _on_device(cp, encoded):
     return cp.asarray(encoded)  # sync: a received (host) message goes to the device
 
 
-def sparse_decode(encoded, target, count, tau):
+def decode_sparse(encoded, target, count, tau):
     """Add the first ``count`` body entries into ``target``; the caller
     checked the header and read ``count`` and ``tau`` from it."""
     cp = backend.cupy()
@@ -260,7 +262,7 @@ def sparse_decode(encoded, target, count, tau):
     return target
 
 
-def bitmap_decode(encoded, target, tau):
+def decode_bitmap(encoded, target, tau):
     """Add every value bit into ``target``; the caller checked the header."""
     cp = backend.cupy()
     n = target.size
@@ -274,14 +276,14 @@ def bitmap_decode(encoded, target, tau):
     return target
 
 
-def count_above(residual, tau):
+def count_above(residual, threshold):
     cp = backend.cupy()
-    tt = residual.dtype.type(tau)
+    tt = residual.dtype.type(threshold)
     return int(cp.count_nonzero(cp.abs(residual) >= tt))  # sync: the count is returned
 
 
-def clip(residual, bound):
-    kernels().clip(residual.dtype.type(bound), residual)
+def clip_residual(residual, threshold, k):
+    kernels().clip(clip_bound(residual.dtype, threshold, k), residual)
 
 
 def bitmap_count(encoded):

@@ -1,10 +1,10 @@
 """Averaging and updater steps: one pass over flat vectors, in place.
 
-Each function checks its arrays (see :mod:`sparkavg.ops._dispatch` for
+Each function checks its arrays (see :mod:`sparkavg.ops._checks` for
 what is converted and what is rejected), then runs the Cython kernel
 (numpy float32), the CuPy kernel (CuPy arrays) or the numpy reference
-(float64, or ``SPARKAVG_PURE_NUMPY=1``).  Formulas: see
-:mod:`sparkavg.ops.reference`.  Arrays of any shape are accepted as long
+(float64, or ``SPARKAVG_PURE_NUMPY=1``), as :mod:`sparkavg.ops._dispatch`
+routes.  Formulas: see :mod:`sparkavg.ops.reference`.  Arrays of any shape are accepted as long
 as all operands share it; ``params`` may be a zero buffer, which then
 receives the update itself.
 
@@ -15,19 +15,8 @@ owns one core.  On the 2-core development machine two threads did not pay
 """
 from __future__ import annotations
 
-import math
-
-from . import _cuda, reference
-from ._dispatch import (
-    CUDA,
-    CYTHON,
-    REFERENCE,
-    check_inplace,
-    check_operand,
-    check_threads,
-    ext,
-    route,
-)
+from ._checks import check_inplace, check_operand, check_threads
+from ._dispatch import call
 
 __all__ = [
     "accumulate",
@@ -38,10 +27,6 @@ __all__ = [
     "rmsprop_step",
     "adam_step",
 ]
-
-
-def _flat(a):
-    return a.reshape(-1)
 
 
 def accumulate(buffer, x, weight=1.0, *, n_threads=None):
@@ -60,93 +45,54 @@ def accumulate(buffer, x, weight=1.0, *, n_threads=None):
     """
     kind = check_inplace("buffer", buffer)
     x = check_operand("x", x, buffer, "buffer")
-    path = route(kind, buffer.dtype)
-    if path == CYTHON:
-        ext.averaging.accumulate(_flat(buffer), _flat(x), float(weight), check_threads(n_threads))
-    elif path == CUDA:
-        _cuda.accumulate(buffer, x, weight)
-    else:
-        reference.accumulate(buffer, x, weight)
+    call("accumulate", kind, buffer.dtype, buffer, x, weight, n_threads=check_threads(n_threads))
     return buffer
 
 
 def scale(buffer, factor, *, n_threads=None):
     """``buffer *= factor`` in place; returns ``buffer``."""
     kind = check_inplace("buffer", buffer)
-    path = route(kind, buffer.dtype)
-    if path == CYTHON:
-        ext.averaging.scale(_flat(buffer), float(factor), check_threads(n_threads))
-    elif path == CUDA:
-        _cuda.scale(buffer, factor)
-    else:
-        reference.scale(buffer, factor)
+    call("scale", kind, buffer.dtype, buffer, factor, n_threads=check_threads(n_threads))
     return buffer
+
+
+def _state(params, grads, **state):
+    """Check params, grads and the updater state; return (kind, grads)."""
+    kind = check_inplace("params", params)
+    for name, array in state.items():
+        check_inplace(name, array)
+        check_operand(name, array, params, "params")
+    return kind, check_operand("grads", grads, params, "params")
 
 
 def sgd_step(params, grads, lr, *, n_threads=None):
     """``params -= lr * grads`` in place; returns ``params``."""
-    kind = check_inplace("params", params)
-    grads = check_operand("grads", grads, params, "params")
-    path = route(kind, params.dtype)
-    if path == CYTHON:
-        ext.updaters.sgd_step(_flat(params), _flat(grads), float(lr), check_threads(n_threads))
-    elif path == CUDA:
-        _cuda.sgd_step(params, grads, lr)
-    else:
-        reference.sgd_step(params, grads, lr)
+    kind, grads = _state(params, grads)
+    call("sgd_step", kind, params.dtype, params, grads, lr, n_threads=check_threads(n_threads))
     return params
 
 
 def nesterov_step(params, grads, velocity, lr, momentum, *, n_threads=None):
     """Nesterov momentum step in place (params and velocity); returns ``params``."""
-    kind = check_inplace("params", params)
-    check_inplace("velocity", velocity)
-    grads = check_operand("grads", grads, params, "params")
-    check_operand("velocity", velocity, params, "params")
-    path = route(kind, params.dtype)
-    if path == CYTHON:
-        mu = float(momentum)
-        ext.updaters.nesterov_step(_flat(params), _flat(grads), _flat(velocity), float(lr),
-                                   mu, -mu, 1.0 + mu, check_threads(n_threads))
-    elif path == CUDA:
-        _cuda.nesterov_step(params, grads, velocity, lr, momentum)
-    else:
-        reference.nesterov_step(params, grads, velocity, lr, momentum)
+    kind, grads = _state(params, grads, velocity=velocity)
+    call("nesterov_step", kind, params.dtype, params, grads, velocity, lr, momentum,
+         n_threads=check_threads(n_threads))
     return params
 
 
 def adagrad_step(params, grads, history, lr, eps=1e-6, *, n_threads=None):
     """Adagrad step in place (params and history); returns ``params``."""
-    kind = check_inplace("params", params)
-    check_inplace("history", history)
-    grads = check_operand("grads", grads, params, "params")
-    check_operand("history", history, params, "params")
-    path = route(kind, params.dtype)
-    if path == CYTHON:
-        ext.updaters.adagrad_step(_flat(params), _flat(grads), _flat(history), float(lr),
-                                  float(eps), check_threads(n_threads))
-    elif path == CUDA:
-        _cuda.adagrad_step(params, grads, history, lr, eps)
-    else:
-        reference.adagrad_step(params, grads, history, lr, eps)
+    kind, grads = _state(params, grads, history=history)
+    call("adagrad_step", kind, params.dtype, params, grads, history, lr, eps,
+         n_threads=check_threads(n_threads))
     return params
 
 
 def rmsprop_step(params, grads, cache, lr, decay=0.95, eps=1e-8, *, n_threads=None):
     """RMSProp step in place (params and cache); returns ``params``."""
-    kind = check_inplace("params", params)
-    check_inplace("cache", cache)
-    grads = check_operand("grads", grads, params, "params")
-    check_operand("cache", cache, params, "params")
-    path = route(kind, params.dtype)
-    if path == CYTHON:
-        d = float(decay)
-        ext.updaters.rmsprop_step(_flat(params), _flat(grads), _flat(cache), float(lr),
-                                  d, 1.0 - d, float(eps), check_threads(n_threads))
-    elif path == CUDA:
-        _cuda.rmsprop_step(params, grads, cache, lr, decay, eps)
-    else:
-        reference.rmsprop_step(params, grads, cache, lr, decay, eps)
+    kind, grads = _state(params, grads, cache=cache)
+    call("rmsprop_step", kind, params.dtype, params, grads, cache, lr, decay, eps,
+         n_threads=check_threads(n_threads))
     return params
 
 
@@ -154,25 +100,9 @@ def adam_step(params, grads, m, v, lr, beta1=0.9, beta2=0.999, eps=1e-8, t=1, *,
               n_threads=None):
     """Fused Adam step in place (params, m, v); ``t`` >= 1 is the step
     count for bias correction.  Returns ``params``."""
-    kind = check_inplace("params", params)
-    check_inplace("m", m)
-    check_inplace("v", v)
-    grads = check_operand("grads", grads, params, "params")
-    check_operand("m", m, params, "params")
-    check_operand("v", v, params, "params")
+    kind, grads = _state(params, grads, m=m, v=v)
     if t < 1:
         raise ValueError(f"Expect Adam step count t >= 1, got {t}")
-    path = route(kind, params.dtype)
-    if path == REFERENCE:
-        reference.adam_step(params, grads, m, v, lr, beta1, beta2, eps, t)
-        return params
-    # The same double-precision expression as the reference, rounded once.
-    alpha = lr * math.sqrt(1.0 - beta2**t) / (1.0 - beta1**t)
-    b1, b2 = float(beta1), float(beta2)
-    if path == CYTHON:
-        ext.updaters.adam_step(_flat(params), _flat(grads), _flat(m), _flat(v), b1, 1.0 - b1,
-                               b2, 1.0 - b2, alpha, float(eps), check_threads(n_threads))
-    else:
-        _cuda.adam_step(params, grads, m, v, b1, b2, alpha, eps)
+    call("adam_step", kind, params.dtype, params, grads, m, v, lr, beta1, beta2, eps, t,
+         n_threads=check_threads(n_threads))
     return params
-

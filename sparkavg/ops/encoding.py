@@ -35,7 +35,6 @@ from __future__ import annotations
 import numpy as np
 
 from .. import backend
-from . import _cuda, reference
 from ._checks import (
     BITMAP_FLAG,
     HEADER_WORDS,
@@ -43,19 +42,15 @@ from ._checks import (
     bitmap_length,
     bits_float,
     check_clip_factor,
+    check_inplace,
     check_limit,
+    check_message,
+    check_readonly,
     check_threshold,
     default_limit,
 )
-from ._dispatch import (
-    CUDA,
-    CYTHON,
-    check_inplace,
-    check_message,
-    check_readonly,
-    ext,
-    route,
-)
+from ._cuda import bitmap_count
+from ._dispatch import call
 
 __all__ = [
     "SPARSE",
@@ -79,26 +74,6 @@ BITMAP = "bitmap"
 
 
 # ---------------------------------------------------------------- internals
-def _sparse(kind, residual, tau, limit, apply_when_capped=True):
-    """(message or None, total qualifying) from the right backend."""
-    path = route(kind, residual.dtype)
-    if path == CYTHON:
-        return ext.threshold.sparse_encode(residual, float(tau), limit, apply_when_capped)
-    if path == CUDA:
-        return _cuda.sparse_encode(residual, tau, limit, apply_when_capped)
-    return reference._sparse_encode(residual, tau, limit, apply_when_capped)
-
-
-def _bitmap(kind, residual, tau):
-    """(message, values sent) from the right backend."""
-    path = route(kind, residual.dtype)
-    if path == CYTHON:
-        return ext.threshold.bitmap_encode(residual, float(tau))
-    if path == CUDA:
-        return _cuda.bitmap_encode(residual, tau)
-    return reference._bitmap_encode(residual, tau)
-
-
 def _read_header(encoded, n_target):
     """Check a message header against its length and the target; return
     ``(flag, count, tau)`` (count = sparse entries; N for bitmaps)."""
@@ -142,31 +117,13 @@ def _read_header(encoded, n_target):
     return flag, word0, tau
 
 
-def _host_message(encoded):
-    return backend.to_cpu(encoded)  # device messages: device -> host copy (sync)
-
-
 def _decode_body(flag, count, tau, encoded, msg_kind, target, kind):
-    path = route(kind, target.dtype)
-    if path == CYTHON:
-        enc = _host_message(encoded) if msg_kind == "cupy" else encoded
-        if flag == SPARSE_FLAG:
-            ext.threshold.sparse_decode(enc, target)
-        else:
-            ext.threshold.bitmap_decode(enc, target)
-    elif path == CUDA:
-        if flag == SPARSE_FLAG:
-            _cuda.sparse_decode(encoded, target, count, tau)
-        else:
-            _cuda.bitmap_decode(encoded, target, tau)
+    if msg_kind == "cupy" and kind == "numpy":
+        encoded = backend.to_cpu(encoded)  # device -> host copy (sync)
+    if flag == SPARSE_FLAG:
+        call("decode_sparse", kind, target.dtype, encoded, target, count, tau)
     else:
-        enc = encoded
-        if msg_kind == "cupy" and kind == "numpy":
-            enc = _host_message(encoded)
-        if flag == SPARSE_FLAG:
-            reference.threshold_decode(enc, target)
-        else:
-            reference.bitmap_decode(enc, target)
+        call("decode_bitmap", kind, target.dtype, encoded, target, tau)
     return target
 
 
@@ -196,7 +153,8 @@ def threshold_encode(residual, threshold, limit=None):
     """
     kind = check_inplace("residual", residual, flat=True)
     tau = check_threshold(threshold)
-    return _sparse(kind, residual, tau, check_limit(limit, residual.size))[0]
+    limit = check_limit(limit, residual.size)
+    return call("encode_sparse", kind, residual.dtype, residual, tau, limit, True)[0]
 
 
 def bitmap_encode(residual, threshold):
@@ -206,7 +164,8 @@ def bitmap_encode(residual, threshold):
     sends nothing).  Raises as :func:`threshold_encode`.
     """
     kind = check_inplace("residual", residual, flat=True)
-    return _bitmap(kind, residual, check_threshold(threshold))[0]
+    tau = check_threshold(threshold)
+    return call("encode_bitmap", kind, residual.dtype, residual, tau)[0]
 
 
 def _decode_as(encoded, target, expected_flag: int, name: str, other: str):
@@ -339,14 +298,14 @@ def encode(residual, threshold, state=None):
     n = residual.size
     limit = check_limit(st.limit, n)
     if st.format == SPARSE:
-        message, count = _sparse(kind, residual, tau, limit, apply_when_capped=False)
+        message, count = call("encode_sparse", kind, residual.dtype, residual, tau, limit, False)
         sent = SPARSE
         if message is None and count >= 2:  # count >= limit: a bitmap is smaller
             st.format = BITMAP
-            message, count = _bitmap(kind, residual, tau)
+            message, count = call("encode_bitmap", kind, residual.dtype, residual, tau)
             sent = BITMAP
     else:
-        message, count = _bitmap(kind, residual, tau)
+        message, count = call("encode_bitmap", kind, residual.dtype, residual, tau)
         sent = BITMAP
         if count < bitmap_length(n) // 2:
             st.format = SPARSE
@@ -395,7 +354,7 @@ def encoded_count(encoded) -> int:
     if flag != BITMAP_FLAG:
         raise ValueError(f"Unknown encoding flag {flag} in header word 3")
     if msg_kind == "cupy":
-        return _cuda.bitmap_count(enc)
+        return bitmap_count(enc)
     # Value bits are the low 16 of each word (np.bitwise_count needs numpy 2).
     low = (enc[HEADER_WORDS:].view(np.uint32) & np.uint32(0xFFFF)).astype(np.uint16)
     return int(np.unpackbits(low.view(np.uint8)).sum())
@@ -413,12 +372,7 @@ def count_above(residual, threshold) -> int:
     shape; strided arrays are copied)."""
     kind, r = check_readonly("residual", residual)
     tau = check_threshold(threshold)
-    path = route(kind, r.dtype)
-    if path == CYTHON:
-        return ext.threshold.count_above(r.reshape(-1), float(tau))
-    if path == CUDA:
-        return _cuda.count_above(r, tau)
-    return reference.count_above(r, tau)
+    return call("count_above", kind, r.dtype, r, tau)
 
 
 def clip_residual(residual, threshold, k=5.0):
@@ -429,12 +383,6 @@ def clip_residual(residual, threshold, k=5.0):
     """
     kind = check_inplace("residual", residual)
     tau = check_threshold(threshold)
-    bound = residual.dtype.type(check_clip_factor(k) * float(tau))
-    path = route(kind, residual.dtype)
-    if path == CYTHON:
-        ext.threshold.clip(residual.reshape(-1), float(bound))
-    elif path == CUDA:
-        _cuda.clip(residual, bound)
-    else:
-        reference.clip_residual(residual, tau, k)
+    check_clip_factor(k)
+    call("clip_residual", kind, residual.dtype, residual, tau, k)
     return residual

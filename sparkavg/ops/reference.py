@@ -27,9 +27,15 @@ dtype, is what encoders subtract and decoders add):
   (-tau, -tau/2] are NOT sent as -tau/2 (sign bit alone), and such words
   are rejected by the decoder.
 
+Convolution and pooling: the xp-generic twins of
+:mod:`sparkavg.ops.reference_conv`, re-exported here.
+
 These functions check their data (NaN/inf in a residual, bad indices or
 words in a message) but not their arguments' types: :mod:`sparkavg.ops`
-does that before dispatching here.
+does that before dispatching here.  Besides the twins of the kernels, the
+module defines the backend operations of the numpy path
+(:data:`sparkavg.ops._kernels.OPERATIONS`: :func:`encode_sparse`,
+:func:`encode_bitmap`, :func:`decode_sparse`, :func:`decode_bitmap`).
 """
 from __future__ import annotations
 
@@ -42,28 +48,24 @@ from ._checks import (
     bad_index_error,
     bad_word_error,
     bits_float,
-    check_clip_factor,
     check_limit,
     check_threshold,
+    clip_bound,
     float_bits,
     non_finite_error,
 )
+from ._kernels import KERNELS, OPERATIONS
+from .reference_conv import (
+    avgpool_backward,
+    avgpool_forward,
+    col2im,
+    im2col,
+    maxpool_backward,
+    maxpool_forward,
+)
 
-__all__ = [
-    "accumulate",
-    "scale",
-    "sgd_step",
-    "nesterov_step",
-    "adagrad_step",
-    "rmsprop_step",
-    "adam_step",
-    "threshold_encode",
-    "threshold_decode",
-    "bitmap_encode",
-    "bitmap_decode",
-    "count_above",
-    "clip_residual",
-]
+#: The twins of the kernels, and the backend operations.
+__all__ = list(dict.fromkeys(KERNELS + OPERATIONS))
 
 
 # ---------------------------------------------------------------- averaging
@@ -137,9 +139,9 @@ def _check_finite(residual):
         raise non_finite_error(n_bad, int(xp.flatnonzero(bad)[0]))
 
 
-def _sparse_encode(residual, tau, limit, apply_when_capped=True):
-    """(message or None, total): see :func:`threshold_encode`; with
-    ``apply_when_capped=False`` nothing is sent when total >= limit."""
+def encode_sparse(residual, tau, limit, apply_when_capped=True):
+    """(message or None, total qualifying): see :func:`threshold_encode`;
+    with ``apply_when_capped=False`` nothing is sent when total >= limit."""
     xp = get_array_module(residual)
     n = residual.size
     _check_finite(residual)
@@ -157,8 +159,8 @@ def _sparse_encode(residual, tau, limit, apply_when_capped=True):
     return xp.concatenate([header, body]), total
 
 
-def _bitmap_encode(residual, tau):
-    """(message, count): see :func:`bitmap_encode`."""
+def encode_bitmap(residual, tau):
+    """(message, values sent): see :func:`bitmap_encode`."""
     xp = get_array_module(residual)
     n = residual.size
     _check_finite(residual)
@@ -181,12 +183,12 @@ def _bitmap_encode(residual, tau):
 def threshold_encode(residual, threshold, limit=None):
     """Sparse-encode ``residual`` in place; int32[4 + count] or None."""
     tau = check_threshold(threshold)
-    return _sparse_encode(residual, tau, check_limit(limit, residual.size))[0]
+    return encode_sparse(residual, tau, check_limit(limit, residual.size))[0]
 
 
 def bitmap_encode(residual, threshold):
     """Bitmap-encode ``residual`` in place; int32[N // 16 + 5]."""
-    return _bitmap_encode(residual, check_threshold(threshold))[0]
+    return encode_bitmap(residual, check_threshold(threshold))[0]
 
 
 def threshold_decode(encoded, target):
@@ -195,10 +197,14 @@ def threshold_decode(encoded, target):
     Assumes a checked header (flag 0, N == target.size); checks the body
     before touching the target.  Repeated indices add up in order.
     """
+    return decode_sparse(encoded, target, int(encoded[0]), bits_float(int(encoded[2])))
+
+
+def decode_sparse(encoded, target, count, tau):
+    """:func:`threshold_decode` with the header's count and tau already read."""
     xp = get_array_module(target)
     n = target.size
-    count = int(encoded[0])
-    tau = target.dtype.type(bits_float(int(encoded[2])))
+    tau = target.dtype.type(tau)
     body = xp.asarray(encoded[4:4 + count], dtype=xp.int64)
     bad = (body == 0) | (body > n) | (body < -n)
     if bool(bad.any()):
@@ -216,9 +222,14 @@ def bitmap_decode(encoded, target):
     Assumes a checked header (flag 1, N == target.size, length N // 16 + 5);
     checks every word before touching the target.
     """
+    return decode_bitmap(encoded, target, bits_float(int(encoded[2])))
+
+
+def decode_bitmap(encoded, target, tau):
+    """:func:`bitmap_decode` with the header's tau already read."""
     xp = get_array_module(target)
     n = target.size
-    tau = target.dtype.type(bits_float(int(encoded[2])))
+    tau = target.dtype.type(tau)
     words = xp.asarray(encoded[4:]).view(xp.uint32)
     shifts = xp.arange(16, dtype=xp.uint32)
     sends = ((words[:, None] >> shifts) & xp.uint32(1)).astype(bool)
@@ -246,7 +257,6 @@ def count_above(residual, threshold):
 def clip_residual(residual, threshold, k=5.0):
     """Clip ``residual`` to [-k*tau, k*tau] in place (NaN stays NaN)."""
     xp = get_array_module(residual)
-    tau = check_threshold(threshold)
-    bound = residual.dtype.type(check_clip_factor(k) * float(tau))
+    bound = clip_bound(residual.dtype, check_threshold(threshold), k)
     xp.clip(residual, -bound, bound, out=residual)
     return residual

@@ -1,26 +1,21 @@
-"""Convolution and pooling kernels on channels-last (NHWC) arrays.
+"""xp-generic (numpy or CuPy) twins of the convolution and pooling kernels:
+the oracle the Cython kernels are held to, the path of float64 arrays, and
+what CuPy arrays run (the GEMM around them is CuPy's own).
 
-numpy float32/float64 arrays go to the Cython kernels in
-``sparkavg_ext._conv``; CuPy arrays (and everything when
-``SPARKAVG_PURE_NUMPY=1`` or the extension is not built) go to the
-xp-generic twins below, which are also the oracle the tests hold the
-Cython kernels to.
-
-Layouts:
+Layouts, C-contiguous, channels last (NHWC):
 
 - images ``x``: (N, H, W, C)
 - columns: (N*OH*OW, KH*KW*C); row = (n, oh, ow), column = (i, j, c), so
   a convolution is one GEMM ``cols @ W`` with ``W`` of shape (KH*KW*C, F)
 - max-pool ``argmax``: (N, OH, OW, C) int32, the flat index inside one
   sample's (H, W, C) block of the (first) maximal input
+
+These functions assume checked arguments (:mod:`sparkavg.ops.conv` checks
+them) and are re-exported by :mod:`sparkavg.ops.reference`.
 """
 from __future__ import annotations
 
-import logging
-
-import numpy as np
-
-from ..backend import get_array_module, pure_numpy
+from ..backend import get_array_module
 
 __all__ = [
     "conv_output_size",
@@ -30,33 +25,7 @@ __all__ = [
     "maxpool_backward",
     "avgpool_forward",
     "avgpool_backward",
-    "extension_available",
 ]
-
-logger = logging.getLogger(__name__)
-
-try:  # built by `python setup.py build_ext --inplace`
-    from sparkavg_ext import _conv as _ext
-except ImportError:  # pragma: no cover - exercised only on unbuilt trees
-    _ext = None
-    logger.warning("sparkavg_ext._conv is not built; convolutions use the slower numpy path")
-
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-
-
-def extension_available() -> bool:
-    """Whether the compiled Cython kernels are importable."""
-    return _ext is not None
-
-
-def _fast(*arrays) -> bool:
-    """True when every array can go to the Cython kernels."""
-    if _ext is None or pure_numpy():
-        return False
-    return all(
-        type(a) is np.ndarray and a.flags.c_contiguous and (a.dtype in _FLOATS or a.dtype == np.int32)
-        for a in arrays
-    )
 
 
 def conv_output_size(size: int, kernel: int, stride: int, padding: int) -> int:
@@ -75,15 +44,27 @@ def _windows(x, kh, kw, sh, sw):
     )
 
 
+def _fold(cols, shape, kh, kw, sh, sw, ph, pw):
+    """col2im: sum every patch value back onto its pixel; a new array."""
+    xp = get_array_module(cols)
+    n, h, w, c = shape
+    oh, ow = conv_output_size(h, kh, sh, ph), conv_output_size(w, kw, sw, pw)
+    padded = xp.zeros((n, h + 2 * ph, w + 2 * pw, c), dtype=cols.dtype)
+    patches = cols.reshape(n, oh, ow, kh, kw, c)
+    for i in range(kh):
+        for j in range(kw):
+            padded[:, i:i + sh * oh:sh, j:j + sw * ow:sw, :] += patches[:, :, :, i, j, :]
+    return padded[:, ph:ph + h, pw:pw + w, :]
+
+
 # ------------------------------------------------------------------ im2col
 def im2col(x, kh, kw, sh, sw, ph, pw, out=None, ones_column=False):
     """Unfold NHWC images into patch rows (zero padding); see module doc.
 
     With ``ones_column`` each row ends with an extra 1, so that a GEMM with
     the weights stacked on the bias, ``cols @ [W; b]``, adds the bias.
+    Returns ``out`` (allocated when None).
     """
-    if _fast(x) and (out is None or _fast(out)):
-        return _ext.im2col_nhwc(x, kh, kw, sh, sw, ph, pw, out, ones_column)
     xp = get_array_module(x)
     x = xp.ascontiguousarray(x)
     if ph or pw:
@@ -99,41 +80,27 @@ def im2col(x, kh, kw, sh, sw, ph, pw, out=None, ones_column=False):
     return out
 
 
-def _fold(cols, shape, kh, kw, sh, sw, ph, pw):
-    """xp-generic col2im: sum every patch value back onto its pixel."""
-    xp = get_array_module(cols)
-    n, h, w, c = shape
-    oh, ow = conv_output_size(h, kh, sh, ph), conv_output_size(w, kw, sw, pw)
-    padded = xp.zeros((n, h + 2 * ph, w + 2 * pw, c), dtype=cols.dtype)
-    patches = cols.reshape(n, oh, ow, kh, kw, c)
-    for i in range(kh):
-        for j in range(kw):
-            padded[:, i:i + sh * oh:sh, j:j + sw * ow:sw, :] += patches[:, :, :, i, j, :]
-    return padded[:, ph:ph + h, pw:pw + w, :]
-
-
 def col2im(cols, kh, kw, sh, sw, ph, pw, out):
     """Fold patch rows back into ``out`` (N, H, W, C), summing overlaps.
 
     ``out`` is overwritten and returned; the adjoint of :func:`im2col`.
     """
-    if _fast(cols, out):
-        return _ext.col2im_nhwc(cols, kh, kw, sh, sw, ph, pw, out)
     out[...] = _fold(cols, out.shape, kh, kw, sh, sw, ph, pw)
     return out
 
 
 # ---------------------------------------------------------------- max pool
 def maxpool_forward(x, kh, kw, sh, sw, out=None, argmax=None):
-    """Max over windows (no padding) -> ``(out, argmax)``; see module doc."""
-    if _fast(x) and (out is None or _fast(out, argmax)):
-        return _ext.maxpool_nhwc_forward(x, kh, kw, sh, sw, out, argmax)
+    """Max over windows (no padding) -> ``(out, argmax)``; see module doc.
+
+    Ties go to the first element of the window.
+    """
     xp = get_array_module(x)
     n, h, w, c = x.shape
     win = _windows(xp.ascontiguousarray(x), kh, kw, sh, sw)
     oh, ow = win.shape[1], win.shape[2]
     flat = win.reshape(n, oh, ow, kh * kw, c)
-    pos = flat.argmax(axis=3)  # first maximum, as the Cython kernel
+    pos = flat.argmax(axis=3)  # the first maximum
     best = xp.take_along_axis(flat, pos[:, :, :, None, :], axis=3)[:, :, :, 0, :]
     r = xp.arange(oh).reshape(1, oh, 1, 1) * sh + pos // kw
     q = xp.arange(ow).reshape(1, 1, ow, 1) * sw + pos % kw
@@ -148,8 +115,6 @@ def maxpool_forward(x, kh, kw, sh, sw, out=None, argmax=None):
 def maxpool_backward(dout, argmax, kh, kw, sh, sw, out):
     """Route each output gradient to its window's maximum; ``out`` (N, H, W, C)
     is overwritten and returned."""
-    if _fast(dout, argmax, out):
-        return _ext.maxpool_nhwc_backward(dout, argmax, out)
     xp = get_array_module(dout)
     n, h, w, c = out.shape
     oh, ow = dout.shape[1], dout.shape[2]
@@ -166,8 +131,6 @@ def maxpool_backward(dout, argmax, kh, kw, sh, sw, out):
 # ---------------------------------------------------------------- avg pool
 def avgpool_forward(x, kh, kw, sh, sw, out=None):
     """Mean over windows (no padding) -> ``out`` (N, OH, OW, C)."""
-    if _fast(x) and (out is None or _fast(out)):
-        return _ext.avgpool_nhwc_forward(x, kh, kw, sh, sw, out)
     xp = get_array_module(x)
     mean = _windows(xp.ascontiguousarray(x), kh, kw, sh, sw).mean(axis=(3, 4), dtype=x.dtype)
     if out is None:
@@ -179,8 +142,6 @@ def avgpool_forward(x, kh, kw, sh, sw, out=None):
 def avgpool_backward(dout, kh, kw, sh, sw, out):
     """Spread each output gradient evenly over its window; ``out`` (N, H, W, C)
     is overwritten and returned."""
-    if _fast(dout, out):
-        return _ext.avgpool_nhwc_backward(dout, kh, kw, sh, sw, out)
     xp = get_array_module(dout)
     n, oh, ow, c = dout.shape
     share = dout * dout.dtype.type(1.0 / (kh * kw))

@@ -1,0 +1,126 @@
+"""The Cython backend: numpy float32 arrays -> ``sparkavg_ext``.
+
+One function per backend operation (:data:`sparkavg.ops._dispatch.OPERATIONS`),
+with the signature the other backends share; the fronts have checked the
+arguments.  The elementwise operations also take ``n_threads``.
+
+``sparkavg_ext`` is imported here and nowhere else in :mod:`sparkavg`;
+when it is not built, :data:`error` holds the ImportError and
+:func:`sparkavg.ops.have_extension` is False.
+"""
+from __future__ import annotations
+
+import logging
+import math
+
+from ._checks import clip_bound
+from ._kernels import OPERATIONS
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["error", *OPERATIONS]
+
+#: The ImportError when ``sparkavg_ext`` is not built, else None.
+error: Exception | None = None
+try:
+    from sparkavg_ext import _conv, _elementwise, _threshold
+except ImportError as exc:  # not built: everything takes the numpy reference
+    _conv = _elementwise = _threshold = None
+    error = exc
+    logger.warning(
+        "sparkavg_ext is not built (%s); numpy float32 arrays take the slow numpy "
+        "reference path. Build it with: pip install -e . (or python setup.py "
+        "build_ext --inplace)", exc
+    )
+
+
+def _flat(a):
+    return a.reshape(-1)  # a view: the fronts pass C-contiguous arrays
+
+
+# ---------------------------------------------------------------- elementwise
+def accumulate(buffer, x, weight, n_threads=1):
+    _elementwise.accumulate(_flat(buffer), _flat(x), float(weight), n_threads)
+
+
+def scale(buffer, factor, n_threads=1):
+    _elementwise.scale(_flat(buffer), float(factor), n_threads)
+
+
+def sgd_step(params, grads, lr, n_threads=1):
+    _elementwise.sgd_step(_flat(params), _flat(grads), float(lr), n_threads)
+
+
+def nesterov_step(params, grads, velocity, lr, momentum, n_threads=1):
+    mu = float(momentum)
+    _elementwise.nesterov_step(_flat(params), _flat(grads), _flat(velocity), float(lr),
+                               mu, -mu, 1.0 + mu, n_threads)
+
+
+def adagrad_step(params, grads, history, lr, eps, n_threads=1):
+    _elementwise.adagrad_step(_flat(params), _flat(grads), _flat(history), float(lr),
+                              float(eps), n_threads)
+
+
+def rmsprop_step(params, grads, cache, lr, decay, eps, n_threads=1):
+    d = float(decay)
+    _elementwise.rmsprop_step(_flat(params), _flat(grads), _flat(cache), float(lr),
+                              d, 1.0 - d, float(eps), n_threads)
+
+
+def adam_step(params, grads, m, v, lr, beta1, beta2, eps, t, n_threads=1):
+    # The reference's double-precision expression, rounded once.
+    alpha = lr * math.sqrt(1.0 - beta2**t) / (1.0 - beta1**t)
+    b1, b2 = float(beta1), float(beta2)
+    _elementwise.adam_step(_flat(params), _flat(grads), _flat(m), _flat(v), b1, 1.0 - b1,
+                           b2, 1.0 - b2, alpha, float(eps), n_threads)
+
+
+# ------------------------------------------------------------------- encoding
+def encode_sparse(residual, tau, limit, apply_when_capped):
+    return _threshold.sparse_encode(residual, float(tau), limit, apply_when_capped)
+
+
+def encode_bitmap(residual, tau):
+    return _threshold.bitmap_encode(residual, float(tau))
+
+
+def decode_sparse(encoded, target, count, tau):
+    _threshold.sparse_decode(encoded, target)  # re-reads (and re-checks) the header
+
+
+def decode_bitmap(encoded, target, tau):
+    _threshold.bitmap_decode(encoded, target)
+
+
+def count_above(residual, threshold):
+    return _threshold.count_above(_flat(residual), float(threshold))
+
+
+def clip_residual(residual, threshold, k):
+    _threshold.clip(_flat(residual), float(clip_bound(residual.dtype, threshold, k)))
+
+
+# ---------------------------------------------------------------------- conv
+def im2col(x, kh, kw, sh, sw, ph, pw, out=None, ones_column=False):
+    return _conv.im2col_nhwc(x, kh, kw, sh, sw, ph, pw, out, ones_column)
+
+
+def col2im(cols, kh, kw, sh, sw, ph, pw, out):
+    return _conv.col2im_nhwc(cols, kh, kw, sh, sw, ph, pw, out)
+
+
+def maxpool_forward(x, kh, kw, sh, sw, out=None, argmax=None):
+    return _conv.maxpool_nhwc_forward(x, kh, kw, sh, sw, out, argmax)
+
+
+def maxpool_backward(dout, argmax, kh, kw, sh, sw, out):
+    return _conv.maxpool_nhwc_backward(dout, argmax, out)
+
+
+def avgpool_forward(x, kh, kw, sh, sw, out=None):
+    return _conv.avgpool_nhwc_forward(x, kh, kw, sh, sw, out)
+
+
+def avgpool_backward(dout, kh, kw, sh, sw, out):
+    return _conv.avgpool_nhwc_backward(dout, kh, kw, sh, sw, out)

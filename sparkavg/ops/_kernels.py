@@ -1,0 +1,59 @@
+"""The one list of kernels (names only; no imports, so every module of
+:mod:`sparkavg.ops` can derive its own lists from it).
+
+Each name in :data:`KERNELS` is a public function of :mod:`sparkavg.ops`
+(the front: it checks its arguments, then dispatches) with a twin of the
+same name and signature, less ``n_threads``, in
+:mod:`sparkavg.ops.reference`.  Each front runs one backend *operation*
+(:data:`OPERATIONS`): the kernel's name, except for the four below, whose
+backend form returns more than the front (encoders: the count ``encode()``
+needs) or takes what the front has read (decoders: the header, so that a
+device message is not read twice).  Every backend -- ``_cython``,
+``_cuda`` and ``reference`` -- defines every operation with one signature.
+tests/test_ops_front.py checks all of this.
+"""
+from __future__ import annotations
+
+__all__ = ["KERNELS", "OPERATIONS", "operation"]
+
+#: Every kernel of the front, in the order the docs list them.
+KERNELS = (
+    # averaging and updater steps (.elementwise)
+    "accumulate",
+    "scale",
+    "sgd_step",
+    "nesterov_step",
+    "adagrad_step",
+    "rmsprop_step",
+    "adam_step",
+    # threshold encoding (.encoding)
+    "threshold_encode",
+    "threshold_decode",
+    "bitmap_encode",
+    "bitmap_decode",
+    "count_above",
+    "clip_residual",
+    # convolution and pooling on NHWC arrays (.conv)
+    "im2col",
+    "col2im",
+    "maxpool_forward",
+    "maxpool_backward",
+    "avgpool_forward",
+    "avgpool_backward",
+)
+
+_RENAMED = {
+    "threshold_encode": "encode_sparse",   # -> (message or None, total qualifying)
+    "bitmap_encode": "encode_bitmap",      # -> (message, values sent)
+    "threshold_decode": "decode_sparse",   # (encoded, target, count, tau)
+    "bitmap_decode": "decode_bitmap",      # (encoded, target, tau)
+}
+
+
+def operation(kernel: str) -> str:
+    """The backend operation that runs ``kernel``."""
+    return _RENAMED.get(kernel, kernel)
+
+
+#: The backend operations, one per kernel.
+OPERATIONS = tuple(operation(name) for name in KERNELS)

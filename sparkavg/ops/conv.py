@@ -1,0 +1,187 @@
+"""Convolution and pooling kernels on channels-last (NHWC) arrays.
+
+Each function checks its arguments (shapes, dtypes, geometry; see
+:mod:`sparkavg.ops._checks` for what is converted and what is rejected),
+then runs where :mod:`sparkavg.ops._dispatch` routes: numpy float32 to the
+Cython kernels, CuPy arrays to the xp-generic twins on the device, float64
+(gradient checks) and ``SPARKAVG_PURE_NUMPY=1`` to the numpy twins of
+:mod:`sparkavg.ops.reference_conv`.
+
+Layouts (all C-contiguous):
+
+- images ``x`` and image gradients ``out``: (N, H, W, C)
+- columns: (N*OH*OW, KH*KW*C [+ 1]); row = (n, oh, ow), column = (i, j, c),
+  so a convolution is one GEMM ``cols @ W`` with ``W`` of shape (KH*KW*C, F)
+- pooled ``out`` / ``dout``: (N, OH, OW, C); max-pool ``argmax``: the same
+  shape, int32, the flat index inside one sample's (H, W, C) block of the
+  first maximal input
+
+``OH = (H + 2*ph - kh) // sh + 1`` (:func:`conv_output_size`); pooling has
+no padding.  Arrays named ``out``/``argmax`` are written (and returned);
+when optional and None they are allocated.
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ._checks import check_inplace, check_operand, check_readonly
+from ._dispatch import call
+from .reference_conv import conv_output_size
+
+__all__ = [
+    "conv_output_size",
+    "im2col",
+    "col2im",
+    "maxpool_forward",
+    "maxpool_backward",
+    "avgpool_forward",
+    "avgpool_backward",
+]
+
+#: argmax holds flat int32 indices into one sample.
+_MAX_SAMPLE = 2**31 - 1
+
+
+def _check_geometry(kh, kw, sh, sw, ph=0, pw=0) -> None:
+    values = (kh, kw, sh, sw, ph, pw)
+    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in values) \
+            or min(kh, kw, sh, sw) < 1 or min(ph, pw) < 0:
+        raise ValueError(
+            f"Expect integer kernel >= 1, stride >= 1, padding >= 0, got kernel=({kh!r}, "
+            f"{kw!r}), stride=({sh!r}, {sw!r}), padding=({ph!r}, {pw!r})"
+        )
+
+
+def _images(name: str, a):
+    """A read-only NHWC float array (strided: copied) -> (kind, array)."""
+    kind, a = check_readonly(name, a)
+    if a.ndim != 4:
+        raise ValueError(f"Expect {name} of shape (N, H, W, C), got shape {a.shape}")
+    return kind, a
+
+
+def _output_hw(h, w, kh, kw, sh, sw, ph, pw, what):
+    oh, ow = conv_output_size(h, kh, sh, ph), conv_output_size(w, kw, sw, pw)
+    if oh < 1 or ow < 1:
+        raise ValueError(
+            f"Expect a {what} that fits the padded input, got input {h}x{w}, {what} {kh}x{kw}, "
+            f"padding ({ph}, {pw})"
+        )
+    return oh, ow
+
+
+def _out(name: str, out, like, like_name: str, shape, dtype=None) -> None:
+    """An array the kernel writes: C-contiguous, writeable, on ``like``'s
+    device, of ``shape`` and ``like``'s dtype (or ``dtype``)."""
+    check_inplace(name, out, dtype=like.dtype if dtype is None else dtype)
+    check_operand(name, out, like, like_name, shape=shape, dtype=dtype)
+
+
+def _image_out(name: str, out):
+    """The (N, H, W, C) float array a backward kernel writes -> its kind."""
+    kind = check_inplace(name, out)
+    if out.ndim != 4:
+        raise ValueError(f"Expect {name} of shape (N, H, W, C), got shape {out.shape}")
+    return kind
+
+
+# ------------------------------------------------------------------ im2col
+def im2col(x, kh, kw, sh, sw, ph, pw, out=None, ones_column=False):
+    """Unfold NHWC images into patch rows; padding reads as zero.
+
+    Parameters
+    ----------
+    x : float32/float64 array (N, H, W, C), numpy or CuPy
+    kh, kw, sh, sw, ph, pw : int
+        Kernel size, stride and zero padding (rows, columns).
+    out : array (N*OH*OW, KH*KW*C [+ 1]) of x's dtype, or None
+    ones_column : bool
+        End every row with a 1, so that ``cols @ [W; b]`` adds the bias
+        inside the GEMM.
+
+    Returns
+    -------
+    out
+    """
+    kind, x = _images("x", x)
+    _check_geometry(kh, kw, sh, sw, ph, pw)
+    n, h, w, c = x.shape
+    oh, ow = _output_hw(h, w, kh, kw, sh, sw, ph, pw, "kernel")
+    if out is not None:
+        _out("out", out, x, "x", (n * oh * ow, kh * kw * c + int(bool(ones_column))))
+    return call("im2col", kind, x.dtype, x, kh, kw, sh, sw, ph, pw, out, bool(ones_column))
+
+
+def col2im(cols, kh, kw, sh, sw, ph, pw, out):
+    """Fold patch rows back into ``out`` (N, H, W, C), summing overlaps;
+    values that fell on padding are dropped.  The adjoint of :func:`im2col`
+    (without the ones column).  ``out`` is overwritten and returned."""
+    kind = _image_out("out", out)
+    _check_geometry(kh, kw, sh, sw, ph, pw)
+    n, h, w, c = out.shape
+    oh, ow = _output_hw(h, w, kh, kw, sh, sw, ph, pw, "kernel")
+    cols = check_operand("cols", cols, out, "out", shape=(n * oh * ow, kh * kw * c))
+    return call("col2im", kind, out.dtype, cols, kh, kw, sh, sw, ph, pw, out)
+
+
+# ---------------------------------------------------------------- max pool
+def maxpool_forward(x, kh, kw, sh, sw, out=None, argmax=None):
+    """Max over KHxKW windows with step (sh, sw), no padding.
+
+    Returns ``(out, argmax)``: (N, OH, OW, C) of x's dtype and int32, written
+    into the arrays given (both or neither) or allocated.  Ties go to the
+    first maximal element of the window.
+    """
+    kind, x = _images("x", x)
+    _check_geometry(kh, kw, sh, sw)
+    n, h, w, c = x.shape
+    oh, ow = _output_hw(h, w, kh, kw, sh, sw, 0, 0, "pool window")
+    if h * w * c > _MAX_SAMPLE:
+        raise ValueError(f"Expect at most {_MAX_SAMPLE} values per sample (argmax is int32), "
+                         f"got {h * w * c}")
+    if (out is None) != (argmax is None):
+        raise ValueError("Expect out and argmax both given or both None, got only "
+                         + ("out" if argmax is None else "argmax"))
+    if out is not None:
+        _out("out", out, x, "x", (n, oh, ow, c))
+        _out("argmax", argmax, x, "x", (n, oh, ow, c), dtype=np.int32)
+    return call("maxpool_forward", kind, x.dtype, x, kh, kw, sh, sw, out, argmax)
+
+
+def maxpool_backward(dout, argmax, kh, kw, sh, sw, out):
+    """Route each output gradient to its window's maximum (from
+    :func:`maxpool_forward`'s ``argmax``); ``out`` (N, H, W, C) is
+    overwritten -- inputs that won no window get 0 -- and returned."""
+    kind = _image_out("out", out)
+    _check_geometry(kh, kw, sh, sw)
+    n, h, w, c = out.shape
+    oh, ow = _output_hw(h, w, kh, kw, sh, sw, 0, 0, "pool window")
+    dout = check_operand("dout", dout, out, "out", shape=(n, oh, ow, c))
+    argmax = check_operand("argmax", argmax, out, "out", shape=(n, oh, ow, c), dtype=np.int32)
+    return call("maxpool_backward", kind, out.dtype, dout, argmax, kh, kw, sh, sw, out)
+
+
+# ---------------------------------------------------------------- avg pool
+def avgpool_forward(x, kh, kw, sh, sw, out=None):
+    """Mean over KHxKW windows with step (sh, sw), no padding; returns
+    ``out`` (N, OH, OW, C), allocated when None."""
+    kind, x = _images("x", x)
+    _check_geometry(kh, kw, sh, sw)
+    n, h, w, c = x.shape
+    oh, ow = _output_hw(h, w, kh, kw, sh, sw, 0, 0, "pool window")
+    if out is not None:
+        _out("out", out, x, "x", (n, oh, ow, c))
+    return call("avgpool_forward", kind, x.dtype, x, kh, kw, sh, sw, out)
+
+
+def avgpool_backward(dout, kh, kw, sh, sw, out):
+    """Spread each output gradient evenly over its window; ``out``
+    (N, H, W, C) is overwritten and returned."""
+    kind = _image_out("out", out)
+    _check_geometry(kh, kw, sh, sw)
+    n, h, w, c = out.shape
+    oh, ow = _output_hw(h, w, kh, kw, sh, sw, 0, 0, "pool window")
+    dout = check_operand("dout", dout, out, "out", shape=(n, oh, ow, c))
+    return call("avgpool_backward", kind, out.dtype, dout, kh, kw, sh, sw, out)

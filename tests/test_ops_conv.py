@@ -1,0 +1,227 @@
+"""Convolution and pooling kernels: the Cython kernels (float32) against
+their numpy twins (hypothesis, bit for bit where no sums are reordered),
+the twins against plain loops (float64: what gradient checks run), the
+adjoint identity <im2col(x), c> = <x, col2im(c)>, and argument checks that
+are the same on every path."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sparkavg import ops
+from sparkavg.ops import reference
+
+
+@st.composite
+def geometry(draw, padding=True, dtype=np.float32):
+    n = draw(st.integers(0, 3))
+    c = draw(st.integers(1, 4))
+    kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    sh, sw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    ph = draw(st.integers(0, kh - 1)) if padding else 0
+    pw = draw(st.integers(0, kw - 1)) if padding else 0
+    h = draw(st.integers(max(1, kh - 2 * ph), 9))
+    w = draw(st.integers(max(1, kw - 2 * pw), 9))
+    seed = draw(st.integers(0, 2**32 - 1))
+    x = np.random.default_rng(seed).standard_normal((n, h, w, c)).astype(dtype)
+    return x, (kh, kw, sh, sw, ph, pw)
+
+
+def out_size(size, k, s, p):
+    return (size + 2 * p - k) // s + 1
+
+
+# --------------------------------------------------- plain-loop definitions
+def loop_im2col(x, kh, kw, sh, sw, ph, pw):
+    n, h, w, c = x.shape
+    oh, ow = out_size(h, kh, sh, ph), out_size(w, kw, sw, pw)
+    cols = np.zeros((n * oh * ow, kh * kw * c), x.dtype)
+    for b in range(n):
+        for r in range(oh):
+            for q in range(ow):
+                for i in range(kh):
+                    for j in range(kw):
+                        ih, iw = r * sh - ph + i, q * sw - pw + j
+                        if 0 <= ih < h and 0 <= iw < w:
+                            start = (i * kw + j) * c
+                            cols[(b * oh + r) * ow + q, start:start + c] = x[b, ih, iw]
+    return cols
+
+
+def loop_pool(x, kh, kw, sh, sw):
+    """(max, first argmax as a flat (H, W, C) index, mean) of every window."""
+    n, h, w, c = x.shape
+    oh, ow = out_size(h, kh, sh, 0), out_size(w, kw, sw, 0)
+    best = np.empty((n, oh, ow, c), x.dtype)
+    arg = np.empty((n, oh, ow, c), np.int32)
+    mean = np.empty((n, oh, ow, c), x.dtype)
+    for b in range(n):
+        for r in range(oh):
+            for q in range(ow):
+                for ch in range(c):
+                    cells = [(r * sh + i, q * sw + j) for i in range(kh) for j in range(kw)]
+                    values = [x[b, ih, iw, ch] for ih, iw in cells]
+                    k = int(np.argmax(values))  # the first maximum
+                    best[b, r, q, ch] = values[k]
+                    arg[b, r, q, ch] = (cells[k][0] * w + cells[k][1]) * c + ch
+                    mean[b, r, q, ch] = np.mean(values)
+    return best, arg, mean
+
+
+# ----------------------------------------------- Cython == numpy twin (f32)
+needs_extension = pytest.mark.skipif(not ops.have_extension(), reason="sparkavg_ext not built")
+
+
+@needs_extension
+@given(geometry(), st.booleans())
+def test_im2col_matches_twin(case, ones):
+    x, (kh, kw, sh, sw, ph, pw) = case
+    fast = ops.im2col(x, kh, kw, sh, sw, ph, pw, ones_column=ones)
+    slow = reference.im2col(x, kh, kw, sh, sw, ph, pw, ones_column=ones)
+    assert fast.dtype == np.float32
+    assert fast.shape[1] == kh * kw * x.shape[3] + ones
+    np.testing.assert_array_equal(fast, slow)
+    if ones:
+        assert np.all(fast[:, -1] == 1)
+
+
+@needs_extension
+@given(geometry())
+def test_col2im_matches_twin_and_is_adjoint(case):
+    x, (kh, kw, sh, sw, ph, pw) = case
+    cols = ops.im2col(x, kh, kw, sh, sw, ph, pw)
+    c = np.random.default_rng(0).standard_normal(cols.shape).astype(np.float32)
+    fast = ops.col2im(c, kh, kw, sh, sw, ph, pw, out=np.full_like(x, np.nan))
+    slow = reference.col2im(c, kh, kw, sh, sw, ph, pw, out=np.empty_like(x))
+    np.testing.assert_allclose(fast, slow, rtol=1e-5, atol=1e-5)
+    lhs = float(np.dot(cols.ravel().astype(np.float64), c.ravel()))
+    rhs = float(np.dot(x.ravel().astype(np.float64), fast.ravel()))
+    assert lhs == pytest.approx(rhs, rel=1e-4, abs=1e-4)
+
+
+@needs_extension
+@given(geometry(padding=False))
+def test_maxpool_matches_twin(case):
+    x, (kh, kw, sh, sw, _, _) = case
+    out, arg = ops.maxpool_forward(x, kh, kw, sh, sw)
+    want_out, want_arg = reference.maxpool_forward(x, kh, kw, sh, sw)
+    np.testing.assert_array_equal(out, want_out)
+    np.testing.assert_array_equal(arg, want_arg)
+    dout = np.random.default_rng(1).standard_normal(out.shape).astype(np.float32)
+    dx = ops.maxpool_backward(dout, arg, kh, kw, sh, sw, out=np.full_like(x, np.nan))
+    want = reference.maxpool_backward(dout, arg, kh, kw, sh, sw, out=np.empty_like(x))
+    np.testing.assert_allclose(dx, want, rtol=1e-6, atol=1e-6)
+
+
+@needs_extension
+@given(geometry(padding=False))
+def test_avgpool_matches_twin(case):
+    x, (kh, kw, sh, sw, _, _) = case
+    out = ops.avgpool_forward(x, kh, kw, sh, sw)
+    np.testing.assert_allclose(out, reference.avgpool_forward(x, kh, kw, sh, sw),
+                               rtol=1e-5, atol=1e-5)
+    dout = np.random.default_rng(1).standard_normal(out.shape).astype(np.float32)
+    dx = ops.avgpool_backward(dout, kh, kw, sh, sw, out=np.full_like(x, np.nan))
+    want = reference.avgpool_backward(dout, kh, kw, sh, sw, out=np.empty_like(x))
+    np.testing.assert_allclose(dx, want, rtol=1e-5, atol=1e-5)
+
+
+@needs_extension
+def test_maxpool_ties_go_to_first_and_nan_is_safe():
+    x = np.zeros((1, 2, 2, 1), np.float32)
+    out, arg = ops.maxpool_forward(x, 2, 2, 2, 2)
+    assert arg.ravel().tolist() == [0]
+    x[0, 1, 1, 0] = np.nan
+    x[0, 0, 0, 0] = np.nan
+    out, arg = ops.maxpool_forward(x, 2, 2, 2, 2)
+    assert 0 <= arg.ravel()[0] < 4  # a valid index even when nothing compares equal
+
+
+# --------------------------------- the numpy twins against loops (float64)
+@given(geometry(dtype=np.float64), st.booleans())
+def test_twin_im2col_and_col2im_are_the_loops(case, ones):
+    x, (kh, kw, sh, sw, ph, pw) = case
+    want = loop_im2col(x, kh, kw, sh, sw, ph, pw)
+    cols = ops.im2col(x, kh, kw, sh, sw, ph, pw, ones_column=ones)  # float64: the twin
+    np.testing.assert_array_equal(cols[:, :want.shape[1]], want)
+    # col2im is im2col's adjoint: folding the unit columns counts each pixel's uses.
+    c = np.random.default_rng(2).standard_normal(want.shape)
+    folded = ops.col2im(c, kh, kw, sh, sw, ph, pw, out=np.empty_like(x))
+    assert np.dot(want.ravel(), c.ravel()) == pytest.approx(np.dot(x.ravel(), folded.ravel()),
+                                                           rel=1e-12, abs=1e-12)
+
+
+@given(geometry(padding=False, dtype=np.float64))
+def test_twin_pooling_is_the_loops(case):
+    x, (kh, kw, sh, sw, _, _) = case
+    best, arg, mean = loop_pool(x, kh, kw, sh, sw)
+    out, got_arg = ops.maxpool_forward(x, kh, kw, sh, sw)
+    np.testing.assert_array_equal(out, best)
+    np.testing.assert_array_equal(got_arg, arg)
+    np.testing.assert_allclose(ops.avgpool_forward(x, kh, kw, sh, sw), mean, rtol=1e-12)
+    dout = np.random.default_rng(3).standard_normal(best.shape)
+    want = np.zeros_like(x)
+    for b in range(x.shape[0]):  # each gradient to its window's maximum
+        np.add.at(want[b].reshape(-1), arg[b].reshape(-1), dout[b].reshape(-1))
+    dx = ops.maxpool_backward(dout, arg, kh, kw, sh, sw, out=np.full_like(x, np.nan))
+    np.testing.assert_allclose(dx, want, rtol=1e-12, atol=1e-15)
+
+
+# ---------------------------------------------- the same checks everywhere
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("pure_numpy", ["0", "1"])
+def test_bad_arguments_are_rejected_alike_on_every_path(monkeypatch, dtype, pure_numpy):
+    monkeypatch.setenv("SPARKAVG_PURE_NUMPY", pure_numpy)
+    x = np.zeros((2, 5, 5, 3), dtype)
+    with pytest.raises(ValueError, match=r"Expect out of shape \(8, 12\) like x, got \(3, 3\)"):
+        ops.im2col(x, 2, 2, 2, 2, 0, 0, out=np.empty((3, 3), dtype))
+    with pytest.raises(ValueError, match="Expect a kernel that fits the padded input"):
+        ops.im2col(x, 7, 7, 1, 1, 0, 0)
+    with pytest.raises(ValueError, match=r"Expect integer kernel >= 1.*stride=\(0, 1\)"):
+        ops.avgpool_forward(x, 2, 2, 0, 1)
+    with pytest.raises(ValueError, match=r"Expect x of shape \(N, H, W, C\), got shape \(5, 5\)"):
+        ops.maxpool_forward(x[0, :, :, 0], 2, 2, 2, 2)
+    with pytest.raises(TypeError, match="Expect out of dtype"):
+        ops.avgpool_forward(x, 2, 2, 2, 2, out=np.empty((2, 2, 2, 3), np.float16))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        ops.col2im(np.zeros((50, 12), dtype), 2, 2, 1, 1, 0, 0,
+                   out=np.zeros((2, 5, 10, 3), dtype)[:, :, ::2])
+    with pytest.raises(ValueError, match="both given or both None"):
+        ops.maxpool_forward(x, 2, 2, 2, 2, out=np.empty((2, 2, 2, 3), dtype))
+    with pytest.raises(TypeError, match="Expect argmax of dtype int32"):
+        ops.maxpool_backward(np.zeros((2, 2, 2, 3), dtype), np.zeros((2, 2, 2, 3)),
+                             2, 2, 2, 2, out=np.empty_like(x))
+
+
+def test_strided_inputs_are_copied():
+    x = np.random.default_rng(4).standard_normal((2, 6, 6, 4)).astype(np.float32)
+    strided = x[:, :, :, ::2]
+    assert not strided.flags.c_contiguous
+    np.testing.assert_array_equal(ops.im2col(strided, 2, 2, 1, 1, 1, 1),
+                                  reference.im2col(np.ascontiguousarray(strided), 2, 2, 1, 1, 1, 1))
+
+
+@needs_extension
+def test_network_step_same_on_the_numpy_path(monkeypatch):
+    # The numpy twins are what a float64 network and SPARKAVG_PURE_NUMPY=1
+    # run (and, on CuPy arrays, a GPU network); in float32 they must train
+    # the network as the Cython kernels do, to rounding.
+    from sparkavg.nn import Adam, AvgPool2D, Conv2D, Dense, MaxPool2D, Network, Output
+
+    def make():
+        layers = [Conv2D(3, 3, padding=1, activation="relu"), MaxPool2D(2), Conv2D(4, 2, stride=2),
+                  AvgPool2D(2, 1), Dense(5, activation="tanh"), Output(3)]
+        return Network((2, 10, 10), layers, updater=Adam(1e-2), dtype="float32")
+
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((6, 2, 10, 10)).astype(np.float32), rng.integers(0, 3, 6)
+    fast = make()
+    fast_losses = [fast.fit_batch(x, y) for _ in range(3)]
+    monkeypatch.setenv("SPARKAVG_PURE_NUMPY", "1")
+    slow = make()
+    slow_losses = [slow.fit_batch(x, y) for _ in range(3)]
+    np.testing.assert_allclose(fast_losses, slow_losses, rtol=1e-5)
+    np.testing.assert_allclose(fast.params, slow.params, rtol=1e-4, atol=1e-6)
+    assert not np.array_equal(fast.params, make().params)  # it did train

@@ -10,6 +10,7 @@ from ...backend import get_array_module
 from ..errors import DivergenceError, TaskFailure, task_failure_guard
 from ..stats import Phase, PhaseRecorder, task_lane
 from .context import Record, cached_network, host_copy, load_state, task_partition
+from .device import task_device
 from .minibatches import recorded_minibatches
 
 __all__ = ["RoundResult", "combine_results", "make_round_task", "check_finite"]
@@ -19,10 +20,12 @@ class RoundResult(Record):
     """What one worker returns from a round: weighted sums, ready to add.
 
     ``params`` and ``state`` hold ``weight * value``; the driver divides the
-    aggregated sums by the aggregated ``weight``.
+    aggregated sums by the aggregated ``weight``.  ``devices`` lists each
+    worker's :meth:`~sparkavg.spark.executor.device.DeviceChoice.to_plain`.
     """
 
-    __slots__ = ("weight", "params", "state", "loss_sum", "examples", "batches", "max_iterations", "stats")
+    __slots__ = ("weight", "params", "state", "loss_sum", "examples", "batches", "max_iterations", "stats",
+                 "devices")
 
 
 def combine_results(a, b):
@@ -41,6 +44,7 @@ def combine_results(a, b):
     a.batches += b.batches
     a.max_iterations = max(a.max_iterations, b.max_iterations)
     a.stats = a.stats + b.stats
+    a.devices = a.devices + b.devices
     return a
 
 
@@ -56,10 +60,16 @@ def check_finite(net, loss_sum: float, where: str) -> None:
 
 
 def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: bool, uniform: bool,
-                    collect_stats: bool, prefetch: int, hooks=None):
+                    collect_stats: bool, prefetch: int, hooks=None, device: str = "auto"):
     """Executor function for one averaging round: fit every minibatch of
     this worker's shard, return one :class:`RoundResult` (none if empty),
-    or a :class:`TaskFailure` for an error retrying cannot fix."""
+    or a :class:`TaskFailure` for an error retrying cannot fix.
+
+    ``device`` is the master's ``device`` value (``"auto"``, ``"gpu"``,
+    ``"cpu"``; :mod:`.device`): the network trains there and only the
+    round's result crosses to the host.
+    """
+    device = getattr(device, "value", device)  # a plain str travels to the executors
 
     def run(items) -> Iterator:
         if hooks is not None:
@@ -79,8 +89,9 @@ def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: b
         with rec.phase(Phase.FETCH):
             state = shipped.value
         with rec.phase(Phase.MODEL_INIT):
-            net = cached_network(config_json)
-            load_state(net, state, save_updater)
+            choice = task_device(device)
+            net = cached_network(config_json, choice)
+            load_state(net, state, save_updater)  # host -> device for a GPU network
         start_iteration = net.iteration
         loss_sum, examples, batches = 0.0, 0, 0
         for x, y in recorded_minibatches(items, prefetch, rec):
@@ -93,13 +104,14 @@ def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: b
             return None
         check_finite(net, loss_sum, f"worker {partition}, round {round_no}")
         weight = 1.0 if uniform else float(examples)
-        params = host_copy(net.params)
+        params = host_copy(net.params)  # the round's one device -> host copy (GPU)
         ops.scale(params, weight)
         updater_state = None
         if save_updater and net.updater_state.size:
             updater_state = host_copy(net.updater_state)
             ops.scale(updater_state, weight)
         return RoundResult(weight, params, updater_state, loss_sum, examples, batches,
-                           net.iteration - start_iteration, [rec.to_payload()] if collect_stats else [])
+                           net.iteration - start_iteration, [rec.to_payload()] if collect_stats else [],
+                           [choice.to_plain(partition)])
 
     return run

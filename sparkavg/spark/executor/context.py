@@ -13,6 +13,12 @@ pyspark, sparkavg: ~40k objects) out of the cyclic garbage collector's
 reach with :func:`gc.freeze`: PySpark's daemon runs a full
 ``gc.collect()`` after every task of a reused worker, which otherwise
 costs 15-60 ms of CPU per task and delays the next round's task on it.
+
+On a GPU (:mod:`.device`) the network lives on the task's CUDA device:
+parameters, gradients and updater state stay there between rounds, and a
+round's result crosses to the host once (:func:`host_copy`, into pinned
+memory).  Spark may hand a reused worker process another GPU in a later
+task, so the process keeps one network per device.
 """
 from __future__ import annotations
 
@@ -49,10 +55,26 @@ def task_cpus(default: int = 1) -> int:
     return int(value) if value else default
 
 
-def cached_network(config_json: str):
-    """This process's network for ``config_json`` (built once, reused)."""
-    key = hashlib.sha256(config_json.encode()).hexdigest()
+def cached_network(config_json: str, device=None):
+    """This process's network for ``config_json`` on ``device`` (built once, reused).
+
+    Parameters
+    ----------
+    config_json : str
+        :meth:`Network.to_json` text.
+    device : DeviceChoice or None
+        Where the network lives: None or a CPU choice, host memory; a GPU
+        choice, CUDA device ``device.index`` (made current for this thread).
+        One network per device is kept; a new configuration drops them all.
+    """
+    digest = hashlib.sha256(config_json.encode()).hexdigest()
+    ordinal = device.index if device is not None and device.is_gpu else None
+    key = (digest, ordinal)
     with _LOCK:
+        if ordinal is not None:
+            from ...backend import use_device
+
+            use_device(ordinal)  # kernels run on the current device: the network's
         net = _NETWORKS.get(key)
         if net is None:
             from ...nn import Network
@@ -61,7 +83,10 @@ def cached_network(config_json: str):
             if first:
                 set_threads(task_cpus(1))
             net = Network.from_json(config_json)
-            _NETWORKS.clear()  # one model per worker process: drop older ones
+            if ordinal is not None:
+                net.to_gpu()  # host -> device copies, once per process and device
+            for old in [k for k in _NETWORKS if k[0] != digest]:
+                del _NETWORKS[old]  # one model per worker process: drop older ones
             _NETWORKS[key] = net
             if first:
                 # Once per process: later tasks' garbage is still collected,
@@ -73,18 +98,35 @@ def cached_network(config_json: str):
 
 
 def load_state(net, state: tuple, with_updater: bool) -> None:
-    """Copy shipped ``(iteration, params, updater_state)`` into ``net``."""
+    """Copy shipped ``(iteration, params, updater_state)`` (host arrays) into
+    ``net``, onto its device."""
     iteration, params, updater_state = state
-    net.params = params
+    net.params = _on_device_of(net, params)
     if with_updater and updater_state is not None and updater_state.size:
-        net.updater_state = updater_state
+        net.updater_state = _on_device_of(net, updater_state)
     net.iteration = int(iteration)
 
 
-def host_copy(array) -> np.ndarray:
-    """A float32 numpy copy of a (numpy or CuPy) flat vector."""
-    from ...backend import to_cpu
+def _on_device_of(net, array):
+    if net.xp is np:
+        return array
+    from ...backend import is_gpu_array, to_gpu
 
+    return array if is_gpu_array(array) else to_gpu(array)  # host -> device copy
+
+
+def host_copy(array) -> np.ndarray:
+    """A float32 numpy copy of a (numpy or CuPy) flat vector.
+
+    A CuPy vector crosses to the host in one copy, into page-locked memory
+    from CuPy's pinned pool (reused once the previous result is released).
+    """
+    from ...backend import is_gpu_array, to_cpu, to_cpu_pinned
+
+    if is_gpu_array(array):
+        if array.dtype != np.float32:
+            array = array.astype(np.float32)  # on the device: only float32 crosses
+        return to_cpu_pinned(array)  # device -> host sync
     return np.array(to_cpu(array), dtype=np.float32, copy=True)
 
 

@@ -20,6 +20,7 @@ from ..errors import DivergenceError, register_error, task_failure_guard
 from ..stats import CounterName, Phase, PhaseRecorder, SeriesName, task_lane
 from .averaging import check_finite
 from .context import Record, cached_network, host_copy, load_state
+from .device import DeviceError, task_device
 from .minibatches import recorded_minibatches
 
 __all__ = ["SharingResult", "make_sharing_task"]
@@ -31,9 +32,11 @@ FINITE_CHECK_EVERY = 50
 
 
 class SharingResult(Record):
-    """What one sharing worker returns at the end of an epoch (plain arrays)."""
+    """What one sharing worker returns at the end of an epoch (plain arrays;
+    ``devices``: this worker's :meth:`~sparkavg.spark.executor.device.DeviceChoice.to_plain`, in a list)."""
 
-    __slots__ = ("rank", "params", "updater_state", "carry", "loss_sum", "examples", "iterations", "stats")
+    __slots__ = ("rank", "params", "updater_state", "carry", "loss_sum", "examples", "iterations", "stats",
+                 "devices")
 
 
 def _peers(ctx, endpoint, rank: int) -> dict:
@@ -51,9 +54,15 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
     ``shipped.value`` is ``{"state": (iteration, params, updater_state),
     "carry": per-rank SharingState.to_plain() or None, "key": HMAC key}``;
     ``master`` is the (frozen, plain) :class:`GradientSharing`.
+
+    On a GPU (``master.device``, :mod:`.device`) parameters, residual and
+    updates stay on the device: a message is encoded there and only its
+    bytes cross to the host; received bytes are copied to the device and
+    applied there.
     """
     rule, clipping = master.threshold, master.residual_post_processor
     prefetch, collect_stats = master.data.prefetch, master.collect_stats
+    device = master.device.value
 
     def run(items) -> Iterator:
         from pyspark import BarrierTaskContext
@@ -62,13 +71,19 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
             hooks.on_task_start()
         ctx = BarrierTaskContext.get()
         rank = ctx.partitionId()
+        # Outside the guard: a rank without its device fails its task, and Spark aborts the barrier
+        # stage.  Returned as a result, the error would leave the other ranks waiting in allGather.
+        try:
+            choice = task_device(device, ctx)
+        except DeviceError as exc:
+            raise DeviceError(f"{exc} [worker rank {rank}]") from None
         failures: list = []
         result = None
         with task_failure_guard(failures, rank=rank, epoch=epoch + 1):
-            result = _epoch(items, ctx, rank)
+            result = _epoch(items, ctx, rank, choice)
         yield failures[0] if failures else result
 
-    def _epoch(items, ctx, rank: int) -> SharingResult:
+    def _epoch(items, ctx, rank: int, choice) -> SharingResult:
         infos = ctx.getTaskInfos()
         world = len(infos)
         rec = PhaseRecorder(task_lane(rank))
@@ -76,8 +91,8 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
             value = shipped.value
             carry = value["carry"][rank] if value["carry"] else None
         with rec.phase(Phase.MODEL_INIT):
-            net = cached_network(config_json)
-            load_state(net, value["state"], True)
+            net = cached_network(config_json, choice)
+            load_state(net, value["state"], True)  # host -> device for a GPU network
             n = net.num_params
             xp = get_array_module(net.params)
             state = (SharingState(rule, clipping, n, xp=xp) if carry is None
@@ -136,7 +151,8 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
         check_finite(net, loss_sum, f"worker rank {rank}")
         _count(rec, state, t, examples, iterations, n, world)
         return SharingResult(rank, host_copy(net.params), host_copy(net.updater_state), state.to_plain(),
-                             loss_sum, examples, net.iteration - start_iteration, rec.to_payload())
+                             loss_sum, examples, net.iteration - start_iteration, rec.to_payload(),
+                             [choice.to_plain(rank)])
 
     return run
 

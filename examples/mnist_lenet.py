@@ -4,6 +4,7 @@
     python examples/mnist_lenet.py --mode local --epochs 1
     python examples/mnist_lenet.py --mode averaging --master local[2] --workers 2
     python examples/mnist_lenet.py --mode sharing --threshold 1e-3 --report out.json
+    python examples/mnist_lenet.py --mode local --device gpu
 
 ``--mode local`` trains in this process, no Spark; ``averaging`` and
 ``sharing`` train on Spark with ParameterAveraging or GradientSharing.
@@ -19,7 +20,9 @@ import os
 import sys
 import time
 
+import numpy as np
 
+from sparkavg.backend import current_device, to_cpu
 from sparkavg.data.batching import minibatches
 from sparkavg.data.mnist import default_data_dir, load_mnist
 from sparkavg.evaluation import Evaluation
@@ -64,6 +67,10 @@ def parse_args(argv=None):
                    help="sharing: drop/duplicate/reorder this fraction of datagrams")
     p.add_argument("--threads", type=int, default=None,
                    help="BLAS threads (local mode; default: all cores). Spark workers use their task's cores")
+    p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto",
+                   help="Spark modes: the masters' device (auto: each task's Spark-assigned GPU when it has one "
+                        "and CuPy works, else the CPU; gpu: an error without one; cpu). --mode local: gpu trains "
+                        "on the current CUDA device with CuPy (an error when unavailable), auto and cpu on the CPU")
     p.add_argument("--seed", type=int, default=123)
     p.add_argument("--limit-train", type=int, default=None, help="use only the first N training examples")
     p.add_argument("--limit-test", type=int, default=None, help="use only the first N test examples")
@@ -82,12 +89,19 @@ def parse_args(argv=None):
 def evaluate_local(net, x, y, batch_size=1000) -> Evaluation:
     ev = Evaluation(10)
     for start in range(0, len(x), batch_size):
-        ev.eval(y[start:start + batch_size], net.output(x[start:start + batch_size]))
+        ev.eval(y[start:start + batch_size], to_cpu(net.output(x[start:start + batch_size])))
     return ev
 
 
 def train_local(args, net, train, test):
     set_threads(args.threads or os.cpu_count() or 1)
+    if args.device == "gpu":
+        try:
+            net.to_gpu()
+        except RuntimeError as exc:  # CuPy or CUDA unavailable: the backend says how to get it
+            raise SystemExit(f"--device gpu: {exc}") from None
+    device = "cpu" if net.xp is np else f"gpu:{current_device()}"
+    log.info("training on %s", device)
     x, y = train
     detail, train_seconds, examples = [], 0.0, 0
     for epoch in range(args.epochs):
@@ -108,7 +122,7 @@ def train_local(args, net, train, test):
                        "examples_per_second": seen / seconds, "loss": loss_sum / seen})
         log.info("epoch %d: test accuracy %.4f, loss %.4f, %.1fs, %.0f examples/s", epoch + 1, ev.accuracy(),
                  loss_sum / seen, seconds, seen / seconds)
-    return detail, train_seconds, examples, ev, {}
+    return detail, train_seconds, examples, ev, {"device": device}
 
 
 def as_minibatch_rdd(sc, x, y, slices, rows_per_record=500):
@@ -147,11 +161,13 @@ def train_spark(args, net, train, test):
         test_rdd = as_minibatch_rdd(sc, *test, slices=args.workers)
         if args.mode == "averaging":
             master = ParameterAveraging(batch_size_per_worker=args.batch_size, workers=args.workers,
-                                        averaging_frequency=args.averaging_frequency, seed=args.seed)
+                                        averaging_frequency=args.averaging_frequency, seed=args.seed,
+                                        device=args.device)
         else:
             threshold = FixedThreshold(args.threshold) if args.fixed_threshold else AdaptiveThreshold(initial=args.threshold)
             master = GradientSharing(threshold=threshold, batch_size_per_worker=args.batch_size,
-                                     workers=args.workers, simulate_loss=args.simulate_udp_loss, seed=args.seed)
+                                     workers=args.workers, simulate_loss=args.simulate_udp_loss, seed=args.seed,
+                                     device=args.device)
         trainer = SparkTrainer(spark, net, master, checkpoint_dir=args.checkpoint_dir)
         trainer.fit(train_rdd, epochs=args.epochs, resume_from=args.resume_from, validation_data=test_rdd)
         trainer.close()
@@ -163,7 +179,9 @@ def train_spark(args, net, train, test):
         if args.stats_html:
             trainer.stats.to_html(args.stats_html)
             log.info("training stats page: %s", args.stats_html)
-        extra = {"stats_summary": trainer.stats.summary()}
+        extra = {"stats_summary": trainer.stats.summary(),  # device: where the workers trained (the last decision)
+                 "device": next((d["value"] for d in reversed(trainer.stats.decisions) if d["name"] == "device"),
+                                None)}
         if args.mode == "averaging":  # the frequency each epoch used (chosen per epoch with "auto")
             extra["averaging_frequency"] = [h["averaging_frequency"] for h in trainer.history]
         if args.mode == "sharing":

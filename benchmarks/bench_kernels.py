@@ -8,6 +8,9 @@ For each vector length N (float32) the script measures, in one run:
   quantile of |r|, r ~ N(0, 1e-3)); each encode trial gets a fresh copy of
   the residual, made outside the timed region;
 - ``accumulate`` (weight 0.5) and one fused ``adam_step``;
+- ``sparse_encode_sweep``: ``threshold_encode`` alone on N = ``--sweep-n``
+  (default 8M) values at every density up to the bitmap switch
+  (``SWEEP_DENSITIES``, 0.01% .. 6.25% = 1/16), with its own copy baseline;
 
 each for the fast path (Cython on numpy float32; CuPy with ``--gpu``) and
 the numpy reference (:mod:`sparkavg.ops.reference`).  Throughput is "input
@@ -18,9 +21,11 @@ sends, so their "GB/s" can exceed the copy rate; ``fast_ms`` is the time.
 
 Prints one JSON document to stdout (and writes it to ``--out``).  The
 ``checks`` block states the targets: encode >= 5x the reference and >= 30%
-of the copy read rate (must), encode and accumulate >= 50% (aim).
+of the copy read rate (must), encode and accumulate >= 50% (aim); sparse
+encode in the sweep >= 5x the reference and >= 50% of the copy read rate at
+every density (must).
 
-    python benchmarks/bench_kernels.py [--quick] [--out PATH] [--gpu]
+    python benchmarks/bench_kernels.py [--quick] [--sweep-only] [--out PATH] [--gpu]
 """
 from __future__ import annotations
 
@@ -40,6 +45,9 @@ from report import emit
 DENSITIES = (1e-4, 1e-3, 1e-2)
 FULL_SIZES = (1 << 20, 1 << 22, 1 << 24)
 QUICK_SIZES = (1 << 16, 1 << 18, 1 << 20)
+# Up to libnd4j's switch to bitmaps: a sparse message of N // 16 entries.
+SWEEP_DENSITIES = (1e-4, 1e-3, 1e-2, 0.046, 0.0625)
+SWEEP_N = 1 << 23
 
 
 # ------------------------------------------------------------------ timing
@@ -174,9 +182,63 @@ def bench_size(n, timer, repeats, ref_repeats, threads):
     return rows
 
 
+def sweep_sparse_encode(n, timer, repeats, ref_repeats):
+    """threshold_encode at every density of SWEEP_DENSITIES on n values:
+    time, x reference, fraction of the copy read rate (one copy baseline,
+    measured first, and again last to show drift)."""
+    xp = timer.xp
+    host = (np.random.default_rng(n).standard_normal(n) * 1e-3).astype(np.float32)
+    base = xp.asarray(host)
+    work = xp.empty_like(base)
+    nbytes = n * 4
+    copy_before = timer.best(lambda _: timer.copy(work, base), repeats=repeats)
+
+    def fresh():
+        work[...] = base
+        return work
+
+    magnitudes = np.sort(np.abs(host))
+    rows = []
+    for density in SWEEP_DENSITIES:
+        tau = float(magnitudes[int(n * (1 - density))])
+        fast = timer.best(lambda r: ops.threshold_encode(r, tau, n), fresh, repeats)
+        ref = timer.best(lambda r: reference.threshold_encode(r, tau, n), fresh, ref_repeats)
+        rows.append({
+            "op": "threshold_encode",
+            "n": n,
+            "density": density,
+            "values_sent": int(ops.count_above(host, tau)),
+            "fast_ms": round(fast * 1e3, 4),
+            "reference_ms": round(ref * 1e3, 4),
+            "fast_gbps": round(gbps(nbytes, fast), 3),
+            "speedup_vs_reference": round(ref / fast, 2),
+            "fraction_of_copy": round(copy_before / fast, 3),
+        })
+    copy_after = timer.best(lambda _: timer.copy(work, base), repeats=repeats)
+    return {
+        "n": n,
+        "copy_ms": round(copy_before * 1e3, 4),
+        "copy_gbps": round(gbps(nbytes, copy_before), 3),
+        "copy_ms_after": round(copy_after * 1e3, 4),
+        "rows": rows,
+    }
+
+
+def sweep_checks(sweep):
+    rows = sweep["rows"]
+    return {
+        "sweep_encode_at_least_5x_reference": all(r["speedup_vs_reference"] >= 5 for r in rows),
+        "sweep_encode_at_least_50pct_of_copy": all(r["fraction_of_copy"] >= 0.50 for r in rows),
+        "sweep_min_speedup": min(r["speedup_vs_reference"] for r in rows),
+        "sweep_min_fraction_of_copy": min(r["fraction_of_copy"] for r in rows),
+    }
+
+
 def checks(rows):
     enc = [r for r in rows if r["op"] == "threshold_encode"]
     acc = [r for r in rows if r["op"] == "accumulate" and "n_threads" not in r]
+    if not rows:
+        return {}
     return {
         "encode_at_least_5x_reference": all(r["speedup_vs_reference"] >= 5 for r in enc),
         "encode_at_least_30pct_of_copy": all(r["fraction_of_copy"] >= 0.30 for r in enc),
@@ -204,6 +266,10 @@ def machine(gpu):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="N in 64K, 256K, 1M")
+    parser.add_argument("--sweep-only", action="store_true",
+                        help="only the sparse-encode density sweep")
+    parser.add_argument("--sweep-n", type=int, default=SWEEP_N,
+                        help=f"values in the density sweep (default {SWEEP_N})")
     parser.add_argument("--out", help="also write the JSON here")
     parser.add_argument("--gpu", action="store_true", help="CuPy arrays, vs device copy")
     parser.add_argument("--repeats", type=int, default=7, help="trials per fast timing")
@@ -224,12 +290,13 @@ def main(argv=None):
             sys.exit("sparkavg_ext is not built: python setup.py build_ext --inplace")
         timer = CpuTimer()
 
-    sizes = QUICK_SIZES if args.quick else FULL_SIZES
+    sizes = () if args.sweep_only else QUICK_SIZES if args.quick else FULL_SIZES
     started = time.time()
     rows = []
     for n in sizes:
         rows += bench_size(n, timer, args.repeats, args.reference_repeats,
                            1 if args.gpu else args.threads)
+    sweep = sweep_sparse_encode(args.sweep_n, timer, args.repeats, args.reference_repeats)
     report = {
         "benchmark": "kernels",
         "command": " ".join(["python", "benchmarks/bench_kernels.py", *sys.argv[1:]]),
@@ -238,7 +305,8 @@ def main(argv=None):
         "throughput_unit": "input GB/s = N * 4 bytes / best time",
         "seconds": round(time.time() - started, 1),
         "results": rows,
-        "checks": checks(rows),
+        "sparse_encode_sweep": sweep,
+        "checks": {**checks(rows), **sweep_checks(sweep)},
     }
     return emit(report, args.out)
 

@@ -10,12 +10,13 @@ from libc.stdint cimport int32_t, uint32_t
 # Sparse encoding in one pass: counts every |r| >= tau (the return value);
 # for the first `limit` of them writes the signed 1-based index to `body`,
 # the old value to `orig`, and subtracts +-tau from r; counts NaN/inf into
-# bad[0] with the first such index in bad[1].
+# bad[0] with the first such index in bad[1].  `body` takes scratch
+# positions up to 64 entries past `limit`.
 cdef Py_ssize_t _sparse_encode(
     float* r,                # IN/OUT (n,)
     Py_ssize_t n,
     float tau,
-    int32_t* body,           # OUT (limit,)
+    int32_t* body,           # OUT (limit + 64,)
     float* orig,             # OUT (limit,)
     Py_ssize_t limit,
     Py_ssize_t* bad,         # OUT (2,)

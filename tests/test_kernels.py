@@ -55,10 +55,11 @@ def test_capped_message_not_applied_when_asked():
     assert total == 64 and np.all(r[:4] == 2.0) and np.all(r[4:] == 3.0)
 
 
-@pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 4095, 4096, 4097, 70_000])
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 63, 64, 65, 4095, 4096, 4097, 8256, 70_000])
 def test_every_length_and_block_boundary(n):
-    """Chunks of 256 blocks, 16-value blocks and the tail: the sparse and
-    bitmap encoders agree with a plain loop at every boundary."""
+    """Sparse encoding's 4096-value chunks and 64-value groups, the bitmap's
+    16-value words, and the tails: the sparse and bitmap encoders agree with
+    a plain loop at every boundary."""
     rng = np.random.default_rng(n)
     r = rng.standard_normal(n).astype(np.float32)
     hot = np.abs(r) >= np.float32(1.5)
@@ -74,3 +75,35 @@ def test_every_length_and_block_boundary(n):
     assert count == len(want_idx) and len(words) == n // 16 + 5
     if total >= 2:
         assert np.array_equal(sparse_r, bitmap_r)
+
+
+@pytest.mark.parametrize("cap", [2, 3, 63, 64, 65, 500, 4096, 10**6])
+def test_cap_inside_groups_and_chunks(cap):
+    """Positions run up to 64 past the cap; only the first `cap` are sent and
+    subtracted, and the total counts them all."""
+    rng = np.random.default_rng(cap)
+    r = rng.standard_normal(3 * 4096 + 77).astype(np.float32)
+    want_idx = np.flatnonzero(np.abs(r) >= np.float32(1.0))
+    sent = want_idx[:cap]
+    before = r.copy()
+    message, total = _threshold.sparse_encode(r, 1.0, cap)
+    assert total == len(want_idx)
+    assert list(message[:2]) == [len(sent), len(r)] and len(message) == 4 + len(sent)
+    assert np.array_equal(np.abs(message[4:]) - 1, sent)
+    expected = before.copy()
+    expected[sent] -= np.where(before[sent] > 0, np.float32(1.0), np.float32(-1.0))
+    assert np.array_equal(r, expected)
+
+
+@pytest.mark.parametrize("where", [[5], [4100], [3 * 4096 + 70], [9000, 20], [12000]])
+@pytest.mark.parametrize("cap", [4, 10**6])
+def test_non_finite_in_any_chunk_or_past_the_cap(where, cap):
+    """NaN/inf in a later chunk, in the tail, or after the cap is reached
+    (where only the count goes on) is still found; the residual is restored."""
+    r = np.random.default_rng(1).standard_normal(3 * 4096 + 77).astype(np.float32)
+    for k, i in enumerate(where):
+        r[i] = [np.nan, -np.inf][k % 2]
+    before = r.copy()
+    with pytest.raises(ValueError, match=rf"{len(where)} non-finite.*index {min(where)};"):
+        _threshold.sparse_encode(r, 1.0, cap)
+    assert np.array_equal(r.view(np.uint32), before.view(np.uint32))

@@ -101,6 +101,8 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
             update = xp.zeros(n, xp.float32)
         spark_host = infos[rank].address.rsplit(":", 1)[0] if infos[rank].address else None
         host = select_address(network_mask=master.network_mask, fallback=spark_host)
+        rec.decision("udp_address", host, f"worker rank {rank}: network_mask {master.network_mask!r}, else "
+                     f"$SPARKAVG_IP, else the executor's Spark host {spark_host!r}")
         port = master.port + rank if master.port else 0
         # A fresh id per stage and attempt: sequence numbers restart with every endpoint, so
         # datagrams of an earlier epoch or a failed attempt must never be taken for new ones.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from typing import Callable, Optional
 
 from ..data.validation import DataSpec
@@ -31,6 +32,7 @@ class ClassicSpark:
 
     def __init__(self, sc):
         self.sc = sc
+        self._failed_barrier = None  # (plan, round, job ids) of a barrier round that failed
 
     # ------------------------------------------------------------- cluster
     @property
@@ -77,14 +79,53 @@ class ClassicSpark:
             return functools.reduce(combine, parts, None)
 
     def barrier_round(self, plan: EpochPlan, r: int, task: Callable, what: str) -> list:
-        """Run ``task`` once per worker of round ``r`` in one barrier stage; all results."""
+        """Run ``task`` once per worker of round ``r`` in one barrier stage; all results.
+
+        Run again after a failure (the caller's retry), it first gets the
+        round's data back (:meth:`_recover_barrier_round`)."""
+        failed, self._failed_barrier = self._failed_barrier, None
+        if failed is not None and failed[0] is plan and failed[1] == r:
+            self._recover_barrier_round(plan, r, failed[2])
         if plan.prepared.in_files:
             shards = plan.shard_paths(r)
             rdd = self.sc.parallelize(shards, len(shards))
         else:
             rdd = plan.rdd
-        with executor_errors(what):
-            return rdd.barrier().mapPartitions(task).collect()
+        tracker, group = self.sc.statusTracker(), self.sc.getLocalProperty("spark.jobGroup.id")
+        before = set(tracker.getJobIdsForGroup(group))
+        try:
+            with executor_errors(what):
+                return rdd.barrier().mapPartitions(task).collect()
+        except BaseException:
+            self._failed_barrier = (plan, r, [j for j in tracker.getJobIdsForGroup(group) if j not in before])
+            raise
+
+    def _recover_barrier_round(self, plan: EpochPlan, r: int, jobs: list, timeout: float = 120.0) -> None:
+        """Before a failed barrier round runs again: wait until no task of the
+        failed attempt still runs, then compute the round's partitions in a
+        plain job.
+
+        On a cluster, a barrier task killed while it waits in ``allGather``
+        or ``barrier()`` (its peer died) takes its executor JVM down: PySpark's
+        barrier server lets the TaskKilledException escape its thread (exit
+        code 50), and the executor's cached minibatches and shuffle outputs
+        go with it.  A barrier stage cannot recompute lost shuffle outputs
+        ("Could not recover from a failed barrier ResultStage"), a plain job
+        can -- once the driver knows the executor is gone, i.e. once the
+        failed attempt has no task left running.
+        """
+        tracker = self.sc.statusTracker()
+        stages = [s for j in jobs for s in (getattr(tracker.getJobInfo(j), "stageIds", None) or [])]
+        deadline = time.monotonic() + timeout
+        while any(getattr(tracker.getStageInfo(s), "numActiveTasks", 0) for s in stages):
+            if time.monotonic() > deadline:
+                logger.warning("tasks of the failed barrier stage(s) %s still run after %.0f s; retrying anyway",
+                               stages, timeout)
+                break
+            time.sleep(0.1)
+        if plan.rdd is not None:
+            with executor_errors("recomputing the minibatches of a failed barrier round"):
+                self.sc.runJob(plan.rdd, lambda rows: [sum(1 for _ in rows)], plan.partitions(r))
 
     # ----------------------------------------------------------- inference
     def aggregate_examples(self, data, task: Callable, combine: Callable, features_col: str, label_col: str,
@@ -105,7 +146,12 @@ class ClassicSpark:
 
 
 def seam_for(spark_or_sc):
-    """The seam for a SparkSession or SparkContext."""
+    """The seam for a SparkSession or SparkContext, or a Spark Connect session
+    (:class:`~sparkavg.spark.connect.ConnectSpark`)."""
+    if type(spark_or_sc).__module__.startswith("pyspark.sql.connect"):  # its .sparkContext raises
+        from .connect import ConnectSpark
+
+        return ConnectSpark(spark_or_sc)
     sc = getattr(spark_or_sc, "sparkContext", None) if not hasattr(spark_or_sc, "parallelize") else spark_or_sc
     if sc is None or not hasattr(sc, "parallelize"):
         raise TypeError(f"Expect a SparkSession or SparkContext, got {type(spark_or_sc).__name__}")

@@ -152,18 +152,73 @@ def standalone_cluster(tmp_path_factory):
 
 # -- simulated hosts (sparkavg.testing): network + mount namespaces, needs root --
 
+SIM_FIXTURES = ("sim_cluster", "sim_cluster_factory")
+
+
+def simhosts_required():
+    """Why simulated hosts must work here (a reason), or None when tests may skip.
+
+    ``SPARKAVG_REQUIRE_SIMHOSTS=1`` requires them, ``=0`` never; unset, they
+    are required on CI (``CI=true``, which CI services set) when running as
+    root with iproute2 -- there a namespace failure is a failure, not a skip.
+    """
+    flag = os.environ.get("SPARKAVG_REQUIRE_SIMHOSTS", "")
+    if flag:
+        return "SPARKAVG_REQUIRE_SIMHOSTS is set" if flag != "0" else None
+    if (os.environ.get("CI", "").lower() in ("true", "1") and hasattr(os, "geteuid") and os.geteuid() == 0
+            and shutil.which("ip") is not None):
+        return "CI=true, running as root with iproute2"
+    return None
+
+
 def _simulated_cluster_class():
     """SimulatedCluster, or a skip that says exactly why namespaces cannot be
-    made here; with SPARKAVG_REQUIRE_SIMHOSTS=1 (CI) a failure instead."""
+    made here; a failure instead where they are required (:func:`simhosts_required`)."""
     from sparkavg.testing import SimulatedCluster
 
     ok, reason = SimulatedCluster.available()
     if not ok:
         message = f"simulated hosts unavailable: {reason}"
-        if os.environ.get("SPARKAVG_REQUIRE_SIMHOSTS", "") not in ("", "0"):
-            pytest.fail(f"{message} (SPARKAVG_REQUIRE_SIMHOSTS is set)")
+        required = simhosts_required()
+        if required:
+            pytest.fail(f"{message} (required: {required})")
         pytest.skip(message)
     return SimulatedCluster
+
+
+# Outcomes of the tests on simulated hosts, summed up at the end of the run so
+# that even ``pytest -q`` shows whether they ran.
+_sim_outcomes: dict = {}
+_sim_nodeids: set = set()
+
+
+def pytest_itemcollected(item):
+    if any(name in getattr(item, "fixturenames", ()) for name in SIM_FIXTURES):
+        _sim_nodeids.add(item.nodeid)
+
+
+def pytest_runtest_logreport(report):
+    if report.nodeid not in _sim_nodeids:
+        return
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        outcome = "error" if report.when == "setup" and report.failed else report.outcome
+        _sim_outcomes[report.nodeid] = outcome
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _sim_outcomes:
+        return
+    counts = {}
+    for outcome in _sim_outcomes.values():
+        counts[outcome] = counts.get(outcome, 0) + 1
+    from sparkavg.testing import SimulatedCluster
+
+    ok, reason = SimulatedCluster.available()
+    required = simhosts_required()
+    terminalreporter.write_line(
+        f"simulated hosts (network + mount namespaces): {', '.join(f'{n} {o}' for o, n in sorted(counts.items()))}"
+        f"; namespaces {'available' if ok else 'unavailable: ' + reason}"
+        f"; {'required (' + required + ')' if required else 'not required (skips allowed)'}")
 
 
 @pytest.fixture(scope="session")

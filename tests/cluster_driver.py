@@ -1,0 +1,322 @@
+#!/usr/bin/env python
+"""Driver program of the multi-host tests (tests/test_cluster_hosts.py).
+
+Runs named scenarios against a Spark master in ONE SparkSession (a driver
+JVM costs 15-30 s to start on a small machine) and prints one JSON line::
+
+    {"driver_host": ..., "results": {scenario: {...}}, "errors": {scenario: traceback},
+     "seconds": {scenario: s}}
+
+A scenario that raises is recorded under ``errors`` and the others still
+run, so each test names its own failure.  The program only measures; the
+tests decide what is right.
+
+    python tests/cluster_driver.py --conf '{"spark.master": "spark://10.0.0.1:7077"}' \\
+        --shared /a/folder/every/host/sees averaging_defaults sharing_defaults inference
+
+Data are tiny separable blobs and a 154-parameter network (tests/nets.py):
+what is tested is what crosses hosts, not learning.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import sys
+import time
+import traceback
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from nets import blobs, small_net  # noqa: E402  (tests/nets.py, next to this file)
+
+from sparkavg.evaluation import Evaluation  # noqa: E402
+from sparkavg.spark import (DataOptions, EndpointConfig, GradientSharing, ParameterAveraging,  # noqa: E402
+                            SparkTrainer, Topology, recommended_conf)
+
+KILL_MARKER = "sparkavg.test.kill_marker"  # sparkavg.spark.executor.hooks.KILL_MARKER
+
+
+class LogCapture(logging.Handler):
+    """sparkavg's log lines (INFO and up), to check what the library said it did."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+    def since(self, mark: int, prefix: str):
+        return [line for line in self.lines[mark:] if line.startswith(prefix)]
+
+
+class Context:
+    def __init__(self, spark, shared: str, network_mask, logs: LogCapture):
+        self.spark, self.sc, self.shared, self.network_mask, self.logs = spark, spark.sparkContext, shared, \
+            network_mask, logs
+        self.kept = {}
+
+    def pairs(self, x, y, parts: int):
+        return self.sc.parallelize(list(zip(x, y.tolist())), parts)
+
+
+def lane_hosts(stats):
+    """Hostnames of the worker lanes (``host/pid/pN``) of a fit's statistics."""
+    return sorted({lane.split("/")[0] for lane in stats.lanes if "/" in lane})
+
+
+def accuracy(net, x, y) -> float:
+    return float(np.mean(np.argmax(net.output(x), axis=1) == y))
+
+
+def udp_decisions(stats):
+    return [{"value": d["value"], "reason": d["reason"]} for d in stats.decisions if d["name"] == "udp_address"]
+
+
+def max_abs_diff(a, b) -> float:
+    return float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+
+
+# -- scenarios ---------------------------------------------------------------------------
+
+def averaging_defaults(ctx: Context) -> dict:
+    """ParameterAveraging() exactly at its defaults, data options included."""
+    x, y = blobs(800, seed=1)
+    rdd = ctx.pairs(x, y, 4)
+    net = small_net(seed=2)
+    mark = len(ctx.logs.lines)
+    trainer = SparkTrainer(ctx.spark, net)
+    trainer.fit(rdd, epochs=2)
+    trainer.close()
+    ctx.kept["averaged"] = (trainer, net)
+    return {"workers": trainer.workers, "examples": [h["examples"] for h in trainer.history],
+            "averaging_frequency": [h.get("averaging_frequency") for h in trainer.history],
+            "accuracy": accuracy(net, x, y), "prepared": ctx.logs.since(mark, "prepared"),
+            "lane_hosts": lane_hosts(trainer.stats)}
+
+
+def sharing_defaults(ctx: Context) -> dict:
+    """GradientSharing() exactly at its defaults; the UDP address each worker chose."""
+    x, y = blobs(800, seed=3)
+    rdd = ctx.pairs(x, y, 4)
+    net = small_net(seed=4)
+    mark = len(ctx.logs.lines)
+    trainer = SparkTrainer(ctx.spark, net, GradientSharing())
+    trainer.fit(rdd, epochs=2)
+    trainer.close()
+    ctx.kept["shared"] = trainer
+    c = trainer.stats.counters
+    return {"workers": trainer.workers, "examples": [h["examples"] for h in trainer.history],
+            "replica_max_abs_diff": max(h["replica_max_abs_diff"] for h in trainer.history),
+            "accuracy": accuracy(net, x, y), "prepared": ctx.logs.since(mark, "prepared"),
+            "lane_hosts": lane_hosts(trainer.stats), "udp_addresses": udp_decisions(trainer.stats),
+            "bytes_sent": int(c.get("bytes_sent", 0)), "messages_received": int(c.get("messages_received", 0)),
+            "datagrams_forged": int(c.get("datagrams_forged", 0))}
+
+
+def inference(ctx: Context) -> dict:
+    """evaluate, score and keyed predict on the cluster against the same network on the driver."""
+    if "averaged" not in ctx.kept:
+        averaging_defaults(ctx)
+    trainer, net = ctx.kept["averaged"]
+    x, y = blobs(300, seed=5)
+    rdd = ctx.pairs(x, y, 3)
+    ev = trainer.evaluate(rdd)
+    local = Evaluation(2).eval(y, net.output(x))
+    keyed = ctx.sc.parallelize([(f"row-{i}", x[i]) for i in range(len(x))], 3)
+    predicted = dict(trainer.predict(keyed).collect())
+    trainer.close()
+    expected = net.output(x)
+    keys = [f"row-{i}" for i in range(len(x))]
+    return {"count": ev.count, "confusion": ev.confusion_matrix.tolist(),
+            "local_confusion": local.confusion_matrix.tolist(), "accuracy": ev.accuracy(),
+            "score": trainer.score(rdd), "local_score": float(net.score(x, y)),
+            "predicted_keys_match": sorted(predicted) == sorted(keys),
+            "predict_max_abs_diff": max_abs_diff([predicted[k] for k in keys], expected)
+            if sorted(predicted) == sorted(keys) else None}
+
+
+def checkpoint_resume(ctx: Context) -> dict:
+    """2 epochs with checkpoints, then resume_from to 3, against 3 epochs straight (pinned frequency:
+    "auto" chooses from timings, which differ run to run)."""
+    x, y = blobs(200, seed=6)
+    rdd = ctx.pairs(x, y, 2)
+    master = ParameterAveraging(batch_size_per_worker=10, averaging_frequency=5, workers=2)
+    straight = small_net(seed=7)
+    SparkTrainer(ctx.spark, straight, master).fit(rdd, epochs=3).close()
+    ckpt = os.path.join(ctx.shared, "checkpoints")
+    first = SparkTrainer(ctx.spark, small_net(seed=7), master, checkpoint_dir=ckpt)
+    first.fit(rdd, epochs=2).close()
+    listed = sorted(os.listdir(ckpt))
+    resumed = SparkTrainer(ctx.spark, small_net(seed=99), master, checkpoint_dir=ckpt)  # all from the checkpoint
+    resumed.fit(rdd, epochs=3, resume_from=ckpt).close()
+    return {"checkpoints_after_2": listed, "epochs_done": resumed.epochs_done,
+            "history_epochs": [h["epoch"] for h in resumed.history],
+            "params_max_abs_diff": max_abs_diff(resumed.network.params, straight.params),
+            "updater_max_abs_diff": max_abs_diff(resumed.network.updater_state, straight.updater_state),
+            "iterations": [resumed.network.iteration, straight.iteration]}
+
+
+def stats_page(ctx: Context) -> dict:
+    """The HTML stats page of the sharing fit: one lane per worker host."""
+    if "shared" not in ctx.kept:
+        sharing_defaults(ctx)
+    stats = ctx.kept["shared"].stats
+    path = os.path.join(ctx.shared, "stats.html")
+    stats.to_html(path)
+    page = open(path, encoding="utf-8").read()
+    hosts = lane_hosts(stats)
+    return {"path": path, "bytes": len(page), "lane_hosts": hosts,
+            "hosts_on_page": [h for h in hosts if f"{h}/" in page], "has_svg": "<svg" in page}
+
+
+def _with_kill_marker(ctx: Context, name: str, fit):
+    """Run ``fit()`` with the kill marker set: the first task to start kills its Python worker."""
+    marker = os.path.join(ctx.shared, name)
+    with open(marker, "w") as fh:
+        fh.write("kill the first task that starts\n")
+    ctx.sc.setLocalProperty(KILL_MARKER, marker)
+    try:
+        fit()
+    finally:
+        ctx.sc.setLocalProperty(KILL_MARKER, None)
+    return {"claimed": os.path.exists(marker + ".claimed"), "marker_left": os.path.exists(marker)}
+
+
+def kill_averaging(ctx: Context) -> dict:
+    """Epoch 2 of an averaging fit loses a Python worker: Spark retries the task; the result is a clean run's."""
+    x, y = blobs(200, seed=8)
+    rdd = ctx.pairs(x, y, 2)
+    master = ParameterAveraging(batch_size_per_worker=10, averaging_frequency=5, workers=2)
+    clean = SparkTrainer(ctx.spark, small_net(seed=9), master)
+    clean.fit(rdd, epochs=1).fit(rdd, epochs=1).close()
+    crashed = SparkTrainer(ctx.spark, small_net(seed=9), master)
+    crashed.fit(rdd, epochs=1)
+    out = _with_kill_marker(ctx, "kill-averaging", lambda: crashed.fit(rdd, epochs=1))
+    crashed.close()
+    out.update({"examples": [h["examples"] for h in crashed.history],
+                "params_max_abs_diff": max_abs_diff(crashed.network.params, clean.network.params),
+                "iterations": [crashed.network.iteration, clean.network.iteration]})
+    return out
+
+
+def kill_sharing(ctx: Context) -> dict:
+    """Epoch 2 of a sharing fit loses a Python worker: the driver restarts the epoch once."""
+    n = 200
+    x, y = blobs(n, seed=10)
+    rdd = ctx.pairs(x, y, 2)
+    master = GradientSharing(batch_size_per_worker=10, workers=2, transport=EndpointConfig(stall_timeout=20.0))
+    trainer = SparkTrainer(ctx.spark, small_net(seed=11), master)
+    trainer.fit(rdd, epochs=1)
+    out = _with_kill_marker(ctx, "kill-sharing", lambda: trainer.fit(rdd, epochs=1))
+    trainer.close()
+    out.update({"n": n, "stage_restarts": int(trainer.stats.counters.get("stage_restarts", 0)),
+                "examples": [h["examples"] for h in trainer.history],
+                "replica_max_abs_diff": max(h["replica_max_abs_diff"] for h in trainer.history),
+                "accuracy": accuracy(trainer.network, x, y)})
+    return out
+
+
+def shared_dir(ctx: Context) -> dict:
+    """DataOptions(shared_dir=...) at a folder every host sees: files there, and the same training as
+    through Spark blocks; both masters."""
+    x, y = blobs(200, seed=12)
+    rdd = ctx.pairs(x, y, 2)
+    folder = os.path.join(ctx.shared, "minibatches")
+    os.makedirs(folder, exist_ok=True)
+    base = dict(batch_size_per_worker=10, averaging_frequency=5, workers=2)
+    blocks = small_net(seed=13)
+    SparkTrainer(ctx.spark, blocks, ParameterAveraging(**base)).fit(rdd, epochs=1).close()
+    files = small_net(seed=13)
+    mark = len(ctx.logs.lines)
+    trainer = SparkTrainer(ctx.spark, files, ParameterAveraging(**base, data=DataOptions(shared_dir=folder)))
+    trainer.fit(rdd, epochs=1)
+    written = sorted(os.listdir(os.path.join(folder, d)) for d in os.listdir(folder))
+    trainer.close()
+    left = os.listdir(folder)
+    sharing = SparkTrainer(ctx.spark, small_net(seed=14),
+                           GradientSharing(batch_size_per_worker=10, workers=2, data=DataOptions(shared_dir=folder)))
+    sharing.fit(rdd, epochs=1).close()
+    return {"prepared": ctx.logs.since(mark, "prepared"), "files_per_fit": [len(w) for w in written],
+            "npz": all(name.endswith(".npz") for w in written for name in w), "left_after_close": left,
+            "params_max_abs_diff_vs_blocks": max_abs_diff(files.params, blocks.params),
+            "lane_hosts": lane_hosts(trainer.stats), "sharing_examples": sharing.history[0]["examples"],
+            "sharing_replica_max_abs_diff": sharing.history[0]["replica_max_abs_diff"]}
+
+
+def private_dir(ctx: Context) -> dict:
+    """shared_dir at a folder only the driver host sees (its private /tmp): the fit must fail, saying so."""
+    x, y = blobs(40, seed=15)
+    rdd = ctx.pairs(x, y, 2)
+    master = ParameterAveraging(batch_size_per_worker=10, averaging_frequency=1, workers=2,
+                                data=DataOptions(shared_dir="/tmp/sparkavg-not-shared"))
+    try:
+        SparkTrainer(ctx.spark, small_net(seed=16), master).fit(rdd, epochs=1).close()
+    except Exception as exc:  # what the user would see
+        return {"raised": type(exc).__name__, "message": str(exc)[:3000]}
+    return {"raised": None, "message": ""}
+
+
+def mesh(ctx: Context) -> dict:
+    """GradientSharing(topology=MESH) on every worker, UDP addresses chosen by network_mask."""
+    workers = int(ctx.sc.defaultParallelism)
+    x, y = blobs(100 * workers, seed=17)
+    rdd = ctx.pairs(x, y, workers)
+    trainer = SparkTrainer(ctx.spark, small_net(seed=18),
+                           GradientSharing(topology=Topology.MESH, network_mask=ctx.network_mask,
+                                           batch_size_per_worker=10, workers=workers))
+    trainer.fit(rdd, epochs=2).close()
+    return {"workers": workers, "n": len(x), "examples": [h["examples"] for h in trainer.history],
+            "replica_max_abs_diff": max(h["replica_max_abs_diff"] for h in trainer.history),
+            "accuracy": accuracy(trainer.network, x, y), "lane_hosts": lane_hosts(trainer.stats),
+            "udp_addresses": udp_decisions(trainer.stats),
+            "messages_received": int(trainer.stats.counters.get("messages_received", 0))}
+
+
+SCENARIOS = {f.__name__: f for f in (averaging_defaults, sharing_defaults, inference, checkpoint_resume, stats_page,
+                                     kill_averaging, kill_sharing, shared_dir, private_dir, mesh)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--conf", required=True, help="JSON object of Spark settings (spark.master included)")
+    p.add_argument("--shared", required=True, help="a folder every host reads and writes")
+    p.add_argument("--network-mask", default=None, help="GradientSharing.network_mask of the mesh scenario")
+    p.add_argument("scenarios", nargs="+", choices=sorted(SCENARIOS))
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs = LogCapture()
+    logging.getLogger("sparkavg").addHandler(logs)
+    logging.getLogger("sparkavg").setLevel(logging.INFO)
+
+    from pyspark.sql import SparkSession
+
+    conf = json.loads(args.conf)
+    builder = SparkSession.builder.appName("sparkavg-cluster-tests")
+    for key, value in {**recommended_conf(conf["spark.master"]), **conf}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    out = {"driver_host": socket.gethostname(), "results": {}, "errors": {}, "seconds": {}}
+    ctx = Context(spark, args.shared, args.network_mask, logs)
+    try:
+        for name in args.scenarios:
+            began = time.monotonic()
+            try:
+                out["results"][name] = SCENARIOS[name](ctx)
+            except Exception:
+                out["errors"][name] = traceback.format_exc()[-6000:]
+            out["seconds"][name] = round(time.monotonic() - began, 2)
+    finally:
+        spark.stop()
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

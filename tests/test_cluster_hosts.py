@@ -1,0 +1,198 @@
+"""Every feature across hosts: Spark standalone on simulated hosts (each
+worker its own network namespace and private /tmp; sparkavg.testing).
+
+One driver program (tests/cluster_driver.py) runs the 2-host scenarios in
+one SparkSession, since every driver JVM costs 15-30 s; each test below
+checks one scenario.  A 3-host cluster runs gradient sharing with MESH, and
+the README's main command runs with ``--master spark://...`` in both modes.
+Where namespaces cannot be made the fixtures skip, saying why (fail instead
+under SPARKAVG_REQUIRE_SIMHOSTS=1, or on CI as root).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[1]
+DRIVER = REPO / "tests" / "cluster_driver.py"
+EXAMPLE = REPO / "examples" / "mnist_lenet.py"
+
+TWO_HOST_SCENARIOS = ["averaging_defaults", "sharing_defaults", "inference", "stats_page", "checkpoint_resume",
+                      "shared_dir", "private_dir", "kill_averaging", "kill_sharing"]
+
+# The JVMs only schedule here: the quick JIT starts them sooner on a small machine.
+QUICK_JVMS = {"spark.ui.enabled": "false",
+              "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+              "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
+
+
+@pytest.fixture(scope="module")
+def shared_folder(request):
+    """A folder every simulated host reads and writes: under the repository
+    (pytest's cache folder, git-ignored), not under the hosts' private /tmp."""
+    root = Path(request.config.cache.mkdir("sparkavg-shared"))
+    folder = tempfile.mkdtemp(prefix="cluster-hosts-", dir=root)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_cluster_driver(cluster, shared: str, scenarios, timeout: float = 600, network_mask=None) -> dict:
+    """Run tests/cluster_driver.py on the cluster's driver host; its JSON line."""
+    argv = [sys.executable, str(DRIVER), "--conf", json.dumps({**cluster.spark_conf(), **QUICK_JVMS}),
+            "--shared", shared, *(["--network-mask", network_mask] if network_mask else []), *scenarios]
+    done = cluster.run_driver(argv, cwd=str(REPO), timeout=timeout)
+    lines = done.stdout.strip().splitlines()
+    assert done.returncode == 0 and lines, (f"the cluster driver exited with {done.returncode}; "
+                                            f"stderr:\n{done.stderr[-5000:]}")
+    out = json.loads(lines[-1])
+    out["stderr"] = done.stderr
+    return out
+
+
+def scenario(run: dict, name: str) -> dict:
+    """One scenario's results; the scenario's own traceback when it raised on the cluster."""
+    if name in run["errors"]:
+        pytest.fail(f"scenario {name} raised in the driver program:\n{run['errors'][name]}")
+    return run["results"][name]
+
+
+@pytest.fixture(scope="module")
+def two_hosts(sim_cluster, shared_folder):
+    run = run_cluster_driver(sim_cluster, shared_folder, TWO_HOST_SCENARIOS)
+    assert run["driver_host"] == "driver"
+    return run
+
+
+def worker_names(cluster):
+    return sorted(h.name for h in cluster.hosts)
+
+
+def minibatches_prepared(lines) -> int:
+    match = re.match(r"prepared \d+ examples in (\d+) minibatches", lines[0])
+    assert match, f"expected 'prepared N examples in M minibatches' from the trainer, got {lines}"
+    return int(match.group(1))
+
+
+def test_averaging_at_its_defaults_trains_across_hosts_through_spark_blocks(two_hosts, sim_cluster):
+    r = scenario(two_hosts, "averaging_defaults")
+    assert r["workers"] == 2 and r["examples"] == [800, 800]
+    # No shared filesystem here (private /tmp per host): minibatches must travel as Spark blocks.
+    assert len(r["prepared"]) == 1 and r["prepared"][0].endswith("(Spark blocks)"), r["prepared"]
+    assert r["lane_hosts"] == worker_names(sim_cluster)  # both worker hosts trained
+    assert all(isinstance(f, int) and f >= 1 for f in r["averaging_frequency"]), r["averaging_frequency"]
+    assert r["accuracy"] > 0.9
+
+
+def test_sharing_at_its_defaults_trains_across_hosts_over_udp(two_hosts, sim_cluster):
+    r = scenario(two_hosts, "sharing_defaults")
+    assert r["workers"] == 2 and r["examples"] == [800, 800]
+    assert r["prepared"][0].endswith("(Spark blocks)"), r["prepared"]
+    assert r["lane_hosts"] == worker_names(sim_cluster)
+    assert r["replica_max_abs_diff"] < 1e-5 and r["accuracy"] > 0.9
+    # Every update crossed the link: each worker received each of the other's messages, every epoch.
+    assert r["messages_received"] == 2 * minibatches_prepared(r["prepared"])
+    assert r["datagrams_forged"] == 0
+
+
+def test_each_sharing_worker_binds_its_hosts_cluster_address(two_hosts, sim_cluster):
+    r = scenario(two_hosts, "sharing_defaults")
+    chosen = r["udp_addresses"]
+    assert {d["value"] for d in chosen} == {h.ip for h in sim_cluster.hosts}, chosen
+    assert not any(d["value"].startswith("127.") for d in chosen)
+    for d in chosen:  # no network_mask, no SPARKAVG_IP: the executor's Spark host
+        assert f"Spark host '{d['value']}'" in d["reason"], d
+
+
+def test_evaluate_score_and_keyed_predict_match_the_network_on_the_driver(two_hosts):
+    r = scenario(two_hosts, "inference")
+    assert r["count"] == 300
+    assert r["confusion"] == r["local_confusion"]
+    assert r["score"] == pytest.approx(r["local_score"], rel=1e-4, abs=1e-7)
+    assert r["predicted_keys_match"], "keyed predict lost or invented keys"
+    assert r["predict_max_abs_diff"] < 1e-5
+
+
+def test_stats_page_has_a_lane_per_worker_host(two_hosts, sim_cluster):
+    r = scenario(two_hosts, "stats_page")
+    assert r["lane_hosts"] == worker_names(sim_cluster)
+    assert r["hosts_on_page"] == r["lane_hosts"]
+    page = Path(r["path"]).read_text(encoding="utf-8")  # written by the driver host, read here
+    assert "<svg" in page and "http://" not in page and "https://" not in page
+
+
+def test_checkpoints_and_resume_from_continue_exactly(two_hosts):
+    r = scenario(two_hosts, "checkpoint_resume")
+    assert r["checkpoints_after_2"] == ["epoch-00001", "epoch-00002"]
+    assert r["epochs_done"] == 3 and r["history_epochs"] == [1, 2, 3]
+    assert r["params_max_abs_diff"] <= 1e-6 and r["updater_max_abs_diff"] <= 1e-6
+    assert r["iterations"][0] == r["iterations"][1]
+
+
+def test_shared_dir_every_host_sees_trains_as_spark_blocks_do(two_hosts, sim_cluster, shared_folder):
+    r = scenario(two_hosts, "shared_dir")
+    assert r["prepared"] and all(line.endswith("(shared files)") for line in r["prepared"]), r["prepared"]
+    assert r["files_per_fit"] == [20] and r["npz"]
+    assert r["lane_hosts"] == worker_names(sim_cluster)  # the files were read on the worker hosts
+    assert r["params_max_abs_diff_vs_blocks"] <= 1e-6
+    assert r["sharing_examples"] == 200 and r["sharing_replica_max_abs_diff"] < 1e-5
+    assert r["left_after_close"] == [] and os.listdir(os.path.join(shared_folder, "minibatches")) == []
+
+
+def test_shared_dir_that_only_the_driver_sees_fails_naming_it(two_hosts):
+    r = scenario(two_hosts, "private_dir")
+    assert r["raised"] == "WorkerFailure", r
+    assert "/tmp/sparkavg-not-shared" in r["message"] and "shared location" in r["message"], r["message"]
+
+
+def test_killed_averaging_worker_is_retried_and_the_fit_equals_a_clean_one(two_hosts):
+    r = scenario(two_hosts, "kill_averaging")
+    assert r["claimed"] and not r["marker_left"], "no Python worker died"
+    assert r["examples"] == [200, 200]
+    assert r["params_max_abs_diff"] <= 1e-6 and r["iterations"][0] == r["iterations"][1]
+
+
+def test_killed_sharing_worker_restarts_the_epoch_once(two_hosts):
+    r = scenario(two_hosts, "kill_sharing")
+    assert r["claimed"] and not r["marker_left"], "no Python worker died"
+    assert r["stage_restarts"] == 1
+    assert r["examples"] == [r["n"], r["n"]]  # the restarted epoch trained every example once
+    assert r["replica_max_abs_diff"] < 1e-5
+
+
+def test_sharing_mesh_on_three_hosts(sim_cluster_factory, shared_folder):
+    cluster = sim_cluster_factory(workers=3, cores_per_worker=1, memory="1g")
+    run = run_cluster_driver(cluster, shared_folder, ["mesh"], network_mask=str(cluster.subnet))
+    r = scenario(run, "mesh")
+    assert r["workers"] == 3 and r["examples"] == [r["n"], r["n"]]
+    assert r["lane_hosts"] == worker_names(cluster)
+    assert r["replica_max_abs_diff"] < 1e-5 and r["accuracy"] > 0.9
+    # Through the relay tree every rank still got every other rank's message of every iteration.
+    iterations = r["n"] // 10 // 3
+    assert r["messages_received"] == 3 * 2 * iterations * 2
+    assert {d["value"] for d in r["udp_addresses"]} == {h.ip for h in cluster.hosts}, r["udp_addresses"]
+    assert all(f"network_mask '{cluster.subnet}'" in d["reason"] for d in r["udp_addresses"])
+
+
+@pytest.mark.parametrize("mode", ["averaging", "sharing"])
+def test_readme_main_command_with_a_cluster_master(sim_cluster, fashion_dir, mode):
+    report = f"/tmp/lenet-{mode}.json"  # on the driver host's private /tmp
+    done = sim_cluster.run_driver(
+        [sys.executable, str(EXAMPLE), "--mode", mode, "--epochs", "1", "--master", sim_cluster.master_url,
+         "--workers", "2", "--data-dir", str(fashion_dir), "--limit-train", "2000", "--limit-test", "500",
+         "--report", report], cwd=str(REPO), timeout=600)
+    assert done.returncode == 0, done.stderr[-5000:]
+    result = json.loads(sim_cluster.host_path("driver", report).read_text())
+    assert result["workers"] == 2 and result["train_examples"] == 2000
+    assert result["epochs_detail"][0]["examples_per_second"] > 0
+    assert result["test_accuracy"] > 0.4  # chance is 0.1
+    if mode == "sharing":
+        assert result["replica_max_abs_diff"] < 1e-4 and result["bytes_sent"] > 0

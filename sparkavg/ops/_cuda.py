@@ -37,7 +37,7 @@ from ._checks import (
     non_finite_error,
 )
 from ._kernels import OPERATIONS
-from .reference_conv import (  # xp-generic: run as they are on CuPy arrays
+from .reference_conv import (  # noqa: F401 -- xp-generic: they run on CuPy arrays as they are
     avgpool_backward,
     avgpool_forward,
     col2im,

@@ -175,7 +175,8 @@ def _decode_as(encoded, target, expected_flag: int, name: str, other: str):
     flag, count, tau = _read_header(enc, target.size)
     if flag != expected_flag:
         raise ValueError(
-            f"Expect a {name} message (header flag {expected_flag}), got flag {flag}: use {other} or decode"
+            f"Expect a {name} message (header flag {expected_flag}), got flag {flag}: "
+            f"use {other} or decode"
         )
     return _decode_body(flag, count, tau, enc, msg_kind, target, kind)
 

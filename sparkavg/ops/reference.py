@@ -55,7 +55,7 @@ from ._checks import (
     non_finite_error,
 )
 from ._kernels import KERNELS, OPERATIONS
-from .reference_conv import (
+from .reference_conv import (  # noqa: F401 -- re-exported: the conv twins
     avgpool_backward,
     avgpool_forward,
     col2im,

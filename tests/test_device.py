@@ -10,6 +10,7 @@ CPU with the reason recorded, ``gpu`` fails with a clear permanent error and
 CuPy is unusable on them even on a machine with a GPU.
 """
 import json
+import re
 import logging
 import os
 import subprocess
@@ -338,7 +339,7 @@ def test_gpu_in_a_sharing_fit_raises_the_device_error_on_the_driver(gpu_cluster)
     r = out["gpu_sharing"]
     assert r["type"] == "DeviceError" and r["permanent"], r
     assert "Expect a usable GPU for device='gpu' (Spark assigned this task GPU address" in r["message"]
-    assert "[worker rank " in r["message"]
+    assert re.search(r"\[gradient-sharing epoch 1: worker rank \d, epoch 1\]", r["message"]), r["message"]
     assert r["stage_restarts"] == 0  # permanent: the driver did not restart the epoch
     # The failing rank fails its barrier task so that Spark aborts the stage; the driver
     # restarts no epoch for a permanent error.

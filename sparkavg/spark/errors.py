@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import re
+from typing import Optional
 
 from ..configurable import ConfigError
 from ..data.validation import DataValidationError
@@ -88,14 +89,18 @@ def _where(context: dict) -> str:
 
 
 @contextlib.contextmanager
-def task_failure_guard(failures: list, **context):
+def task_failure_guard(failures: Optional[list], **context):
     """Executor side: turn a permanent error inside into a :class:`TaskFailure`
-    appended to ``failures``; mark any other error with its origin and re-raise."""
+    appended to ``failures``; mark any other error with its origin and re-raise.
+
+    With ``failures=None`` every error is marked and re-raised: a barrier
+    task must fail, not return, or its peers would wait for it forever
+    (Spark never retries a barrier stage; the driver decides)."""
     try:
         yield
     except Exception as exc:
         where = _where(context)
-        if is_permanent(exc):
+        if failures is not None and is_permanent(exc):
             failures.append(TaskFailure(type(exc).__name__, str(exc), where))
             return
         note = json.dumps({"kind": type(exc).__name__, "message": str(exc)[:2000], "where": where})

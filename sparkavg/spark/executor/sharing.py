@@ -20,7 +20,7 @@ from ..errors import DivergenceError, register_error, task_failure_guard
 from ..stats import CounterName, Phase, PhaseRecorder, SeriesName, task_lane
 from .averaging import check_finite
 from .context import Record, cached_network, host_copy, load_state
-from .device import DeviceError, task_device
+from .device import task_device
 from .minibatches import recorded_minibatches
 
 __all__ = ["SharingResult", "make_sharing_task"]
@@ -71,17 +71,11 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
             hooks.on_task_start()
         ctx = BarrierTaskContext.get()
         rank = ctx.partitionId()
-        # Outside the guard: a rank without its device fails its task, and Spark aborts the barrier
-        # stage.  Returned as a result, the error would leave the other ranks waiting in allGather.
-        try:
-            choice = task_device(device, ctx)
-        except DeviceError as exc:
-            raise DeviceError(f"{exc} [worker rank {rank}]") from None
-        failures: list = []
-        result = None
-        with task_failure_guard(failures, rank=rank, epoch=epoch + 1):
-            result = _epoch(items, ctx, rank, choice)
-        yield failures[0] if failures else result
+        # Every error fails the task (marked with its origin), and Spark aborts the barrier stage:
+        # returned as a result, it would leave the other ranks waiting in allGather forever.
+        with task_failure_guard(None, **{"worker rank": rank, "epoch": epoch + 1}):
+            result = _epoch(items, ctx, rank, task_device(device, ctx))
+        yield result
 
     def _epoch(items, ctx, rank: int, choice) -> SharingResult:
         infos = ctx.getTaskInfos()

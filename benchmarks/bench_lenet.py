@@ -60,7 +60,8 @@ def main(argv=None):
         os.environ[var] = str(args.threads)
     import torch
 
-    from sparkavg.nn import Adam, kernels, lenet
+    from sparkavg import ops
+    from sparkavg.nn import Adam, lenet
     from sparkavg.threads import set_threads
 
     torch.set_num_threads(args.threads)
@@ -128,7 +129,7 @@ def main(argv=None):
         "sparkavg_ms": ours_s["median_ms"],
         "torch_ms": theirs_s["median_ms"],
         "ratio": ours_s["median_ms"] / theirs_s["median_ms"],
-        "cython_kernels": kernels.extension_available(),
+        "cython_kernels": ops.have_extension(),
         "torch_version": torch.__version__,
         "numpy_version": np.__version__,
         "python": platform.python_version(),

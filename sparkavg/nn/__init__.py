@@ -3,8 +3,8 @@ updater state, array-module generic (numpy or CuPy).
 
 Modules: :mod:`.network` (``Network``), :mod:`.layers`, :mod:`.output`
 (the loss layer), :mod:`.updaters`,
-:mod:`.activations`, :mod:`.initializers`, :mod:`.kernels` (im2col /
-pooling, Cython-backed), :mod:`.serialization` (npz model files),
+:mod:`.activations`, :mod:`.initializers`, :mod:`.serialization` (npz
+model files); im2col and pooling kernels are in :mod:`sparkavg.ops.conv`,
 :mod:`.zoo` (``lenet``).
 """
 from . import zoo

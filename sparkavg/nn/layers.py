@@ -12,7 +12,7 @@ Shapes.  Users speak NCHW: a network's ``input_shape`` is (C, H, W) or
 (features,), and :attr:`Layer.output_shape` uses the same convention.
 Inside, feature maps travel channels-last, (N, H, W, C), because im2col
 rows are then contiguous runs of KW*C values and a convolution is one GEMM
-(see :mod:`sparkavg.nn.kernels`).  Consequences that show in the flat
+(see :mod:`sparkavg.ops.conv`).  Consequences that show in the flat
 parameter vector: a Conv2D kernel is stored as (KH, KW, C_in, F), and a
 Dense layer after a convolution sees its input flattened in (H, W, C)
 order.  Dense weights are (n_in, n_out).

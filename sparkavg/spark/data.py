@@ -14,6 +14,11 @@ minibatches live where :class:`~sparkavg.spark.masters.DataOptions` says:
 :func:`deal` assigns minibatch ids to ``rounds[r][w]``; every id appears
 exactly once, so every example trains exactly once per epoch (DL4J's
 oversized-partition flaw fixed).
+
+A DataFrame travels as Arrow record batches on both Spark flavours
+(:func:`minibatch_frame`, :class:`ExampleFrame`; the executor side is
+:mod:`sparkavg.spark.executor.arrow`): features and labels are validated
+and reshaped per record batch, never row by row through Python objects.
 """
 from __future__ import annotations
 
@@ -27,7 +32,8 @@ from ..data.validation import DataSpec, DataValidationError, rebatch_partition
 from .errors import TaskFailure, executor_errors, guarded_partitions, raise_failures
 from .storage import SharedLocation, load_minibatch, save_minibatch
 
-__all__ = ["as_example_rdd", "PreparedData", "prepare", "deal", "EpochPlan", "placement_for", "load_minibatch"]
+__all__ = ["as_example_rdd", "ExampleFrame", "minibatch_frame", "check_columns", "require_arrow", "PreparedData", "prepare", "deal",
+           "EpochPlan", "placement_for", "load_minibatch"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,30 +42,98 @@ def is_dataframe(data) -> bool:
     return hasattr(data, "columns") and hasattr(data, "select")
 
 
-def as_example_rdd(data, features_col: str = "features", label_col: str = "label"):
-    """An RDD whose rows are ``(features, label)`` pairs or minibatches.
+def check_columns(df, features_col: str, label_col: Optional[str]) -> None:
+    """Raise :class:`DataValidationError` naming the columns ``df`` lacks."""
+    wanted = [c for c in (features_col, label_col) if c is not None]
+    missing = [c for c in wanted if c not in df.columns]
+    if missing:
+        what = f"{features_col!r} (features)" + (f" and {label_col!r} (label)" if label_col is not None else "")
+        raise DataValidationError(f"Expect DataFrame columns {what}, missing {missing}; columns are {df.columns}")
 
-    A DataFrame is read from ``features_col`` (array or ML vector column)
-    and ``label_col``; an RDD is returned as it is.
+
+def require_arrow() -> None:
+    """DataFrames reach sparkavg through ``mapInArrow``: pyarrow and pandas (pyspark's needs)."""
+    try:
+        import pandas  # noqa: F401
+        import pyarrow  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(f"Expect pyarrow and pandas to read DataFrames (they travel as Arrow batches): "
+                          f"pip install 'sparkavg[connect]'; got {exc}") from exc
+
+
+def minibatch_frame(df, spec: DataSpec, batch_size: int, features_col: str, label_col: str,
+                    folder: Optional[str] = None):
+    """``df``'s examples validated and cut into minibatches by one ``mapInArrow``
+    (both Spark flavours): rows ``(id, n, x, y, error)``, or with ``folder``
+    ``(id, n, path, error)`` after writing each minibatch there.  Partitions
+    keep their order; ``id`` is ``partition << 32 | index``."""
+    from .executor.arrow import MINIBATCH_FILE_SCHEMA, MINIBATCH_SCHEMA, make_minibatcher
+
+    check_columns(df, features_col, label_col)
+    require_arrow()
+    schema = MINIBATCH_FILE_SCHEMA if folder is not None else MINIBATCH_SCHEMA
+    return df.select(features_col, label_col).mapInArrow(
+        make_minibatcher(spec, batch_size, features_col, label_col, folder), schema)
+
+
+class ExampleFrame:
+    """A DataFrame of examples read through Arrow (both Spark flavours).
+
+    What :func:`as_example_rdd` returns for a DataFrame: :func:`prepare`
+    validates and minibatches it in one ``mapInArrow`` job
+    (:func:`minibatch_frame`), and the evaluation jobs see an RDD of
+    ``(x, y)`` chunks, one per Arrow record batch, through
+    :meth:`mapPartitionsWithIndex` -- never a Python object per row.
+    """
+
+    def __init__(self, df, features_col: str, label_col: str):
+        check_columns(df, features_col, label_col)
+        require_arrow()
+        self.df, self.features_col, self.label_col = df, features_col, label_col
+
+    def example_rdd(self):
+        """An RDD (classic sessions) of ``(x, y)`` chunks in partition order."""
+        from .executor.arrow import EXAMPLE_SCHEMA, failure_from_row, from_npy, make_example_decoder
+
+        frame = self.df.select(self.features_col, self.label_col).mapInArrow(
+            make_example_decoder(self.features_col, self.label_col), EXAMPLE_SCHEMA)
+
+        def decode(rows):
+            for row in rows:
+                failure = failure_from_row(row[2])
+                if failure is not None:  # raised inside the task's own guard, as its own type
+                    raise failure.to_exception("reading the DataFrame")
+                yield from_npy(row[0]), from_npy(row[1])
+
+        return frame.rdd.mapPartitions(decode, preservesPartitioning=True)
+
+    def mapPartitionsWithIndex(self, f):
+        return self.example_rdd().mapPartitionsWithIndex(f)
+
+    def mapPartitions(self, f):
+        return self.example_rdd().mapPartitions(f)
+
+
+def as_example_rdd(data, features_col: str = "features", label_col: str = "label"):
+    """Rows of ``(features, label)`` pairs or minibatches.
+
+    A DataFrame becomes an :class:`ExampleFrame` (Arrow batches of its
+    ``features_col``: array or ml Vector column, and ``label_col``); an RDD
+    is returned as it is.
     """
     if is_dataframe(data):
-        missing = [c for c in (features_col, label_col) if c not in data.columns]
-        if missing:
-            raise DataValidationError(
-                f"Expect DataFrame columns {features_col!r} (features) and {label_col!r} (label), "
-                f"missing {missing}; columns are {data.columns}")
-        return data.select(features_col, label_col).rdd.map(_row_to_pair)
+        return ExampleFrame(data, features_col, label_col)
     if hasattr(data, "mapPartitions"):
         return data
     raise TypeError(f"Expect an RDD of (features, label) pairs or minibatches, or a DataFrame, "
                     f"got {type(data).__name__}")
 
 
-def _row_to_pair(row):
-    features, label = row[0], row[1]
-    if hasattr(features, "toArray"):  # pyspark.ml.linalg.Vector
-        features = features.toArray()
-    return np.asarray(features, dtype=np.float32), label
+def frame_failures(rows, what: str) -> None:
+    """Raise the first failure among collected rows' ``error`` column."""
+    from .executor.arrow import failure_from_row
+
+    raise_failures([failure_from_row(e) for e in rows if e], what)
 
 
 @dataclass
@@ -111,8 +185,11 @@ def prepare(rdd, spec: DataSpec, batch_size: int, location: Optional[SharedLocat
     """Validate and minibatch ``rdd`` once (one Spark job).
 
     With a ``location`` the minibatches are written there (the location is
-    released with the data); else they are persisted as Spark blocks.
+    released with the data); else they are persisted as Spark blocks.  A
+    DataFrame (:class:`ExampleFrame`) is validated and cut through Arrow.
     """
+    if isinstance(rdd, ExampleFrame):
+        return _prepare_frame(rdd, spec, batch_size, location, storage_level)
     if location is not None:
         try:
             folder = location.make()
@@ -124,9 +201,14 @@ def prepare(rdd, spec: DataSpec, batch_size: int, location: Optional[SharedLocat
             raise
         meta.sort()
         return PreparedData([n for _, n in meta], paths=[p for p, _ in meta], location=location)
+    return _persist_blocks(rdd.mapPartitionsWithIndex(guarded_partitions(rebatch_partition(spec, batch_size))),
+                           storage_level)
+
+
+def _persist_blocks(mb, storage_level: str) -> PreparedData:
+    """Persist an RDD of ``(x, y)`` minibatches as ``(i, (x, y))`` blocks."""
     from pyspark import StorageLevel
 
-    mb = rdd.mapPartitionsWithIndex(guarded_partitions(rebatch_partition(spec, batch_size)))
     mb = mb.zipWithIndex().map(lambda t: (t[1], t[0])).persist(getattr(StorageLevel, storage_level))
     try:
         with executor_errors("minibatching"):
@@ -138,6 +220,41 @@ def prepare(rdd, spec: DataSpec, batch_size: int, location: Optional[SharedLocat
         raise
     meta.sort()
     return PreparedData([n for _, n in meta], rdd=mb)
+
+
+def _prepare_frame(examples: ExampleFrame, spec: DataSpec, batch_size: int, location: Optional[SharedLocation],
+                   storage_level: str) -> PreparedData:
+    """:func:`prepare` for a DataFrame on a classic session (Arrow minibatching)."""
+    from .executor.arrow import from_npy
+
+    args = (examples.df, spec, batch_size, examples.features_col, examples.label_col)
+    if location is not None:
+        try:
+            folder = location.make()
+            with executor_errors("writing minibatches to the shared location"):
+                rows = minibatch_frame(*args, folder=folder).collect()
+            frame_failures([r[3] for r in rows], "minibatching")
+        except BaseException:
+            location.release()
+            raise
+        meta = sorted((r[0], r[1], r[2]) for r in rows)
+        return PreparedData([n for _, n, _ in meta], paths=[p for _, _, p in meta], location=location)
+
+    def decode(rows):
+        for row in rows:
+            failure = failure_from_row(row[4])
+            yield failure if failure is not None else (from_npy(row[2]), from_npy(row[3]))
+
+    from pyspark import StorageLevel
+
+    from .executor.arrow import failure_from_row
+
+    # The Arrow job runs once: zipWithIndex's counting pass and the blocks' own read its cached output.
+    frame = minibatch_frame(*args).persist(getattr(StorageLevel, storage_level))
+    try:
+        return _persist_blocks(frame.rdd.mapPartitions(decode, preservesPartitioning=True), storage_level)
+    finally:
+        frame.unpersist()
 
 
 def deal(num_batches: int, workers: int, per_round: int, seed: Optional[int]) -> List[List[List[int]]]:

@@ -1,0 +1,453 @@
+"""Arrow on the executors: DataFrame columns in, task results out.
+
+Both Spark flavours read a DataFrame's examples the same way: each Arrow
+record batch of a ``mapInArrow`` task becomes numpy arrays in a few
+vectorised steps -- no Python object per row.
+
+- :func:`features_matrix` turns a features column (``array<float>``,
+  ``array<double>``, any numeric array, or an ml ``Vector``: Spark's
+  ``struct<type, size, indices, values>``, dense or sparse) into a
+  float32 ``(n, width)`` matrix through the list offsets; :func:`label_array`
+  reads class indices, one-hot rows or regression targets.  Given a
+  :class:`~sparkavg.data.validation.DataSpec` they validate as
+  :func:`~sparkavg.data.validation.rebatch_partition` does and name the
+  partition and row of the first bad value, with the same messages.
+- :func:`make_minibatcher` is the ``mapInArrow`` function that validates
+  and cuts a partition into minibatches of ``batch_size`` once per fit:
+  rows ``(id, n, x, y)`` with ``.npy`` bytes, or ``(id, n, path)`` for
+  minibatches written to a shared location.
+- :func:`examples_from_batches` gives the evaluation tasks ``(x, y)``
+  chunks, one per record batch (their own ``rebatch`` validates them).
+
+Task results travel as :mod:`.plain` values; :mod:`.adapters` runs the
+tasks inside Spark Connect jobs.
+"""
+from __future__ import annotations
+
+import io
+import json
+from typing import Callable, Iterable, Iterator, List, Optional
+
+import numpy as np
+
+from ...data.validation import DataSpec, DataValidationError
+from ..errors import TaskFailure, task_failure_guard
+from .context import task_partition
+
+__all__ = [
+    "MINIBATCH_SCHEMA",
+    "MINIBATCH_FILE_SCHEMA",
+    "EXAMPLE_SCHEMA",
+    "features_matrix",
+    "label_array",
+    "batch_column",
+    "row_namer",
+    "make_minibatcher",
+    "make_example_decoder",
+    "examples_from_batches",
+    "npy_bytes",
+    "from_npy",
+    "failure_from_row",
+]
+
+#: Prepared minibatches kept in Spark: id = partition << 32 | index in the partition;
+#: a permanent error ends a partition with one row holding only ``error`` (JSON).
+MINIBATCH_SCHEMA = "id long, n int, x binary, y binary, error string"
+#: Prepared minibatches written to a shared location.
+MINIBATCH_FILE_SCHEMA = "id long, n int, path string, error string"
+#: Unvalidated example chunks for evaluation (flat features, raw labels).
+EXAMPLE_SCHEMA = "x binary, y binary, error string"
+
+#: Minibatches per output record batch (bounds an Arrow binary column's size).
+_ROWS_PER_BATCH = 16
+
+
+def _pa():
+    import pyarrow
+
+    return pyarrow
+
+
+def _partition() -> int:
+    return task_partition() or 0
+
+
+# ---------------------------------------------------------------- columns
+def _first(mask: np.ndarray) -> int:
+    return int(np.flatnonzero(mask)[0])
+
+
+def _null_rows(column) -> Optional[np.ndarray]:
+    if column.null_count == 0:
+        return None
+    return ~np.asarray(column.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _numeric_values(values, where: Callable[[int], str], what: str) -> np.ndarray:
+    """A flat numeric Arrow array as float32 numpy (nulls named by ``where``)."""
+    pa = _pa()
+    if not (pa.types.is_floating(values.type) or pa.types.is_integer(values.type)
+            or pa.types.is_boolean(values.type)):
+        raise DataValidationError(f"Bad {what}: expected numbers, got {values.type} values")
+    nulls = _null_rows(values)
+    if nulls is not None:
+        raise DataValidationError(f"Bad {what} at {where(_first(nulls))}: expected numbers, got a null element")
+    return np.asarray(values.to_numpy(zero_copy_only=False)).astype(np.float32, copy=False)
+
+
+def _list_parts(column):
+    """``(lengths, flat values, starts)`` of a list-typed Arrow array (slices respected)."""
+    pa = _pa()
+    if pa.types.is_fixed_size_list(column.type):
+        size = column.type.list_size
+        lengths = np.full(len(column), size, np.int64)
+        return lengths, column.flatten(), np.arange(len(column), dtype=np.int64) * size
+    offsets = np.asarray(column.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
+    starts = offsets[:-1] - offsets[0]
+    return np.diff(offsets), column.flatten(), starts
+
+
+def _element_rows(starts: np.ndarray, where: Callable[[int], str]) -> Callable[[int], str]:
+    """``where`` for an element index of a list column's flat values."""
+    return lambda e: where(int(np.searchsorted(starts, e, side="right") - 1))
+
+
+def _vector_matrix(column, width: Optional[int], where, what: str, note: str):
+    """Rows of an ml Vector column (struct type/size/indices/values) as float32 (n, width)."""
+    kind_arr, size_arr, idx_arr, val_arr = column.flatten()
+    n = len(column)
+    kinds = np.asarray(kind_arr.to_numpy(zero_copy_only=False), dtype=np.int64)
+    v_len, v_flat, v_starts = _list_parts(val_arr)
+    values = _numeric_values(v_flat, _element_rows(v_starts, where), what)
+    dense = kinds == 1
+    sizes = np.where(dense, v_len, np.asarray(size_arr.fill_null(-1).to_numpy(zero_copy_only=False), np.int64))
+    if width is None:
+        width = int(sizes[0]) if n else 0
+        if n and np.any(sizes != width):
+            return None
+    bad = sizes != width
+    if np.any(bad):
+        i = _first(bad)
+        raise DataValidationError(f"Bad {what} at {where(i)}: expected {width} values{note}, "
+                                  f"got a vector of size {int(sizes[i])}")
+    x = np.zeros((n, width), np.float32)
+    row_of = np.repeat(np.arange(n), v_len)
+    element_dense = dense[row_of]
+    pos = np.arange(len(values)) - np.repeat(np.cumsum(v_len) - v_len, v_len)
+    x[row_of[element_dense], pos[element_dense]] = values[element_dense]
+    if not np.all(dense):
+        i_len, i_flat, _ = _list_parts(idx_arr)
+        indices = np.asarray(i_flat.to_numpy(zero_copy_only=False), np.int64)
+        sparse_rows = row_of[~element_dense]
+        mismatch = (~dense) & (i_len != v_len)
+        if np.any(mismatch) or len(indices) != len(sparse_rows):
+            i = _first(mismatch) if np.any(mismatch) else 0
+            raise DataValidationError(f"Bad {what} at {where(i)}: expected a sparse vector with as many indices "
+                                      f"as values, got {int(i_len[i])} and {int(v_len[i])}")
+        out_of_range = (indices < 0) | (indices >= width)
+        if np.any(out_of_range):
+            i = int(sparse_rows[_first(out_of_range)])
+            raise DataValidationError(f"Bad {what} at {where(i)}: expected sparse indices in [0, {width}), "
+                                      f"got {int(indices[_first(out_of_range)])}")
+        x[sparse_rows, indices] = values[~element_dense]
+    return x
+
+
+def features_matrix(column, width: Optional[int], where: Callable[[int], str], what: str = "features",
+                    note: str = "") -> Optional[np.ndarray]:
+    """An Arrow features column as a float32 ``(n, width)`` matrix.
+
+    Parameters
+    ----------
+    column : pyarrow.Array
+        ``list``/``large_list``/``fixed_size_list`` of numbers, an ml
+        ``Vector`` struct, or plain numbers (one value per row).
+    width : int or None
+        Values each row must have; ``None`` takes the first row's and
+        returns ``None`` when rows differ (the caller splits them).
+    where : callable
+        ``where(i)`` names row ``i`` of the batch in messages
+        ("partition 3, row 1207").
+    what, note : str
+        The value's name in messages, and what follows the expected count
+        (" (input shape (1, 28, 28))").
+
+    Raises
+    ------
+    DataValidationError
+        A null row or element, a row with the wrong number of values, or a
+        NaN/inf value (with the row).
+    """
+    pa = _pa()
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    n = len(column)
+    nulls = _null_rows(column)
+    if nulls is not None:
+        raise DataValidationError(f"Bad {what} at {where(_first(nulls))}: expected numbers, got null")
+    t = column.type
+    if pa.types.is_struct(t) and [f.name for f in t] == ["type", "size", "indices", "values"]:
+        x = _vector_matrix(column, width, where, what, note)
+        if x is None:
+            return None
+    elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        lengths, flat, starts = _list_parts(column)
+        if width is None:
+            width = int(lengths[0]) if n else 0
+            if n and np.any(lengths != width):
+                return None
+        bad = lengths != width
+        if np.any(bad):
+            i = _first(bad)
+            raise DataValidationError(f"Bad {what} at {where(i)}: expected {width} values{note}, "
+                                      f"got shape ({int(lengths[i])},)")
+        x = _numeric_values(flat, _element_rows(starts, where), what).reshape(n, width)
+    elif pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_boolean(t):
+        if width not in (None, 1):
+            raise DataValidationError(f"Bad {what} at {where(0)}: expected {width} values{note}, got one number "
+                                      f"(column type {t})")
+        x = _numeric_values(column, where, what).reshape(n, 1)
+    else:
+        raise DataValidationError(f"Bad {what} column: expected array<float>, array<double> or an ml Vector, "
+                                  f"got {t}")
+    finite = np.isfinite(x)
+    if not finite.all():
+        rows = ~finite.all(axis=1)
+        i = _first(rows)
+        raise DataValidationError(f"Bad {what} at {where(i)}: {int(np.count_nonzero(~finite[i]))} NaN/inf "
+                                  "value(s); expected finite numbers")
+    return x
+
+
+def _label_want(spec: DataSpec) -> str:
+    if spec.classification:
+        return f"a class index in [0, {spec.num_outputs}) or a one-hot row of length {spec.num_outputs}"
+    return f"{spec.num_outputs} finite regression target(s)"
+
+
+def label_array(column, spec: Optional[DataSpec], where: Callable[[int], str]) -> Optional[np.ndarray]:
+    """An Arrow label column as numpy, checked against ``spec``.
+
+    Class indices become int64 ``(n,)`` (integer-valued floats accepted);
+    one-hot rows and regression targets float32 ``(n, k)``.  Without a
+    spec, numbers come back as they are and rows of numbers as a float32
+    matrix (``None`` when their lengths differ).  Messages are
+    :func:`~sparkavg.data.validation.rebatch_partition`'s.
+    """
+    pa = _pa()
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    nulls = _null_rows(column)
+    if nulls is not None:
+        want = _label_want(spec) if spec is not None else "a label"
+        raise DataValidationError(f"Bad label at {where(_first(nulls))}: expected {want}, got null")
+    t = column.type
+    scalar = pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_boolean(t)
+    if scalar:
+        values = np.asarray(column.to_numpy(zero_copy_only=False))
+        if spec is None:
+            return values
+        if spec.classification:
+            if values.dtype.kind == "f":
+                ok = np.isfinite(values) & (values == np.round(values))
+            else:
+                ok = np.ones(len(values), bool)
+            ok &= (values >= 0) & (values < spec.num_outputs)
+            if not ok.all():
+                i = _first(~ok)
+                raise DataValidationError(f"Bad label at {where(i)}: expected {_label_want(spec)}, "
+                                          f"got {np.asarray(values[i])!r:.200}")
+            return values.astype(np.int64)
+        if spec.num_outputs != 1 or not np.all(np.isfinite(values)):
+            i = _first(~np.isfinite(values)) if not np.all(np.isfinite(values)) else 0
+            raise DataValidationError(f"Bad label at {where(i)}: expected {_label_want(spec)}, "
+                                      f"got {np.asarray(values[i])!r:.200}")
+        return values.astype(np.float32).reshape(-1, 1)
+    if spec is None:
+        return features_matrix(column, None, where, what="label")
+    return features_matrix(column, spec.num_outputs, where, what="label", note=f" ({_label_want(spec)})")
+
+
+def row_namer(partition: int, first_row: int) -> Callable[[int], str]:
+    """``where(i)`` naming row ``i`` of a record batch that starts at ``first_row``."""
+    return lambda i: f"partition {partition}, row {first_row + i}"
+
+
+# ------------------------------------------------------------ minibatches
+def npy_bytes(a: np.ndarray) -> bytes:
+    """``a`` as ``.npy`` bytes (no pickle)."""
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
+    return buf.getvalue()
+
+
+def from_npy(data) -> np.ndarray:
+    """The array of :func:`npy_bytes` output (bytes, a buffer, an Arrow scalar)."""
+    if hasattr(data, "as_buffer"):
+        data = data.as_buffer()
+    return np.load(io.BytesIO(memoryview(data)), allow_pickle=False)
+
+
+def batch_column(batch, name: str):
+    """Column ``name`` of an Arrow record batch (DataValidationError naming the columns if absent)."""
+    index = batch.schema.get_field_index(name)
+    if index < 0:
+        raise DataValidationError(f"Expect a column {name!r}, got columns {batch.schema.names}")
+    return batch.column(index)
+
+
+def make_minibatcher(spec: DataSpec, batch_size: int, features_col: str, label_col: str,
+                     folder: Optional[str] = None):
+    """The ``mapInArrow`` function that validates a partition's examples and
+    cuts them into minibatches of ``batch_size`` (the last may be smaller).
+
+    Rows out: :data:`MINIBATCH_SCHEMA` (``x`` float32 ``(n, *input_shape)``
+    and ``y`` as ``.npy`` bytes), or with ``folder``
+    :data:`MINIBATCH_FILE_SCHEMA` (one ``.npz`` per minibatch written
+    there, named as the RDD path names them).
+    """
+    shape = tuple(spec.input_shape)
+    note = f" (input shape {shape})"
+
+    def run(batches: Iterable) -> Iterator:
+        partition = _partition()
+        failures: list = []
+        with task_failure_guard(failures, partition=partition):
+            yield from _cut(batches, partition)
+        if failures:
+            yield _failure_batch(failures[0], MINIBATCH_FILE_SCHEMA if folder is not None else MINIBATCH_SCHEMA)
+
+    def _cut(batches: Iterable, partition: int) -> Iterator:
+        pa = _pa()
+        from ..storage import save_minibatch
+
+        row, j = 0, 0
+        xs: List[np.ndarray] = []
+        ys: List[np.ndarray] = []
+        held = 0
+        out: dict = {"id": [], "n": [], "x": [], "y": [], "path": []}
+
+        def emit(x, y):
+            nonlocal j
+            out["id"].append((partition << 32) | j)
+            out["n"].append(int(x.shape[0]))
+            if folder is not None:
+                path = f"{folder}/p{partition:05d}-b{j:06d}.npz"
+                save_minibatch(path, x, y)
+                out["path"].append(path)
+            else:
+                out["x"].append(npy_bytes(x))
+                out["y"].append(npy_bytes(y))
+            j += 1
+
+        def flush():
+            if not out["id"]:
+                return None
+            cols = {"id": pa.array(out["id"], pa.int64()), "n": pa.array(out["n"], pa.int32())}
+            if folder is not None:
+                cols["path"] = pa.array(out["path"], pa.string())
+            else:
+                cols["x"] = pa.array(out["x"], pa.binary())
+                cols["y"] = pa.array(out["y"], pa.binary())
+            cols["error"] = pa.nulls(len(out["id"]), pa.string())
+            for v in out.values():
+                v.clear()
+            return pa.RecordBatch.from_pydict(cols)
+
+        for batch in batches:
+            n = batch.num_rows
+            if n == 0:
+                continue
+            where = row_namer(partition, row)
+            x = features_matrix(batch_column(batch, features_col), spec.input_size, where, note=note)
+            y = label_array(batch_column(batch, label_col), spec, where)
+            row += n
+            xs.append(x.reshape((n,) + shape))
+            ys.append(y)
+            held += n
+            if held >= batch_size:
+                x_all, y_all = np.concatenate(xs), np.concatenate(ys)
+                full = (held // batch_size) * batch_size
+                for s in range(0, full, batch_size):
+                    emit(x_all[s:s + batch_size], y_all[s:s + batch_size])
+                    if len(out["id"]) >= _ROWS_PER_BATCH:
+                        yield flush()
+                xs, ys = ([x_all[full:]], [y_all[full:]]) if full < held else ([], [])
+                held -= full
+        if held:
+            emit(np.concatenate(xs), np.concatenate(ys))
+        last = flush()
+        if last is not None:
+            yield last
+
+    return run
+
+
+def _failure_batch(failure: TaskFailure, schema: str):
+    """One row holding only ``error``: the failure as JSON."""
+    pa = _pa()
+    names = [part.split()[0] for part in schema.split(",")]
+    text = json.dumps({"kind": failure.kind, "message": failure.message, "where": failure.where})
+    return pa.RecordBatch.from_pydict({name: pa.array([text if name == "error" else None],
+                                                      pa.string() if name in ("error", "path") else
+                                                      pa.binary() if name in ("x", "y") else
+                                                      pa.int64() if name == "id" else pa.int32())
+                                       for name in names})
+
+
+def failure_from_row(error: Optional[str]) -> Optional[TaskFailure]:
+    """The :class:`TaskFailure` of a row's ``error`` column (None when empty)."""
+    if not error:
+        return None
+    note = json.loads(error)
+    return TaskFailure(note["kind"], note["message"], note["where"])
+
+
+def _chunks(x: Optional[np.ndarray], y: Optional[np.ndarray], features, labels, where) -> Iterator[tuple]:
+    """A decoded batch as (x, y) minibatch records; rows the matrices could
+    not hold (ragged lengths) as single (features, label) records, so that
+    the task's validation names them."""
+    if x is not None and y is not None:
+        yield x, y
+        return
+    for i in range(len(features)):
+        fx = features_matrix(features.slice(i, 1), None, lambda _: where(i))
+        fy = label_array(labels.slice(i, 1), None, lambda _: where(i))
+        yield fx[0], (fy[0] if fy.ndim > 1 else fy[0].item())
+
+
+def examples_from_batches(batches: Iterable, features_col: str, label_col: str,
+                          partition: int) -> Iterator[tuple]:
+    """A partition's Arrow batches as ``(x (n, width), y)`` records for the
+    evaluation tasks (their ``rebatch`` validates against the network)."""
+    row = 0
+    for batch in batches:
+        n = batch.num_rows
+        if n == 0:
+            continue
+        where = row_namer(partition, row)
+        features, labels = batch_column(batch, features_col), batch_column(batch, label_col)
+        x = features_matrix(features, None, where)
+        y = label_array(labels, None, where)
+        yield from _chunks(x, y, features, labels, where)
+        row += n
+
+
+def make_example_decoder(features_col: str, label_col: str):
+    """The ``mapInArrow`` function giving :data:`EXAMPLE_SCHEMA` rows: one
+    ``(x, y)`` chunk per record batch, for a classic RDD of examples."""
+
+    def run(batches: Iterable) -> Iterator:
+        pa = _pa()
+        partition = _partition()
+        failures: list = []
+        with task_failure_guard(failures, partition=partition):
+            for x, y in examples_from_batches(batches, features_col, label_col, partition):
+                yield pa.RecordBatch.from_pydict({
+                    "x": pa.array([npy_bytes(np.asarray(x, np.float32))], pa.binary()),
+                    "y": pa.array([npy_bytes(np.asarray(y))], pa.binary()),
+                    "error": pa.array([None], pa.string())})
+        if failures:
+            yield _failure_batch(failures[0], EXAMPLE_SCHEMA)
+
+    return run

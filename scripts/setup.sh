@@ -21,5 +21,5 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[test]"
+.venv/bin/python -m pip install -q -e ".[test,connect]"
 .venv/bin/python -c "import sparkavg_ext, sparkavg; print('sparkavg', sparkavg.__version__, 'ready')"

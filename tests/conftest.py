@@ -255,3 +255,73 @@ def sim_cluster_factory(tmp_path):
             errors.append(exc)
     if errors:
         raise errors[0]
+
+
+# -- Spark Connect: a local server in its own JVM, started from the installed pyspark --
+
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory):
+    """A Spark Connect server (``local[2,4]``, recommended_conf, UI off) run
+    with ``spark-submit`` from the installed pyspark, bound to 127.0.0.1 with
+    a fresh token; yields its ``sc://`` URL.
+
+    ``SparkSession.builder.remote("local[2]")`` would start the server
+    inside this process, which pyspark refuses while the classic ``spark``
+    fixture holds a SparkContext (SESSION_OR_CONTEXT_EXISTS); in its own
+    process the server is also what a Connect client really talks to."""
+    import secrets
+
+    import pyspark
+
+    from sparkavg.spark import recommended_conf
+
+    spark_home = Path(pyspark.__file__).parent
+    workdir = tmp_path_factory.mktemp("connect")
+    token = secrets.token_hex(16)
+    env = dict(os.environ, SPARK_HOME=str(spark_home), SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
+               SPARK_CONNECT_MODE="0", SPARK_CONNECT_AUTHENTICATE_TOKEN=token)
+    for var in ("SPARK_REMOTE", "SPARK_LOCAL_REMOTE", "SPARK_CONNECT_MODE_ENABLED"):
+        env.pop(var, None)
+    port = _free_port()
+    conf = {**recommended_conf("local[2,4]"), "spark.ui.enabled": "false", "spark.local.dir": str(workdir / "local"),
+            "spark.sql.shuffle.partitions": "4", "spark.task.maxFailures": "4",
+            "spark.connect.grpc.binding.address": "127.0.0.1", "spark.connect.grpc.binding.port": str(port)}
+    args = [str(spark_home / "bin" / "spark-submit"), "--class",
+            "org.apache.spark.sql.connect.service.SparkConnectServer", "--master", "local[2,4]"]
+    for key, value in conf.items():
+        args += ["--conf", f"{key}={value}"]
+    log = workdir / "server.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(args, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=workdir)
+    try:
+        _wait_port(port, 180, "Spark Connect server", log)
+        yield f"sc://localhost:{port}/;token={token}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="session")
+def connect_session(connect_server):
+    """One Spark Connect session on :func:`connect_server` for the whole run."""
+    from pyspark.sql.connect.session import SparkSession as RemoteSparkSession
+
+    session = RemoteSparkSession.builder.remote(connect_server).getOrCreate()
+    yield session
+    session.stop()
+
+
+@pytest.fixture()
+def connect(connect_session, monkeypatch):
+    """The Connect session, with this process in Connect mode for the test.
+
+    pyspark decides per process (``SPARK_CONNECT_MODE_ENABLED``, set by
+    ``builder.remote``) whether ``pyspark.sql.functions`` and ``pyspark.ml``
+    speak Connect; a Connect program sets it once, and here it is set only
+    while a Connect test runs so that classic tests in the same run stay
+    classic."""
+    monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
+    return connect_session

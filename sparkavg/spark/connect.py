@@ -1,0 +1,336 @@
+"""The seam for a Spark Connect session: DataFrames only.
+
+A Connect session (``SparkSession.builder.remote(...)``) has no
+SparkContext, no RDDs, no broadcast and no job-local properties.
+:class:`ConnectSpark` gives the runners and the trainer the same methods
+as :class:`~sparkavg.spark.seam.ClassicSpark`, with DataFrame operations
+only:
+
+- **ship**: the value travels inside the job's closure, encoded as JSON
+  and raw array bytes (:class:`ShippedValue`; LeNet's parameters and Adam
+  state are 5 MB);
+- **prepare**: one ``mapInArrow`` validates and minibatches the
+  DataFrame (:func:`~sparkavg.spark.data.minibatch_frame`, shared with
+  the classic flavour); the minibatches are ``.npz`` files at a shared
+  location, or a persisted DataFrame of ``.npy`` blobs;
+- **rounds**: one ``mapInArrow`` job per averaging round over
+  ``spark.range(workers)`` (files: row ``w`` reads worker ``w``'s paths)
+  or over the epoch's minibatches (blocks: shuffled once per epoch into
+  one partition per worker, a round filters its own); gradient sharing
+  runs one ``mapInArrow(..., barrier=True)`` stage per epoch, whose tasks
+  meet through ``BarrierTaskContext.allGather``.  Results come back as
+  Arrow rows (:data:`~sparkavg.spark.executor.plain.RESULT_SCHEMA`: JSON
+  and float32 bytes, never pickle) and are combined on the driver;
+- **evaluate / score / predict**: ``mapInArrow`` over the DataFrame;
+  ``predict`` returns a DataFrame (Connect has no RDDs): the input's
+  columns plus ``output`` (``array<float>``).
+
+The executor tasks are the classic flavour's own, unchanged; the adapters
+in :mod:`sparkavg.spark.executor.adapters` feed them.
+"""
+from __future__ import annotations
+
+import functools
+import ipaddress
+import logging
+import re
+import socket
+from dataclasses import dataclass
+from typing import Callable, List, Optional
+
+import numpy as np
+
+from ..data.validation import DataSpec
+from .data import PreparedData, check_columns, deal, frame_failures, is_dataframe, minibatch_frame, placement_for
+from .errors import executor_errors
+from .executor.adapters import examples_adapter, features_adapter, round_adapter
+from .executor.hooks import TestHooks
+from .executor.plain import RESULT_SCHEMA, decode_plain, encode_plain, results_from_table
+
+__all__ = ["ConnectSpark", "ShippedValue", "FramePrepared", "FramePlan", "is_connect_session", "OUTPUT_COL"]
+
+logger = logging.getLogger(__name__)
+
+#: The column Connect's ``predict`` appends.
+OUTPUT_COL = "output"
+
+_UNREAD = object()
+
+
+def is_connect_session(obj) -> bool:
+    """Whether ``obj`` is a Spark Connect session (without importing Connect's client)."""
+    return type(obj).__module__.startswith("pyspark.sql.connect")
+
+
+class ShippedValue:
+    """A value that travels inside the task closure, as JSON and raw bytes.
+
+    ``handle.value`` decodes it (on the executor; arrays come back
+    writable); ``destroy()`` has nothing to release: the job carries it.
+    """
+
+    __slots__ = ("_text", "_blobs")
+
+    def __init__(self, value=None, *, _encoded=None):
+        self._text, self._blobs = _encoded if _encoded is not None else encode_plain(value)
+
+    @property
+    def value(self):
+        return decode_plain(self._text, self._blobs)
+
+    def destroy(self) -> None:
+        """Nothing to release (the value lives in the job's closure)."""
+
+    def __reduce__(self):
+        return (_shipped, (self._text, self._blobs))
+
+
+def _shipped(text, blobs) -> ShippedValue:
+    return ShippedValue(_encoded=(text, blobs))
+
+
+@dataclass
+class FramePrepared(PreparedData):
+    """Minibatches of a Connect fit: files (``paths``) or a persisted
+    DataFrame ``frame`` whose row ``ids[i]`` is minibatch ``i``."""
+
+    frame: object = None
+    ids: Optional[np.ndarray] = None
+
+    def release(self) -> None:
+        if self.frame is not None:
+            try:
+                self.frame.unpersist()
+            except Exception:  # a stopped session has dropped it already
+                pass
+            self.frame = None
+        super().release()
+
+
+@dataclass
+class FramePlan:
+    """One epoch's deal; for DataFrame blocks also the epoch's minibatches,
+    one partition per worker, rows ``(r, w, pos, x, y)`` sorted."""
+
+    rounds: List[List[List[int]]]
+    prepared: FramePrepared
+    frame: object = None
+
+    @property
+    def workers(self) -> int:
+        return len(self.rounds[0]) if self.rounds else 0
+
+    def shard_paths(self, r: int) -> List[List[str]]:
+        return [[self.prepared.paths[i] for i in shard] for shard in self.rounds[r]]
+
+    def drop(self) -> None:
+        if self.frame is not None:
+            try:
+                self.frame.unpersist()
+            except Exception:
+                pass
+            self.frame = None
+
+
+def _loopback_or_here(host: str) -> bool:
+    """Whether ``host`` is this machine (a loopback address or one of its own)."""
+    host = host.strip("[]")
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    own = {"127.0.0.1", "::1"}
+    try:
+        own.update(socket.gethostbyname_ex(socket.gethostname())[2])
+    except OSError:
+        pass
+    return any(ipaddress.ip_address(a.split("%")[0]).is_loopback or a in own for a in addresses)
+
+
+class ConnectSpark:
+    """A Spark Connect session: DataFrame jobs only (see the module docstring)."""
+
+    kind = "connect"
+
+    def __init__(self, spark):
+        self.spark = spark
+        self._parallelism: Optional[int] = None
+        self._keys: dict = {}
+        self._hooks = _UNREAD
+
+    # ------------------------------------------------------------- cluster
+    @property
+    def default_parallelism(self) -> int:
+        """Spark's default parallelism: ``N`` of ``local[N]``, else the partitions of a ``range``."""
+        if self._parallelism is None:
+            match = re.fullmatch(r"local\[(\d+)(?:,\s*\d+)?\]", self.conf("spark.master", "") or "")
+            if match:
+                self._parallelism = int(match.group(1))
+            else:
+                from pyspark.sql.connect import functions as F
+
+                p = self.spark.range(0, 1 << 20).select(F.spark_partition_id().alias("p")).agg(F.max("p"))
+                self._parallelism = int(p.first()[0]) + 1
+        return self._parallelism
+
+    @property
+    def local(self) -> bool:
+        """Whether the executors run on this machine: a ``local`` master reached at a local address."""
+        master = self.conf("spark.master", "") or ""
+        return master.startswith("local") and _loopback_or_here(str(self.spark.client.host))
+
+    def conf(self, key: str, default: Optional[str] = None) -> Optional[str]:
+        return self.spark.conf.get(key, default)
+
+    def test_hooks(self) -> Optional[TestHooks]:
+        """Fault-injection hooks from session confs of the same names (Connect
+        has no job-local properties), read once per epoch plan (a round trip
+        to the server); None in production."""
+        if self._hooks is _UNREAD:
+            return self._read_hooks()
+        return self._hooks
+
+    def _read_hooks(self) -> Optional[TestHooks]:
+        confs = self.spark.conf.getAll
+        confs = confs() if callable(confs) else confs
+        self._hooks = TestHooks.from_properties(confs.get)
+        return self._hooks
+
+    # -------------------------------------------------------------- values
+    def ship(self, value) -> ShippedValue:
+        """``value`` in the job's closure (no broadcast on Connect)."""
+        return ShippedValue(value)
+
+    # ---------------------------------------------------------------- data
+    @staticmethod
+    def _frame(data):
+        if not is_dataframe(data):
+            raise TypeError(f"Expect a DataFrame on a Spark Connect session (Connect has no RDDs), "
+                            f"got {type(data).__name__}")
+        return data
+
+    def prepare(self, data, spec: DataSpec, batch_size: int, options, features_col: str,
+                label_col: str) -> FramePrepared:
+        from pyspark.storagelevel import StorageLevel
+
+        df = self._frame(data)
+        location = placement_for(options, self.local)
+        if location is not None:
+            try:
+                folder = location.make()
+                with executor_errors("writing minibatches to the shared location"):
+                    table = minibatch_frame(df, spec, batch_size, features_col, label_col, folder).toArrow()
+                frame_failures(table.column("error").to_pylist(), "minibatching")
+            except BaseException:
+                location.release()
+                raise
+            ids = table.column("id").to_numpy()
+            order = np.argsort(ids, kind="stable")
+            paths = table.column("path").to_pylist()
+            return FramePrepared(table.column("n").to_numpy()[order].tolist(), paths=[paths[i] for i in order],
+                                 location=location)
+        frame = minibatch_frame(df, spec, batch_size, features_col, label_col)
+        frame = frame.persist(getattr(StorageLevel, options.storage_level))
+        try:
+            with executor_errors("minibatching"):
+                table = frame.select("id", "n", "error").toArrow()
+            frame_failures(table.column("error").to_pylist(), "minibatching")
+        except BaseException:
+            frame.unpersist()
+            raise
+        ids = table.column("id").to_numpy()
+        order = np.argsort(ids, kind="stable")
+        return FramePrepared(table.column("n").to_numpy()[order].tolist(), frame=frame, ids=ids[order])
+
+    def plan(self, prepared: FramePrepared, workers: int, per_round: int, seed: Optional[int]) -> FramePlan:
+        self._read_hooks()
+        plan = FramePlan(deal(len(prepared.sizes), workers, per_round, seed), prepared)
+        if not prepared.in_files and plan.rounds:
+            plan.frame = self._epoch_frame(prepared, plan.rounds, workers)
+        return plan
+
+    def _partition_keys(self, workers: int) -> List[int]:
+        """A long ``k_w`` per worker that Spark's hash partitioning into
+        ``workers`` partitions sends to partition ``w``: ``pmod(hash(k), n)``
+        is the partition id expression of ``repartition(n, col)``."""
+        if workers not in self._keys:
+            from pyspark.sql.connect import functions as F
+
+            table = self.spark.range(0, 64 * workers).select(
+                "id", F.pmod(F.hash("id"), F.lit(workers)).alias("p")).toArrow()
+            found: dict = {}
+            for k, p in zip(table.column("id").to_pylist(), table.column("p").to_pylist()):
+                found.setdefault(int(p), int(k))
+            if len(found) < workers:
+                raise RuntimeError(f"Expect a partition key for each of {workers} workers, found {len(found)}")
+            self._keys[workers] = [found[w] for w in range(workers)]
+        return self._keys[workers]
+
+    def _epoch_frame(self, prepared: FramePrepared, rounds, workers: int):
+        """The epoch's minibatches, one partition per worker, sorted by (round, position)."""
+        import pyarrow as pa
+        from pyspark.storagelevel import StorageLevel
+
+        keys = self._partition_keys(workers)
+        rows = [(int(prepared.ids[i]), r, w, pos, keys[w])
+                for r, shards in enumerate(rounds) for w, shard in enumerate(shards) for pos, i in enumerate(shard)]
+        cols = list(zip(*rows))
+        mapping = self.spark.createDataFrame(pa.table({
+            "id": pa.array(cols[0], pa.int64()), "r": pa.array(cols[1], pa.int32()),
+            "w": pa.array(cols[2], pa.int32()), "pos": pa.array(cols[3], pa.int32()),
+            "k": pa.array(cols[4], pa.int64())}))
+        frame = (prepared.frame.select("id", "x", "y").join(mapping, "id").repartition(workers, "k")
+                 .sortWithinPartitions("r", "w", "pos").select("r", "w", "x", "y"))
+        level = prepared.frame.storageLevel
+        frame = frame.persist(level if level is not None else StorageLevel.MEMORY_AND_DISK)
+        with executor_errors("dealing the epoch's minibatches"):
+            frame.count()
+        return frame
+
+    # --------------------------------------------------------------- rounds
+    def _round_frame(self, plan: FramePlan, r: int, task: Callable, barrier: bool):
+        workers = plan.workers
+        if plan.prepared.in_files:
+            source = self.spark.range(0, workers, 1, workers)
+            fn = round_adapter(task, plan.shard_paths(r))
+        else:
+            source = plan.frame.where(plan.frame["r"] == r).select("w", "x", "y")
+            fn = round_adapter(task, per_partition=barrier)
+        return source.mapInArrow(fn, RESULT_SCHEMA, barrier=barrier)
+
+    def aggregate_round(self, plan: FramePlan, r: int, task: Callable, combine: Callable, depth: int, what: str):
+        """One ``mapInArrow`` job over round ``r``'s shards; results combined
+        on the driver (``depth`` is the classic treeAggregate's: unused)."""
+        with executor_errors(what):
+            table = self._round_frame(plan, r, task, barrier=False).toArrow()
+        return functools.reduce(combine, results_from_table(table), None)
+
+    def barrier_round(self, plan: FramePlan, r: int, task: Callable, what: str) -> list:
+        """One ``mapInArrow(..., barrier=True)`` stage, a task per worker; all results."""
+        with executor_errors(what):
+            table = self._round_frame(plan, r, task, barrier=True).toArrow()
+        return results_from_table(table)
+
+    # ----------------------------------------------------------- inference
+    def aggregate_examples(self, data, task: Callable, combine: Callable, features_col: str, label_col: str,
+                           what: str):
+        """``task(partition, rows)`` over every partition of ``data``; results combined."""
+        df = self._frame(data)
+        check_columns(df, features_col, label_col)
+        with executor_errors(what):
+            table = df.select(features_col, label_col).mapInArrow(
+                examples_adapter(task, features_col, label_col), RESULT_SCHEMA).toArrow()
+        return functools.reduce(combine, results_from_table(table), None)
+
+    def map_features(self, data, task: Callable, features_col: str):
+        """A DataFrame: ``data``'s columns plus :data:`OUTPUT_COL` (``array<float>``),
+        ``task(rows)`` run lazily over each Arrow batch of ``features_col``."""
+        from pyspark.sql.types import ArrayType, FloatType, StructField, StructType
+
+        df = self._frame(data)
+        check_columns(df, features_col, None)
+        if OUTPUT_COL in df.columns:
+            raise ValueError(f"Expect no column named {OUTPUT_COL!r} in the data (predict appends it), "
+                             f"got columns {df.columns}")
+        schema = StructType(list(df.schema.fields) + [StructField(OUTPUT_COL, ArrayType(FloatType()), True)])
+        return df.mapInArrow(features_adapter(task, features_col, OUTPUT_COL), schema)

@@ -1,0 +1,220 @@
+"""The one trainer on a Spark Connect session (a local server in its own JVM):
+both masters, evaluate/score/predict, checkpoints, statistics, DataFrame
+inputs through Arrow (array<float>, array<double>, ml Vector) on both
+flavours, and bad rows named."""
+import contextlib
+import os
+
+import numpy as np
+import pytest
+
+from sparkavg.data.validation import DataValidationError
+from sparkavg.evaluation import Evaluation
+from sparkavg.spark import DataOptions, GradientSharing, ParameterAveraging, SparkTrainer
+from sparkavg.spark.connect import ConnectSpark, ShippedValue
+from sparkavg.spark.seam import ClassicSpark, seam_for
+
+from .nets import blobs, small_net
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+PLACEMENTS = {"files": DataOptions(repartition="never"),  # local master: a temp folder shared by construction
+              "blocks": DataOptions(placement="spark", repartition="never")}
+
+
+def _frame(session, x, y, kind="array<float>", partitions=1):
+    """A DataFrame of (id, features, label) in one partition, rows in order."""
+    flat = x.reshape(len(x), -1)
+    if kind == "vector":
+        from pyspark.ml.linalg import Vectors
+
+        features = [Vectors.sparse(flat.shape[1], {j: float(v) for j, v in enumerate(row) if v > 0})
+                    if i % 2 else Vectors.dense(row.tolist()) for i, row in enumerate(flat)]
+        schema = "id long, features vector, label long"
+        rows = [(i, f, int(label)) for i, (f, label) in enumerate(zip(features, y))]
+        from pyspark.ml.linalg import VectorUDT
+        from pyspark.sql.types import LongType, StructField, StructType
+
+        schema = StructType([StructField("id", LongType()), StructField("features", VectorUDT()),
+                             StructField("label", LongType())])
+    else:
+        rows = [(i, row.tolist(), int(label)) for i, (row, label) in enumerate(zip(flat, y))]
+        schema = f"id long, features {kind}, label long"
+    return session.createDataFrame(rows, schema).coalesce(partitions)
+
+
+@contextlib.contextmanager
+def _mode(flavour):
+    """pyspark's per-process switch (see the ``connect`` fixture), for tests that use both flavours."""
+    saved = os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+    if flavour == "connect":
+        os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+        if saved is not None:
+            os.environ["SPARK_CONNECT_MODE_ENABLED"] = saved
+
+
+def _replicas_mean(start, x, y, shards, size):
+    replicas = []
+    for shard in shards:
+        rep = start.clone()
+        for b in shard:
+            rep.fit_batch(x[size * b:size * b + size], y[size * b:size * b + size])
+        replicas.append(rep)
+    return sum(r.params for r in replicas) / len(replicas), sum(r.updater_state for r in replicas) / len(replicas)
+
+
+def test_seam_for_tells_the_flavours_apart(spark, connect):
+    assert isinstance(seam_for(spark), ClassicSpark) and isinstance(seam_for(spark.sparkContext), ClassicSpark)
+    seam = seam_for(connect)
+    assert isinstance(seam, ConnectSpark)
+    assert seam.default_parallelism == 2 and seam.local
+    value = (3, np.arange(5, dtype=np.float32), None)
+    shipped = seam.ship(value)
+    assert isinstance(shipped, ShippedValue)
+    got = shipped.value
+    assert got[0] == 3 and got[2] is None and got[1].flags.writeable
+    np.testing.assert_array_equal(got[1], value[1])
+    with pytest.raises(TypeError, match="Connect has no RDDs"):
+        SparkTrainer(connect, small_net(), ParameterAveraging(workers=2)).fit([(x, 0) for x in range(3)])
+
+
+@pytest.mark.parametrize("placement", sorted(PLACEMENTS))
+def test_averaging_round_is_the_weighted_mean_on_connect(connect, placement):
+    x, y = blobs(16, seed=1)
+    net = small_net(seed=3)
+    start = net.clone()
+    master = ParameterAveraging(batch_size_per_worker=4, averaging_frequency=2, workers=2,
+                                data=PLACEMENTS[placement])
+    trainer = SparkTrainer(connect, net, master)
+    trainer.fit(_frame(connect, x, y), epochs=1)
+    # Minibatches 0..3 = examples [0:4], [4:8], [8:12], [12:16]; dealt [[0, 2], [1, 3]].
+    params, state = _replicas_mean(start, x, y, ([0, 2], [1, 3]), 4)
+    np.testing.assert_allclose(net.params, params, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(net.updater_state, state, rtol=1e-5, atol=1e-7)
+    assert net.iteration == start.iteration + 2
+    assert trainer.stats.counters["examples"] == 16
+    assert {e.lane for e in trainer.stats.events} > {"driver"}  # worker lanes came back through Arrow
+    trainer.close()
+
+
+def test_connect_and_classic_train_the_same_model(spark, connect):
+    x, y = blobs(120, seed=2)
+    master = ParameterAveraging(batch_size_per_worker=8, averaging_frequency=3, workers=2)
+    nets = {}
+    for name, session in (("classic", spark), ("connect", connect)):
+        nets[name] = small_net(seed=4)
+        with _mode(name), SparkTrainer(session, nets[name], master) as trainer:
+            trainer.fit(_frame(session, x, y), epochs=2)
+            assert [h["examples"] for h in trainer.history] == [120, 120]
+    np.testing.assert_allclose(nets["connect"].params, nets["classic"].params, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("placement", sorted(PLACEMENTS))
+def test_sharing_on_connect_learns_and_replicas_agree(connect, placement):
+    x, y = blobs(400, seed=21)
+    net = small_net(seed=22)
+    master = GradientSharing(threshold=1e-3, batch_size_per_worker=10, workers=2, data=PLACEMENTS[placement])
+    with SparkTrainer(connect, net, master) as trainer:
+        df = _frame(connect, x, y)
+        trainer.fit(df, epochs=2)
+        assert [h["examples"] for h in trainer.history] == [400, 400]
+        assert max(h["replica_max_abs_diff"] for h in trainer.history) < 1e-5
+        assert trainer.evaluate(df).accuracy() > 0.9
+        assert trainer.stats.counters["messages_sent"] > 0
+
+
+def test_evaluate_score_predict_on_connect(connect):
+    x, y = blobs(90, seed=11)
+    net = small_net(seed=12)
+    for _ in range(5):
+        net.fit_batch(x, y)
+    trainer = SparkTrainer(connect, net, ParameterAveraging(workers=2))
+    df = _frame(connect, x, y, partitions=3)
+    local = Evaluation(2).eval(y, net.output(x))
+    assert trainer.evaluate(df) == local
+    ev, ev2 = trainer.evaluate(df, evaluations=[Evaluation(2), Evaluation(2, labels=["a", "b"])])
+    assert ev.confusion_matrix.tolist() == local.confusion_matrix.tolist() == ev2.confusion_matrix.tolist()
+    assert trainer.score(df) == pytest.approx(float(net.score(x, y)), rel=1e-5)
+    out = trainer.predict(df)  # a DataFrame on Connect: the input's columns plus `output`
+    assert out.columns == ["id", "features", "label", "output"]
+    table = out.select("id", "output").toArrow()
+    got = np.stack(table.column("output").to_pylist())[np.argsort(table.column("id").to_numpy())]
+    np.testing.assert_allclose(got, net.output(x), rtol=1e-5, atol=1e-6)
+    trainer.close()
+
+
+def test_checkpoint_resume_on_connect(connect, tmp_path):
+    x, y = blobs(60, seed=13)
+    df = _frame(connect, x, y)
+    master = ParameterAveraging(batch_size_per_worker=6, averaging_frequency=2, workers=2)
+    straight = small_net(seed=14)
+    SparkTrainer(connect, straight, master).fit(df, epochs=3)
+    ckpt = str(tmp_path / "ckpt")
+    SparkTrainer(connect, small_net(seed=14), master, checkpoint_dir=ckpt).fit(df, epochs=2)
+    resumed = small_net(seed=99)
+    trainer = SparkTrainer(connect, resumed, master, checkpoint_dir=ckpt)
+    trainer.fit(df, epochs=3, resume_from=ckpt)
+    assert trainer.epochs_done == 3 and len(trainer.history) == 3
+    np.testing.assert_allclose(resumed.params, straight.params, rtol=1e-5, atol=1e-6)
+
+
+def test_killed_worker_on_connect_is_retried(connect, tmp_path):
+    """Connect has no job-local properties: the test hook is a session conf."""
+    x, y = blobs(40, seed=17)
+    df = _frame(connect, x, y)
+    master = ParameterAveraging(batch_size_per_worker=5, averaging_frequency=2, workers=2)
+    clean = small_net(seed=18)
+    SparkTrainer(connect, clean, master).fit(df)
+    marker = tmp_path / "kill-me"
+    marker.write_text("x")
+    connect.conf.set("sparkavg.test.kill_marker", str(marker))
+    try:
+        crashed = small_net(seed=18)
+        SparkTrainer(connect, crashed, master).fit(df)
+    finally:
+        connect.conf.unset("sparkavg.test.kill_marker")
+    assert not marker.exists() and (tmp_path / "kill-me.claimed").exists()  # a worker really died
+    np.testing.assert_allclose(crashed.params, clean.params, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("kind", ["array<double>", "vector"])
+@pytest.mark.parametrize("flavour", ["classic", "connect"])
+def test_vector_and_double_features(request, flavour, kind):
+    session = request.getfixturevalue("spark" if flavour == "classic" else "connect")
+    x, y = blobs(48, seed=15)
+    x = np.abs(x)  # sparse rows keep the positive entries only: make them all positive
+    net = small_net(seed=16)
+    start = net.clone()
+    master = ParameterAveraging(batch_size_per_worker=8, averaging_frequency=3, workers=2,
+                                data=DataOptions(repartition="never"))
+    with SparkTrainer(session, net, master) as trainer:
+        df = _frame(session, x, y, kind=kind)
+        trainer.fit(df)
+        # 6 minibatches dealt [[0, 2, 4], [1, 3, 5]]: the same model as from float32 arrays
+        params, _ = _replicas_mean(start, x, y, ([0, 2, 4], [1, 3, 5]), 8)
+        np.testing.assert_allclose(net.params, params, rtol=1e-5, atol=1e-6)
+        assert trainer.evaluate(df) == Evaluation(2).eval(y, net.output(x))
+
+
+@pytest.mark.parametrize("flavour", ["classic", "connect"])
+def test_bad_rows_are_named(request, flavour):
+    session = request.getfixturevalue("spark" if flavour == "classic" else "connect")
+    good = [0.0] * 16
+    trainer = SparkTrainer(session, small_net(), ParameterAveraging(workers=1))
+    short = session.createDataFrame([(good, 1), (good, 0), (good[:15], 1)], "features array<float>, label long")
+    with pytest.raises(DataValidationError, match=r"Bad features at partition 0, row 2: expected 16 values "
+                                                  r"\(input shape \(1, 4, 4\)\), got shape \(15,\)"):
+        trainer.fit(short.coalesce(1))
+    nan = session.createDataFrame([(good, 1), (good[:3] + [float("nan")] + good[4:], 0)],
+                                  "features array<double>, label long")
+    with pytest.raises(DataValidationError, match=r"Bad features at partition 0, row 1: 1 NaN/inf"):
+        trainer.fit(nan.coalesce(1))
+    label = session.createDataFrame([(good, 1), (good, 7)], "features array<float>, label long")
+    with pytest.raises(DataValidationError, match=r"Bad label at partition 0, row 1: expected a class index"):
+        trainer.fit(label.coalesce(1))
+    with pytest.raises(DataValidationError, match=r"Bad label at partition 0, row 1"):
+        trainer.evaluate(label.coalesce(1))

@@ -1,0 +1,135 @@
+"""sparkavg.ml: NetworkEstimator -> NetworkModel as pyspark.ml stages, on a
+classic session and on Spark Connect: inside a Pipeline, batched Arrow
+transform, save/load (npz + JSON) with identical predictions."""
+import os
+
+import numpy as np
+import pytest
+
+from sparkavg.ml import NetworkEstimator, NetworkModel
+from sparkavg.nn import Adam, Dense, Network, Output
+from sparkavg.spark import GradientSharing, ParameterAveraging
+
+from .nets import blobs, small_net
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+FLAVOURS = ["classic", "connect"]
+
+
+def _session(request, flavour):
+    return request.getfixturevalue("spark" if flavour == "classic" else "connect")
+
+
+def _frame(session, x, y, partitions=2):
+    rows = [(i, row.reshape(-1).tolist(), int(label)) for i, (row, label) in enumerate(zip(x, y))]
+    return session.createDataFrame(rows, "id long, features array<float>, label long").repartition(partitions)
+
+
+def _outputs(df, prediction="prediction", probability="probability"):
+    """(ids, predictions, probabilities) in id order."""
+    table = df.select("id", prediction, probability).toArrow()
+    order = np.argsort(table.column("id").to_numpy())
+    return (table.column("id").to_numpy()[order], table.column(prediction).to_numpy()[order],
+            np.stack(table.column(probability).to_pylist())[order].astype(np.float32))
+
+
+def _trained_net(seed=0):
+    x, y = blobs(64, seed=seed)
+    net = small_net(seed=seed)
+    for _ in range(5):
+        net.fit_batch(x, y)
+    return net
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_estimator_in_a_pipeline_fits_transforms_and_round_trips(request, flavour, tmp_path):
+    from pyspark.ml import Pipeline, PipelineModel
+
+    session = _session(request, flavour)
+    x, y = blobs(120, seed=31)
+    df = _frame(session, x, y)
+    start = small_net(seed=32)
+    before = start.params.copy()
+    master = ParameterAveraging(batch_size_per_worker=8, averaging_frequency=3, workers=2)
+    est = NetworkEstimator(network=start, master=master, epochs=2, predictionCol="pred")
+    fitted = Pipeline(stages=[est]).fit(df)
+    model = fitted.stages[-1]
+    assert isinstance(model, NetworkModel) and len(model.history) == 2
+    np.testing.assert_array_equal(start.params, before)  # fit trained a copy
+
+    out = fitted.transform(df)
+    assert out.columns == ["id", "features", "label", "pred", "probability"]
+    assert dict(out.dtypes)["pred"] == "double" and dict(out.dtypes)["probability"] == "array<float>"
+    ids, pred, prob = _outputs(out, prediction="pred")
+    expected = model.network.output(x)
+    np.testing.assert_allclose(prob, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(pred, np.argmax(prob, axis=1).astype(np.float64))
+    assert np.mean(pred == y) > 0.9
+
+    # A fitted PipelineModel and an unfitted Pipeline, saved and loaded through pyspark's own readers.
+    fitted.write().overwrite().save(str(tmp_path / "fitted"))
+    loaded = PipelineModel.load(str(tmp_path / "fitted"))
+    assert isinstance(loaded.stages[-1], NetworkModel) and loaded.stages[-1].uid == model.uid
+    _, pred2, prob2 = _outputs(loaded.transform(df), prediction="pred")
+    np.testing.assert_array_equal(prob2, prob)
+    np.testing.assert_array_equal(pred2, pred)
+    Pipeline(stages=[est]).write().save(str(tmp_path / "pipeline"))
+    stage = Pipeline.load(str(tmp_path / "pipeline")).getStages()[0]
+    assert isinstance(stage, NetworkEstimator) and stage.uid == est.uid
+    assert stage.getMaster() == master and stage.getEpochs() == 2 and stage.getPredictionCol() == "pred"
+    np.testing.assert_array_equal(stage.getNetwork().params, before)
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_model_and_estimator_save_load(request, flavour, tmp_path):
+    session = _session(request, flavour)
+    x, y = blobs(50, seed=33)
+    df = _frame(session, x, y, partitions=3)
+    model = NetworkModel(network=_trained_net(seed=34), inferenceBatchSize=7)
+    path = str(tmp_path / "model")
+    model.write().save(path)
+    assert sorted(os.listdir(path)) == ["metadata", "network.npz", "sparkavg.json"]
+    with pytest.raises(FileExistsError, match="write\\(\\).overwrite\\(\\)"):
+        model.write().save(path)
+    model.write().overwrite().save(path)
+    loaded = NetworkModel.load(path)
+    assert loaded.uid == model.uid and loaded.getInferenceBatchSize() == 7
+    np.testing.assert_array_equal(loaded.network.params, model.network.params)
+    _, pred, prob = _outputs(model.transform(df))
+    _, pred2, prob2 = _outputs(loaded.transform(df))
+    np.testing.assert_array_equal(prob2, prob)
+    np.testing.assert_array_equal(pred2, pred)
+    np.testing.assert_allclose(prob, model.network.output(x), rtol=1e-5, atol=1e-6)
+
+    sharing = GradientSharing(threshold=2e-3, workers=2)
+    est = NetworkEstimator(network=small_net(seed=35), master=sharing, epochs=3, labelCol="target")
+    est.write().save(str(tmp_path / "estimator"))
+    back = NetworkEstimator.load(str(tmp_path / "estimator"))
+    assert back.getMaster() == sharing and back.getEpochs() == 3 and back.getLabelCol() == "target"
+    np.testing.assert_array_equal(back.getNetwork().params, est.getNetwork().params)
+    with pytest.raises(ValueError, match="Expect a saved sparkavg.ml.estimator.NetworkEstimator"):
+        NetworkEstimator.load(path)
+
+
+def test_regression_on_ml_vectors_and_bad_rows(spark):
+    from pyspark.ml.functions import array_to_vector
+
+    rng = np.random.default_rng(36)
+    x = rng.standard_normal((30, 3)).astype(np.float32)
+    net = Network((3,), [Dense(4, activation="tanh"), Output(2, loss="mse")], updater=Adam(lr=0.01), seed=37)
+    rows = [(i, row.tolist()) for i, row in enumerate(x)]
+    df = spark.createDataFrame(rows, "id long, features array<double>").withColumn(
+        "features", array_to_vector("features")).repartition(2)
+    _, pred, prob = _outputs(NetworkModel(network=net).transform(df))
+    expected = net.output(x)
+    np.testing.assert_allclose(prob, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(pred, expected[:, 0], rtol=1e-5, atol=1e-6)  # regression: the first output
+
+    bad = spark.createDataFrame([(0, [0.0, 1.0, 2.0]), (1, [0.0, 1.0])], "id long, features array<float>")
+    with pytest.raises(Exception, match=r"Bad features at partition 0, row 1: expected 3 values"):
+        NetworkModel(network=net).transform(bad.coalesce(1)).collect()
+    with pytest.raises(ValueError, match="Expect output columns 'prediction' and 'probability' not in the input"):
+        NetworkModel(network=net).transform(df.withColumn("prediction", df.id))
+    with pytest.raises(ValueError, match="Expect network=... \\(a sparkavg.nn.Network\\)"):
+        NetworkEstimator().fit(df)

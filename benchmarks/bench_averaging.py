@@ -136,6 +136,36 @@ def round_overheads(stats) -> list:
     return [rounds[k] - max(busy.get(k, {"": 0.0}).values()) for k in sorted(rounds)]
 
 
+def round_breakdown(stats) -> dict:
+    """Where a round's time goes (medians over rounds, ms): the driver's
+    broadcast, launch to the first task's start, the tasks' span, the last
+    task's end to the driver's merge (the result path), the merge; and on
+    the slowest worker its fetch, model_init, data_load and fit."""
+    driver, tasks, workers = {}, {}, {}
+    for e in stats.events:
+        if e.round is None:
+            continue
+        key = (e.epoch, e.round)
+        if e.lane == "driver":
+            driver.setdefault(key, {})[e.phase] = e
+        else:
+            lane = workers.setdefault(key, {}).setdefault(e.lane, {})
+            lane[e.phase] = lane.get(e.phase, 0.0) + e.duration
+    for t in stats.tasks:
+        tasks.setdefault((t.epoch, t.round), []).append(t)
+    rows = []
+    for key, d in driver.items():
+        if not {"round", "broadcast", "average"} <= d.keys() or key not in tasks or key not in workers:
+            continue
+        first, last = min(t.start for t in tasks[key]), max(t.end for t in tasks[key])
+        slow = max(workers[key].values(), key=lambda p: p.get("fit", 0.0) + p.get("data_load", 0.0))
+        rows.append({"round": d["round"].duration, "broadcast": d["broadcast"].duration,
+                     "launch_to_first_task": first - d["broadcast"].end, "task_span": last - first,
+                     "result_path": d["average"].start - last, "merge": d["average"].duration,
+                     **{f"worker_{k}": slow.get(k, 0.0) for k in ("fetch", "model_init", "data_load", "fit")}})
+    return {k: 1000 * statistics.median(r[k] for r in rows) for k in rows[0]} if rows else {}
+
+
 def _fit_ms(stats) -> dict:
     fits = [e.duration for e in stats.events if e.phase == "fit"]
     return {"mean": 1000 * float(np.mean(fits)), "median": 1000 * float(np.median(fits)),
@@ -206,6 +236,7 @@ def lenet_at_defaults(spark, data, args) -> dict:
         "round_overhead_median_s": statistics.median(overheads),
         "round_overhead_p90_s": float(np.percentile(overheads, 90)),
         "overhead_share_of_epoch": sum(overheads) / sum(spark_seconds),
+        "round_breakdown_ms": round_breakdown(trainer.stats),
         "minibatch_fit_ms": _fit_ms(trainer.stats),
         "summary": trainer.stats.summary(),
     }
@@ -301,6 +332,7 @@ def mlp_from_parquet(spark, data, args) -> dict:
             "rounds_per_epoch": [h["rounds"] for h in trainer.history],
             "frequency_decisions": _decisions(trainer.stats, "averaging_frequency"),
             "round_overhead_median_s": statistics.median(round_overheads(trainer.stats)),
+            "round_breakdown_ms": round_breakdown(trainer.stats),
             "minibatch_fit_ms": _fit_ms(trainer.stats),
             "summary": trainer.stats.summary(),
         },

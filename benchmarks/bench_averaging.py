@@ -17,8 +17,8 @@ Sections (``--sections``, all by default):
     DL4J's MnistMLPDistributedExample model (784-500-100-10, leaky ReLU,
     Nesterov momentum, L2 1e-4) fed from a Parquet DataFrame (written once
     from Fashion-MNIST into a temporary folder), 16 examples per worker at
-    the defaults, against one 2-thread process at batch 32; epochs
-    alternate.
+    the defaults, against one 2-thread process at batch 16 (DL4J's
+    single-machine way) and at batch 32; epochs alternate.
 ``bmuf``
     Block momentum against plain averaging at frequency auto, 100, 200 and 400
     (LeNet as in ``lenet``): accuracy after every epoch.  The ``lenet``
@@ -208,6 +208,10 @@ def lenet_at_defaults(spark, data, args) -> dict:
     local_net, net = lenet(seed=args.seed), lenet(seed=args.seed)
     master = ParameterAveraging(batch_size_per_worker=args.batch_size, workers=args.workers, seed=args.seed)
     trainer = SparkTrainer(spark, net, master)
+    extra = None  # the same defaults at another batch per worker, alternated too
+    if args.lenet_extra_batch:
+        extra = SparkTrainer(spark, lenet(seed=args.seed), ParameterAveraging(
+            batch_size_per_worker=args.lenet_extra_batch, workers=args.workers, seed=args.seed))
     local_seconds, local_acc, loads = [], [], []
     for epoch in range(args.epochs):
         loads.append(_load_avg())
@@ -215,7 +219,18 @@ def lenet_at_defaults(spark, data, args) -> dict:
                                           args.seed + epoch))
         local_acc.append(evaluate_local(local_net, xt, yt).accuracy())
         trainer.fit(rdd, epochs=1, validation_data=test)
+        if extra is not None:
+            extra.fit(rdd, epochs=1, validation_data=test)
     trainer.close()
+    extra_run = None
+    if extra is not None:
+        extra.close()
+        extra_seconds = [h["seconds"] for h in extra.history]
+        extra_run = {"batch_size_per_worker": args.lenet_extra_batch, "epoch_seconds": extra_seconds,
+                     "accuracy": [h["accuracy"] for h in extra.history],
+                     "averaging_frequency": [h["averaging_frequency"] for h in extra.history],
+                     "throughput_ratio": statistics.median(local_seconds) / statistics.median(extra_seconds),
+                     "minibatch_fit_ms": _fit_ms(extra.stats)}
     spark_seconds = [h["seconds"] for h in trainer.history]
     overheads = round_overheads(trainer.stats)
     state_bytes = 4 * (net.num_params + net.updater_state.size)
@@ -244,7 +259,7 @@ def lenet_at_defaults(spark, data, args) -> dict:
     gap = 100 * (local_acc[-1] - averaging["accuracy"][-1])
     bound = 2 * trivial + transfer
     return {
-        "local": local, "averaging": averaging, "load_average_1min_before_epochs": loads,
+        "local": local, "averaging": averaging, "other_batch": extra_run, "load_average_1min_before_epochs": loads,
         "baselines": {"trivial_job_s": trivial, "param_transfer_at_copy_speed_s": transfer,
                       "state_bytes": state_bytes},
         "epoch_ratios": [a / b for a, b in zip(local_seconds, spark_seconds)],
@@ -284,12 +299,18 @@ def write_parquet(x, y, folder: str, files: int) -> str:
 
 
 def mlp_from_parquet(spark, data, args) -> dict:
-    """MnistMLP: alternating epochs of one 2-thread process and Spark at the defaults on a Parquet DataFrame."""
+    """MnistMLP: alternating epochs of one 2-thread process and Spark at the defaults on a Parquet DataFrame.
+
+    Two one-process baselines alternate with Spark: batch 16 (each
+    worker's minibatch: how DL4J's example trains on one machine; the
+    issue's "9 s for 2 epochs" is this one) and batch 32 (the examples
+    per averaged update of 2 workers).  The verdict uses batch 16."""
     from mnist_lenet import evaluate_local
 
     from sparkavg.spark import ParameterAveraging, SparkTrainer
 
     (x, y), (xt, yt) = data
+    batches = (args.mlp_batch_size, args.workers * args.mlp_batch_size)
     folder = tempfile.mkdtemp(prefix="sparkavg-mlp-parquet-")
     try:
         t = time.perf_counter()
@@ -297,14 +318,17 @@ def mlp_from_parquet(spark, data, args) -> dict:
         written = time.perf_counter() - t
         df = spark.read.parquet(folder)
         xf, xtf = x.reshape(len(x), -1), xt.reshape(len(xt), -1)
-        local_net, net = mnist_mlp(args.seed), mnist_mlp(args.seed)
+        local_nets = {b: mnist_mlp(args.seed) for b in batches}
+        net = mnist_mlp(args.seed)
         master = ParameterAveraging(batch_size_per_worker=args.mlp_batch_size, workers=args.workers, seed=args.seed)
         trainer = SparkTrainer(spark, net, master)
-        local_seconds, local_acc, fit_walls, spark_acc = [], [], [], []
+        local_seconds = {b: [] for b in batches}
+        local_acc = {b: [] for b in batches}
+        fit_walls, spark_acc = [], []
         for epoch in range(args.mlp_epochs):
-            local_seconds.append(_local_epoch(local_net, xf, y, args.workers * args.mlp_batch_size, args.workers,
-                                              args.seed + epoch))
-            local_acc.append(evaluate_local(local_net, xtf, yt).accuracy())
+            for b, local_net in local_nets.items():
+                local_seconds[b].append(_local_epoch(local_net, xf, y, b, args.workers, args.seed + epoch))
+                local_acc[b].append(evaluate_local(local_net, xtf, yt).accuracy())
             t = time.perf_counter()
             trainer.fit(df, epochs=1)  # the first fit also reads and minibatches the DataFrame
             fit_walls.append(time.perf_counter() - t)
@@ -313,16 +337,24 @@ def mlp_from_parquet(spark, data, args) -> dict:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     spark_seconds = [h["seconds"] for h in trainer.history]
-    ratio = statistics.median(local_seconds) / statistics.median(spark_seconds)
-    total_ratio = sum(local_seconds) / sum(fit_walls)
-    gap = 100 * (local_acc[-1] - spark_acc[-1])
     export = [e.duration for e in trainer.stats.events if e.phase == "export"]
+    local = {str(b): {"epoch_seconds": local_seconds[b], "accuracy": local_acc[b], "threads": args.workers,
+                      "batch_size": b, "examples_per_second": len(x) / statistics.median(local_seconds[b])}
+             for b in batches}
+    verdict = {}
+    for b in batches:
+        verdict[f"batch{b}"] = {
+            "throughput_ratio_epochs": statistics.median(local_seconds[b]) / statistics.median(spark_seconds),
+            "throughput_ratio_with_export": sum(local_seconds[b]) / sum(fit_walls),
+            "accuracy_gap_points": 100 * (local_acc[b][-1] - spark_acc[-1]),
+        }
+    main = verdict[f"batch{batches[0]}"]
+    verdict["throughput_must_ge_1.0"] = main["throughput_ratio_epochs"] >= 1.0
+    verdict["accuracy_must_within_0.5"] = abs(main["accuracy_gap_points"]) <= 0.5
     return {
         "model": "784-500-100-10 leaky ReLU, Nesterov(lr=0.02, momentum=0.9), L2 1e-4",
         "parameters": int(net.num_params), "parquet_write_s": written,
-        "local": {"epoch_seconds": local_seconds, "accuracy": local_acc, "threads": args.workers,
-                  "batch_size": args.workers * args.mlp_batch_size,
-                  "examples_per_second": len(x) / statistics.median(local_seconds)},
+        "local": local,
         "averaging": {
             "master": master.to_config(),
             "epoch_seconds": spark_seconds, "fit_wall_seconds": fit_walls, "export_seconds": export,
@@ -336,10 +368,8 @@ def mlp_from_parquet(spark, data, args) -> dict:
             "minibatch_fit_ms": _fit_ms(trainer.stats),
             "summary": trainer.stats.summary(),
         },
-        "epoch_ratios": [a / b for a, b in zip(local_seconds, spark_seconds)],
-        "verdict": {"throughput_ratio_epochs": ratio, "throughput_ratio_with_export": total_ratio,
-                    "throughput_must_ge_1.0": ratio >= 1.0, "accuracy_gap_points": gap,
-                    "accuracy_must_within_0.5": abs(gap) <= 0.5},
+        "epoch_ratios": {str(b): [a / s for a, s in zip(local_seconds[b], spark_seconds)] for b in batches},
+        "verdict": verdict,
     }
 
 
@@ -392,6 +422,8 @@ def main(argv=None):
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=32, help="LeNet examples per worker (the example's default)")
     p.add_argument("--mlp-batch-size", type=int, default=16, help="MnistMLP examples per worker (DL4J's)")
+    p.add_argument("--lenet-extra-batch", type=int, default=64,
+                   help="lenet: also run the defaults at this batch per worker, alternated (0: off)")
     p.add_argument("--limit-train", type=int, default=None)
     p.add_argument("--seed", type=int, default=123)
     p.add_argument("--out", default=None)

@@ -10,7 +10,9 @@ import pytest
 
 from sparkavg.data.validation import DataValidationError
 from sparkavg.evaluation import Evaluation
-from sparkavg.spark import DataOptions, GradientSharing, ParameterAveraging, SparkTrainer
+from sparkavg.nn import Adam
+from sparkavg.spark import (DataOptions, DivergenceError, GradientSharing, ParameterAveraging, SparkTrainer,
+                            WorkerFailure)
 from sparkavg.spark.connect import ConnectSpark, ShippedValue
 from sparkavg.spark.seam import ClassicSpark, seam_for
 
@@ -23,18 +25,16 @@ PLACEMENTS = {"files": DataOptions(repartition="never"),  # local master: a temp
 
 
 def _frame(session, x, y, kind="array<float>", partitions=1):
-    """A DataFrame of (id, features, label) in one partition, rows in order."""
+    """A DataFrame of (id, features, label) in ``partitions`` partitions, rows in order;
+    ``kind="vector"``: ml Vectors, odd rows sparse (their positive entries)."""
     flat = x.reshape(len(x), -1)
     if kind == "vector":
-        from pyspark.ml.linalg import Vectors
+        from pyspark.ml.linalg import Vectors, VectorUDT
+        from pyspark.sql.types import LongType, StructField, StructType
 
         features = [Vectors.sparse(flat.shape[1], {j: float(v) for j, v in enumerate(row) if v > 0})
                     if i % 2 else Vectors.dense(row.tolist()) for i, row in enumerate(flat)]
-        schema = "id long, features vector, label long"
         rows = [(i, f, int(label)) for i, (f, label) in enumerate(zip(features, y))]
-        from pyspark.ml.linalg import VectorUDT
-        from pyspark.sql.types import LongType, StructField, StructType
-
         schema = StructType([StructField("id", LongType()), StructField("features", VectorUDT()),
                              StructField("label", LongType())])
     else:
@@ -179,6 +179,21 @@ def test_killed_worker_on_connect_is_retried(connect, tmp_path):
         connect.conf.unset("sparkavg.test.kill_marker")
     assert not marker.exists() and (tmp_path / "kill-me.claimed").exists()  # a worker really died
     np.testing.assert_allclose(crashed.params, clean.params, rtol=1e-6, atol=1e-7)
+
+
+def test_executor_errors_on_connect_come_back_as_themselves(connect):
+    x, y = blobs(80, seed=41)
+    df = _frame(connect, x, y, partitions=2)
+    net = small_net(seed=9)
+    net.updater = Adam(lr=3e38)  # updates overflow the residual: a marked error fails the barrier stage
+    trainer = SparkTrainer(connect, net, GradientSharing(workers=2, batch_size_per_worker=10, threshold=1e-3))
+    with pytest.raises(DivergenceError, match=r"worker rank \d"):
+        trainer.fit(df, epochs=1)
+    assert trainer.stats.counters.get("stage_restarts", 0) == 0  # not retried as a lost worker
+    trainer = SparkTrainer(connect, small_net(seed=1), ParameterAveraging(workers=2))
+    # a 3-class Evaluation for a 2-output network: returned as a failure row, raised as itself
+    with pytest.raises(WorkerFailure, match=r"ValueError: .*\[evaluation: partition \d\]"):
+        trainer.evaluate(df, evaluations=[Evaluation(3)])
 
 
 @pytest.mark.parametrize("kind", ["array<double>", "vector"])

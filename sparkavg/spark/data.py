@@ -32,8 +32,8 @@ from ..data.validation import DataSpec, DataValidationError, rebatch_partition
 from .errors import TaskFailure, executor_errors, guarded_partitions, raise_failures
 from .storage import SharedLocation, load_minibatch, save_minibatch
 
-__all__ = ["as_example_rdd", "ExampleFrame", "minibatch_frame", "check_columns", "require_arrow", "PreparedData", "prepare", "deal",
-           "EpochPlan", "placement_for", "load_minibatch"]
+__all__ = ["as_example_rdd", "ExampleFrame", "minibatch_frame", "check_columns", "require_arrow", "PreparedData",
+           "prepare", "deal", "EpochPlan", "placement_for", "load_minibatch"]
 
 logger = logging.getLogger(__name__)
 

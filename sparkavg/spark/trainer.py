@@ -308,11 +308,13 @@ class SparkTrainer:
         return result[0] / result[1]
 
     def predict(self, data):
-        """Distributed inference: an RDD of output rows.
+        """Distributed inference, never collected to the driver.
 
-        Rows ``(key, features)`` give ``(key, output)`` (RDDs are unordered,
-        keys say which is which); bare feature arrays give outputs in the
-        partition order.  A DataFrame uses ``features_col``.  The shipped
+        Classic sessions: an RDD of output rows.  Rows ``(key, features)``
+        give ``(key, output)`` (RDDs are unordered, keys say which is which);
+        bare feature arrays give outputs in the partition order; a DataFrame
+        uses ``features_col``.  Spark Connect (DataFrames only): the input
+        DataFrame with an ``output`` column (``array<float>``).  The shipped
         parameters live as long as the returned RDD may be recomputed: until
         :meth:`close`.
         """

@@ -133,7 +133,8 @@ def job(args) -> None:
                     {k: h[k] for k in ("epoch", "seconds", "examples", "rounds", "averaging_frequency",
                                        "replica_max_abs_diff") if k in h} for h in trainer.history],
                  "accuracy": float(np.mean(out == yt)), "counters": {k: float(v) for k, v in c.items()},
-                 "lanes": trainer.stats.lanes, "state_bytes": int(4 * (net.num_params + net.updater_state.size)),
+                 "lanes": trainer.stats.lanes, "stats_summary": trainer.stats.summary(),
+                 "phase_totals": trainer.stats.phase_totals(), "state_bytes": int(4 * (net.num_params + net.updater_state.size)),
                  "udp_addresses": sorted({str(d["value"]) for d in trainer.stats.decisions
                                           if d["name"] == "udp_address"})})
     finally:
@@ -220,7 +221,8 @@ def summarise(done: dict, hosts: dict, local_eps: float, workers) -> dict:
     out = {"epoch_seconds": [e["seconds"] for e in h], "examples_per_second": eps,
            "speedup_vs_local": eps / local_eps, "accuracy": done["accuracy"], "hosts": hosts,
            "busiest_link_bytes_per_epoch": max(max(v["tx"], v["rx"]) for v in hosts.values()) / len(h),
-           "lane_hosts": sorted({lane.split("/")[0] for lane in done["lanes"] if "/" in lane})}
+           "lane_hosts": sorted({lane.split("/")[0] for lane in done["lanes"] if "/" in lane}),
+           "stats_summary": done["stats_summary"], "phase_totals": done["phase_totals"]}
     if done["strategy"] == "averaging":
         out["rounds"] = [e.get("rounds") for e in h]
         out["averaging_frequency"] = [e.get("averaging_frequency") for e in h]

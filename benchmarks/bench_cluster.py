@@ -115,7 +115,7 @@ def job(args) -> None:
     spark.sparkContext.setLogLevel("WARN")
     try:
         xt, yt = load_mnist(args.data_dir, "test", limit=args.limit_test)
-        rdd = executor_loaded_rdd(spark.sparkContext, args.data_dir, args.limit_train, slices=2)
+        rdd = executor_loaded_rdd(spark.sparkContext, args.data_dir, args.limit_train or None, slices=2)
         masters = {
             "averaging": ParameterAveraging(batch_size_per_worker=BATCH, workers=2, seed=SEED),
             "sharing": GradientSharing(threshold=AdaptiveThreshold(initial=THRESHOLD), batch_size_per_worker=BATCH,

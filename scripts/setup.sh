@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian machine for sparkavg: Java 17 (Spark), the
 # Fashion-MNIST dataset, a virtual environment in .venv with the package
-# (its Cython kernels compiled) and the test tools.  Idempotent.
+# (its Cython kernels compiled), the Spark Connect client and the test
+# tools, and iproute2 for the tests' simulated hosts.  Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +12,9 @@ need=()
 command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
 [ -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || need+=(dataset-fashion-mnist)
 python3 -c "import venv, ensurepip" >/dev/null 2>&1 || need+=(python3-venv)
+# the simulated multi-host cluster of the tests: ip/tc (network namespaces, links), nsenter/unshare
+command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1 || need+=(iproute2)
+command -v nsenter >/dev/null 2>&1 || need+=(util-linux)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"
   $SUDO apt-get update -qq

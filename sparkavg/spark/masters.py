@@ -278,16 +278,18 @@ class ParameterAveraging(Master):
         that plain averaging far above 20 hurts convergence (with plain
         SGD); measured on Fashion-MNIST with 2 workers and block momentum
         (benchmarks/RESULTS.md), LeNet with Adam at 400 minibatches per
-        round (2-3 rounds per epoch) ends 3 epochs at the accuracy of one
-        process, and DL4J's MLP with Nesterov momentum stays there up to
-        1000.  Without block momentum the same runs lost 0.4-1.0 points
-        at 50-400; pin a lower bound when averaging plainly.  A pinned
-        int is not bounded.
+        round (2-3 rounds per epoch) ends 3 epochs 0.45 points above one
+        process, and DL4J's MLP (Nesterov momentum) chose 386 and ended 2
+        epochs at least as accurate as one process.  Plain averaging at
+        the same frequencies trailed block momentum by 0.2-0.5 points
+        after 3 epochs and by 0.5-1.3 in the first two.  A pinned int is
+        not bounded.
     block_momentum : BlockMomentum or None, default BlockMomentum()
         Block momentum (BMUF) applied by the driver after each averaging;
         None averages plainly (DL4J).  On by default because it measured
-        better: LeNet 0.4-1.0 points more accuracy after 3 epochs at every
-        frequency from 50 to 400 (benchmarks/RESULTS.md).
+        better at no measurable cost: LeNet gained 0.5-1.2 points of
+        accuracy after the first epoch and 0.2-0.5 after the third at
+        frequency auto, 100, 200 and 400 (benchmarks/RESULTS.md).
     aggregation_depth : int, default 2
         ``treeAggregate`` depth.
     save_updater : bool, default True

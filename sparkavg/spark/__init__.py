@@ -14,6 +14,7 @@ import importlib
 _EXPORTS = {
     "SparkTrainer": ".trainer",
     "ParameterAveraging": ".masters",
+    "BlockMomentum": ".masters",
     "GradientSharing": ".masters",
     "DataOptions": ".masters",
     "Device": ".masters",

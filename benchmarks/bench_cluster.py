@@ -41,6 +41,7 @@ import math
 import os
 import re
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -289,14 +290,43 @@ def run_cluster(rate, args, local_eps: float) -> dict:
     return result
 
 
-def breakeven_rate(unshaped: dict, local_eps: float, examples: int):
+def breakeven_rate(epoch_seconds: float, busiest_bytes: float, local_seconds: float):
     """Link speed (bit/s) below which a strategy's epoch is slower than one
-    core: its unshaped epoch plus its busiest link's bytes at that speed.
+    core's: its unshaped epoch plus its busiest link's bytes at that speed.
     None when it is slower than one core even unshaped."""
-    spare = examples / local_eps - unshaped["epoch_seconds"][-1]
-    if spare <= 0:
-        return None
-    return unshaped["busiest_link_bytes_per_epoch"] * 8 / spare
+    spare = local_seconds - epoch_seconds
+    return busiest_bytes * 8 / spare if spare > 0 else None
+
+
+STRATEGIES = ("averaging", "sharing")
+
+
+def verdicts(result: dict) -> dict:
+    """The musts and the link speed where each strategy stops paying, from the
+    medians over repeats (every run is in ``result["runs"]``)."""
+    runs, local_eps, examples = result["runs"], result["local_examples_per_second"], result["examples"]
+    rates = list(dict.fromkeys(r["rate"] for r in runs))
+    median = {rate: {name: statistics.median(r[name]["examples_per_second"] for r in runs if r["rate"] == rate)
+                     for name in STRATEGIES} for rate in rates}
+    v = {"median_examples_per_second": median,
+         "median_speedup_vs_local": {rate: {n: median[rate][n] / local_eps for n in STRATEGIES} for rate in rates},
+         "udp_wire_over_bytes_sent": [r["sharing"]["udp_wire_over_bytes_sent"] for r in runs],
+         "sharing_bytes_agree_within_10pct_every_run": all(r["sharing"]["agree_within_10pct"] for r in runs)}
+    if "unshaped" in median:
+        for rate in rates:
+            if rate != "unshaped":
+                for name in STRATEGIES:
+                    v[f"{name}_{rate}_over_unshaped"] = median[rate][name] / median["unshaped"][name]
+        if "100mbit" in median:
+            v["sharing_keeps_85pct_at_100mbit"] = v["sharing_100mbit_over_unshaped"] >= 0.85
+        for name in STRATEGIES:
+            base = [r[name] for r in runs if r["rate"] == "unshaped"]
+            rate = breakeven_rate(examples / median["unshaped"][name],
+                                  statistics.mean(x["busiest_link_bytes_per_epoch"] for x in base),
+                                  examples / local_eps)
+            v[f"{name}_pays_down_to_mbit_s"] = rate / 1e6 if rate is not None else None
+    v["pays_at"] = {name: {rate: median[rate][name] > local_eps for rate in rates} for name in STRATEGIES}
+    return v
 
 
 def main(argv=None):
@@ -306,8 +336,11 @@ def main(argv=None):
     p.add_argument("--limit-test", type=int, default=10000)
     p.add_argument("--epochs", type=int, default=1, help="epochs per fit; throughput is the last epoch's")
     p.add_argument("--rates", default="none,1gbit,100mbit", help="link speeds, 'none' = unshaped")
+    p.add_argument("--repeats", type=int, default=2,
+                   help="times through the rates, every other time in reverse order (default 2); verdicts use "
+                        "the median of each rate")
     p.add_argument("--out", default=None)
-    p.add_argument("--table", default=None, help="also write the RESULTS.md table (markdown) here")
+    p.add_argument("--table", default=None, help="also write the RESULTS.md tables (markdown) here")
     p.add_argument("--job", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--conf", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -326,36 +359,18 @@ def main(argv=None):
               "examples": args.limit_train or 60000, "epochs": args.epochs, "batch_size_per_worker": BATCH,
               "workers": "2 hosts x 1 core", "threshold": f"AdaptiveThreshold(initial={THRESHOLD})"}
     before = local_baseline(args.data_dir, args.limit_train, args.epochs)
-    runs = [run_cluster(rate, args, before["examples_per_second"]) for rate in rates]
+    runs = []
+    for repeat in range(args.repeats):
+        for rate in (rates if repeat % 2 == 0 else rates[::-1]):
+            runs.append({"repeat": repeat + 1, **run_cluster(rate, args, before["examples_per_second"])})
     after = local_baseline(args.data_dir, args.limit_train, args.epochs)
     local_eps = (before["examples_per_second"] + after["examples_per_second"]) / 2
     for run in runs:  # against the mean of both local runs
-        for name in ("averaging", "sharing"):
+        for name in STRATEGIES:
             run[name]["speedup_vs_local"] = run[name]["examples_per_second"] / local_eps
     result.update({"local_before": before, "local_after": after, "local_examples_per_second": local_eps,
                    "runs": runs})
-    by_rate = {r["rate"]: r for r in runs}
-    verdict = {}
-    sharing_ok = [r["sharing"]["agree_within_10pct"] for r in runs]
-    verdict["sharing_bytes_agree_within_10pct_every_run"] = all(sharing_ok)
-    verdict["udp_wire_over_bytes_sent"] = {r["rate"]: r["sharing"]["udp_wire_over_bytes_sent"] for r in runs}
-    if "unshaped" in by_rate and "100mbit" in by_rate:
-        kept = by_rate["100mbit"]["sharing"]["examples_per_second"] / by_rate["unshaped"]["sharing"]["examples_per_second"]
-        verdict["sharing_100mbit_over_unshaped"] = kept
-        verdict["sharing_keeps_85pct_at_100mbit"] = kept >= 0.85
-        verdict["averaging_100mbit_over_unshaped"] = (by_rate["100mbit"]["averaging"]["examples_per_second"]
-                                                      / by_rate["unshaped"]["averaging"]["examples_per_second"])
-    if "1gbit" in by_rate and "unshaped" in by_rate:
-        for name in ("averaging", "sharing"):
-            verdict[f"{name}_1gbit_over_unshaped"] = (by_rate["1gbit"][name]["examples_per_second"]
-                                                      / by_rate["unshaped"][name]["examples_per_second"])
-    if "unshaped" in by_rate:
-        for name in ("averaging", "sharing"):
-            rate = breakeven_rate(by_rate["unshaped"][name], local_eps, result["examples"])
-            verdict[f"{name}_pays_down_to_mbit_s"] = rate / 1e6 if rate is not None else None
-    verdict["pays_at"] = {name: {r["rate"]: r[name]["speedup_vs_local"] > 1.0 for r in runs}
-                          for name in ("averaging", "sharing")}
-    result["verdict"] = verdict
+    result["verdict"] = verdicts(result)
     if args.table:
         with open(args.table, "w") as fh:
             fh.write(markdown(result))
@@ -363,28 +378,39 @@ def main(argv=None):
 
 
 def markdown(result: dict) -> str:
-    """The RESULTS.md table: one row per link speed and strategy, the local process first."""
+    """The RESULTS.md tables: medians per link speed, then every run (the local process first)."""
     mb = lambda b: f"{b / 1e6:.1f}"  # noqa: E731
-    rows = ["| link | run | epoch s | examples/s | vs 1 core | vs unshaped | test acc. | wire tx / rx MB: driver; "
-            "worker0; worker1 (eth0) | UDP on the wire MB (kernel, workers) | sparkavg bytes_sent MB | kernel / "
-            "sparkavg |", "|" + "---|" * 11]
+    v = result["verdict"]
+    med = v["median_examples_per_second"]
+    rows = ["| link | averaging ex/s | vs 1 core | vs unshaped | sharing ex/s | vs 1 core | vs unshaped |",
+            "|---|---|---|---|---|---|---|"]
+    for rate, m in med.items():
+        cells = []
+        for name in STRATEGIES:
+            rel = f"{m[name] / med['unshaped'][name]:.2f}" if "unshaped" in med else "-"
+            cells += [f"{m[name]:.0f}", f"{m[name] / result['local_examples_per_second']:.2f}", rel]
+        rows.append(f"| {rate} | " + " | ".join(cells) + " |")
+    rows.append(f"| 1 process, 1 core | {result['local_examples_per_second']:.0f} (mean of before/after) | 1 | - | "
+                "- | - | - |")
+    rows += ["", "| link | # | run | epoch s | examples/s | vs 1 core | test acc. | wire tx / rx MB: driver; "
+             "worker0; worker1 (eth0) | UDP on the wire MB (kernel, workers) | sparkavg bytes_sent MB | kernel / "
+             "sparkavg |", "|" + "---|" * 11]
     for key in ("local_before", "local_after"):
         loc = result[key]
-        rows.append(f"| - | 1 process, 1 core ({key.split('_')[1]}) | "
+        rows.append(f"| - | {key.split('_')[1]} | 1 process, 1 core | "
                     f"{', '.join(f'{s:.1f}' for s in loc['epoch_seconds'])} | {loc['examples_per_second']:.0f} | "
-                    f"1 | - | {loc['accuracy']:.4f} | - | - | - | - |")
-    base = {r["rate"]: r for r in result["runs"]}.get("unshaped")
-    for run in result["runs"]:
-        for name in ("averaging", "sharing"):
+                    f"{loc['examples_per_second'] / result['local_examples_per_second']:.2f} | "
+                    f"{loc['accuracy']:.4f} | - | - | - | - |")
+    for run in sorted(result["runs"], key=lambda r: (list(med).index(r["rate"]), r["repeat"])):
+        for name in STRATEGIES:
             x = run[name]
-            hosts = "; ".join(f"{mb(v['tx'])} / {mb(v['rx'])}" for v in x["hosts"].values())
-            vs = (f"{x['examples_per_second'] / base[name]['examples_per_second']:.2f}" if base else "-")
+            hosts = "; ".join(f"{mb(h['tx'])} / {mb(h['rx'])}" for h in x["hosts"].values())
             label = name if name == "sharing" else f"averaging (F {', '.join(map(str, x['averaging_frequency']))})"
             udp = (f"{mb(x['udp_wire_bytes'])} | {mb(x['sparkavg']['bytes_sent'])} | "
                    f"{x['udp_wire_over_bytes_sent']:.3f}") if name == "sharing" else "- | - | -"
-            rows.append(f"| {run['rate']} | {label} | {', '.join(f'{s:.1f}' for s in x['epoch_seconds'])} | "
-                        f"{x['examples_per_second']:.0f} | {x['speedup_vs_local']:.2f} | {vs} | {x['accuracy']:.4f} | "
-                        f"{hosts} | {udp} |")
+            rows.append(f"| {run['rate']} | {run['repeat']} | {label} | "
+                        f"{', '.join(f'{s:.1f}' for s in x['epoch_seconds'])} | {x['examples_per_second']:.0f} | "
+                        f"{x['speedup_vs_local']:.2f} | {x['accuracy']:.4f} | {hosts} | {udp} |")
     return "\n".join(rows) + "\n"
 
 

@@ -107,8 +107,11 @@ class SparkTrainer:
     def _release(resources: dict) -> None:
         prepared = resources.get("prepared")
         if prepared is not None:
-            prepared.release()
             resources["prepared"] = None
+            try:
+                prepared.release()
+            except Exception as exc:  # e.g. a SparkContext stopped before the trainer was closed
+                logger.debug("could not release the fit's minibatches: %s", exc)
         for handle in resources["shipped"]:
             try:
                 handle.destroy()

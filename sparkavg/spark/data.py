@@ -156,16 +156,14 @@ class PreparedData:
         return self.paths is not None
 
     def release(self) -> None:
-        """Drop persisted blocks and the files this fit wrote (idempotent)."""
-        for r in self._epoch_rdds:
+        """Drop the files this fit wrote and its persisted blocks (idempotent)."""
+        location, self.location = self.location, None
+        if location is not None:  # first: files outlive a stopped SparkContext, blocks do not
+            location.release()
+        rdds, self._epoch_rdds = list(self._epoch_rdds) + ([self.rdd] if self.rdd is not None else []), []
+        self.rdd = None
+        for r in rdds:
             r.unpersist()
-        self._epoch_rdds.clear()
-        if self.rdd is not None:
-            self.rdd.unpersist()
-            self.rdd = None
-        if self.location is not None:
-            self.location.release()
-            self.location = None
 
 
 def _write_partition(spec: DataSpec, batch_size: int, folder: str):

@@ -53,16 +53,41 @@ _RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
 HOST_INTERFACE = "eth0"
 
 # Sets up the private mounts and hostname, reports, then holds the
-# namespaces open for nsenter.  "$1" = host name, "$2" = hosts file.
+# namespaces open for nsenter.  "$1" = host name, "$2" = hosts file,
+# "$3" = a process in the root mount namespace, "$4"... = installed software
+# (a checkout, a virtual environment) that happens to live under a private
+# folder: bound back from the root namespace's view, as every real host has
+# the software installed.
 _ANCHOR_SCRIPT = """set -e
 if [ -e /etc/hosts ]; then mount --bind "$2" /etc/hosts; fi
 for d in {dirs}; do
   if [ -d "$d" ]; then mount -t tmpfs -o mode=1777 "sparkavg-$1" "$d"; fi
 done
+owner="$3"
+shift 3
+for k in "$@"; do
+  mkdir -p "$k"
+  mount --bind "/proc/$owner/root$k" "$k"
+done
 hostname "$1"
 echo ready
 exec sleep infinity
 """.format(dirs=" ".join(PRIVATE_DIRS))
+
+
+def software_under_private_dirs() -> list:
+    """The checkout, the virtual environment and the working directory, where
+    they lie under a folder every host gets privately (e.g. a clone in /tmp)."""
+    import sys
+
+    import sparkavg
+
+    candidates = {os.path.realpath(p) for p in (os.getcwd(), sys.prefix,
+                                               os.path.dirname(os.path.dirname(sparkavg.__file__)))}
+    private = [os.path.realpath(d) for d in PRIVATE_DIRS]
+    keep = sorted(c for c in candidates if any(c == d or c.startswith(d + os.sep) for d in private))
+    # a path inside another kept path is already visible through it
+    return [k for k in keep if not any(k != o and k.startswith(o + os.sep) for o in keep)]
 
 
 def rate_bits_per_second(rate: str) -> float:
@@ -246,7 +271,8 @@ class HostLink:
         then ``sleep``'s.  Call :meth:`wait_anchor` afterwards."""
         self.anchor = subprocess.Popen(
             ["ip", "netns", "exec", self.netns, "unshare", "--mount", "--uts", "--propagation", "private",
-             "sh", "-c", _ANCHOR_SCRIPT, "sh", self.name, str(hosts_file)],
+             "sh", "-c", _ANCHOR_SCRIPT, "sh", self.name, str(hosts_file), str(os.getpid()),
+             *software_under_private_dirs()],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True)
         return self.anchor

@@ -63,13 +63,14 @@ if [ -e /etc/hosts ]; then mount --bind "$2" /etc/hosts; fi
 for d in {dirs}; do
   if [ -d "$d" ]; then mount -t tmpfs -o mode=1777 "sparkavg-$1" "$d"; fi
 done
+name="$1"
 owner="$3"
 shift 3
 for k in "$@"; do
   mkdir -p "$k"
   mount --bind "/proc/$owner/root$k" "$k"
 done
-hostname "$1"
+hostname "$name"
 echo ready
 exec sleep infinity
 """.format(dirs=" ".join(PRIVATE_DIRS))

@@ -54,22 +54,27 @@ HOST_INTERFACE = "eth0"
 
 # Sets up the private mounts and hostname, reports, then holds the
 # namespaces open for nsenter.  "$1" = host name, "$2" = hosts file,
-# "$3" = a process in the root mount namespace, "$4"... = installed software
-# (a checkout, a virtual environment) that happens to live under a private
-# folder: bound back from the root namespace's view, as every real host has
-# the software installed.
+# "$3"... = installed software (a checkout, a virtual environment) that
+# happens to live under a private folder: held aside on a scratch tmpfs
+# over /mnt, then moved back on top of the new private folder -- every real
+# host has the software installed.
 _ANCHOR_SCRIPT = """set -e
-if [ -e /etc/hosts ]; then mount --bind "$2" /etc/hosts; fi
-for d in {dirs}; do
-  if [ -d "$d" ]; then mount -t tmpfs -o mode=1777 "sparkavg-$1" "$d"; fi
-done
 name="$1"
-owner="$3"
-shift 3
-for k in "$@"; do
-  mkdir -p "$k"
-  mount --bind "/proc/$owner/root$k" "$k"
+if [ -e /etc/hosts ]; then mount --bind "$2" /etc/hosts; fi
+shift 2
+if [ "$#" -gt 0 ]; then
+  mount -t tmpfs "sparkavg-hold-$name" /mnt
+  i=0
+  for k in "$@"; do mkdir -p "/mnt/k$i"; mount --bind "$k" "/mnt/k$i"; i=$((i + 1)); done
+fi
+for d in {dirs}; do
+  if [ -d "$d" ]; then mount -t tmpfs -o mode=1777 "sparkavg-$name" "$d"; fi
 done
+if [ "$#" -gt 0 ]; then
+  i=0
+  for k in "$@"; do mkdir -p "$k"; mount --move "/mnt/k$i" "$k"; i=$((i + 1)); done
+  umount /mnt
+fi
 hostname "$name"
 echo ready
 exec sleep infinity
@@ -272,8 +277,7 @@ class HostLink:
         then ``sleep``'s.  Call :meth:`wait_anchor` afterwards."""
         self.anchor = subprocess.Popen(
             ["ip", "netns", "exec", self.netns, "unshare", "--mount", "--uts", "--propagation", "private",
-             "sh", "-c", _ANCHOR_SCRIPT, "sh", self.name, str(hosts_file), str(os.getpid()),
-             *software_under_private_dirs()],
+             "sh", "-c", _ANCHOR_SCRIPT, "sh", self.name, str(hosts_file), *software_under_private_dirs()],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True)
         return self.anchor

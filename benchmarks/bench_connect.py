@@ -28,11 +28,8 @@ import argparse
 import contextlib
 import logging
 import os
-import secrets
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -70,53 +67,19 @@ def classic_session(master: str, local_dir: str):
     return session
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def connect_session(master: str, local_dir: str, log_path: str):
     """A Connect server (own JVM, recommended_conf) and a client session on it."""
-    import pyspark
     from pyspark.sql.connect.session import SparkSession as RemoteSparkSession
 
-    from sparkavg.spark import recommended_conf
+    from sparkavg.testing.connect import connect_server
 
-    home = os.path.dirname(pyspark.__file__)
-    token, port = secrets.token_hex(16), _free_port()
-    env = dict(os.environ, SPARK_HOME=home, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
-               SPARK_CONNECT_MODE="0", SPARK_CONNECT_AUTHENTICATE_TOKEN=token)
-    env.pop(MODE_VAR, None)
-    conf = {**recommended_conf(master), "spark.ui.enabled": "false", "spark.local.dir": local_dir,
-            "spark.connect.grpc.binding.address": "127.0.0.1", "spark.connect.grpc.binding.port": str(port)}
-    args = [os.path.join(home, "bin", "spark-submit"), "--class",
-            "org.apache.spark.sql.connect.service.SparkConnectServer", "--master", master]
-    for key, value in conf.items():
-        args += ["--conf", f"{key}={value}"]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"Connect server did not open port {port}; see {log_path}")
-            time.sleep(0.3)
-        session = RemoteSparkSession.builder.remote(f"sc://localhost:{port}/;token={token}").getOrCreate()
+    with connect_server(master, log_path, {"spark.local.dir": local_dir}, timeout=300) as url:
+        session = RemoteSparkSession.builder.remote(url).getOrCreate()
         try:
             yield session
         finally:
             session.stop()
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 # ---------------------------------------------------------------------- data

@@ -261,47 +261,16 @@ def sim_cluster_factory(tmp_path):
 
 @pytest.fixture(scope="session")
 def connect_server(tmp_path_factory):
-    """A Spark Connect server (``local[2,4]``, recommended_conf, UI off) run
-    with ``spark-submit`` from the installed pyspark, bound to 127.0.0.1 with
-    a fresh token; yields its ``sc://`` URL.
+    """A Spark Connect server (``local[2,4]``, recommended_conf, UI off) in its
+    own JVM from the installed pyspark, bound to 127.0.0.1 with a fresh
+    token; yields its ``sc://`` URL (see :mod:`sparkavg.testing.connect`)."""
+    from sparkavg.testing.connect import connect_server as server
 
-    ``SparkSession.builder.remote("local[2]")`` would start the server
-    inside this process, which pyspark refuses while the classic ``spark``
-    fixture holds a SparkContext (SESSION_OR_CONTEXT_EXISTS); in its own
-    process the server is also what a Connect client really talks to."""
-    import secrets
-
-    import pyspark
-
-    from sparkavg.spark import recommended_conf
-
-    spark_home = Path(pyspark.__file__).parent
     workdir = tmp_path_factory.mktemp("connect")
-    token = secrets.token_hex(16)
-    env = dict(os.environ, SPARK_HOME=str(spark_home), SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
-               SPARK_CONNECT_MODE="0", SPARK_CONNECT_AUTHENTICATE_TOKEN=token)
-    for var in ("SPARK_REMOTE", "SPARK_LOCAL_REMOTE", "SPARK_CONNECT_MODE_ENABLED"):
-        env.pop(var, None)
-    port = _free_port()
-    conf = {**recommended_conf("local[2,4]"), "spark.ui.enabled": "false", "spark.local.dir": str(workdir / "local"),
-            "spark.sql.shuffle.partitions": "4", "spark.task.maxFailures": "4",
-            "spark.connect.grpc.binding.address": "127.0.0.1", "spark.connect.grpc.binding.port": str(port)}
-    args = [str(spark_home / "bin" / "spark-submit"), "--class",
-            "org.apache.spark.sql.connect.service.SparkConnectServer", "--master", "local[2,4]"]
-    for key, value in conf.items():
-        args += ["--conf", f"{key}={value}"]
-    log = workdir / "server.log"
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(args, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=workdir)
-    try:
-        _wait_port(port, 180, "Spark Connect server", log)
-        yield f"sc://localhost:{port}/;token={token}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    conf = {"spark.local.dir": str(workdir / "local"), "spark.sql.shuffle.partitions": "4",
+            "spark.task.maxFailures": "4"}
+    with server("local[2,4]", str(workdir / "server.log"), conf, timeout=180, cwd=str(workdir)) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -14,33 +14,16 @@ tests/test_ops_front.py checks all of this.
 """
 from __future__ import annotations
 
-__all__ = ["KERNELS", "OPERATIONS", "operation"]
+__all__ = ["ELEMENTWISE", "ENCODING", "CONV", "KERNELS", "OPERATIONS", "operation"]
 
+#: The kernels of :mod:`sparkavg.ops.elementwise`: averaging and updater steps.
+ELEMENTWISE = ("accumulate", "scale", "sgd_step", "nesterov_step", "adagrad_step", "rmsprop_step", "adam_step")
+#: The kernels of :mod:`sparkavg.ops.encoding`: threshold encoding.
+ENCODING = ("threshold_encode", "threshold_decode", "bitmap_encode", "bitmap_decode", "count_above", "clip_residual")
+#: The kernels of :mod:`sparkavg.ops.conv`: convolution and pooling on NHWC arrays.
+CONV = ("im2col", "col2im", "maxpool_forward", "maxpool_backward", "avgpool_forward", "avgpool_backward")
 #: Every kernel of the front, in the order the docs list them.
-KERNELS = (
-    # averaging and updater steps (.elementwise)
-    "accumulate",
-    "scale",
-    "sgd_step",
-    "nesterov_step",
-    "adagrad_step",
-    "rmsprop_step",
-    "adam_step",
-    # threshold encoding (.encoding)
-    "threshold_encode",
-    "threshold_decode",
-    "bitmap_encode",
-    "bitmap_decode",
-    "count_above",
-    "clip_residual",
-    # convolution and pooling on NHWC arrays (.conv)
-    "im2col",
-    "col2im",
-    "maxpool_forward",
-    "maxpool_backward",
-    "avgpool_forward",
-    "avgpool_backward",
-)
+KERNELS = ELEMENTWISE + ENCODING + CONV
 
 _RENAMED = {
     "threshold_encode": "encode_sparse",   # -> (message or None, total qualifying)

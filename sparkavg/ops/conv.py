@@ -28,17 +28,10 @@ import numpy as np
 
 from ._checks import check_inplace, check_operand, check_readonly
 from ._dispatch import call
+from ._kernels import CONV
 from .reference_conv import conv_output_size
 
-__all__ = [
-    "conv_output_size",
-    "im2col",
-    "col2im",
-    "maxpool_forward",
-    "maxpool_backward",
-    "avgpool_forward",
-    "avgpool_backward",
-]
+__all__ = ["conv_output_size", *CONV]
 
 #: argmax holds flat int32 indices into one sample.
 _MAX_SAMPLE = 2**31 - 1

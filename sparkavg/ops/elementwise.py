@@ -17,16 +17,9 @@ from __future__ import annotations
 
 from ._checks import check_inplace, check_operand, check_threads
 from ._dispatch import call
+from ._kernels import ELEMENTWISE
 
-__all__ = [
-    "accumulate",
-    "scale",
-    "sgd_step",
-    "nesterov_step",
-    "adagrad_step",
-    "rmsprop_step",
-    "adam_step",
-]
+__all__ = list(ELEMENTWISE)
 
 
 def accumulate(buffer, x, weight=1.0, *, n_threads=None):

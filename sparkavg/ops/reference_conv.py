@@ -16,16 +16,9 @@ them) and are re-exported by :mod:`sparkavg.ops.reference`.
 from __future__ import annotations
 
 from ..backend import get_array_module
+from ._kernels import CONV
 
-__all__ = [
-    "conv_output_size",
-    "im2col",
-    "col2im",
-    "maxpool_forward",
-    "maxpool_backward",
-    "avgpool_forward",
-    "avgpool_backward",
-]
+__all__ = ["conv_output_size", *CONV]
 
 
 def conv_output_size(size: int, kernel: int, stride: int, padding: int) -> int:

@@ -7,7 +7,7 @@ import numpy as np
 
 from ... import ops
 from ...backend import get_array_module
-from ..errors import DivergenceError, TaskFailure, task_failure_guard
+from ..errors import DivergenceError, failure_aware, task_failure_guard
 from ..stats import Phase, PhaseRecorder, task_lane
 from .context import Record, cached_network, host_copy, load_state, task_partition
 from .device import task_device
@@ -28,13 +28,10 @@ class RoundResult(Record):
                  "devices")
 
 
+@failure_aware
 def combine_results(a, b):
     """Sum two round results in place (``a`` is reused): the treeAggregate
     combiner.  A :class:`TaskFailure` wins over any result."""
-    if a is None or isinstance(b, TaskFailure):
-        return b
-    if b is None or isinstance(a, TaskFailure):
-        return a
     ops.accumulate(a.params, b.params)
     if a.state is not None and b.state is not None:
         ops.accumulate(a.state, b.state)

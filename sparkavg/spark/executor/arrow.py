@@ -112,6 +112,22 @@ def _element_rows(starts: np.ndarray, where: Callable[[int], str]) -> Callable[[
     return lambda e: where(int(np.searchsorted(starts, e, side="right") - 1))
 
 
+def _common_width(sizes: np.ndarray, width: Optional[int], where, what: str, note: str,
+                  shown: Callable[[int], str]) -> Optional[int]:
+    """The one row width of ``sizes``: ``width`` when given (a row of another
+    size is an error naming it), else the first row's, or None when rows differ."""
+    if width is None:
+        width = int(sizes[0]) if len(sizes) else 0
+        if len(sizes) and np.any(sizes != width):
+            return None
+    bad = sizes != width
+    if np.any(bad):
+        i = _first(bad)
+        raise DataValidationError(f"Bad {what} at {where(i)}: expected {width} values{note}, "
+                                  f"got {shown(int(sizes[i]))}")
+    return width
+
+
 def _vector_matrix(column, width: Optional[int], where, what: str, note: str):
     """Rows of an ml Vector column (struct type/size/indices/values) as float32 (n, width)."""
     kind_arr, size_arr, idx_arr, val_arr = column.flatten()
@@ -121,15 +137,9 @@ def _vector_matrix(column, width: Optional[int], where, what: str, note: str):
     values = _numeric_values(v_flat, _element_rows(v_starts, where), what)
     dense = kinds == 1
     sizes = np.where(dense, v_len, np.asarray(size_arr.fill_null(-1).to_numpy(zero_copy_only=False), np.int64))
+    width = _common_width(sizes, width, where, what, note, lambda size: f"a vector of size {size}")
     if width is None:
-        width = int(sizes[0]) if n else 0
-        if n and np.any(sizes != width):
-            return None
-    bad = sizes != width
-    if np.any(bad):
-        i = _first(bad)
-        raise DataValidationError(f"Bad {what} at {where(i)}: expected {width} values{note}, "
-                                  f"got a vector of size {int(sizes[i])}")
+        return None
     x = np.zeros((n, width), np.float32)
     row_of = np.repeat(np.arange(n), v_len)
     element_dense = dense[row_of]
@@ -192,15 +202,9 @@ def features_matrix(column, width: Optional[int], where: Callable[[int], str], w
             return None
     elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
         lengths, flat, starts = _list_parts(column)
+        width = _common_width(lengths, width, where, what, note, lambda size: f"shape ({size},)")
         if width is None:
-            width = int(lengths[0]) if n else 0
-            if n and np.any(lengths != width):
-                return None
-        bad = lengths != width
-        if np.any(bad):
-            i = _first(bad)
-            raise DataValidationError(f"Bad {what} at {where(i)}: expected {width} values{note}, "
-                                      f"got shape ({int(lengths[i])},)")
+            return None
         x = _numeric_values(flat, _element_rows(starts, where), what).reshape(n, width)
     elif pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_boolean(t):
         if width not in (None, 1):

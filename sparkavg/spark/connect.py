@@ -147,6 +147,13 @@ def _loopback_or_here(host: str) -> bool:
     return any(ipaddress.ip_address(a.split("%")[0]).is_loopback or a in own for a in addresses)
 
 
+
+def _by_id(table):
+    """Minibatch ids (ascending), their sizes, and the row order that sorts them."""
+    ids = table.column("id").to_numpy()
+    order = np.argsort(ids, kind="stable")
+    return ids[order], table.column("n").to_numpy()[order].tolist(), order
+
 class ConnectSpark:
     """A Spark Connect session: DataFrame jobs only (see the module docstring)."""
 
@@ -224,11 +231,9 @@ class ConnectSpark:
             except BaseException:
                 location.release()
                 raise
-            ids = table.column("id").to_numpy()
-            order = np.argsort(ids, kind="stable")
+            ids, sizes, order = _by_id(table)
             paths = table.column("path").to_pylist()
-            return FramePrepared(table.column("n").to_numpy()[order].tolist(), paths=[paths[i] for i in order],
-                                 location=location)
+            return FramePrepared(sizes, paths=[paths[i] for i in order], location=location)
         frame = minibatch_frame(df, spec, batch_size, features_col, label_col)
         frame = frame.persist(getattr(StorageLevel, options.storage_level))
         try:
@@ -238,9 +243,8 @@ class ConnectSpark:
         except BaseException:
             frame.unpersist()
             raise
-        ids = table.column("id").to_numpy()
-        order = np.argsort(ids, kind="stable")
-        return FramePrepared(table.column("n").to_numpy()[order].tolist(), frame=frame, ids=ids[order])
+        ids, sizes, _ = _by_id(table)
+        return FramePrepared(sizes, frame=frame, ids=ids)
 
     def plan(self, prepared: FramePrepared, workers: int, per_round: int, seed: Optional[int]) -> FramePlan:
         self._read_hooks()

@@ -79,13 +79,14 @@ def test_example_and_uniform_weighting_on_uneven_shards(sc):
         np.testing.assert_allclose(net.params, want, rtol=1e-5, atol=1e-6, err_msg=weighting)
 
 
-def test_spark_blocks_and_shared_files_give_the_same_model(sc, tmp_path):
+@pytest.mark.parametrize("deal", ["balanced", "local"])
+def test_spark_blocks_and_shared_files_give_the_same_model(sc, tmp_path, deal):
     x, y = blobs(64, seed=7)
     rdd = sc.parallelize(_pairs(x, y), 3)
     params = {}
-    placements = {"spark": DataOptions(placement="spark"),
-                  "files": DataOptions(shared_dir=str(tmp_path / "shared")),
-                  "url": DataOptions(shared_dir=(tmp_path / "url").as_uri())}
+    placements = {"spark": DataOptions(placement="spark", repartition=deal),
+                  "files": DataOptions(shared_dir=str(tmp_path / "shared"), repartition=deal),
+                  "url": DataOptions(shared_dir=(tmp_path / "url").as_uri(), repartition=deal)}
     for name, options in placements.items():
         net = small_net(seed=8)
         with SparkTrainer(sc, net, ParameterAveraging(batch_size_per_worker=5, averaging_frequency=2, workers=2,

@@ -5,7 +5,7 @@ import pytest
 from sparkavg.configurable import ConfigError
 
 from sparkavg.data.validation import DataSpec, DataValidationError, rebatch_partition
-from sparkavg.spark.data import deal
+from sparkavg.spark.data import PreparedData, deal, deal_shards, deals_locally, local_shards
 from sparkavg.spark.masters import (AdaptiveThreshold, DataOptions, EndpointConfig, FixedThreshold,
                                     GradientSharing, ParameterAveraging, Placement, ResidualClipping,
                                     TargetSparsityThreshold, Topology, Weighting, master_from_config)
@@ -72,6 +72,44 @@ def test_deal_trains_every_minibatch_exactly_once(batches, workers, per_round):
 
 def test_deal_without_seed_keeps_order():
     assert deal(6, 2, 2, seed=None) == [[[0, 2], [1, 3]], [[4], [5]]]
+
+
+@pytest.mark.parametrize("batches, workers, per_round", [(0, 2, 5), (1, 2, 5), (23, 2, 5), (40, 4, 5), (7, 3, 1),
+                                                         (9, 2, 100)])
+def test_local_deal_trains_every_minibatch_exactly_once(batches, workers, per_round):
+    shards = local_shards(batches, workers)
+    rounds = deal_shards(shards, per_round, seed=7)
+    assert sorted(i for r in rounds for shard in r for i in shard) == list(range(batches))
+    for r in rounds:
+        assert len(r) == workers
+        sizes = [len(s) for s in r]
+        assert max(sizes) <= per_round and max(sizes) - min(sizes) <= 1
+    for w in range(workers):  # a worker only ever sees its own shard, every epoch
+        for seed in (7, 8):
+            assert sorted(i for r in deal_shards(shards, per_round, seed) for i in r[w]) == sorted(shards[w])
+    assert deal_shards(shards, per_round, seed=7) == rounds
+    if batches > 2 * workers:
+        assert deal_shards(shards, per_round, seed=8) != rounds  # reshuffled every epoch
+
+
+def test_local_shards_follow_hosts_then_partitions():
+    # Blocks made by 4 tasks: partitions 0 and 2 on host b, 1 and 3 on host a, 3 minibatches each.
+    layout = [("b", 0)] * 3 + [("a", 1)] * 3 + [("b", 2)] * 3 + [("a", 3)] * 3
+    assert local_shards(12, 2, layout) == [[3, 4, 5, 9, 10, 11], [0, 1, 2, 6, 7, 8]]
+    # Unequal hosts: shards stay balanced (sizes differ by at most one), host by host.
+    layout = [("a", 0)] * 5 + [("b", 1)] * 2
+    assert local_shards(7, 2, layout) == [[0, 1, 2, 3], [4, 5, 6]]
+    assert deal_shards(local_shards(6, 2), 2, seed=None) == [[[0, 1], [3, 4]], [[2], [5]]]
+    with pytest.raises(ValueError, match="layout entry per minibatch"):
+        local_shards(3, 2, [("a", 0)])
+
+
+@pytest.mark.parametrize("repartition, in_files, local", [
+    ("auto", False, True), ("auto", True, False), ("local", True, True), ("balanced", False, False),
+    ("never", False, False)])
+def test_repartition_chooses_the_deal(repartition, in_files, local):
+    prepared = PreparedData([1, 1], paths=["a", "b"] if in_files else None)
+    assert deals_locally(DataOptions(repartition=repartition), prepared) is local
 
 
 SPEC = DataSpec((1, 2, 2), 3)

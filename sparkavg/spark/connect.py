@@ -41,7 +41,8 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from ..data.validation import DataSpec
-from .data import PreparedData, check_columns, deal, frame_failures, is_dataframe, minibatch_frame, placement_for
+from .data import (PreparedData, check_columns, deal, deal_shards, frame_failures, is_dataframe, local_shards,
+                   minibatch_frame, placement_for)
 from .errors import executor_errors
 from .executor.adapters import examples_adapter, features_adapter, round_adapter
 from .executor.hooks import TestHooks
@@ -246,9 +247,15 @@ class ConnectSpark:
         ids, sizes, _ = _by_id(table)
         return FramePrepared(sizes, frame=frame, ids=ids)
 
-    def plan(self, prepared: FramePrepared, workers: int, per_round: int, seed: Optional[int]) -> FramePlan:
+    def plan(self, prepared: FramePrepared, workers: int, per_round: int, seed: Optional[int],
+             local: bool = False) -> FramePlan:
+        """The epoch's deal (``local``: each worker's shard in place; Connect
+        does not say where a block lives, so shards follow partition order)."""
         self._read_hooks()
-        plan = FramePlan(deal(len(prepared.sizes), workers, per_round, seed), prepared)
+        count = len(prepared.sizes)
+        rounds = (deal_shards(local_shards(count, workers, prepared.layout), per_round, seed) if local
+                  else deal(count, workers, per_round, seed))
+        plan = FramePlan(rounds, prepared)
         if not prepared.in_files and plan.rounds:
             plan.frame = self._epoch_frame(prepared, plan.rounds, workers)
         return plan

@@ -11,9 +11,19 @@ minibatches live where :class:`~sparkavg.spark.masters.DataOptions` says:
   ``(id, (x, y))``; each epoch it is shuffled once into one partition per
   (round, worker) so a round's job runs on its own partitions only.
 
-:func:`deal` assigns minibatch ids to ``rounds[r][w]``; every id appears
+Each epoch assigns minibatch ids to ``rounds[r][w]``; every id appears
 exactly once, so every example trains exactly once per epoch (DL4J's
-oversized-partition flaw fixed).
+oversized-partition flaw fixed).  Two deals (:class:`~sparkavg.spark.masters.Repartition`):
+
+* :func:`deal` (``balanced``) shuffles all minibatches and deals them
+  round-robin: on a cluster about ``(workers - 1) / workers`` of the data
+  crosses the network every epoch;
+* :func:`deal_shards` (``local``, the default for Spark blocks) cuts the
+  minibatches once per fit into one shard per worker along where their
+  blocks live (:func:`local_shards`, by host, then partition) and shuffles
+  each shard in place every epoch: the epoch's shuffle reads and writes on
+  the shard's own host, so no minibatch crosses the network after the
+  first epoch.
 
 A DataFrame travels as Arrow record batches on both Spark flavours
 (:func:`minibatch_frame`, :class:`ExampleFrame`; the executor side is
@@ -33,7 +43,8 @@ from .errors import TaskFailure, executor_errors, guarded_partitions, raise_fail
 from .storage import SharedLocation, load_minibatch, save_minibatch
 
 __all__ = ["as_example_rdd", "ExampleFrame", "minibatch_frame", "check_columns", "require_arrow", "PreparedData",
-           "prepare", "deal", "EpochPlan", "placement_for", "load_minibatch"]
+           "prepare", "deal", "local_shards", "deal_shards", "EpochPlan", "placement_for", "deals_locally",
+           "load_minibatch"]
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +156,8 @@ class PreparedData:
     paths: Optional[List[str]] = None
     rdd: object = None
     location: Optional[SharedLocation] = None
+    #: Per minibatch id, ``(host, partition)`` of the task that made it (Spark blocks; None: unknown).
+    layout: Optional[List[tuple]] = None
     _epoch_rdds: list = field(default_factory=list)
 
     @property
@@ -208,16 +221,23 @@ def _persist_blocks(mb, storage_level: str) -> PreparedData:
     from pyspark import StorageLevel
 
     mb = mb.zipWithIndex().map(lambda t: (t[1], t[0])).persist(getattr(StorageLevel, storage_level))
+
+    def describe(partition, rows):
+        import socket
+
+        host = socket.gethostname()
+        for kv in rows:
+            yield kv[1] if isinstance(kv[1], TaskFailure) else (kv[0], int(kv[1][0].shape[0]), host, partition)
+
     try:
         with executor_errors("minibatching"):
-            meta = mb.map(lambda kv: kv[1] if isinstance(kv[1], TaskFailure) else (kv[0], int(kv[1][0].shape[0])))
-            meta = meta.collect()
+            meta = mb.mapPartitionsWithIndex(describe).collect()
         raise_failures(meta, "minibatching")
     except BaseException:
         mb.unpersist()
         raise
     meta.sort()
-    return PreparedData([n for _, n in meta], rdd=mb)
+    return PreparedData([m[1] for m in meta], rdd=mb, layout=[(m[2], m[3]) for m in meta])
 
 
 def _prepare_frame(examples: ExampleFrame, spec: DataSpec, batch_size: int, location: Optional[SharedLocation],
@@ -274,6 +294,38 @@ def deal(num_batches: int, workers: int, per_round: int, seed: Optional[int]) ->
     return rounds
 
 
+def local_shards(count: int, workers: int, layout: Optional[List[tuple]] = None) -> List[List[int]]:
+    """Minibatch ids ``0 .. count-1`` cut into one shard per worker along
+    where they live: ordered by ``layout[i]`` (``(host, partition)``; None:
+    by id, i.e. partition order), then cut into ``workers`` contiguous
+    shards whose sizes differ by at most one.  With as many hosts' worth of
+    equal data as workers, each shard lies on one host."""
+    if layout is not None and len(layout) != count:
+        raise ValueError(f"Expect a layout entry per minibatch ({count}), got {len(layout)}")
+    order = list(range(count)) if layout is None else sorted(range(count), key=lambda i: (*layout[i], i))
+    q, extra = divmod(count, workers)
+    shards, start = [], 0
+    for w in range(workers):
+        size = q + (1 if w < extra else 0)
+        shards.append(order[start:start + size])
+        start += size
+    return shards
+
+
+def deal_shards(shards: List[List[int]], per_round: int, seed: Optional[int]) -> List[List[List[int]]]:
+    """``rounds[r][w]``: worker ``w``'s shard, shuffled in place (``seed``;
+    None keeps its order), ``per_round`` minibatches per round.  Every id
+    appears exactly once; shards differing by at most one minibatch make
+    the last round's differ by at most one."""
+    rng = None if seed is None else np.random.default_rng(seed)
+    dealt = []
+    for shard in shards:
+        shard = np.asarray(shard, dtype=np.int64)
+        dealt.append((rng.permutation(shard) if rng is not None else shard).tolist())
+    longest = max((len(s) for s in dealt), default=0)
+    return [[s[start:start + per_round] for s in dealt] for start in range(0, longest, per_round)]
+
+
 @dataclass
 class EpochPlan:
     """One epoch's deal and, for Spark blocks, its shuffled RDD with one
@@ -300,8 +352,14 @@ class EpochPlan:
         return self.shard_paths(r) if self.prepared.in_files else self.partitions(r)
 
     @classmethod
-    def plan(cls, prepared: PreparedData, workers: int, per_round: int, seed: Optional[int]) -> "EpochPlan":
-        rounds = deal(len(prepared.sizes), workers, per_round, seed)
+    def plan(cls, prepared: PreparedData, workers: int, per_round: int, seed: Optional[int],
+             local: bool = False) -> "EpochPlan":
+        """The epoch's deal: :func:`deal_shards` over :func:`local_shards` when
+        ``local``, else :func:`deal`; for Spark blocks also the shuffled RDD."""
+        if local:
+            rounds = deal_shards(local_shards(len(prepared.sizes), workers, prepared.layout), per_round, seed)
+        else:
+            rounds = deal(len(prepared.sizes), workers, per_round, seed)
         epoch = cls(rounds, prepared)
         if not prepared.in_files and rounds:
             # (partition, position in shard) per minibatch id; sorting keeps each shard's dealt order.
@@ -323,6 +381,15 @@ class EpochPlan:
             if self.rdd in self.prepared._epoch_rdds:
                 self.prepared._epoch_rdds.remove(self.rdd)
             self.rdd = None
+
+
+def deals_locally(options, prepared) -> bool:
+    """Whether an epoch deals each worker's shard in place (``local``) rather
+    than reshuffling all minibatches (``balanced``/``never``); ``auto`` is
+    local for Spark blocks and balanced for shared files (see
+    :class:`~sparkavg.spark.masters.Repartition`)."""
+    repartition = getattr(options.repartition, "value", options.repartition)
+    return repartition == "local" or (repartition == "auto" and not prepared.in_files)
 
 
 def placement_for(options, local_master: bool) -> Optional[SharedLocation]:

@@ -48,9 +48,13 @@ class Weighting(str, enum.Enum):
 
 
 class Repartition(str, enum.Enum):
-    """How minibatches are assigned to workers each epoch."""
+    """How minibatches are assigned to workers each epoch (every minibatch
+    trains exactly once per epoch under each; shards differ by at most one
+    minibatch)."""
 
-    BALANCED = "balanced"  #: shuffled, then dealt round-robin: shards differ by at most one minibatch
+    AUTO = "auto"  #: ``local`` for Spark blocks, ``balanced`` for shared files
+    LOCAL = "local"  #: one shard per worker cut once per fit where the blocks live; each shuffled in place per epoch
+    BALANCED = "balanced"  #: all minibatches shuffled, then dealt round-robin: data crosses hosts every epoch
     NEVER = "never"  #: keep the data's order (no shuffle), still dealt so that every minibatch trains
 
 
@@ -113,8 +117,15 @@ class DataOptions(Configurable):
     storage_level : str, default "MEMORY_AND_DISK"
         Storage level of the persisted minibatch blocks; a name from
         ``pyspark.StorageLevel``.
-    repartition : Repartition, default BALANCED
-        Shuffle minibatches each epoch (seeded) and deal them evenly.
+    repartition : Repartition, default AUTO
+        How each epoch deals minibatches to workers (seeded shuffles).
+        ``local``: each worker keeps the shard of minibatches on its own
+        host for the whole fit and reshuffles it every epoch, so after the
+        first epoch no minibatch crosses the network (the cost of
+        ``balanced`` on slow links: about ``(workers-1)/workers`` of the
+        data every epoch).  ``balanced``: one global shuffle per epoch.
+        ``auto``: ``local`` for Spark blocks, ``balanced`` for shared files
+        (every host reads those from the shared location anyway).
     prefetch : int, default 1
         Minibatches a worker loads ahead in a background thread (0 = off).
     """
@@ -122,7 +133,7 @@ class DataOptions(Configurable):
     shared_dir: Optional[str] = None
     placement: Placement = Placement.AUTO
     storage_level: str = "MEMORY_AND_DISK"
-    repartition: Repartition = Repartition.BALANCED
+    repartition: Repartition = Repartition.AUTO
     prefetch: int = 1
 
     def __post_init__(self):

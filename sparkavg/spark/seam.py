@@ -64,8 +64,9 @@ class ClassicSpark:
         location = placement_for(options, self.local)
         return prepare(rdd, spec, batch_size, location, options.storage_level)
 
-    def plan(self, prepared: PreparedData, workers: int, per_round: int, seed: Optional[int]) -> EpochPlan:
-        return EpochPlan.plan(prepared, workers, per_round, seed)
+    def plan(self, prepared: PreparedData, workers: int, per_round: int, seed: Optional[int],
+             local: bool = False) -> EpochPlan:
+        return EpochPlan.plan(prepared, workers, per_round, seed, local)
 
     # --------------------------------------------------------------- rounds
     def aggregate_round(self, plan: EpochPlan, r: int, task: Callable, combine: Callable, depth: int, what: str):

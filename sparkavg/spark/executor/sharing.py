@@ -23,17 +23,34 @@ from .context import Record, cached_network, host_copy, load_state
 from .device import task_device
 from .minibatches import recorded_minibatches
 
-__all__ = ["SharingResult", "make_sharing_task"]
+__all__ = ["SharingResult", "make_sharing_task", "replica_sample", "REPLICA_SAMPLE"]
 
 register_error(PeerStalledError)
 
 #: Iterations between divergence checks (a full pass over the parameters).
 FINITE_CHECK_EVERY = 50
 
+#: Parameters ranks above 0 return for the driver's agreement check (rank 0 returns them all).
+REPLICA_SAMPLE = 4096
+
+
+def replica_sample(num_params: int):
+    """Indices of the parameters every rank above 0 returns: :data:`REPLICA_SAMPLE`
+    evenly spaced ones (all when fewer).  Replicas agree up to the order of
+    float additions, so rank 0's replica is the result and the others only
+    show that they agree -- without sending the driver a replica each."""
+    import numpy as np
+
+    if num_params <= REPLICA_SAMPLE:
+        return np.arange(num_params, dtype=np.int64)
+    return np.linspace(0, num_params - 1, REPLICA_SAMPLE).astype(np.int64)
+
 
 class SharingResult(Record):
     """What one sharing worker returns at the end of an epoch (plain arrays;
-    ``devices``: this worker's :meth:`~sparkavg.spark.executor.device.DeviceChoice.to_plain`, in a list)."""
+    ``params``: rank 0's whole replica, other ranks' values at
+    :func:`replica_sample`; ``devices``: this worker's
+    :meth:`~sparkavg.spark.executor.device.DeviceChoice.to_plain`, in a list)."""
 
     __slots__ = ("rank", "params", "updater_state", "carry", "loss_sum", "examples", "iterations", "stats",
                  "devices")
@@ -146,7 +163,8 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
             endpoint.close()
         check_finite(net, loss_sum, f"worker rank {rank}")
         _count(rec, state, t, examples, iterations, n, world)
-        return SharingResult(rank, host_copy(net.params), host_copy(net.updater_state), state.to_plain(),
+        params = net.params if rank == 0 else net.params[xp.asarray(replica_sample(n))]
+        return SharingResult(rank, host_copy(params), host_copy(net.updater_state), state.to_plain(),
                              loss_sum, examples, net.iteration - start_iteration, rec.to_payload(),
                              [choice.to_plain(rank)])
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from ... import ops
 from ...backend import to_cpu
-from ..data import EpochPlan, PreparedData
+from ..data import EpochPlan, PreparedData, deals_locally
 from ..errors import raise_failures
 from ..executor.device import summarize_devices
 from ..masters import Repartition
@@ -163,7 +163,7 @@ class EpochRunner(abc.ABC):
         per_round = self.minibatches_per_round(prepared, workers, network, epoch, stats)
         seed = None if m.data.repartition is Repartition.NEVER else m.seed + epoch
         with stats.timed(Phase.PLAN, epoch=epoch):
-            plan = self.seam.plan(prepared, workers, per_round, seed)
+            plan = self.seam.plan(prepared, workers, per_round, seed, local=deals_locally(m.data, prepared))
         rounds = len(plan.rounds)
         progress = Progress(f"epoch {epoch + 1} {self.round_name}s", rounds)
         config_json = network.to_json()

@@ -161,7 +161,8 @@ class SeriesName(_StatName):
     RESIDUAL_NORM = "residual_norm"
     #: Training loss.
     SCORE = "score"
-    #: Largest absolute parameter difference between replicas, per epoch.
+    #: Largest absolute parameter difference between replicas, per epoch (over the
+    #: parameters ranks above 0 return: at most 4096, evenly spaced).
     REPLICA_MAX_ABS_DIFF = "replica_max_abs_diff"
 
 

@@ -1,12 +1,13 @@
 """CuPy kernels behind :mod:`sparkavg.ops` for arrays on a CUDA device.
 
 CuPy comes only from :func:`sparkavg.backend.cupy`, and the kernels are
-built on first use (:func:`kernels`, cached), so importing sparkavg never
-imports CuPy.  Kernel names carry the ``sparkavg_`` prefix (they show up
-so in profilers).  Every host-device synchronisation is marked ``# sync``:
-a Python ``int``/``bool`` of a device value, ``.get()``, a host array
-copied to the device, and ``flatnonzero`` (it needs the count on the host
-to size its output).
+built on first use (:func:`kernels` and the raw kernels of
+:mod:`sparkavg.ops.cuda_src`, cached), so importing sparkavg never imports
+CuPy.  Kernel names carry the ``sparkavg_`` prefix (they show up so in
+profilers).  Every host-device synchronisation is marked ``# sync``: a
+Python ``int``/``bool`` of a device value, ``.get()``/``to_cpu``, a host
+array copied to the device.  Encoders synchronise once (the count that
+sizes the message), decoders once (the check before writing).
 
 Arithmetic matches the CPU paths: encoders and decoders only add or
 subtract the float32 threshold (exact IEEE results, so messages and
@@ -14,9 +15,10 @@ residuals equal the numpy reference bit for bit); updaters may differ by
 a few ulps because nvrtc contracts multiply-adds into FMAs.
 
 One function per backend operation (:data:`sparkavg.ops._kernels.OPERATIONS`),
-with the signature every backend shares.  Convolution and pooling run the
-xp-generic twins of :mod:`sparkavg.ops.reference_conv` on CuPy arrays (the
-GEMM around them is CuPy's).
+with the signature every backend shares.  Encoding and decoding run the
+raw kernels of ``cuda_src/encode.cu``; convolution and pooling those of
+``cuda_src/conv.cu`` (:mod:`sparkavg.ops._cuda_conv`; the GEMM around them
+is CuPy's).
 """
 from __future__ import annotations
 
@@ -28,16 +30,13 @@ import numpy as np
 
 from .. import backend
 from ._checks import (
-    BITMAP_FLAG,
-    SPARSE_FLAG,
     bad_index_error,
     bad_word_error,
     clip_bound,
     float_bits,
     non_finite_error,
 )
-from ._kernels import OPERATIONS
-from .reference_conv import (  # noqa: F401 -- xp-generic: they run on CuPy arrays as they are
+from ._cuda_conv import (  # noqa: F401 -- the raw conv/pool kernels are this backend's
     avgpool_backward,
     avgpool_forward,
     col2im,
@@ -45,42 +44,10 @@ from .reference_conv import (  # noqa: F401 -- xp-generic: they run on CuPy arra
     maxpool_backward,
     maxpool_forward,
 )
+from ._kernels import OPERATIONS
+from .cuda_src import device
 
 __all__ = ["kernels", "bitmap_count", *OPERATIONS]
-
-# One bitmap word per thread: elements 16*i .. 16*i+15 of r (i = word index).
-_BITMAP_ENCODE = r"""
-unsigned int w = 0u;
-long long base = (long long)i * 16;
-for (int b = 0; b < 16; ++b) {
-    long long e = base + b;
-    if (e < n) {
-        T x = r[e];
-        if (x >= tau) { w |= 1u << b; r[e] = x - tau; }
-        else if (x <= -tau) { w |= (1u << b) | (1u << (b + 16)); r[e] = x + tau; }
-    }
-}
-word = (int)w;
-"""
-
-_BITMAP_DECODE = r"""
-unsigned int w = (unsigned int)word;
-long long base = (long long)i * 16;
-for (int b = 0; b < 16; ++b) {
-    if ((w >> b) & 1u) {
-        t[base + b] += ((w >> (b + 16)) & 1u) ? -tau : tau;
-    }
-}
-"""
-
-# A word is bad when a sign bit lacks its value bit or a value bit lies past n.
-_BITMAP_CHECK = r"""
-unsigned int w = (unsigned int)word;
-long long valid = n - (long long)i * 16;
-unsigned int vals = w & 0xFFFFu;
-bool past = valid <= 0 ? vals != 0u : (valid < 16 ? (vals >> valid) != 0u : false);
-bad = (((w >> 16) & ~w & 0xFFFFu) != 0u) || past;
-"""
 
 
 @functools.cache
@@ -117,39 +84,6 @@ def kernels() -> types.SimpleNamespace:
             " p -= alpha * mn / (sqrt(vn) + eps);",
             "sparkavg_adam",
         ),
-        # Non-finite count in the high 32 bits, |x| >= tau count in the low
-        # ones (N < 2**31 keeps them apart): one pass, one sync.
-        scan=rk(
-            "T x, T tau",
-            "int64 y",
-            "(isfinite(x) ? 0LL : (1LL << 32)) + (fabs(x) >= tau ? 1LL : 0LL)",
-            "a + b",
-            "y = a",
-            "0",
-            "sparkavg_scan",
-        ),
-        # Residual update and body entry for every selected index.
-        sparse_emit=ek(
-            "S idx, T tau",
-            "raw T r, int32 code",
-            "T x = r[idx];"
-            " if (x >= tau) { code = (int)(idx + 1); r[idx] = x - tau; }"
-            " else { code = -(int)(idx + 1); r[idx] = x + tau; }",
-            "sparkavg_sparse_emit",
-        ),
-        bitmap_encode=ek("T tau, int64 n", "raw T r, int32 word", _BITMAP_ENCODE,
-                         "sparkavg_bitmap_encode"),
-        sparse_check=ek("int32 code, int64 n", "bool bad",
-                        "bad = code == 0 || code > n || code < -n", "sparkavg_sparse_check"),
-        # atomicAdd: a hand-made message may repeat an index.
-        sparse_decode=ek(
-            "int32 code, T tau",
-            "raw T t",
-            "if (code > 0) atomicAdd(&t[code - 1], tau); else atomicAdd(&t[-code - 1], -tau);",
-            "sparkavg_sparse_decode",
-        ),
-        bitmap_check=ek("int32 word, int64 n", "bool bad", _BITMAP_CHECK, "sparkavg_bitmap_check"),
-        bitmap_decode=ek("int32 word, T tau", "raw T t", _BITMAP_DECODE, "sparkavg_bitmap_decode"),
         popcount=rk("int32 w", "int64 y", "__popc((unsigned int)w & 0xFFFFu)", "a + b", "y = a",
                     "0", "sparkavg_popcount"),
         clip=ek("T b", "T r", "if (r > b) r = b; else if (r < -b) r = -b;", "sparkavg_clip"),
@@ -194,87 +128,138 @@ def adam_step(params, grads, m, v, lr, beta1, beta2, eps, t):
 
 
 # ------------------------------------------------------------------ encoding
-def _scan(residual, tt):
-    """(non-finite count, |r| >= tau count); raises on non-finite."""
-    cp = backend.cupy()
-    packed = int(kernels().scan(residual, tt))  # sync: counts decide what happens next
-    n_bad, total = packed >> 32, packed & 0xFFFFFFFF
+# Raw kernels of cuda_src/encode.cu.  Each encoder synchronises once: the
+# host reads a 3-value info vector (non-finite count, first non-finite,
+# values qualifying) before anything is written, which decides between
+# raising, sending nothing, and writing the message (sized by that count).
+# The ``_``-prefixed functions take a launcher (see cuda_src), so the tests
+# run this very glue on the CPU with the C build of the kernels.
+_ENCODE = "encode"
+_I64 = np.int64
+#: Sparse encoding cuts the vector into tiles of up to 32 chunks of 32
+#: values (one warp each); about this many tiles, so small vectors still
+#: spread over the device and large ones keep the tile scan short.
+_TARGET_TILES = 4096
+_MAX_CHUNKS = 32
+
+
+def _tiles(n: int, target: int = _TARGET_TILES) -> tuple[int, int]:
+    """(tiles, chunks of 32 values per tile) for n values."""
+    chunks = min(max(-(-n // (32 * target)), 1), _MAX_CHUNKS)
+    return -(-n // (32 * chunks)), chunks
+
+
+def _first_bad(info, n):
+    """(non-finite count, index of the first) from a host info vector."""
+    return int(info[0]), n - int(info[1])
+
+
+def _encode_sparse(launcher, residual, tau, limit, apply_when_capped=True, tiles=None):
+    xp = launcher.xp
+    n = residual.size
+    if n == 0:
+        return None, 0
+    dtype = residual.dtype
+    tt = dtype.type(tau)
+    ntiles, chunks = tiles or _tiles(n)
+    counts = xp.empty(ntiles, dtype=np.int32)
+    info = xp.zeros(3, dtype=np.int64)
+    launcher.launch(_ENCODE, "sparkavg_sparse_count", dtype, _I64, 32 * ntiles,
+                    (residual, _I64(n), tt, _I64(ntiles), _I64(chunks), counts, info))
+    ends = xp.cumsum(counts, dtype=np.int64)
+    info[2:] = ends[-1:]
+    host = backend.to_cpu(info)  # sync: the one count read decides what happens next
+    n_bad, first = _first_bad(host, n)
     if n_bad:
-        first = int(cp.flatnonzero(~cp.isfinite(residual))[0])  # sync: for the message
         raise non_finite_error(n_bad, first)
-    return total
+    total = int(host[2])
+    if total < 2 or (total >= limit and not apply_when_capped):
+        return None, total
+    m = min(total, limit)
+    out = xp.empty(4 + m, dtype=np.int32)
+    launcher.launch(_ENCODE, "sparkavg_sparse_emit", dtype, _I64, 32 * ntiles,
+                    (residual, _I64(n), tt, _I64(ntiles), _I64(chunks), ends, _I64(limit), out,
+                     np.int32(m), np.int32(float_bits(tau))))
+    return out, total
 
 
-def _header(cp, words):
-    return cp.asarray(np.asarray(words, dtype=np.int32))  # sync: host -> device copy
+def _encode_bitmap(launcher, residual, tau):
+    xp = launcher.xp
+    n = residual.size
+    dtype = residual.dtype
+    tt = dtype.type(tau)
+    nwords = n // 16 + 1
+    out = xp.empty(nwords + 4, dtype=np.int32)
+    info = xp.zeros(3, dtype=np.int64)
+    launcher.launch(_ENCODE, "sparkavg_bitmap_words", dtype, _I64, 32 * ((nwords + 1) // 2),
+                    (residual, _I64(n), tt, _I64(nwords), out, np.int32(float_bits(tau)), info))
+    host = backend.to_cpu(info)  # sync: refuse non-finite before the residual changes
+    n_bad, first = _first_bad(host, n)
+    if n_bad:
+        raise non_finite_error(n_bad, first)
+    launcher.launch(_ENCODE, "sparkavg_bitmap_apply", dtype, _I64, n,
+                    (residual, _I64(n), tt, out[4:]))
+    return out, int(host[2])
+
+
+def _on_device(xp, encoded):
+    if xp is np or backend.is_gpu_array(encoded):
+        return encoded
+    return xp.asarray(encoded)  # sync: a received (host) message goes to the device
+
+
+def _first_bad_entry(launcher, kernel, entries, n):
+    """Position of the first bad body entry / word (``kernel`` checks), or None."""
+    flag = launcher.xp.zeros(1, dtype=np.int64)
+    launcher.launch(_ENCODE, kernel, np.float32, _I64, entries.size,
+                    (entries, _I64(entries.size), _I64(n), flag))
+    found = int(backend.to_cpu(flag)[0])  # sync: validate before writing
+    return entries.size - found if found else None
+
+
+def _decode_sparse(launcher, encoded, target, count, tau):
+    if count == 0:
+        return target
+    n = target.size
+    body = launcher.xp.ascontiguousarray(_on_device(launcher.xp, encoded)[4:4 + count])
+    pos = _first_bad_entry(launcher, "sparkavg_sparse_check", body, n)
+    if pos is not None:
+        raise bad_index_error(pos, int(body[pos]), n)  # sync: for the message
+    launcher.launch(_ENCODE, "sparkavg_sparse_decode", target.dtype, _I64, count,
+                    (body, _I64(count), target.dtype.type(tau), target))
+    return target
+
+
+def _decode_bitmap(launcher, encoded, target, tau):
+    n = target.size
+    words = launcher.xp.ascontiguousarray(_on_device(launcher.xp, encoded)[4:])
+    pos = _first_bad_entry(launcher, "sparkavg_bitmap_check", words, n)
+    if pos is not None:
+        raise bad_word_error(pos, int(words[pos]), n)  # sync: for the message
+    launcher.launch(_ENCODE, "sparkavg_bitmap_decode", target.dtype, _I64, n,
+                    (words, _I64(n), target.dtype.type(tau), target))
+    return target
 
 
 def encode_sparse(residual, tau, limit, apply_when_capped=True):
     """(message or None, total) on the device; see sparkavg.ops.threshold_encode."""
-    cp = backend.cupy()
-    n = residual.size
-    if n == 0:
-        return None, 0
-    tt = residual.dtype.type(tau)
-    total = _scan(residual, tt)
-    if total < 2 or (total >= limit and not apply_when_capped):
-        return None, total
-    idx = cp.flatnonzero(cp.abs(residual) >= tt)[:limit]  # sync: output size
-    m = int(idx.size)
-    out = cp.empty(4 + m, dtype=cp.int32)
-    kernels().sparse_emit(idx, tt, residual, out[4:])
-    out[:4] = _header(cp, [m, n, float_bits(tau), SPARSE_FLAG])
-    return out, total
+    return _encode_sparse(device(), residual, tau, limit, apply_when_capped)
 
 
 def encode_bitmap(residual, tau):
     """(message, count) on the device; see sparkavg.ops.bitmap_encode."""
-    cp = backend.cupy()
-    n = residual.size
-    tt = residual.dtype.type(tau)
-    count = _scan(residual, tt) if n else 0
-    out = cp.empty(n // 16 + 5, dtype=cp.int32)
-    kernels().bitmap_encode(tt, n, residual, out[4:])
-    out[:4] = _header(cp, [n, n, float_bits(tau), BITMAP_FLAG])
-    return out, count
-
-
-def _on_device(cp, encoded):
-    if backend.is_gpu_array(encoded):
-        return encoded
-    return cp.asarray(encoded)  # sync: a received (host) message goes to the device
+    return _encode_bitmap(device(), residual, tau)
 
 
 def decode_sparse(encoded, target, count, tau):
     """Add the first ``count`` body entries into ``target``; the caller
     checked the header and read ``count`` and ``tau`` from it."""
-    cp = backend.cupy()
-    n = target.size
-    if count == 0:
-        return target
-    body = _on_device(cp, encoded)[4:4 + count]
-    tau = target.dtype.type(tau)
-    bad = kernels().sparse_check(body, n)
-    if bool(bad.any()):  # sync: validate before writing
-        pos = int(cp.flatnonzero(bad)[0])  # sync: for the message
-        raise bad_index_error(pos, int(body[pos]), n)  # sync: for the message
-    kernels().sparse_decode(body, tau, target)
-    return target
+    return _decode_sparse(device(), encoded, target, count, tau)
 
 
 def decode_bitmap(encoded, target, tau):
     """Add every value bit into ``target``; the caller checked the header."""
-    cp = backend.cupy()
-    n = target.size
-    words = _on_device(cp, encoded)[4:]
-    tau = target.dtype.type(tau)
-    bad = kernels().bitmap_check(words, n)
-    if bool(bad.any()):  # sync: validate before writing
-        pos = int(cp.flatnonzero(bad)[0])  # sync: for the message
-        raise bad_word_error(pos, int(words[pos]), n)  # sync: for the message
-    kernels().bitmap_decode(words, tau, target)
-    return target
-
+    return _decode_bitmap(device(), encoded, target, tau)
 
 def count_above(residual, threshold):
     cp = backend.cupy()

@@ -1,0 +1,200 @@
+/* Threshold encoding (libnd4j sparse and bitmap formats) on a flat vector.
+ *
+ * Formats and arithmetic are those of sparkavg/ops/reference.py: encoders
+ * subtract tau where r >= tau and add it where r <= -tau, decoders add +-tau;
+ * both exact IEEE operations, so results equal the reference bit for bit.
+ *
+ * The encoders never write the residual before the host has seen that it
+ * is finite: a first pass classifies (and, for bitmaps, writes the words),
+ * the host reads one small info vector (the only synchronisation), and a
+ * second pass writes the message body and the residual.
+ *
+ * info vectors (long long, zeroed by the caller):
+ *   [0] non-finite values seen
+ *   [1] max over non-finite positions e of (n - e): n - info[1] is the FIRST
+ *       one (0 = none), so that a zeroed vector is the neutral start
+ *   [2] values sent (bitmap) / total qualifying (sparse, copied there from
+ *       the scan by the caller)
+ */
+#include "spk.cuh"
+
+/* bit 0: sends (|x| >= tau); bit 1: negative (x <= -tau); bit 2: non-finite.
+ * Past the end: 0. */
+SPK_DEV int spk_classify(const T *SPK_RESTRICT r, I e, I n, T tau)
+{
+    if (e >= n) return 0;
+    const T x = r[e];
+    return (x >= tau || x <= -tau ? 1 : 0) | (x <= -tau ? 2 : 0) | (SPK_ISFINITE(x) ? 0 : 4);
+}
+
+/* A classification's bit 0 (sends) and bit 2 (non-finite), as bits 0 and 1. */
+SPK_DEV int spk_sends_bad(int c)
+{
+    return (c & 1) | ((c >> 1) & 2);
+}
+
+SPK_DEV void spk_note_bad(long long *info, unsigned bad, I base, I n)
+{
+    SPK_ATOMIC_ADD64(&info[0], SPK_POPC(bad));
+    SPK_ATOMIC_MAX64(&info[1], n - (base + SPK_CTZ(bad)));
+}
+
+/* ------------------------------------------------------------ sparse ---
+ * The vector is cut into tiles of `chunks` * 32 values, one warp per tile,
+ * 32 values (one per lane) per chunk: loads are coalesced and the order of
+ * a tile's entries is the order of its values. */
+
+/* counts[t] = values of tile t with |x| >= tau; non-finite values noted. */
+SPK_KERNEL sparkavg_sparse_count(const T *SPK_RESTRICT r, I n, T tau, I ntiles, I chunks,
+                                 int *SPK_RESTRICT counts, long long *SPK_RESTRICT info)
+{
+    SPK_FOR_WARPS(t, ntiles) {
+        int count = 0;
+        for (I k = 0; k < chunks; ++k) {
+            const I base = (t * chunks + k) * 32;
+            if (base >= n) break;
+            SPK_BALLOT2(sends, bad, L, spk_sends_bad(spk_classify(r, base + L, n, tau)))
+            count += SPK_POPC(sends);
+            if (bad) {
+                SPK_WARP_LEADER spk_note_bad(info, bad, base, n);
+            }
+        }
+        SPK_WARP_LEADER counts[t] = count;
+    }
+}
+
+/* Writes entries [ends[t-1], ends[t]) of the body (ends: inclusive scan of
+ * counts), the first `limit` entries only, and takes tau off each sent
+ * value; the first launch thread writes the header [m, n, bits, 0]. */
+SPK_KERNEL sparkavg_sparse_emit(T *SPK_RESTRICT r, I n, T tau, I ntiles, I chunks,
+                                const long long *SPK_RESTRICT ends, I limit,
+                                int *SPK_RESTRICT message, int m, int bits)
+{
+    SPK_ONCE {
+        message[0] = m;
+        message[1] = (int)n;
+        message[2] = bits;
+        message[3] = 0;
+    }
+    int *SPK_RESTRICT body = message + 4;
+    SPK_FOR_WARPS(t, ntiles) {
+        I pos = t > 0 ? (I)ends[t - 1] : 0;
+        for (I k = 0; k < chunks && pos < limit; ++k) {
+            const I base = (t * chunks + k) * 32;
+            if (base >= n) break;
+            SPK_BALLOT(sends, L, spk_classify(r, base + L, n, tau))
+            SPK_LANES(L) {
+                if ((sends >> L) & 1u) {
+                    const I p = pos + SPK_POPC(sends & ((1u << L) - 1u));
+                    if (p < limit) {
+                        const I e = base + L;
+                        const T x = r[e];
+                        if (x >= tau) {
+                            body[p] = (int)(e + 1);
+                            r[e] = x - tau;
+                        } else {
+                            body[p] = -(int)(e + 1);
+                            r[e] = x + tau;
+                        }
+                    }
+                }
+            }
+            pos += SPK_POPC(sends);
+        }
+    }
+}
+
+/* ------------------------------------------------------------ bitmap ---
+ * One warp per pair of words (32 values): word bits are the warp's
+ * ballots.  message: the whole message, header included. */
+SPK_KERNEL sparkavg_bitmap_words(const T *SPK_RESTRICT r, I n, T tau, I nwords,
+                                 int *SPK_RESTRICT message, int bits,
+                                 long long *SPK_RESTRICT info)
+{
+    SPK_ONCE {
+        message[0] = (int)n;
+        message[1] = (int)n;
+        message[2] = bits;
+        message[3] = 1;
+    }
+    int *SPK_RESTRICT words = message + 4;
+    long long sent = 0;
+    SPK_FOR_WARPS(p, (nwords + 1) / 2) {
+        const I base = p * 32;
+        SPK_BALLOT3(sends, negative, bad, L, spk_classify(r, base + L, n, tau))
+        SPK_WARP_LEADER {
+            words[2 * p] = (int)((sends & 0xFFFFu) | (negative << 16));
+            if (2 * p + 1 < nwords) {
+                words[2 * p + 1] = (int)((sends >> 16) | (negative & 0xFFFF0000u));
+            }
+            sent += SPK_POPC(sends);
+            if (bad) spk_note_bad(info, bad, base, n);
+        }
+    }
+    SPK_WARP_LEADER {
+        if (sent) SPK_ATOMIC_ADD64(&info[2], sent);
+    }
+}
+
+/* r[e] -+= tau for every value bit of the words. */
+SPK_KERNEL sparkavg_bitmap_apply(T *SPK_RESTRICT r, I n, T tau, const int *SPK_RESTRICT words)
+{
+    SPK_FOR(e, n) {
+        const unsigned w = (unsigned)words[e >> 4];
+        const int b = (int)(e & 15);
+        if ((w >> b) & 1u) {
+            const T x = r[e];
+            r[e] = ((w >> (b + 16)) & 1u) ? x + tau : x - tau;
+        }
+    }
+}
+
+/* ----------------------------------------------------------- decoding ---
+ * Checks run first and write the largest (count - position) of a bad
+ * entry into first_bad[0] (zeroed by the caller; 0 = none), so the host
+ * reads one value before anything is written. */
+SPK_KERNEL sparkavg_sparse_check(const int *SPK_RESTRICT body, I count, I n,
+                                 long long *SPK_RESTRICT first_bad)
+{
+    SPK_FOR(i, count) {
+        const I v = (I)body[i];
+        if (v == 0 || v > n || v < -n) SPK_ATOMIC_MAX64(first_bad, count - i);
+    }
+}
+
+/* Atomic adds: a hand-made message may repeat an index. */
+SPK_KERNEL sparkavg_sparse_decode(const int *SPK_RESTRICT body, I count, T tau,
+                                  T *SPK_RESTRICT target)
+{
+    SPK_FOR(i, count) {
+        const int v = body[i];
+        if (v > 0) SPK_ATOMIC_ADD(&target[v - 1], tau);
+        else SPK_ATOMIC_ADD(&target[-v - 1], -tau);
+    }
+}
+
+/* A word is bad when a sign bit lacks its value bit or a value bit lies
+ * past element n - 1. */
+SPK_KERNEL sparkavg_bitmap_check(const int *SPK_RESTRICT words, I nwords, I n,
+                                 long long *SPK_RESTRICT first_bad)
+{
+    SPK_FOR(k, nwords) {
+        const unsigned w = (unsigned)words[k];
+        const I valid = n - k * 16;
+        const unsigned vals = w & 0xFFFFu;
+        const int past = valid <= 0 ? vals != 0u : (valid < 16 ? (vals >> valid) != 0u : 0);
+        if ((((w >> 16) & ~w & 0xFFFFu) != 0u) || past) SPK_ATOMIC_MAX64(first_bad, nwords - k);
+    }
+}
+
+/* target[e] += +-tau for every value bit (only those: adding 0 would turn
+ * -0.0 into +0.0). */
+SPK_KERNEL sparkavg_bitmap_decode(const int *SPK_RESTRICT words, I n, T tau,
+                                  T *SPK_RESTRICT target)
+{
+    SPK_FOR(e, n) {
+        const unsigned w = (unsigned)words[e >> 4];
+        const int b = (int)(e & 15);
+        if ((w >> b) & 1u) target[e] += ((w >> (b + 16)) & 1u) ? -tau : tau;
+    }
+}

@@ -361,3 +361,42 @@ def test_bad_bitmap_words_rejected_alike(launcher):
         else:
             assert mine is not None and mine == want
             assert same_bits(t_mine, target)
+
+
+# ------------------------------------------------------------ CUDA build
+def _kernel_names(module):
+    """The kernel names a Python module launches, by kernel file."""
+    import inspect
+    import re
+
+    text = inspect.getsource(module)
+    file = "conv" if module is _cuda_conv else "encode"
+    return file, set(re.findall(r'(?:launcher|_ENCODE), "(sparkavg_[a-z0-9_]+)"', text))
+
+
+@pytest.mark.parametrize("file", cuda_src.FILES)
+def test_cuda_text_compiles_to_ptx(tmp_path, file):
+    """The same text as CUDA: nvcc (no GPU needed) to PTX for sm_90, no
+    warnings, an entry for every kernel the Python side launches, and no
+    fused multiply-add where --fmad=false must keep the CPU's roundings."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not installed: the CUDA text is compiled only where the CUDA "
+                    "toolkit is (the C build above still runs every kernel body)")
+    launched = {f: names for f, names in map(_kernel_names, (_cuda_conv, _cuda))}[file]
+    assert launched, f"found no kernel names for {file}.cu in the Python glue"
+    for dtype in (np.float32, np.float64):
+        for index in (np.int32, np.int64):
+            stem = f"{file}_{np.dtype(dtype).name}_{np.dtype(index).name}"
+            src = tmp_path / f"{stem}.cu"
+            src.write_text(cuda_src.source(file, dtype, index))
+            ptx = tmp_path / f"{stem}.ptx"
+            run = subprocess.run(
+                [nvcc, "-ptx", "-arch=compute_90", *cuda_src.NVRTC_OPTIONS, "--Werror",
+                 "all-warnings", "-o", str(ptx), str(src)],
+                check=False, capture_output=True, text=True)
+            assert run.returncode == 0, f"nvcc rejected {stem}:\n{run.stderr}"
+            text = ptx.read_text()
+            for name in launched:
+                assert f".entry {name}(" in text, f"{stem}: no kernel {name}"
+            assert "fma.rn" not in text, f"{stem}: a multiply-add was contracted"

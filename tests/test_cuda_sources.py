@@ -400,3 +400,13 @@ def test_cuda_text_compiles_to_ptx(tmp_path, file):
             for name in launched:
                 assert f".entry {name}(" in text, f"{stem}: no kernel {name}"
             assert "fma.rn" not in text, f"{stem}: a multiply-add was contracted"
+
+
+def test_device_backend_runs_the_raw_conv_kernels():
+    """CuPy arrays reach the raw kernels, not the reference twins."""
+    from sparkavg.ops import _dispatch
+    from sparkavg.ops._kernels import CONV
+
+    assert _dispatch.route("cupy", np.float32) == _dispatch.CUDA
+    for name in CONV:
+        assert getattr(_cuda, name) is getattr(_cuda_conv, name), name

@@ -25,6 +25,18 @@ of the copy read rate (must), encode and accumulate >= 50% (aim); sparse
 encode in the sweep >= 5x the reference and >= 50% of the copy read rate at
 every density (must).
 
+With ``--gpu`` the arrays are CuPy arrays on the current device, the sizes
+run from 64K to 16M (``GPU_SIZES``), the baseline is a device-to-device
+``cupy.copyto`` and the reference is the numpy twin run on CuPy arrays;
+timings are CUDA events around each call, host synchronisations inside the
+call included.  The ``gpu_checks`` block states issue 12's GPU targets:
+threshold and bitmap encode >= 30% of the copy read rate at 16M (aim 50%)
+and never slower than the CuPy reference at any size; decode, accumulate
+and Adam >= 50% of the copy read rate at 16M.  Accumulate (12 bytes moved
+per value) and Adam (28) cannot reach a read rate of 50% of a copy (8
+bytes per value) on a bandwidth-bound device, so their rows also give
+``traffic_fraction_of_copy``: bytes moved per second over the copy's.
+
     python benchmarks/bench_kernels.py [--quick] [--sweep-only] [--out PATH] [--gpu]
 """
 from __future__ import annotations
@@ -45,6 +57,9 @@ from report import emit
 DENSITIES = (1e-4, 1e-3, 1e-2)
 FULL_SIZES = (1 << 20, 1 << 22, 1 << 24)
 QUICK_SIZES = (1 << 16, 1 << 18, 1 << 20)
+GPU_SIZES = (1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24)
+#: Bytes each op moves per value (reads + writes), for traffic_fraction_of_copy.
+BYTES_MOVED = {"copy": 8, "accumulate": 12, "adam_step": 28}
 # Up to libnd4j's switch to bitmaps: a sparse message of N // 16 entries.
 SWEEP_DENSITIES = (1e-4, 1e-3, 1e-2, 0.046, 0.0625)
 SWEEP_N = 1 << 23
@@ -123,6 +138,9 @@ def bench_size(n, timer, repeats, ref_repeats, threads):
         return work
 
     def row(op, fast_s, ref_s, **extra):
+        if op in BYTES_MOVED:
+            extra["traffic_fraction_of_copy"] = round(
+                BYTES_MOVED[op] / fast_s / (BYTES_MOVED["copy"] / t_copy), 3)
         entry = {
             "op": op,
             "n": n,
@@ -249,6 +267,35 @@ def checks(rows):
     }
 
 
+def gpu_checks(rows):
+    """Issue 12's GPU targets, from the rows of a --gpu run."""
+    if not rows:
+        return {}
+    top = max(r["n"] for r in rows)
+
+    def of(*ops_):
+        return [r for r in rows if r["op"] in ops_ and "n_threads" not in r]
+
+    encoders = of("threshold_encode", "bitmap_encode")
+    at_top = [r for r in encoders if r["n"] == top]
+    others = [r for r in of("threshold_decode", "bitmap_decode", "accumulate", "adam_step")
+              if r["n"] == top]
+    return {
+        "largest_n": top,
+        "encode_at_least_30pct_of_copy_at_largest": all(r["fraction_of_copy"] >= 0.30
+                                                        for r in at_top),
+        "aim_encode_50pct_of_copy_at_largest": all(r["fraction_of_copy"] >= 0.50 for r in at_top),
+        "encode_never_slower_than_reference": all(r["speedup_vs_reference"] >= 1
+                                                  for r in encoders),
+        "decode_accumulate_adam_50pct_of_copy_at_largest": all(r["fraction_of_copy"] >= 0.50
+                                                               for r in others),
+        "min_encode_fraction_of_copy_at_largest": min(r["fraction_of_copy"] for r in at_top),
+        "min_encode_speedup": min(r["speedup_vs_reference"] for r in encoders),
+        "fraction_of_copy_at_largest": {f"{r['op']}@{r.get('density', '-')}":
+                                        r["fraction_of_copy"] for r in at_top + others},
+    }
+
+
 def machine(gpu):
     info = {
         "python": platform.python_version(),
@@ -266,6 +313,9 @@ def machine(gpu):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="N in 64K, 256K, 1M")
+    parser.add_argument("--sizes", type=lambda v: tuple(int(x) for x in v.split(",")),
+                        help="comma-separated N to run (default: 1M, 4M, 16M; with --gpu "
+                             "64K .. 16M)")
     parser.add_argument("--sweep-only", action="store_true",
                         help="only the sparse-encode density sweep")
     parser.add_argument("--sweep-n", type=int, default=SWEEP_N,
@@ -290,7 +340,8 @@ def main(argv=None):
             sys.exit("sparkavg_ext is not built: python setup.py build_ext --inplace")
         timer = CpuTimer()
 
-    sizes = () if args.sweep_only else QUICK_SIZES if args.quick else FULL_SIZES
+    sizes = (() if args.sweep_only else args.sizes or (
+        QUICK_SIZES if args.quick else GPU_SIZES if args.gpu else FULL_SIZES))
     started = time.time()
     rows = []
     for n in sizes:
@@ -308,6 +359,8 @@ def main(argv=None):
         "sparse_encode_sweep": sweep,
         "checks": {**checks(rows), **sweep_checks(sweep)},
     }
+    if args.gpu:
+        report["gpu_checks"] = gpu_checks(rows)
     return emit(report, args.out)
 
 

@@ -1,4 +1,4 @@
-"""LeNet train-step time: sparkavg.nn against PyTorch CPU, same run.
+"""LeNet train-step time: sparkavg.nn against PyTorch (CPU, or CUDA with --gpu), same run.
 
 One step = forward + backward + Adam(lr=1e-3) on a batch of 64 1x28x28
 inputs, for the seeds' LeNet (conv 5x5x20 -> max-pool 2 -> conv 5x5x50 ->
@@ -14,6 +14,20 @@ a hand-over.  The figure is the median step time of each and their ratio.  PyTor
 the baseline here, never a dependency of sparkavg.
 
     python benchmarks/bench_lenet.py --threads 2 --out /tmp/lenet.json
+
+With ``--gpu`` both run on the current CUDA device: the network after
+``to_gpu()`` (CuPy) against the same model in PyTorch CUDA (cuDNN, as
+installed), at each of ``--batch-sizes`` (default 64, 256, 1024).  The
+batches are on the device before timing.  Device work is asynchronous, so
+steps are timed in blocks: the device is synchronised, ``--block`` steps
+run, the device is synchronised again, and the block's wall time over its
+steps is one sample (host overhead and host-device syncs inside a step
+count, as they do in training).  ``fit_batch`` returns the loss as a Python
+float (a sync every step); PyTorch's step reads nothing back unless
+``--torch-item``.  Issue 12's target: sparkavg's median step <= 1.5x
+PyTorch CUDA's at every batch size (``checks``).
+
+    python benchmarks/bench_lenet.py --gpu --out /tmp/lenet_gpu.json
 """
 from __future__ import annotations
 
@@ -41,6 +55,14 @@ def _parse(argv):
                         "threads still spin for a while after it hands over)")
     p.add_argument("--seed", type=int, default=123)
     p.add_argument("--out", help="also write the JSON here")
+    p.add_argument("--gpu", action="store_true",
+                   help="CuPy on the current CUDA device against PyTorch CUDA")
+    p.add_argument("--batch-sizes", type=lambda v: [int(b) for b in v.split(",")],
+                   default=[64, 256, 1024], help="with --gpu: batch sizes to run (default 64,256,1024)")
+    p.add_argument("--torch-item", action="store_true",
+                   help="with --gpu: PyTorch reads the loss back every step, as fit_batch does")
+    p.add_argument("--cudnn-benchmark", action="store_true",
+                   help="with --gpu: torch.backends.cudnn.benchmark = True")
     return p.parse_args(argv)
 
 
@@ -53,8 +75,129 @@ def _torch_lenet(torch, seed):
     )
 
 
+def _stats(v):
+    q = statistics.quantiles(v, n=4) if len(v) > 1 else [v[0]] * 3
+    return {"median_ms": statistics.median(v) * 1e3, "p25_ms": q[0] * 1e3, "p75_ms": q[2] * 1e3,
+            "min_ms": min(v) * 1e3}
+
+
+GPU_TARGET_RATIO = 1.5
+
+
+def _gpu_requirements():
+    """(cupy, torch) or exit saying what is missing."""
+    from sparkavg import backend
+
+    if not backend.available():
+        raise SystemExit("bench_lenet.py --gpu needs CuPy and a CUDA device: "
+                         + backend.unavailable_reason())
+    try:
+        import torch
+    except ImportError as exc:
+        raise SystemExit(f"bench_lenet.py --gpu needs PyTorch with CUDA as the baseline, "
+                         f"and it does not import ({exc})") from exc
+    if not torch.cuda.is_available():
+        raise SystemExit(f"bench_lenet.py --gpu needs PyTorch with CUDA as the baseline; "
+                         f"torch {torch.__version__} sees no CUDA device")
+    return backend.cupy(), torch
+
+
+def _gpu_batch(args, cp, torch, batch_size):
+    """Both frameworks at one batch size on the device -> result row."""
+    from sparkavg.nn import Adam, lenet
+
+    rng = np.random.default_rng(args.seed)
+    n_batches = 8
+    xs = rng.random((n_batches, batch_size, 1, 28, 28), dtype=np.float32)
+    ys = rng.integers(0, 10, size=(n_batches, batch_size))
+    dxs, dys = [cp.asarray(x) for x in xs], [cp.asarray(y) for y in ys]
+
+    net = lenet(seed=args.seed, updater=Adam(lr=1e-3)).to_gpu()
+    model = _torch_lenet(torch, args.seed).cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    txs = [torch.from_numpy(x).cuda() for x in xs]
+    tys = [torch.from_numpy(y).cuda() for y in ys]
+
+    def ours(i):
+        net.fit_batch(dxs[i % n_batches], dys[i % n_batches])
+
+    def theirs(i):
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(txs[i % n_batches]), tys[i % n_batches])
+        loss.backward()
+        opt.step()
+        if args.torch_item:
+            loss.item()  # sync: as fit_batch returns its loss
+
+    syncs = {"sparkavg": cp.cuda.Device().synchronize, "torch": torch.cuda.synchronize}
+    for i in range(args.warmup):
+        ours(i)
+        theirs(i)
+    times = {"sparkavg": [], "torch": []}
+    done = 0
+    while done < args.steps:
+        block = min(args.block, args.steps - done)
+        for name, step in (("sparkavg", ours), ("torch", theirs)):
+            for i in range(done, done + args.settle):
+                step(i)
+            syncs[name]()
+            t0 = time.perf_counter()
+            for i in range(done, done + block):
+                step(i)
+            syncs[name]()
+            times[name].append((time.perf_counter() - t0) / block)
+        done += block
+    ours_s, theirs_s = _stats(times["sparkavg"]), _stats(times["torch"])
+    ratio = ours_s["median_ms"] / theirs_s["median_ms"]
+    return {
+        "batch_size": batch_size,
+        "sparkavg": ours_s,
+        "torch": theirs_s,
+        "sparkavg_ms": ours_s["median_ms"],
+        "torch_ms": theirs_s["median_ms"],
+        "ratio": ratio,
+        "within_target": ratio <= GPU_TARGET_RATIO,
+    }
+
+
+def main_gpu(args):
+    cp, torch = _gpu_requirements()
+    torch.backends.cudnn.benchmark = bool(args.cudnn_benchmark)
+    rows = [_gpu_batch(args, cp, torch, b) for b in args.batch_sizes]
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    result = {
+        "benchmark": "lenet_train_step_gpu",
+        "step": "forward+backward+Adam(lr=1e-3), float32, on the device",
+        "timing": "blocks of steps between device synchronisations; median of per-step means",
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "block": args.block,
+        "settle": args.settle,
+        "torch_reads_loss": bool(args.torch_item),
+        "cudnn_benchmark": bool(args.cudnn_benchmark),
+        "results": rows,
+        "checks": {
+            f"step_within_{GPU_TARGET_RATIO}x_torch_at_every_batch": all(r["within_target"]
+                                                                         for r in rows),
+            "max_ratio": max(r["ratio"] for r in rows),
+        },
+        "gpu": props["name"].decode(),
+        "cupy_version": cp.__version__,
+        "torch_version": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cudnn_version": torch.backends.cudnn.version(),
+        "numpy_version": np.__version__,
+        "python": platform.python_version(),
+        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+    }
+    return emit(result, args.out)
+
+
 def main(argv=None):
     args = _parse(argv)
+    if args.gpu:
+        return main_gpu(args)
     # Both libraries must see the limit before their pools start.
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(args.threads)
@@ -108,12 +251,7 @@ def main(argv=None):
                 times[name].append(time.perf_counter() - t0)
         done += block
 
-    def stats(v):
-        q = statistics.quantiles(v, n=4)
-        return {"median_ms": statistics.median(v) * 1e3, "p25_ms": q[0] * 1e3, "p75_ms": q[2] * 1e3,
-                "min_ms": min(v) * 1e3}
-
-    ours_s, theirs_s = stats(times["sparkavg"]), stats(times["torch"])
+    ours_s, theirs_s = _stats(times["sparkavg"]), _stats(times["torch"])
     result = {
         "benchmark": "lenet_train_step",
         "step": "forward+backward+Adam(lr=1e-3), float32",

@@ -93,19 +93,24 @@ class CupyLauncher:
     def __init__(self, cupy):
         self.xp = cupy
         self._modules = {}
+        self._kernels = {}  # (file, name, dtype, index) -> RawKernel: no lookup per launch
 
-    def _module(self, file, dtype, index):
-        key = (file, dtype, index)
-        if key not in self._modules:
-            self._modules[key] = self.xp.RawModule(code=source(*key), options=NVRTC_OPTIONS)
-        return self._modules[key]
+    def _kernel(self, file, name, dtype, index):
+        key = (file, name, dtype, index)
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            unit = (file, np.dtype(dtype), np.dtype(index))
+            if unit not in self._modules:
+                self._modules[unit] = self.xp.RawModule(code=source(*unit), options=NVRTC_OPTIONS)
+            kernel = self._kernels[key] = self._modules[unit].get_function(name)
+        return kernel
 
     def launch(self, file, name, dtype, index, threads, args):
         """Run kernel ``name`` of ``file`` with at least ``threads`` threads
         (fewer blocks past the cap: the kernels loop); no launch for 0."""
         if threads <= 0:
             return
-        kernel = self._module(file, np.dtype(dtype), np.dtype(index)).get_function(name)
+        kernel = self._kernel(file, name, dtype, index)
         blocks = min(-(-int(threads) // BLOCK), _MAX_BLOCKS)
         kernel((blocks,), (BLOCK,), args)
 

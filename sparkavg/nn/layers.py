@@ -20,6 +20,13 @@ order.  Dense weights are (n_in, n_out).
 Ownership.  An array returned by ``forward`` or ``backward`` belongs to the
 layer and is overwritten by its next call; the network copies what it hands
 out.  ``backward`` may overwrite the gradient array it receives.
+
+Kernels.  Layers call the conv and pool kernels of :mod:`sparkavg.ops`
+without the fronts' argument checks (:func:`sparkavg.ops.elementwise.unchecked`):
+the network validates a batch once on entry, and everything a layer hands
+a kernel is its own work buffer or a C-contiguous array of the network's
+dtype with the shape :meth:`Layer.build` fixed (:func:`_contiguous` makes
+sure of the layout of what arrives).
 """
 from __future__ import annotations
 
@@ -30,6 +37,7 @@ import numpy as np
 
 from .. import ops
 from ..backend import get_array_module
+from ..ops.elementwise import unchecked
 from ..configurable import Configurable, register
 from . import activations
 from .initializers import check_weight_init, init_weights
@@ -137,6 +145,10 @@ class Layer(Configurable):
             self._ws[key] = buf
         return buf
 
+    def _act_work(self, name, like):
+        """Scratch for activation ``name`` on arrays like ``like`` (None when it needs none)."""
+        return self._buffer("act", like.shape, like) if name in activations.NEEDS_WORK else None
+
     def _ones(self, n, like):
         key = ("ones", n)
         buf = self._ws.get(key)
@@ -153,6 +165,11 @@ class Layer(Configurable):
     def backward(self, dy, need_dx: bool):
         """Write parameter gradients; return dL/dx (or None when not needed)."""
         return dy if need_dx else None
+
+
+def _contiguous(a):
+    """``a`` itself when C-contiguous (always, inside a network), else a contiguous copy."""
+    return a if a.flags.c_contiguous else get_array_module(a).ascontiguousarray(a)
 
 
 def _internal_shape(shape):
@@ -269,17 +286,17 @@ class Conv2D(_Weighted):
             xp.matmul(cols, self._W2, out=y)
             y += self.b
         else:
-            cols = ops.im2col(x, kh, kw, sh, sw, ph, pw, ones_column=True,
-                              out=self._buffer("cols", (rows, self._Wb.shape[0]), x))
+            cols = unchecked("im2col", x, _contiguous(x), kh, kw, sh, sw, ph, pw,
+                             self._buffer("cols", (rows, self._Wb.shape[0]), x), True)
             xp.matmul(cols, self._Wb, out=y)
-        activations.forward(self.activation, y)
+        activations.forward(self.activation, y, self._act_work(self.activation, y))
         self._x_shape, self._cols, self._y = x.shape, cols, y
         return y.reshape(n, oh, ow, f)
 
     def backward(self, dy, need_dx):
         xp = get_array_module(dy)
         cols, y = self._cols, self._y
-        dz = activations.backward(self.activation, dy.reshape(y.shape), y)
+        dz = activations.backward(self.activation, dy.reshape(y.shape), y, self._act_work(self.activation, y))
         if self._pointwise():
             xp.matmul(cols.T, dz, out=self._dW2)
             xp.matmul(self._ones(dz.shape[0], dz), dz, out=self.db)  # GEMV: faster than sum(axis=0)
@@ -304,7 +321,7 @@ class Conv2D(_Weighted):
         dcols = self._buffer("dcols", (cols.shape[0], self._W2.shape[0]), dz)
         xp.matmul(dz, self._W2.T, out=dcols)
         (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
-        return ops.col2im(dcols, kh, kw, sh, sw, ph, pw, out=self._buffer("dx", self._x_shape, dz))
+        return unchecked("col2im", dz, dcols, kh, kw, sh, sw, ph, pw, self._buffer("dx", self._x_shape, dz))
 
 
 class _Pool2D(Layer):
@@ -342,7 +359,7 @@ class MaxPool2D(_Pool2D):
         (kh, kw), (sh, sw) = self.pool_size, self.stride
         out = self._buffer("y", (n, oh, ow, c), x)
         argmax = self._buffer("argmax", (n, oh, ow, c), x, dtype=np.int32)
-        ops.maxpool_forward(x, kh, kw, sh, sw, out=out, argmax=argmax)
+        unchecked("maxpool_forward", x, _contiguous(x), kh, kw, sh, sw, out, argmax)
         self._x_shape, self._argmax = x.shape, argmax
         return out
 
@@ -351,7 +368,7 @@ class MaxPool2D(_Pool2D):
             return None
         (kh, kw), (sh, sw) = self.pool_size, self.stride
         dx = self._buffer("dx", self._x_shape, dy)
-        return ops.maxpool_backward(dy, self._argmax, kh, kw, sh, sw, out=dx)
+        return unchecked("maxpool_backward", dy, _contiguous(dy), self._argmax, kh, kw, sh, sw, dx)
 
 
 @register("layer")
@@ -362,13 +379,15 @@ class AvgPool2D(_Pool2D):
         c, oh, ow = self.output_shape
         (kh, kw), (sh, sw) = self.pool_size, self.stride
         self._x_shape = x.shape
-        return ops.avgpool_forward(x, kh, kw, sh, sw, out=self._buffer("y", (x.shape[0], oh, ow, c), x))
+        return unchecked("avgpool_forward", x, _contiguous(x), kh, kw, sh, sw,
+                         self._buffer("y", (x.shape[0], oh, ow, c), x))
 
     def backward(self, dy, need_dx):
         if not need_dx:
             return None
         (kh, kw), (sh, sw) = self.pool_size, self.stride
-        return ops.avgpool_backward(dy, kh, kw, sh, sw, out=self._buffer("dx", self._x_shape, dy))
+        return unchecked("avgpool_backward", dy, _contiguous(dy), kh, kw, sh, sw,
+                         self._buffer("dx", self._x_shape, dy))
 
 
 @register("layer")
@@ -417,11 +436,13 @@ class Dense(_Weighted):
         return dx
 
     def forward(self, x, training):
-        self._y = activations.forward(self.activation, self._affine(x))
+        z = self._affine(x)
+        self._y = activations.forward(self.activation, z, self._act_work(self.activation, z))
         return self._y
 
     def backward(self, dy, need_dx):
-        return self._affine_backward(activations.backward(self.activation, dy, self._y), need_dx)
+        dz = activations.backward(self.activation, dy, self._y, self._act_work(self.activation, dy))
+        return self._affine_backward(dz, need_dx)
 
 
 @register("layer")
@@ -443,13 +464,13 @@ class Activation(Layer):
     def forward(self, x, training):
         y = self._buffer("y", x.shape, x)
         y[...] = x
-        self._y = activations.forward(self.name, y)
+        self._y = activations.forward(self.name, y, self._act_work(self.name, y))
         return self._y
 
     def backward(self, dy, need_dx):
         if not need_dx:
             return None
-        return activations.backward(self.name, dy, self._y)
+        return activations.backward(self.name, dy, self._y, self._act_work(self.name, dy))
 
 
 @register("layer")

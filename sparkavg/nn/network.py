@@ -29,6 +29,7 @@ from .. import backend
 from ..configurable import ConfigError, Configurable, from_config, register
 from .layers import Dropout, Layer
 from .output import Output
+from .regularization import Regularization
 from .updaters import Adam, Updater
 
 __all__ = ["Network", "upgrade_config"]
@@ -150,6 +151,7 @@ class Network(Configurable):
         self.epoch = 0
         self.inference_batch_size = 256
         self._xp = np
+        self._reg = None
         offset = self._num_params
         self._params = np.empty(offset, dtype=self.dtype)
         self._grads = np.zeros(offset, dtype=self.dtype)
@@ -269,19 +271,22 @@ class Network(Configurable):
             x = layer.forward(x, training)
         return x
 
+    def _regularization(self) -> Regularization:
+        """The L2 / weight-decay ranges (rebuilt when a coefficient was reassigned)."""
+        key = (self.l2, self.l2_bias, self.weight_decay)
+        if self._reg is None or self._reg.coefficients != key:
+            self._reg = Regularization(self._segments, *key)
+        return self._reg
+
     def _penalty(self):
         """0.5 * l2 * |W|^2 + 0.5 * l2_bias * |b|^2 (a device -> host sync on CuPy)."""
-        total = 0.0
-        for seg in self._segments:
-            coeff = self.l2 if seg.regularized else self.l2_bias
-            if coeff:
-                p = self._params[seg.start:seg.stop]
-                total += 0.5 * coeff * float(p @ p)
-        return total
+        reg = self._regularization()
+        return reg.penalty(reg.penalty_terms(self._params))
 
     def _loss_and_grad(self, x, y):
-        """Forward + backward in training mode; fills the flat gradient
-        (L2 included) and returns the loss (L2 penalty included)."""
+        """Forward + backward in training mode; fills the flat gradient (L2
+        included).  Returns the loss for :meth:`_loss_value` as device values
+        (of the parameters before any update), to be read at the step's end."""
         self._check_pair(x, y)
         xi = self._prepare_input(x)
         n = xi.shape[0]
@@ -290,15 +295,21 @@ class Network(Configurable):
         out = self.layers[-1]
         labels = out.prepare_labels(y, n, self._xp, self.dtype)
         self._forward(xi, training=True)
-        loss = out.loss(labels)
+        loss = out.loss_sum(labels)
         d = out.backward_loss(labels, need_dx=len(self.layers) > 1)
         for i in range(len(self.layers) - 2, -1, -1):
             d = self.layers[i].backward(d, need_dx=i > 0)
-        for seg in self._segments:
-            coeff = self.l2 if seg.regularized else self.l2_bias
-            if coeff:
-                self._grads[seg.start:seg.stop] += self.dtype.type(coeff) * self._params[seg.start:seg.stop]
-        return loss + self._penalty()
+        reg = self._regularization()
+        penalty = reg.penalty_terms(self._params)  # before any update touches the parameters
+        reg.add_gradient(self._grads, self._params)
+        return loss, penalty
+
+    @staticmethod
+    def _loss_value(pending) -> float:
+        """Mean loss + L2 penalty as a float (device -> host syncs on CuPy:
+        call it at the end of a step)."""
+        (total, count), penalty = pending
+        return float(total) / count + Regularization.penalty(penalty)
 
     # ------------------------------------------------------------ training
     def gradient(self, x, y):
@@ -310,7 +321,7 @@ class Network(Configurable):
             Mean loss (+ L2 penalty) and a COPY of the flat gradient
             (``num_params``,), L2 included, on the network's device.
         """
-        loss = self._loss_and_grad(x, y)
+        loss = self._loss_value(self._loss_and_grad(x, y))
         return loss, self._grads.copy()
 
     def compute_update(self, x, y, out) -> float:
@@ -322,16 +333,12 @@ class Network(Configurable):
         device; it is zeroed first.  Returns the batch loss.
         """
         self._check_flat(out, "out", self._num_params)
-        loss = self._loss_and_grad(x, y)
+        pending = self._loss_and_grad(x, y)
         out.fill(0)
         self.updater.apply(out, self._grads, self._state, self.iteration)
-        if self.weight_decay:
-            step = self.dtype.type(self.updater.lr * self.weight_decay)
-            for seg in self._segments:
-                if seg.regularized:
-                    out[seg.start:seg.stop] -= step * self._params[seg.start:seg.stop]
+        self._regularization().decay(out, self._params, self.updater.lr)
         self.iteration += 1
-        return loss
+        return self._loss_value(pending)
 
     def apply_update(self, update) -> None:
         """``params += update`` in place (``update`` flat, same dtype and device)."""
@@ -341,11 +348,18 @@ class Network(Configurable):
     def fit_batch(self, x, y) -> float:
         """One training step (forward, backward, updater); returns the batch loss.
 
-        Exactly ``compute_update`` into a buffer followed by ``apply_update``.
+        Exactly ``compute_update`` into a buffer followed by ``apply_update``;
+        without weight decay the updater adds to the parameters directly (same
+        sums, bit-identical on the CPU; no buffer to zero, one pass fewer).
         """
-        loss = self.compute_update(x, y, self._update)
-        self.apply_update(self._update)
-        return loss
+        if self._regularization().decay_ranges:  # decay reads the parameters before the step
+            loss = self.compute_update(x, y, self._update)
+            self._params += self._update
+            return loss
+        pending = self._loss_and_grad(x, y)
+        self.updater.apply(self._params, self._grads, self._state, self.iteration)
+        self.iteration += 1
+        return self._loss_value(pending)
 
     def fit(self, x, y, batch_size=64, epochs=1, shuffle=True) -> list:
         """Minibatch training on in-memory arrays (a convenience for local

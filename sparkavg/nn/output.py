@@ -54,7 +54,7 @@ class Output(Dense):
             p /= self._zsum
             self._z, self._y = z, p
         else:
-            self._y = activations.forward(self.activation, z)
+            self._y = activations.forward(self.activation, z, self._act_work(self.activation, z))
         return self._y
 
     # ----------------------------------------------------------- labels
@@ -90,18 +90,24 @@ class Output(Dense):
     def loss(self, labels) -> float:
         """Mean loss of the last forward pass against prepared ``labels`` (a
         device -> host sync on CuPy)."""
+        total, count = self.loss_sum(labels)
+        return float(total) / count
+
+    def loss_sum(self, labels) -> tuple:
+        """``(total, count)``: the summed loss of the last forward pass as a
+        0-d array on its device (no host sync) and the divisor that makes it
+        the mean, ``float(total) / count`` being :meth:`loss`."""
         kind, y = labels
         xp = get_array_module(self._y)
         n = self._y.shape[0]
         if self.loss_name == "mse":
             err = self._y - y
-            return float((err * err).sum()) / (n * self.units)
+            return (err * err).sum(), n * self.units
         # log p_ij = z_ij - max_i - log(sum_i)
         shift = self._zmax + xp.log(self._zsum)
         if kind == "index":
-            picked = xp.take_along_axis(self._z, y[:, None], axis=1)
-            return float((shift - picked).sum()) / n
-        return float((y * (shift - self._z)).sum()) / n
+            return (shift[:, 0] - self._z[self._rows(n, xp), y]).sum(), n
+        return (y * (shift - self._z)).sum(), n
 
     def backward_loss(self, labels, need_dx):
         """Gradient of the mean loss: fills dW, db; returns dL/dx (or None)."""
@@ -112,7 +118,7 @@ class Output(Dense):
         if self.loss_name == "nll":
             if kind == "index":
                 dz[...] = self._y
-                dz[xp.arange(n), y] -= 1
+                dz[self._rows(n, xp), y] -= 1
             else:
                 xp.multiply(self._y, y.sum(axis=1, keepdims=True), out=dz)
                 dz -= y
@@ -120,8 +126,16 @@ class Output(Dense):
         else:
             xp.subtract(self._y, y, out=dz)
             dz *= dz.dtype.type(2.0 / (n * self.units))
-            activations.backward(self.activation, dz, self._y)
+            activations.backward(self.activation, dz, self._y, self._act_work(self.activation, dz))
         return self._affine_backward(dz, need_dx)
+
+    def _rows(self, n, xp):
+        """``xp.arange(n)``, kept between steps (picks each row's label)."""
+        key = ("rows", n)
+        rows = self._ws.get(key)
+        if rows is None:
+            rows = self._ws[key] = xp.arange(n)
+        return rows
 
     def backward(self, dy, need_dx):  # pragma: no cover - the network calls backward_loss
         raise TypeError("Output.backward_loss(labels, need_dx) starts back-propagation")

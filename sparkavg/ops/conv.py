@@ -19,6 +19,11 @@ Layouts (all C-contiguous):
 ``OH = (H + 2*ph - kh) // sh + 1`` (:func:`conv_output_size`); pooling has
 no padding.  Arrays named ``out``/``argmax`` are written (and returned);
 when optional and None they are allocated.
+
+The network's layers call the backend operations through
+:func:`sparkavg.ops.elementwise.unchecked` (their arrays are right by
+construction, and checks cost more than a small layer's kernel); everyone
+else goes through the checked functions here.
 """
 from __future__ import annotations
 

@@ -12,14 +12,34 @@ receives the update itself.
 contiguous chunks under OpenMP; the default is 1 because each Spark task
 owns one core.  On the 2-core development machine two threads did not pay
 (see benchmarks/RESULTS.md).
+
+:func:`unchecked` is the one way around the checks, for callers whose
+arrays are right by construction (the network engine, per step).
 """
 from __future__ import annotations
+
+import numpy as np
 
 from ._checks import check_inplace, check_operand, check_threads
 from ._dispatch import call
 from ._kernels import ELEMENTWISE
 
 __all__ = list(ELEMENTWISE)
+
+
+def unchecked(operation: str, like, *args):
+    """Run backend ``operation`` (:data:`sparkavg.ops._kernels.OPERATIONS`)
+    where the routing rule sends ``like``'s kind and dtype, WITHOUT the
+    front's checks; returns what the backend returns.
+
+    Internal: for :mod:`sparkavg.nn`, which calls a few kernels per layer
+    and step on arrays it allocated itself, C-contiguous and of one float
+    dtype on one device, with the shapes the front would check; the front's
+    checks cost more than a small layer's kernel.  Arguments are the
+    backend's (the front's, less ``n_threads``; ``out`` arrays given).
+    Anything else must go through the checked fronts.
+    """
+    return call(operation, "numpy" if isinstance(like, np.ndarray) else "cupy", like.dtype, *args)
 
 
 def accumulate(buffer, x, weight=1.0, *, n_threads=None):

@@ -221,3 +221,35 @@ def test_activations_with_work_equal_the_old_formulas_bit_for_bit(name, dtype):
     expect = _old_backward(name, dy, y)
     np.testing.assert_array_equal(activations.backward(name, dy.copy(), y, np.empty_like(dy)), expect)
     np.testing.assert_array_equal(activations.backward(name, dy.copy(), y), expect)
+
+
+# -------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("weight_decay", [0.0, 1e-2])
+def test_gpu_step_matches_cpu_with_leaky_relu_l2_and_work_buffers(weight_decay):
+    from sparkavg import backend
+
+    cpu = mlp(l2=1e-3, l2_bias=1e-4, weight_decay=weight_decay)
+    gpu = cpu.clone().to_gpu()
+    out_cpu = np.empty(cpu.num_params)
+    out_gpu = gpu.xp.empty(gpu.num_params, dtype=gpu.dtype)
+    for step in range(3):
+        x, y = data(5 + step, seed=step)  # batch sizes change: buffers of every size
+        assert gpu.fit_batch(x, y) == pytest.approx(cpu.fit_batch(x, y), rel=1e-9)
+        lc, lg = cpu.compute_update(x, y, out_cpu), gpu.compute_update(x, y, out_gpu)
+        assert lg == pytest.approx(lc, rel=1e-9)
+        np.testing.assert_allclose(backend.to_cpu(out_gpu), out_cpu, rtol=1e-9, atol=1e-13)
+    np.testing.assert_allclose(backend.to_cpu(gpu.params), cpu.params, rtol=1e-9, atol=1e-13)
+    np.testing.assert_allclose(backend.to_cpu(gpu.updater_state), cpu.updater_state, rtol=1e-9, atol=1e-13)
+
+
+@pytest.mark.gpu
+def test_gpu_convnet_float32_step_matches_cpu():
+    from sparkavg import backend
+
+    cpu = convnet(Adam(1e-2), l2=1e-3)
+    gpu = cpu.clone().to_gpu()
+    for step in range(3):
+        x, y = data(6, shape=(64,), seed=step, dtype=np.float32)
+        assert gpu.fit_batch(x, y) == pytest.approx(cpu.fit_batch(x, y), rel=1e-5)
+    np.testing.assert_allclose(backend.to_cpu(gpu.params), cpu.params, rtol=1e-4, atol=1e-5)

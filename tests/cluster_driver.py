@@ -229,11 +229,13 @@ def shared_dir(ctx: Context) -> dict:
     folder = os.path.join(ctx.shared, "minibatches")
     os.makedirs(folder, exist_ok=True)
     base = dict(batch_size_per_worker=10, averaging_frequency=5, workers=2)
-    blocks = small_net(seed=13)
-    SparkTrainer(ctx.spark, blocks, ParameterAveraging(**base)).fit(rdd, epochs=1).close()
+    blocks = small_net(seed=13)  # the same deal for both ("auto" deals files balanced, blocks in place)
+    SparkTrainer(ctx.spark, blocks, ParameterAveraging(**base, data=DataOptions(repartition="balanced"))).fit(
+        rdd, epochs=1).close()
     files = small_net(seed=13)
     mark = len(ctx.logs.lines)
-    trainer = SparkTrainer(ctx.spark, files, ParameterAveraging(**base, data=DataOptions(shared_dir=folder)))
+    trainer = SparkTrainer(ctx.spark, files, ParameterAveraging(
+        **base, data=DataOptions(shared_dir=folder, repartition="balanced")))
     trainer.fit(rdd, epochs=1)
     written = sorted(os.listdir(os.path.join(folder, d)) for d in os.listdir(folder))
     trainer.close()
@@ -277,8 +279,52 @@ def mesh(ctx: Context) -> dict:
             "messages_received": int(trainer.stats.counters.get("messages_received", 0))}
 
 
+def _stages(sc) -> list:
+    """Completed stages' shuffle metrics from the driver's status store (what the UI shows; the UI is off
+    here).  The listener bus is asynchronous: read until two reads agree."""
+    qs = sc._gateway.new_array(sc._jvm.double, 0)
+    last = None
+    for _ in range(50):
+        seq = sc._jsc.sc().statusStore().stageList(None, False, False, qs, None)
+        it, stages = seq.iterator(), []
+        while it.hasNext():
+            st = it.next()
+            if st.status().toString() == "COMPLETE":
+                stages.append({"stageId": st.stageId(), "shuffleReadBytes": st.shuffleReadBytes(),
+                               "shuffleRemoteBytesRead": st.shuffleRemoteBytesRead()})
+        if last is not None and stages == last:
+            return stages
+        last = stages
+        time.sleep(0.2)
+    return last
+
+
+def data_stays_on_hosts(ctx: Context) -> dict:
+    """Both masters at their default deal (minibatches stay on their hosts) and at repartition='balanced':
+    the shuffle bytes each fit read from another host, by Spark's own task metrics."""
+    x, y = blobs(1600, seed=21)
+    rdd = ctx.pairs(x, y, 2)
+    out = {}
+    for deal in ("auto", "balanced"):
+        for name, master in (("averaging", ParameterAveraging(averaging_frequency=10, workers=2,
+                                                              data=DataOptions(repartition=deal))),
+                             ("sharing", GradientSharing(workers=2, data=DataOptions(repartition=deal)))):
+            before = max((st["stageId"] for st in _stages(ctx.sc)), default=-1)
+            trainer = SparkTrainer(ctx.spark, small_net(seed=22), master)
+            trainer.fit(rdd, epochs=2)
+            trainer.close()
+            stages = [st for st in _stages(ctx.sc) if st["stageId"] > before]
+            out[f"{name}_{deal}"] = {
+                "remote_bytes": sum(int(st.get("shuffleRemoteBytesRead", 0)) for st in stages),
+                "read_bytes": sum(int(st.get("shuffleReadBytes", 0)) for st in stages),
+                "deal": [(d["value"], d["reason"]) for d in trainer.stats.decisions if d["name"] == "deal"],
+                "examples": [h["examples"] for h in trainer.history]}
+    return out
+
+
 SCENARIOS = {f.__name__: f for f in (averaging_defaults, sharing_defaults, inference, checkpoint_resume, stats_page,
-                                     kill_averaging, kill_sharing, shared_dir, private_dir, mesh)}
+                                     kill_averaging, kill_sharing, shared_dir, private_dir, mesh,
+                                     data_stays_on_hosts)}
 
 
 def main(argv=None) -> int:

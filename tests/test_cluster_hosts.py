@@ -27,7 +27,7 @@ DRIVER = REPO / "tests" / "cluster_driver.py"
 EXAMPLE = REPO / "examples" / "mnist_lenet.py"
 
 TWO_HOST_SCENARIOS = ["averaging_defaults", "sharing_defaults", "inference", "stats_page", "checkpoint_resume",
-                      "shared_dir", "private_dir", "kill_averaging", "kill_sharing"]
+                      "shared_dir", "private_dir", "kill_averaging", "kill_sharing", "data_stays_on_hosts"]
 
 # The JVMs only schedule here: the quick JIT starts them sooner on a small machine.
 QUICK_JVMS = {"spark.ui.enabled": "false",
@@ -90,6 +90,17 @@ def test_averaging_at_its_defaults_trains_across_hosts_through_spark_blocks(two_
     assert r["lane_hosts"] == worker_names(sim_cluster)  # both worker hosts trained
     assert all(isinstance(f, int) and f >= 1 for f in r["averaging_frequency"]), r["averaging_frequency"]
     assert r["accuracy"] > 0.9
+
+
+def test_minibatches_stay_on_their_hosts_at_the_default_deal(two_hosts):
+    r = scenario(two_hosts, "data_stays_on_hosts")
+    for name in ("averaging", "sharing"):
+        local, balanced = r[f"{name}_auto"], r[f"{name}_balanced"]
+        assert local["examples"] == balanced["examples"] == [1600, 1600], r
+        assert local["deal"][0][0] == "local" and balanced["deal"][0][0] == "balanced", r
+        assert local["read_bytes"] > 0  # the epochs' shuffles ran, and read nothing from another host:
+        assert local["remote_bytes"] == 0, r
+        assert balanced["remote_bytes"] > 0.2 * balanced["read_bytes"], r  # about half crosses hosts
 
 
 def test_sharing_at_its_defaults_trains_across_hosts_over_udp(two_hosts, sim_cluster):

@@ -5,7 +5,7 @@ import pytest
 from sparkavg.configurable import ConfigError
 
 from sparkavg.data.validation import DataSpec, DataValidationError, rebatch_partition
-from sparkavg.spark.data import PreparedData, deal, deal_shards, deals_locally, local_shards
+from sparkavg.spark.data import PreparedData, deal, deal_choice, deal_shards, local_shards, shard_label_skew
 from sparkavg.spark.masters import (AdaptiveThreshold, DataOptions, EndpointConfig, FixedThreshold,
                                     GradientSharing, ParameterAveraging, Placement, ResidualClipping,
                                     TargetSparsityThreshold, Topology, Weighting, master_from_config)
@@ -95,10 +95,14 @@ def test_local_deal_trains_every_minibatch_exactly_once(batches, workers, per_ro
 def test_local_shards_follow_hosts_then_partitions():
     # Blocks made by 4 tasks: partitions 0 and 2 on host b, 1 and 3 on host a, 3 minibatches each.
     layout = [("b", 0)] * 3 + [("a", 1)] * 3 + [("b", 2)] * 3 + [("a", 3)] * 3
-    assert local_shards(12, 2, layout) == [[3, 4, 5, 9, 10, 11], [0, 1, 2, 6, 7, 8]]
+    assert local_shards(12, 2, layout) == [[0, 1, 2, 6, 7, 8], [3, 4, 5, 9, 10, 11]]
+    # Which host got which partitions does not change the shards (a resumed fit deals the same).
+    swapped = [("a" if h == "b" else "b", p) for h, p in layout]
+    assert local_shards(12, 2, swapped) == local_shards(12, 2, layout)
     # Unequal hosts: shards stay balanced (sizes differ by at most one), host by host.
     layout = [("a", 0)] * 5 + [("b", 1)] * 2
     assert local_shards(7, 2, layout) == [[0, 1, 2, 3], [4, 5, 6]]
+    assert local_shards(3, 5) == [[0], [1], [2], [], []]
     assert deal_shards(local_shards(6, 2), 2, seed=None) == [[[0, 1], [3, 4]], [[2], [5]]]
     with pytest.raises(ValueError, match="layout entry per minibatch"):
         local_shards(3, 2, [("a", 0)])
@@ -109,7 +113,24 @@ def test_local_shards_follow_hosts_then_partitions():
     ("never", False, False)])
 def test_repartition_chooses_the_deal(repartition, in_files, local):
     prepared = PreparedData([1, 1], paths=["a", "b"] if in_files else None)
-    assert deals_locally(DataOptions(repartition=repartition), prepared) is local
+    chosen, reason = deal_choice(DataOptions(repartition=repartition), prepared, 2)
+    assert chosen is local and reason
+
+
+def test_auto_deals_balanced_when_hosts_hold_different_classes():
+    # 8 minibatches of 4 examples, 2 classes; partition 0 (host a) and 1 (host b).
+    layout = [("a", 0)] * 4 + [("b", 1)] * 4
+    mixed = np.array([[2.0, 2.0]] * 8)
+    by_label = np.array([[4.0, 0.0]] * 4 + [[0.0, 4.0]] * 4)
+    assert shard_label_skew(local_shards(8, 2, layout), mixed) == 0.0
+    assert shard_label_skew(local_shards(8, 2, layout), by_label) == pytest.approx(0.5)
+    auto = DataOptions()
+    local, reason = deal_choice(auto, PreparedData([4] * 8, layout=layout, labels=mixed), 2)
+    assert local and "within 0.000" in reason
+    local, reason = deal_choice(auto, PreparedData([4] * 8, layout=layout, labels=by_label), 2)
+    assert not local and "differ from the data's by 0.50" in reason
+    # Asked for explicitly, local stays local.
+    assert deal_choice(DataOptions(repartition="local"), PreparedData([4] * 8, labels=by_label), 2)[0]
 
 
 SPEC = DataSpec((1, 2, 2), 3)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import numpy as np
 
@@ -43,7 +43,8 @@ from .errors import TaskFailure, executor_errors, guarded_partitions, raise_fail
 from .storage import SharedLocation, load_minibatch, save_minibatch
 
 __all__ = ["as_example_rdd", "ExampleFrame", "minibatch_frame", "check_columns", "require_arrow", "PreparedData",
-           "prepare", "deal", "local_shards", "deal_shards", "EpochPlan", "placement_for", "deals_locally",
+           "prepare", "deal", "local_shards", "deal_shards", "EpochPlan", "placement_for", "deal_choice",
+           "shard_label_skew", "label_counts",
            "load_minibatch"]
 
 logger = logging.getLogger(__name__)
@@ -158,6 +159,8 @@ class PreparedData:
     location: Optional[SharedLocation] = None
     #: Per minibatch id, ``(host, partition)`` of the task that made it (Spark blocks; None: unknown).
     layout: Optional[List[tuple]] = None
+    #: Per minibatch id, its examples per class (Spark blocks of a classifier's data; else None).
+    labels: Optional[np.ndarray] = None
     _epoch_rdds: list = field(default_factory=list)
 
     @property
@@ -213,11 +216,27 @@ def prepare(rdd, spec: DataSpec, batch_size: int, location: Optional[SharedLocat
         meta.sort()
         return PreparedData([n for _, n in meta], paths=[p for p, _ in meta], location=location)
     return _persist_blocks(rdd.mapPartitionsWithIndex(guarded_partitions(rebatch_partition(spec, batch_size))),
-                           storage_level)
+                           storage_level, _classes(spec))
 
 
-def _persist_blocks(mb, storage_level: str) -> PreparedData:
-    """Persist an RDD of ``(x, y)`` minibatches as ``(i, (x, y))`` blocks."""
+def label_counts(y, classes: Optional[int]) -> Optional[List[float]]:
+    """Examples per class in a minibatch's labels (class indices or one-hot
+    rows); None for regression (``classes`` None)."""
+    if classes is None:
+        return None
+    y = np.asarray(y)
+    if y.ndim == 1:
+        return np.bincount(y.astype(np.int64), minlength=classes)[:classes].astype(float).tolist()
+    return y.reshape(len(y), -1).sum(axis=0, dtype=np.float64)[:classes].tolist()
+
+
+def _classes(spec: DataSpec) -> Optional[int]:
+    return spec.num_outputs if spec.classification else None
+
+
+def _persist_blocks(mb, storage_level: str, classes: Optional[int]) -> PreparedData:
+    """Persist an RDD of ``(x, y)`` minibatches as ``(i, (x, y))`` blocks,
+    noting where each was made and its labels per class (for the deal)."""
     from pyspark import StorageLevel
 
     mb = mb.zipWithIndex().map(lambda t: (t[1], t[0])).persist(getattr(StorageLevel, storage_level))
@@ -227,7 +246,8 @@ def _persist_blocks(mb, storage_level: str) -> PreparedData:
 
         host = socket.gethostname()
         for kv in rows:
-            yield kv[1] if isinstance(kv[1], TaskFailure) else (kv[0], int(kv[1][0].shape[0]), host, partition)
+            yield kv[1] if isinstance(kv[1], TaskFailure) else (
+                kv[0], int(kv[1][0].shape[0]), host, partition, label_counts(kv[1][1], classes))
 
     try:
         with executor_errors("minibatching"):
@@ -237,7 +257,8 @@ def _persist_blocks(mb, storage_level: str) -> PreparedData:
         mb.unpersist()
         raise
     meta.sort()
-    return PreparedData([m[1] for m in meta], rdd=mb, layout=[(m[2], m[3]) for m in meta])
+    counts = None if classes is None else np.asarray([m[4] for m in meta], dtype=np.float64)
+    return PreparedData([m[1] for m in meta], rdd=mb, layout=[(m[2], m[3]) for m in meta], labels=counts)
 
 
 def _prepare_frame(examples: ExampleFrame, spec: DataSpec, batch_size: int, location: Optional[SharedLocation],
@@ -270,7 +291,8 @@ def _prepare_frame(examples: ExampleFrame, spec: DataSpec, batch_size: int, loca
     # The Arrow job runs once: zipWithIndex's counting pass and the blocks' own read its cached output.
     frame = minibatch_frame(*args).persist(getattr(StorageLevel, storage_level))
     try:
-        return _persist_blocks(frame.rdd.mapPartitions(decode, preservesPartitioning=True), storage_level)
+        return _persist_blocks(frame.rdd.mapPartitions(decode, preservesPartitioning=True), storage_level,
+                               _classes(spec))
     finally:
         frame.unpersist()
 
@@ -298,8 +320,9 @@ def local_shards(count: int, workers: int, layout: Optional[List[tuple]] = None)
     """Minibatch ids ``0 .. count-1`` cut into one shard per worker along
     where they live: ordered by ``layout[i]`` (``(host, partition)``; None:
     by id, i.e. partition order), then cut into ``workers`` contiguous
-    shards whose sizes differ by at most one.  With as many hosts' worth of
-    equal data as workers, each shard lies on one host."""
+    shards whose sizes differ by at most one, listed by their smallest id.
+    With as many hosts' worth of equal data as workers, each shard lies on
+    one host."""
     if layout is not None and len(layout) != count:
         raise ValueError(f"Expect a layout entry per minibatch ({count}), got {len(layout)}")
     order = list(range(count)) if layout is None else sorted(range(count), key=lambda i: (*layout[i], i))
@@ -309,7 +332,9 @@ def local_shards(count: int, workers: int, layout: Optional[List[tuple]] = None)
         size = q + (1 if w < extra else 0)
         shards.append(order[start:start + size])
         start += size
-    return shards
+    # Canonical order (by first id), not by host name: a fit that resumes on the same partition
+    # grouping deals exactly the same epochs whichever host got which partition.
+    return sorted(shards, key=lambda s: (not s, min(s) if s else 0))
 
 
 def deal_shards(shards: List[List[int]], per_round: int, seed: Optional[int]) -> List[List[List[int]]]:
@@ -383,13 +408,49 @@ class EpochPlan:
             self.rdd = None
 
 
-def deals_locally(options, prepared) -> bool:
-    """Whether an epoch deals each worker's shard in place (``local``) rather
-    than reshuffling all minibatches (``balanced``/``never``); ``auto`` is
-    local for Spark blocks and balanced for shared files (see
-    :class:`~sparkavg.spark.masters.Repartition`)."""
+#: ``auto`` deals locally only while every shard's label mix is within this
+#: total-variation distance of the whole data's (IID shards measure ~0.01).
+MAX_SHARD_LABEL_SKEW = 0.1
+
+
+def shard_label_skew(shards: List[List[int]], labels: Optional[np.ndarray]) -> Optional[float]:
+    """Largest total-variation distance between a shard's class mix and the
+    whole data's (0: alike, 1: disjoint); None without labels."""
+    if labels is None or not len(labels):
+        return None
+    total = labels.sum(axis=0)
+    if total.sum() <= 0:
+        return None
+    whole = total / total.sum()
+    skew = 0.0
+    for shard in shards:
+        counts = labels[shard].sum(axis=0) if shard else None
+        if counts is not None and counts.sum() > 0:
+            skew = max(skew, 0.5 * float(np.abs(counts / counts.sum() - whole).sum()))
+    return skew
+
+
+def deal_choice(options, prepared, workers: int) -> Tuple[bool, str]:
+    """``(local, reason)``: whether epochs deal each worker's shard in place
+    (``local``) or reshuffle all minibatches (``balanced``/``never``).
+
+    ``auto`` is local for Spark blocks -- unless the shards' class mixes
+    differ (data partitioned by label, say; skew over
+    :data:`MAX_SHARD_LABEL_SKEW`), where fixed shards would average
+    models fitted to different classes -- and balanced for shared files
+    (see :class:`~sparkavg.spark.masters.Repartition`)."""
     repartition = getattr(options.repartition, "value", options.repartition)
-    return repartition == "local" or (repartition == "auto" and not prepared.in_files)
+    if repartition != "auto":
+        return repartition == "local", f"repartition={repartition!r}"
+    if prepared.in_files:
+        return False, "auto: shared files (every host reads them from the shared location): balanced"
+    skew = shard_label_skew(local_shards(len(prepared.sizes), workers, prepared.layout), prepared.labels)
+    if skew is not None and skew > MAX_SHARD_LABEL_SKEW:
+        return False, (f"auto: the per-host shards' class mixes differ from the data's by {skew:.2f} "
+                       f"(total variation, > {MAX_SHARD_LABEL_SKEW}): balanced, the data crosses hosts every "
+                       f"epoch; shuffle the input's partitions to keep it on its hosts")
+    what = "class mixes not counted" if skew is None else f"class mixes within {skew:.3f} of the data's"
+    return True, f"auto: Spark blocks, per-host shards' {what}: local, each worker keeps its host's minibatches"
 
 
 def placement_for(options, local_master: bool) -> Optional[SharedLocation]:

@@ -26,7 +26,6 @@ import numpy as np
 
 from ... import ops
 from ...backend import to_cpu
-from ..data import deals_locally
 from ..errors import raise_failures
 from ..executor.averaging import combine_results, make_round_task
 from ..masters import ParameterAveraging, Weighting
@@ -116,7 +115,7 @@ class AveragingRunner(EpochRunner):
         """Run :data:`PROBE_ROUNDS` throw-away rounds of :data:`PROBE_MINIBATCHES`
         minibatches; their costs (the last round's: the first also warms up)."""
         plan = self.seam.plan(prepared, workers, PROBE_MINIBATCHES, None,
-                              local=deals_locally(self.master.data, prepared))
+                              local=self.deals_locally(prepared, workers, epoch, stats))
         config_json = network.to_json()
         measured = []
         try:

@@ -26,7 +26,7 @@ import numpy as np
 
 from ... import ops
 from ...backend import to_cpu
-from ..data import EpochPlan, PreparedData, deals_locally
+from ..data import EpochPlan, PreparedData, deal_choice
 from ..errors import raise_failures
 from ..executor.device import summarize_devices
 from ..masters import Repartition
@@ -97,6 +97,7 @@ class EpochRunner(abc.ABC):
         self.master = master
         self._session_checked = False
         self._device_stats, self._device_keys = None, set()  # device decisions recorded (record_devices)
+        self._deal = None  # (stats, local, reason) last recorded (deals_locally)
 
     # ------------------------------------------------------------ the hooks
     @abc.abstractmethod
@@ -153,6 +154,18 @@ class EpochRunner(abc.ABC):
         stats.decision("device", value, reason, epoch=epoch)
         logger.info("epoch %d: workers train on %s: %s", epoch + 1, value, reason)
 
+    def deals_locally(self, prepared: PreparedData, workers: int, epoch: int, stats) -> bool:
+        """Whether this epoch deals each worker's shard in place
+        (:func:`~sparkavg.spark.data.deal_choice`); the choice is recorded
+        (decision ``deal``, logged) once per fit, again only when it changes."""
+        local, reason = deal_choice(self.master.data, prepared, workers)
+        if self._deal is None or self._deal[0] is not stats or self._deal[1:] != (local, reason):
+            self._deal = (stats, local, reason)
+            stats.decision("deal", "local" if local else "balanced", reason, epoch=epoch)
+            logger.info("epoch %d: minibatches dealt %s: %s", epoch + 1, "locally" if local else "balanced",
+                        reason)
+        return local
+
     # ----------------------------------------------------------- skeleton
     def run_epoch(self, network, prepared: PreparedData, epoch: int, workers: int, stats) -> dict:
         """Train one epoch in place on ``network``; returns a summary dict."""
@@ -163,7 +176,8 @@ class EpochRunner(abc.ABC):
         per_round = self.minibatches_per_round(prepared, workers, network, epoch, stats)
         seed = None if m.data.repartition is Repartition.NEVER else m.seed + epoch
         with stats.timed(Phase.PLAN, epoch=epoch):
-            plan = self.seam.plan(prepared, workers, per_round, seed, local=deals_locally(m.data, prepared))
+            plan = self.seam.plan(prepared, workers, per_round, seed,
+                                  local=self.deals_locally(prepared, workers, epoch, stats))
         rounds = len(plan.rounds)
         progress = Progress(f"epoch {epoch + 1} {self.round_name}s", rounds)
         config_json = network.to_json()

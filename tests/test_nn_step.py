@@ -7,7 +7,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sparkavg.nn import SGD, Adam, Conv2D, Dense, MaxPool2D, Nadam, Nesterov, Network, Output, activations
+from sparkavg.nn import (
+    SGD,
+    Adam,
+    Conv2D,
+    Dense,
+    MaxPool2D,
+    Nadam,
+    Nesterov,
+    Network,
+    Output,
+    activations,
+)
 from sparkavg.nn.regularization import Regularization
 
 ALPHA = activations.LEAKY_RELU_ALPHA

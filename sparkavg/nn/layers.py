@@ -37,8 +37,8 @@ import numpy as np
 
 from .. import ops
 from ..backend import get_array_module
-from ..ops.elementwise import unchecked
 from ..configurable import Configurable, register
+from ..ops.elementwise import unchecked
 from . import activations
 from .initializers import check_weight_init, init_weights
 

@@ -46,7 +46,7 @@ class Regularization:
         ``(l2, l2_bias, weight_decay)`` as given.
     """
 
-    __slots__ = ("coefficients", "l2_ranges", "decay_ranges", "weight_decay")
+    __slots__ = ("coefficients", "decay_ranges", "l2_ranges", "weight_decay")
 
     def __init__(self, segments: Sequence, l2: float, l2_bias: float, weight_decay: float):
         self.coefficients = (l2, l2_bias, weight_decay)

@@ -1,0 +1,256 @@
+#!/usr/bin/env python
+"""Per-step time of the engine against plain numpy, same run, same threads.
+
+Cases (``--cases``, all by default), each at 1 and 2 BLAS/OpenMP threads
+(``--threads``):
+
+``mlp16``
+    DL4J's MnistMLP (784-500-100-10, leaky ReLU, Xavier, Nesterov(lr 0.02,
+    momentum 0.9), L2 1e-4, softmax + NLL; as benchmarks/bench_averaging.py
+    builds it) at batch 16.  Baselines: ``numpy_step``, the same step
+    hand-written in plain numpy (preallocated buffers, in-place ufuncs:
+    forward, softmax + NLL, backward, L2, Nesterov, the loss with its L2
+    penalty read back as a float), and ``gemm_only``, its 8 GEMMs alone.
+``lenet32``, ``lenet64``
+    sparkavg.nn.zoo's LeNet (Adam) at batch 32 and 64.  Baseline:
+    ``gemm_only``, the GEMMs of one step with LeNet's shapes (the part no
+    engine can skip; im2col, pooling and Adam come on top).
+
+For the engine both ``compute_update`` (into a caller's buffer, as the
+gradient-sharing worker calls it) and ``fit_batch`` (as parameter
+averaging's workers and a local fit call it) are timed.  Everything runs
+in alternating blocks of ``--block`` steps after a warm-up, so load from
+other processes hits every variant alike; the figures are medians in
+milliseconds.  Prints a table, then JSON (``--out`` writes it)::
+
+    OPENBLAS_NUM_THREADS=2 python benchmarks/bench_step.py --out /tmp/step.json
+    python benchmarks/bench_step.py --cases mlp16 --threads 1 --steps 300   # quick
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+from report import emit
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+CASES = ("mlp16", "lenet32", "lenet64")
+LEAKY = np.float32(0.01)
+
+
+def mnist_mlp(seed: int):
+    """As benchmarks/bench_averaging.py's ``mnist_mlp``."""
+    from sparkavg.nn import Dense, Nesterov, Network, Output
+
+    return Network((784,), [Dense(500, activation="leaky_relu"), Dense(100, activation="leaky_relu"),
+                            Output(10, activation="softmax", loss="nll")],
+                   updater=Nesterov(lr=0.02, momentum=0.9), l2=1e-4, seed=seed)
+
+
+class NumpyMLP:
+    """The MnistMLP step written out in plain numpy: every buffer allocated
+    once, every element-wise op in place; float32 like the engine."""
+
+    def __init__(self, net, batch: int, lr=0.02, momentum=0.9, l2=1e-4):
+        f = np.float32
+        self.W = [layer.W.copy() for layer in net.layers]
+        self.b = [layer.b.copy() for layer in net.layers]
+        self.dW = [np.zeros_like(w) for w in self.W]
+        self.db = [np.zeros_like(b) for b in self.b]
+        self.vW = [np.zeros_like(w) for w in self.W]
+        self.vb = [np.zeros_like(b) for b in self.b]
+        self.tmpW = [np.zeros_like(w) for w in self.W]
+        self.tmpb = [np.zeros_like(b) for b in self.b]
+        self.a = [np.zeros((batch, w.shape[1]), f) for w in self.W]  # activations
+        self.t = [np.zeros_like(a) for a in self.a]  # scratch
+        self.d = [np.zeros_like(a) for a in self.a]
+        self.ones = np.ones(batch, f)
+        self.lr, self.mu, self.l2 = f(lr), f(momentum), f(l2)
+
+    def gemms(self, x):
+        a, W, d = self.a, self.W, self.d
+        np.matmul(x, W[0], out=a[0])
+        np.matmul(a[0], W[1], out=a[1])
+        np.matmul(a[1], W[2], out=a[2])
+        np.matmul(a[1].T, d[2], out=self.dW[2])
+        np.matmul(d[2], W[2].T, out=d[1])
+        np.matmul(a[0].T, d[1], out=self.dW[1])
+        np.matmul(d[1], W[1].T, out=d[0])
+        np.matmul(x.T, d[0], out=self.dW[0])
+
+    def step(self, x, y) -> float:
+        a, W, b, t, d = self.a, self.W, self.b, self.t, self.d
+        n = x.shape[0]
+        h = x
+        for i in range(3):
+            np.matmul(h, W[i], out=a[i])
+            a[i] += b[i]
+            if i < 2:  # leaky ReLU: max(z, alpha z)
+                np.multiply(a[i], LEAKY, out=t[i])
+                np.maximum(a[i], t[i], out=a[i])
+            h = a[i]
+        z, p = a[2], t[2]
+        zmax = z.max(axis=1, keepdims=True)
+        np.subtract(z, zmax, out=p)
+        np.exp(p, out=p)
+        zsum = p.sum(axis=1, keepdims=True)
+        loss = float((zmax + np.log(zsum) - z[np.arange(n), y][:, None]).sum()) / n
+        p /= zsum
+        d[2][...] = p
+        d[2][np.arange(n), y] -= 1
+        d[2] *= np.float32(1.0 / n)
+        for i in (2, 1, 0):
+            inp = x if i == 0 else a[i - 1]
+            np.matmul(inp.T, d[i], out=self.dW[i])
+            np.matmul(self.ones, d[i], out=self.db[i])
+            if i > 0:
+                np.matmul(d[i], W[i].T, out=d[i - 1])
+                np.greater(a[i - 1], 0, out=t[i - 1])  # leaky ReLU': max(a > 0, alpha)
+                np.maximum(t[i - 1], LEAKY, out=t[i - 1])
+                d[i - 1] *= t[i - 1]
+        penalty = 0.0
+        for i in range(3):
+            penalty += 0.5 * float(self.l2) * float(W[i].ravel() @ W[i].ravel())
+            np.multiply(W[i], self.l2, out=self.tmpW[i])
+            self.dW[i] += self.tmpW[i]
+            for p_, g, v, tmp in ((W[i], self.dW[i], self.vW[i], self.tmpW[i]),
+                                  (b[i], self.db[i], self.vb[i], self.tmpb[i])):
+                # DL4J Nesterov: v' = mu v - lr g; p += -mu v + (1 + mu) v'
+                np.multiply(v, -self.mu, out=tmp)
+                p_ += tmp
+                v *= self.mu
+                np.multiply(g, self.lr, out=tmp)
+                v -= tmp
+                np.multiply(v, self.mu + np.float32(1), out=tmp)
+                p_ += tmp
+        return loss + penalty
+
+
+def lenet_gemms(batch: int):
+    """The GEMMs of one LeNet step (forward, dW, dx) with preallocated outputs."""
+    rng = np.random.default_rng(0)
+
+    def r(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    shapes = [  # (M, K, N) of forward; backward adds dW = A^T dZ and dX = dZ W^T where needed
+        (batch * 24 * 24, 26, 20, False),   # conv1 (im2col rows + ones column), no dx
+        (batch * 8 * 8, 501, 50, True),     # conv2
+        (batch, 800, 500, True),            # dense
+        (batch, 500, 10, True),             # output
+    ]
+    ops = []
+    for m, k, n, need_dx in shapes:
+        a, w, z = r(m, k), r(k, n), r(m, n)
+        y, dw = np.empty((m, n), np.float32), np.empty((k, n), np.float32)
+        ops.append((a, w, y))
+        ops.append((a.T, z, dw))
+        if need_dx:
+            ops.append((z, w.T, np.empty((m, k), np.float32)))
+
+    def run():
+        for left, right, out in ops:
+            np.matmul(left, right, out=out)
+    return run
+
+
+def _images(batch, shape, seed):
+    rng = np.random.default_rng(seed)
+    return rng.random((batch,) + shape, dtype=np.float32), rng.integers(0, 10, batch)
+
+
+def variants(case: str, seed: int) -> dict:
+    """name -> zero-argument step function for one case."""
+    from sparkavg.nn import lenet
+
+    if case == "mlp16":
+        batch, make, shape = 16, mnist_mlp, (784,)
+    else:
+        batch, make, shape = int(case[len("lenet"):]), lenet, (1, 28, 28)
+    x, y = _images(batch, shape, seed)
+    net_cu, net_fit = make(seed), make(seed)
+    out = np.zeros(net_cu.num_params, net_cu.dtype)
+    steps = {
+        "compute_update": lambda: net_cu.compute_update(x, y, out),
+        "fit_batch": lambda: net_fit.fit_batch(x, y),
+    }
+    if case == "mlp16":
+        plain = NumpyMLP(make(seed), batch)
+        xf = x.reshape(batch, -1)
+        steps["numpy_step"] = lambda: plain.step(xf, y)
+        steps["gemm_only"] = lambda: plain.gemms(xf)
+    else:
+        steps["gemm_only"] = lenet_gemms(batch)
+    return steps
+
+
+def measure(steps: dict, warmup: int, total: int, block: int, settle: int) -> dict:
+    """Median ms per step of each variant, in alternating blocks."""
+    for fn in steps.values():
+        for _ in range(warmup):
+            fn()
+    times = {name: [] for name in steps}
+    done = 0
+    while done < total:
+        for name, fn in steps.items():
+            for _ in range(settle):
+                fn()
+            for _ in range(block):
+                t = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t)
+        done += block
+    return {name: round(1e3 * statistics.median(ts), 4) for name, ts in times.items()}
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
+    p.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--steps", type=int, default=600, help="timed steps per variant (LeNet: a fifth)")
+    p.add_argument("--block", type=int, default=20)
+    p.add_argument("--settle", type=int, default=2)
+    p.add_argument("--seed", type=int, default=123)
+    p.add_argument("--out", help="also write the JSON here")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = _parse(argv)
+    from sparkavg.ops import have_extension
+    from sparkavg.threads import limit_threads
+
+    rows = []
+    for case in args.cases:
+        steps = variants(case, args.seed)
+        total = args.steps if case.startswith("mlp") else max(args.block, args.steps // 5)
+        for threads in args.threads:
+            with limit_threads(threads):
+                ms = measure(steps, args.warmup, total, args.block, args.settle)
+            rows.append({"case": case, "threads": threads, "ms": ms})
+    names = ("compute_update", "fit_batch", "numpy_step", "gemm_only")
+    print(f"{'case':<9} {'thr':>3} " + " ".join(f"{n:>15}" for n in names), file=sys.stderr)
+    for row in rows:
+        cells = [f"{row['ms'][n]:>15.3f}" if n in row["ms"] else f"{'-':>15}" for n in names]
+        print(f"{row['case']:<9} {row['threads']:>3} " + " ".join(cells), file=sys.stderr)
+    result = {
+        "benchmark": "bench_step",
+        "unit": "ms per step (median)",
+        "machine": {"python": platform.python_version(), "numpy": np.__version__,
+                    "cpu_count": os.cpu_count(), "cython_kernels": have_extension()},
+        "settings": {k: v for k, v in vars(args).items() if k != "out"},
+        "rows": rows,
+    }
+    emit(result, args.out)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -2,7 +2,8 @@
 updater state, array-module generic (numpy or CuPy).
 
 Modules: :mod:`.network` (``Network``), :mod:`.layers`, :mod:`.output`
-(the loss layer), :mod:`.updaters`,
+(the loss layer), :mod:`.updaters`, :mod:`.regularization` (L2 and weight
+decay as fused passes over contiguous ranges of the flat vector),
 :mod:`.activations`, :mod:`.initializers`, :mod:`.serialization` (npz
 model files); im2col and pooling kernels are in :mod:`sparkavg.ops.conv`,
 :mod:`.zoo` (``lenet``).

@@ -127,3 +127,70 @@ def test_group_rejects_misuse():
     finally:
         for ep in eps:
             ep.close()
+
+
+@pytest.mark.parametrize("topology, world, loss", [(Topology.PLAIN, 4, 0.0), (Topology.PLAIN, 3, 0.2),
+                                                   (Topology.MESH, 11, 0.1)])
+def test_ranks_leave_together_and_close_at_once_without_a_barrier(topology, world, loss):
+    """finish() then leave(), then close straight away -- no barrier: every rank still gets every
+    message, also with datagrams lost and one rank far behind the others."""
+    import time
+
+    from sparkavg.transport import FaultInjection
+
+    n = 6
+    config = EndpointConfig(stall_timeout=WAIT, retransmit_timeout=0.25, faults=FaultInjection(loss=loss, seed=3))
+    eps = _endpoints(world, config)
+    results, left = {}, {}
+
+    def rank_main(rank):
+        group = PeerGroup(rank, world, eps[rank], topology)
+        try:
+            got = []
+            for i in range(n):
+                if rank == 0:
+                    time.sleep(0.05)  # rank 0 is late: the others finish first and must wait in leave()
+                group.publish(_message(rank, i))
+                got += group.poll()
+            got += group.finish(WAIT)
+            group.leave(WAIT)
+            left[rank] = time.monotonic()
+            results[rank] = got
+        except Exception as exc:
+            results[rank] = exc
+        finally:
+            eps[rank].close()  # at once: nobody may still need this rank's acks
+
+    threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT * 2)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    for rank in range(world):
+        assert not isinstance(results[rank], Exception), f"rank {rank}: {results[rank]!r}"
+        expected = collections.Counter((o, _message(o, i)) for o in range(world) if o != rank for i in range(n))
+        assert collections.Counter(results[rank]) == expected, f"rank {rank} got the wrong messages"
+    assert max(left.values()) - min(left.values()) < WAIT / 4
+
+
+def test_leave_names_a_neighbour_that_never_finishes():
+    eps = _endpoints(2)
+    try:
+        group = PeerGroup(0, 2, eps[0])
+        with pytest.raises(TransportError, match="before finish"):
+            group.leave(1.0)
+        other = PeerGroup(1, 2, eps[1])
+        group.publish(b"x")
+        other.publish(b"y")
+        other.poll(1.0)
+        group.poll(1.0)
+        finisher = threading.Thread(target=other.finish, args=(WAIT,), daemon=True)
+        finisher.start()
+        group.finish(WAIT)
+        finisher.join(WAIT)
+        with pytest.raises(PeerStalledError, match=r"neighbour rank\(s\) \[1\] did not finish within 0.5 s"):
+            group.leave(0.5)  # rank 1 finished but never leaves
+    finally:
+        for ep in eps:
+            ep.close()

@@ -12,11 +12,14 @@ once at the end. Two topologies, after DL4J's ``MeshBuildMode``:
 
 Group frame inside each endpoint message (network byte order)::
 
-    kind u8 (1 = MSG, 2 = END) | origin u32 | value u64 | payload
+    kind u8 (1 = MSG, 2 = END, 3 = DONE) | origin u32 | value u64 | payload
 
 ``value`` is the origin's message number for MSG, and the number of
 messages the origin published for END. Messages are suppressed by
-``(origin, number)`` so each is returned exactly once.
+``(origin, number)`` so each is returned exactly once.  DONE (to
+neighbours only, never relayed) says that its sender has finished: it has
+every message and every acknowledgement it needs, so its neighbours may
+stop acknowledging it (:meth:`PeerGroup.leave`).
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ __all__ = ["PeerGroup", "Topology", "tree_neighbours"]
 logger = logging.getLogger(__name__)
 
 _FRAME = struct.Struct("!BIQ")
-_MSG, _END = 1, 2
+_MSG, _END, _DONE = 1, 2, 3
 _POLL_SLICE = 0.05   # finish() wakes this often to check its deadline
 
 
@@ -147,6 +150,7 @@ class PeerGroup:
         self._origins = {r: _OriginState() for r in range(world_size) if r != rank}
         self._published = 0
         self._finished = False
+        self._done: set[int] = set()  # neighbours that sent DONE
         self._counts = dict(published=0, delivered=0, relayed=0, duplicates_dropped=0, malformed=0)
 
     # ------------------------------------------------------------------ public API
@@ -247,6 +251,50 @@ class PeerGroup:
         logger.debug("rank %d finished: %s", self.rank, self._counts)
         return out
 
+    def leave(self, stall_timeout: float) -> None:
+        """After :meth:`finish`: leave together with the neighbours, without a barrier.
+
+        A rank that has finished may still owe its neighbours
+        acknowledgements (of retransmissions, or relays it got late).  It
+        sends DONE to each neighbour and keeps its endpoint answering
+        until every neighbour's DONE has arrived -- then nobody waits for
+        its acknowledgements -- and until its own DONEs are acknowledged
+        (briefly: a neighbour that has left answers no more).  Replaces a
+        Spark ``barrier()`` after the epoch, which polls once a second.
+
+        Raises
+        ------
+        PeerStalledError
+            Naming the neighbours whose DONE did not come within ``stall_timeout``.
+        """
+        if not self._finished:
+            raise TransportError("PeerGroup.leave before finish()")
+        deadline = time.monotonic() + stall_timeout
+        frame = _FRAME.pack(_DONE, self.rank, 0)
+        for r in self.neighbours:
+            self.endpoint.send(r, frame)
+        ignored: list[tuple[int, bytes]] = []
+        while True:
+            waiting = [r for r in self.neighbours if r not in self._done]
+            if not waiting:
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                peers = self.endpoint.peers
+                raise PeerStalledError(f"rank {self.rank}: neighbour rank(s) {waiting} did not finish within "
+                                       f"{stall_timeout:g} s", waiting, [peers.get(r) for r in waiting])
+            item = self.endpoint.receive(min(remaining, _POLL_SLICE))
+            if item is not None:
+                self._accept(item[0], item[1], ignored)
+                for src, f in self.endpoint.poll():
+                    self._accept(src, f, ignored)
+        grace = min(max(0.0, deadline - time.monotonic()), 2 * self.endpoint.config.retransmit_timeout)
+        try:
+            self.endpoint.flush(grace)  # our DONEs: every neighbour has them unless their acks were lost
+        except PeerStalledError:
+            logger.debug("rank %d: a DONE was not acknowledged within %.2f s; the neighbours left", self.rank,
+                         grace)
+
     def incomplete(self) -> list[int]:
         """Origins whose END or some of whose messages have not arrived yet."""
         return [r for r, s in self._origins.items() if not s.complete]
@@ -275,6 +323,9 @@ class PeerGroup:
             self._malformed(src, "short frame")
             return
         kind, origin, value = _FRAME.unpack_from(frame)
+        if kind == _DONE and origin == src and src in self.neighbours:
+            self._done.add(src)
+            return
         state = self._origins.get(origin)
         if state is None or kind not in (_MSG, _END):
             self._malformed(src, f"kind {kind}, origin {origin}")

@@ -3,8 +3,9 @@
 The algorithm (residual, threshold, encode, apply) is
 :mod:`sparkavg.sharing`; this module only connects it to a Spark barrier
 task: it discovers its rank and its peers (``allGather``), builds the UDP
-endpoint, runs the loop with each phase recorded, flushes, meets the
-others at the barrier and returns its replica.  Every replica applies
+endpoint, runs the loop with each phase recorded, flushes, leaves
+together with its peers (:meth:`~sparkavg.transport.PeerGroup.leave`) and
+returns its replica.  Every replica applies
 exactly the same messages, so replicas agree at the end of the epoch (up
 to the order of float additions).
 """
@@ -156,8 +157,8 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
                 remaining = group.finish(master.transport.stall_timeout)
             with rec.phase(Phase.APPLY):
                 apply_received(state, [p for _, p in remaining], net.params)
-            with rec.phase(Phase.WAIT):
-                ctx.barrier()
+            with rec.phase(Phase.WAIT):  # not ctx.barrier(): Spark's polls once a second
+                group.leave(master.transport.stall_timeout)
             t = endpoint.stats()
         finally:
             endpoint.close()

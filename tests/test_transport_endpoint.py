@@ -11,6 +11,7 @@ import random
 import secrets
 import socket
 import struct
+import time
 import threading
 import tracemalloc
 
@@ -134,7 +135,7 @@ def test_hostile_datagrams_are_dropped_counted_and_never_delivered():
         raw.send(good[:-1], to)                                     # cut short: tag fails
         raw.send(b"\x00" * 60001, to)                               # oversized
         raw.send(raw.data(0, 1, 0, b"x", codec=DatagramCodec(KEY, JOB + 1, 60000)), to)  # wrong job
-        raw.send(raw.data(7, 1, 0, b"x"), to)                       # unknown peer
+        raw.send(raw.data(7, 1, 0, b"early"), to)                   # unknown peer: kept until named
         raw.send(raw.data(0, 5, 0, b"x"), to)                       # misrouted
         header = struct.pack("!4sBBHQIIQIII", b"EVIL", 1, 1, 0, JOB, 0, 1, 0, 0, 1, 0)
         raw.send(header + hmac.new(KEY, header, hashlib.sha256).digest(), to)  # malformed
@@ -148,10 +149,22 @@ def test_hostile_datagrams_are_dropped_counted_and_never_delivered():
         assert b.receive(WAIT) == (0, b"again")
         assert b.poll() == [], "forged or replayed datagrams must never be delivered"
         s = b.stats()
-        expected = dict(bad_mac=2, truncated=1, oversized=1, wrong_job=1, unknown_peer=1, misrouted=1,
+        expected = dict(bad_mac=2, truncated=1, oversized=1, wrong_job=1, unknown_peer=0, misrouted=1,
                         malformed=1, replay=3)
         assert {k: s[f"rejected_{k}"] for k in expected} == expected
-        assert s["datagrams_invalid"] == 8 and s["messages_delivered"] == 2
+        assert s["datagrams_invalid"] == 7 and s["messages_delivered"] == 2
+        # Rank 7's authentic datagram was kept: a peer that learnt the table first loses no time.
+        b.set_peers({0: raw.address, 7: raw.address})
+        assert b.receive(WAIT) == (7, b"early")
+        assert raw.recv_ack() == (1, [(0, 0)]), "taken in and acked once its rank is known"
+        b.set_peers({0: raw.address})
+        received = b.stats()["datagrams_received"]
+        raw.send(raw.data(7, 1, 1, b"late"), to)
+        deadline = time.monotonic() + WAIT
+        while b.stats()["datagrams_received"] == received and time.monotonic() < deadline:
+            time.sleep(0.01)
+        b.set_peers({0: raw.address, 3: raw.address})  # names another rank: rank 7's is refused now
+        assert b.stats()["rejected_unknown_peer"] == 1 and b.poll() == []
     finally:
         b.close()
         raw.close()

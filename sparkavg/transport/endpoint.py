@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 _RECV_BUFFER = 65536     # larger than any datagram, so oversized ones are seen whole
 _RECV_BATCH = 256        # datagrams read per wake-up before acks and timers run
 _MAX_SLEEP = 0.5         # I/O thread wakes at least this often
+_MAX_EARLY = 4096        # authenticated data datagrams kept from ranks not yet in the peer table
 _INVALID = (RejectReason.TRUNCATED, RejectReason.OVERSIZED, RejectReason.BAD_MAC, RejectReason.MALFORMED,
             RejectReason.WRONG_JOB, RejectReason.UNKNOWN_PEER, RejectReason.MISROUTED)
 _COUNTERS = (
@@ -104,6 +105,7 @@ class ReliableEndpoint:
         self._peers: dict[int, PeerState] = {}
         self._inbox: collections.deque = collections.deque()
         self._inbox_bytes = 0
+        self._early: list = []  # (header, payload) of authenticated data from ranks not yet known
         self._timers: list = []           # heap of (deadline, rank, seq, chunk, sends)
         self._acks_owed: set[int] = set()
         self._stats = dict.fromkeys(_COUNTERS, 0)
@@ -166,10 +168,12 @@ class ReliableEndpoint:
 
         Notes
         -----
-        Datagrams from a rank not (yet) in the table are rejected as
-        ``unknown_peer`` and not acked; a peer that starts sending before this
-        call simply has them retransmitted. Acks go to the address in the
-        table, never to a datagram's source address.
+        Authenticated data datagrams from a rank not (yet) in the table are
+        kept (up to 4096) and taken in, acked, when a call names that rank:
+        a peer that learnt the table first does not wait for a retransmission.
+        Beyond that, and acks from unknown ranks, they are rejected as
+        ``unknown_peer`` and not acked (the peer retransmits). Acks go to the
+        address in the table, never to a datagram's source address.
         """
         table = {}
         for rank, addr in dict(peers).items():
@@ -194,6 +198,15 @@ class ReliableEndpoint:
                     self._peers[rank] = PeerState(rank, addr, self.config)
                 else:
                     peer.address = addr
+            early, self._early = self._early, []
+            for header, payload in early:
+                peer = self._peers.get(header.src)
+                if peer is None:
+                    self._reject(RejectReason.UNKNOWN_PEER)
+                else:
+                    self._on_data(peer, header, payload)
+            if early:
+                self._send_owed_acks()
             self._cv.notify_all()
 
     def send(self, rank: int, payload) -> None:
@@ -530,6 +543,9 @@ class ReliableEndpoint:
             return self._reject(RejectReason.MISROUTED)
         peer = self._peers.get(header.src)
         if peer is None:
+            if header.type != MessageType.ACK and len(self._early) < _MAX_EARLY:
+                self._early.append((header, payload))  # authentic: taken in when set_peers names its rank
+                return False
             return self._reject(RejectReason.UNKNOWN_PEER)
         if header.type == MessageType.ACK:
             return self._on_ack(peer, header.seq, payload, now)

@@ -2,8 +2,8 @@
 
 The algorithm (residual, threshold, encode, apply) is
 :mod:`sparkavg.sharing`; this module only connects it to a Spark barrier
-task: it discovers its rank and its peers (``allGather``), builds the UDP
-endpoint, runs the loop with each phase recorded, flushes, leaves
+task: it builds the UDP endpoint, learns its peers (``allGather``, while it
+already trains: :mod:`.peers`), runs the loop with each phase recorded, flushes, leaves
 together with its peers (:meth:`~sparkavg.transport.PeerGroup.leave`) and
 returns its replica.  Every replica applies
 exactly the same messages, so replicas agree at the end of the epoch (up
@@ -11,18 +11,18 @@ to the order of float additions).
 """
 from __future__ import annotations
 
-import json
 from typing import Iterator
 
 from ...backend import get_array_module
 from ...sharing import SharingState, apply_message, apply_received, encode_update, message_bytes
-from ...transport import PeerGroup, PeerStalledError, ReliableEndpoint, select_address
+from ...transport import PeerStalledError, ReliableEndpoint, select_address
 from ..errors import DivergenceError, register_error, task_failure_guard
 from ..stats import CounterName, Phase, PhaseRecorder, SeriesName, task_lane
 from .averaging import check_finite
 from .context import Record, cached_network, host_copy, load_state
 from .device import task_device
 from .minibatches import recorded_minibatches
+from .peers import LateGroup
 
 __all__ = ["SharingResult", "make_sharing_task", "replica_sample", "REPLICA_SAMPLE"]
 
@@ -55,15 +55,6 @@ class SharingResult(Record):
 
     __slots__ = ("rank", "params", "updater_state", "carry", "loss_sum", "examples", "iterations", "stats",
                  "devices")
-
-
-def _peers(ctx, endpoint, rank: int) -> dict:
-    gathered = ctx.allGather(json.dumps({"rank": rank, "host": endpoint.address[0], "port": endpoint.address[1]}))
-    peers = {}
-    for text in gathered:
-        entry = json.loads(text)
-        peers[int(entry["rank"])] = (entry["host"], int(entry["port"]))
-    return {r: a for r, a in peers.items() if r != rank}
 
 
 def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: int, hooks=None):
@@ -122,9 +113,8 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
         endpoint = ReliableEndpoint(rank, value["key"], job_id=stage_job, host=host, port=port,
                                     config=master.endpoint_config(rank, epoch))
         try:
-            with rec.phase(Phase.WAIT):
-                endpoint.set_peers(_peers(ctx, endpoint, rank))
-            group = PeerGroup(rank, world, endpoint, master.topology)
+            # The peers' addresses come in a thread (Spark's allGather polls once a second): train meanwhile.
+            group = LateGroup(ctx, endpoint, rank, world, master.topology, master.transport.stall_timeout)
             loss_sum, examples, iterations = 0.0, 0, 0
             start_iteration = net.iteration
             for x, y in recorded_minibatches(items, prefetch, rec):

@@ -1,0 +1,88 @@
+"""A sharing worker's peer group, joined while it already trains.
+
+Peers find each other through Spark's ``BarrierTaskContext.allGather``,
+which polls for its answer once a second: every rank would wait about a
+second before its first step.  :class:`LateGroup` asks in a background
+thread instead; until the answer is there, the worker trains and its
+messages are held, then published in order.  Peers that learn the table
+sooner have their first datagrams rejected as ``unknown_peer`` and
+retransmitted (:meth:`~sparkavg.transport.ReliableEndpoint.set_peers`).
+Gradient sharing is asynchronous, so a message that arrives a second late
+is applied a second late: every replica still applies every message.
+"""
+from __future__ import annotations
+
+import json
+import threading
+
+from ...transport import PeerGroup, PeerStalledError
+
+__all__ = ["LateGroup", "gather_peers"]
+
+
+def gather_peers(ctx, address, rank: int) -> dict:
+    """``{rank: (host, port)}`` of every other rank, from ``allGather``."""
+    gathered = ctx.allGather(json.dumps({"rank": rank, "host": address[0], "port": address[1]}))
+    peers = {}
+    for text in gathered:
+        entry = json.loads(text)
+        peers[int(entry["rank"])] = (entry["host"], int(entry["port"]))
+    return {r: a for r, a in peers.items() if r != rank}
+
+
+class LateGroup:
+    """A :class:`~sparkavg.transport.PeerGroup` once the peers are known
+    (the module docstring); the same ``publish``/``poll``/``finish``/``leave``."""
+
+    def __init__(self, ctx, endpoint, rank: int, world: int, topology, stall_timeout: float):
+        self.endpoint, self.rank, self.world, self.topology = endpoint, rank, world, topology
+        self.stall_timeout = stall_timeout
+        self.group = None
+        self.held = 0  # messages published before the peers were known
+        self._pending: list = []
+        self._peers, self._error = None, None
+        self._thread = threading.Thread(target=self._gather, args=(ctx,), name=f"sparkavg-peers-{rank}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _gather(self, ctx) -> None:
+        try:
+            self._peers = gather_peers(ctx, self.endpoint.address, self.rank)
+        except BaseException as exc:  # raised in the training thread
+            self._error = exc
+
+    def _ready(self, wait: bool) -> bool:
+        if self.group is not None:
+            return True
+        if wait:
+            self._thread.join(self.stall_timeout)
+        if self._thread.is_alive():
+            if wait:
+                raise PeerStalledError(f"rank {self.rank}: the peers' addresses (Spark allGather) did not come "
+                                       f"within {self.stall_timeout:g} s", [], [])
+            return False
+        if self._error is not None:
+            raise self._error
+        self.endpoint.set_peers(self._peers)
+        self.group = PeerGroup(self.rank, self.world, self.endpoint, self.topology)
+        pending, self._pending = self._pending, []
+        for payload in pending:
+            self.group.publish(payload)
+        return True
+
+    def publish(self, payload) -> None:
+        if self._ready(False):
+            self.group.publish(payload)
+        else:
+            self._pending.append(bytes(payload))
+            self.held += 1
+
+    def poll(self, timeout: float = 0.0) -> list:
+        return self.group.poll(timeout) if self._ready(False) else []
+
+    def finish(self, stall_timeout: float) -> list:
+        self._ready(True)
+        return self.group.finish(stall_timeout)
+
+    def leave(self, stall_timeout: float) -> None:
+        self.group.leave(stall_timeout)

@@ -39,7 +39,6 @@ import sys
 import time
 
 import numpy as np
-
 from report import emit
 
 
@@ -102,6 +101,37 @@ def _gpu_requirements():
     return backend.cupy(), torch
 
 
+def _alternate(args, ours, theirs, syncs=None) -> dict:
+    """Warm both steps up, then time them in alternating blocks of
+    ``args.block`` steps (each after ``args.settle`` untimed ones): per step
+    on the CPU; per block between two device syncs (``syncs``: ours, theirs)
+    on a GPU, where a step only queues work.  Returns seconds per step."""
+    for i in range(args.warmup):
+        ours(i)
+        theirs(i)
+    times = {"sparkavg": [], "torch": []}
+    done = 0
+    while done < args.steps:
+        block = min(args.block, args.steps - done)
+        for k, (name, step) in enumerate((("sparkavg", ours), ("torch", theirs))):
+            for i in range(done, done + args.settle):
+                step(i)
+            if syncs is None:
+                for i in range(done, done + block):
+                    t0 = time.perf_counter()
+                    step(i)
+                    times[name].append(time.perf_counter() - t0)
+            else:
+                syncs[k]()
+                t0 = time.perf_counter()
+                for i in range(done, done + block):
+                    step(i)
+                syncs[k]()
+                times[name].append((time.perf_counter() - t0) / block)
+        done += block
+    return times
+
+
 def _gpu_batch(args, cp, torch, batch_size):
     """Both frameworks at one batch size on the device -> result row."""
     from sparkavg.nn import Adam, lenet
@@ -130,24 +160,7 @@ def _gpu_batch(args, cp, torch, batch_size):
         if args.torch_item:
             loss.item()  # sync: as fit_batch returns its loss
 
-    syncs = {"sparkavg": cp.cuda.Device().synchronize, "torch": torch.cuda.synchronize}
-    for i in range(args.warmup):
-        ours(i)
-        theirs(i)
-    times = {"sparkavg": [], "torch": []}
-    done = 0
-    while done < args.steps:
-        block = min(args.block, args.steps - done)
-        for name, step in (("sparkavg", ours), ("torch", theirs)):
-            for i in range(done, done + args.settle):
-                step(i)
-            syncs[name]()
-            t0 = time.perf_counter()
-            for i in range(done, done + block):
-                step(i)
-            syncs[name]()
-            times[name].append((time.perf_counter() - t0) / block)
-        done += block
+    times = _alternate(args, ours, theirs, syncs=(cp.cuda.Device().synchronize, torch.cuda.synchronize))
     ours_s, theirs_s = _stats(times["sparkavg"]), _stats(times["torch"])
     ratio = ours_s["median_ms"] / theirs_s["median_ms"]
     return {
@@ -234,23 +247,7 @@ def main(argv=None):
         loss.backward()
         opt.step()
 
-    for i in range(args.warmup):
-        ours(i)
-        theirs(i)
-
-    times = {"sparkavg": [], "torch": []}
-    done = 0
-    while done < args.steps:
-        block = min(args.block, args.steps - done)
-        for name, step in (("sparkavg", ours), ("torch", theirs)):
-            for i in range(done, done + args.settle):
-                step(i)
-            for i in range(done, done + block):
-                t0 = time.perf_counter()
-                step(i)
-                times[name].append(time.perf_counter() - t0)
-        done += block
-
+    times = _alternate(args, ours, theirs)
     ours_s, theirs_s = _stats(times["sparkavg"]), _stats(times["torch"])
     result = {
         "benchmark": "lenet_train_step",

@@ -234,6 +234,24 @@ def test_activations_with_work_equal_the_old_formulas_bit_for_bit(name, dtype):
     np.testing.assert_array_equal(activations.backward(name, dy.copy(), y), expect)
 
 
+@pytest.mark.parametrize("weight_decay", [0.0, 1e-2])
+def test_unsynced_loss_on_the_host_is_the_same_float(weight_decay):
+    from sparkavg.spark.executor.context import LossSum
+
+    a, b = mlp(weight_decay=weight_decay), mlp(weight_decay=weight_decay)
+    out = np.empty(a.num_params)
+    total, expected = LossSum(), 0.0
+    for step in range(3):
+        x, y = data(4 + step, seed=step)
+        want, got = a.fit_batch(x, y), b.fit_batch(x, y, sync=False)
+        assert isinstance(got, float) and got == want  # numpy networks always give a float
+        assert b.compute_update(x, y, out, sync=False) == a.compute_update(x, y, out)
+        total.add(got, len(x))
+        expected += want * len(x)
+    np.testing.assert_array_equal(a.params, b.params)
+    assert total.value() == expected
+
+
 # -------------------------------------------------------------------- GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("weight_decay", [0.0, 1e-2])
@@ -264,3 +282,22 @@ def test_gpu_convnet_float32_step_matches_cpu():
         x, y = data(6, shape=(64,), seed=step, dtype=np.float32)
         assert gpu.fit_batch(x, y) == pytest.approx(cpu.fit_batch(x, y), rel=1e-5)
     np.testing.assert_allclose(backend.to_cpu(gpu.params), cpu.params, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_gpu_unsynced_loss_stays_on_the_device_and_sums_to_the_synced_losses():
+    from sparkavg import backend
+    from sparkavg.spark.executor.context import LossSum
+
+    a = mlp(l2=1e-3, weight_decay=1e-2).to_gpu()
+    b = a.clone()
+    total, want = LossSum(), 0.0
+    for step in range(3):
+        x, y = data(5, seed=step)
+        loss = b.fit_batch(x, y, sync=False)
+        assert backend.is_gpu_array(loss) and loss.ndim == 0
+        expected = a.fit_batch(x, y)
+        assert float(loss) == pytest.approx(expected, rel=1e-12)
+        total.add(loss, len(x))
+        want += expected * len(x)
+    assert total.value() == pytest.approx(want, rel=1e-12)

@@ -305,11 +305,17 @@ class Network(Configurable):
         return loss, penalty
 
     @staticmethod
-    def _loss_value(pending) -> float:
-        """Mean loss + L2 penalty as a float (device -> host syncs on CuPy:
-        call it at the end of a step)."""
+    def _loss_value(pending, sync: bool = True):
+        """Mean loss + L2 penalty: a float (device -> host syncs on CuPy: call
+        it at the end of a step), or with ``sync=False`` on a GPU a 0-d array
+        on the device, computed there (no sync); numpy networks always give a float."""
         (total, count), penalty = pending
-        return float(total) / count + Regularization.penalty(penalty)
+        if sync or isinstance(total, (float, np.generic, np.ndarray)):  # on the host: reading costs nothing
+            return float(total) / count + Regularization.penalty(penalty)
+        value = total / count
+        for half, dot in penalty:
+            value = value + half * dot
+        return value
 
     # ------------------------------------------------------------ training
     def gradient(self, x, y):
@@ -324,13 +330,14 @@ class Network(Configurable):
         loss = self._loss_value(self._loss_and_grad(x, y))
         return loss, self._grads.copy()
 
-    def compute_update(self, x, y, out) -> float:
+    def compute_update(self, x, y, out, *, sync: bool = True):
         """Fill ``out`` with exactly what :meth:`fit_batch` would add to the
         parameters (the updater's step after L2 and weight decay), advancing
         the updater state and :attr:`iteration`, without applying it.
 
         ``out`` is a flat (``num_params``,) array of the network's dtype and
-        device; it is zeroed first.  Returns the batch loss.
+        device; it is zeroed first.  Returns the batch loss (``sync=False``:
+        as a 0-d array on the device, see :meth:`fit_batch`).
         """
         self._check_flat(out, "out", self._num_params)
         pending = self._loss_and_grad(x, y)
@@ -338,28 +345,32 @@ class Network(Configurable):
         self.updater.apply(out, self._grads, self._state, self.iteration)
         self._regularization().decay(out, self._params, self.updater.lr)
         self.iteration += 1
-        return self._loss_value(pending)
+        return self._loss_value(pending, sync)
 
     def apply_update(self, update) -> None:
         """``params += update`` in place (``update`` flat, same dtype and device)."""
         self._check_flat(update, "update", self._num_params)
         self._params += update
 
-    def fit_batch(self, x, y) -> float:
+    def fit_batch(self, x, y, *, sync: bool = True):
         """One training step (forward, backward, updater); returns the batch loss.
 
         Exactly ``compute_update`` into a buffer followed by ``apply_update``;
         without weight decay the updater adds to the parameters directly (same
         sums, bit-identical on the CPU; no buffer to zero, one pass fewer).
+
+        ``sync=False`` returns the loss as a 0-d array on the network's
+        device instead of a float: on a GPU the step then ends without
+        waiting for the device (the caller reads the loss when it needs it).
         """
         if self._regularization().decay_ranges:  # decay reads the parameters before the step
-            loss = self.compute_update(x, y, self._update)
+            loss = self.compute_update(x, y, self._update, sync=sync)
             self._params += self._update
             return loss
         pending = self._loss_and_grad(x, y)
         self.updater.apply(self._params, self._grads, self._state, self.iteration)
         self.iteration += 1
-        return self._loss_value(pending)
+        return self._loss_value(pending, sync)
 
     def fit(self, x, y, batch_size=64, epochs=1, shuffle=True) -> list:
         """Minibatch training on in-memory arrays (a convenience for local

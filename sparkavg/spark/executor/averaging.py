@@ -9,7 +9,7 @@ from ... import ops
 from ...backend import get_array_module
 from ..errors import DivergenceError, failure_aware, task_failure_guard
 from ..stats import Phase, PhaseRecorder, task_lane
-from .context import Record, cached_network, host_copy, load_state, task_partition
+from .context import LossSum, Record, cached_network, host_copy, load_state, task_partition
 from .device import task_device
 from .minibatches import recorded_minibatches
 
@@ -90,15 +90,15 @@ def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: b
             net = cached_network(config_json, choice)
             load_state(net, state, save_updater)  # host -> device for a GPU network
         start_iteration = net.iteration
-        loss_sum, examples, batches = 0.0, 0, 0
+        losses, examples, batches = LossSum(), 0, 0
         for x, y in recorded_minibatches(items, prefetch, rec):
             with rec.phase(Phase.FIT):
-                loss = net.fit_batch(x, y)
-            loss_sum += float(loss) * len(x)
+                losses.add(net.fit_batch(x, y, sync=False), len(x))  # a GPU step does not wait for the device
             examples += len(x)
             batches += 1
         if examples == 0:
             return None
+        loss_sum = losses.value()
         check_finite(net, loss_sum, f"worker {partition}, round {round_no}")
         weight = 1.0 if uniform else float(examples)
         params = host_copy(net.params)  # the round's one device -> host copy (GPU)

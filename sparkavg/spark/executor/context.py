@@ -31,7 +31,7 @@ import numpy as np
 
 from ...threads import set_threads
 
-__all__ = ["cached_network", "load_state", "task_partition", "task_cpus", "Record"]
+__all__ = ["cached_network", "load_state", "task_partition", "task_cpus", "Record", "host_copy", "LossSum"]
 
 _NETWORKS: dict = {}
 _PROCESS_PREPARED = [False]
@@ -113,6 +113,31 @@ def _on_device_of(net, array):
     from ...backend import is_gpu_array, to_gpu
 
     return array if is_gpu_array(array) else to_gpu(array)  # host -> device copy
+
+
+class LossSum:
+    """``sum(loss * examples)`` over a task's steps.
+
+    Losses from ``fit_batch(..., sync=False)`` on a GPU are 0-d device
+    arrays: they are summed there (float64) and read back once, by
+    :meth:`value`, so no step waits for the device.  Host losses add up as
+    Python floats."""
+
+    __slots__ = ("_host", "_device")
+
+    def __init__(self):
+        self._host, self._device = 0.0, None
+
+    def add(self, loss, examples: int) -> None:
+        if isinstance(loss, (float, int, np.generic, np.ndarray)):
+            self._host += float(loss) * examples
+            return
+        term = loss.astype("float64") * examples  # on the device: no sync
+        self._device = term if self._device is None else self._device + term
+
+    def value(self) -> float:
+        """The sum as a float (one device -> host sync for device losses)."""
+        return self._host + (float(self._device) if self._device is not None else 0.0)
 
 
 def host_copy(array) -> np.ndarray:

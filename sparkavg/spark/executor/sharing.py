@@ -19,7 +19,7 @@ from ...transport import PeerStalledError, ReliableEndpoint, select_address
 from ..errors import DivergenceError, register_error, task_failure_guard
 from ..stats import CounterName, Phase, PhaseRecorder, SeriesName, task_lane
 from .averaging import check_finite
-from .context import Record, cached_network, host_copy, load_state
+from .context import LossSum, Record, cached_network, host_copy, load_state
 from .device import task_device
 from .minibatches import recorded_minibatches
 from .peers import LateGroup
@@ -115,11 +115,11 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
         try:
             # The peers' addresses come in a thread (Spark's allGather polls once a second): train meanwhile.
             group = LateGroup(ctx, endpoint, rank, world, master.topology, master.transport.stall_timeout)
-            loss_sum, examples, iterations = 0.0, 0, 0
+            losses, examples, iterations = LossSum(), 0, 0
             start_iteration = net.iteration
             for x, y in recorded_minibatches(items, prefetch, rec):
                 with rec.phase(Phase.FIT):
-                    loss = net.compute_update(x, y, update)
+                    losses.add(net.compute_update(x, y, update, sync=False), len(x))
                 tau = state.tau
                 with rec.phase(Phase.ENCODE):
                     message = _encode_or_diverge(state, update, rank, net.iteration)
@@ -130,7 +130,6 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
                         apply_message(message, net.params)
                 with rec.phase(Phase.APPLY):
                     apply_received(state, [p for _, p in group.poll(0)], net.params)
-                loss_sum += float(loss) * len(x)
                 examples += len(x)
                 iterations += 1
                 if collect_stats:
@@ -140,7 +139,7 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
                     if iterations % 10 == 1:
                         rec.series(SeriesName.RESIDUAL_NORM, step, float(xp.linalg.norm(state.residual)))
                 if iterations % FINITE_CHECK_EVERY == 0:
-                    check_finite(net, loss_sum, f"worker rank {rank}")
+                    check_finite(net, losses.value(), f"worker rank {rank}")
             if hooks is not None:
                 hooks.on_epoch_end(rank)
             with rec.phase(Phase.WAIT):
@@ -152,6 +151,7 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
             t = endpoint.stats()
         finally:
             endpoint.close()
+        loss_sum = losses.value()
         check_finite(net, loss_sum, f"worker rank {rank}")
         _count(rec, state, t, examples, iterations, n, world)
         params = net.params if rank == 0 else net.params[xp.asarray(replica_sample(n))]

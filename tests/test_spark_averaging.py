@@ -140,6 +140,31 @@ def test_evaluate_predict_score_match_local(sc):
     np.testing.assert_allclose(plain, expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("column", ["features", "vec"])
+def test_predict_on_a_dataframe_reads_arrow_batches_in_row_order(sc, column):
+    from pyspark.ml.linalg import Vectors
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.getOrCreate()
+    x, _ = blobs(50, seed=11)
+    net = small_net(seed=12)
+    flat = x.reshape(len(x), -1).astype(np.float64)
+    rows = [(flat[i].tolist(), Vectors.dense(flat[i].tolist())) for i in range(len(x))]
+    df = spark.createDataFrame(rows, ["features", "vec"]).coalesce(3)
+    with SparkTrainer(sc, net, ParameterAveraging(workers=2), features_col=column) as trainer:
+        out = np.stack(trainer.predict(df).collect())
+        np.testing.assert_allclose(out, net.output(x), rtol=1e-5, atol=1e-6)
+        bad = spark.createDataFrame([([1.0] * 16,), ([float("nan")] + [0.0] * 15,)], ["features"]).coalesce(1)
+        if column == "features":
+            # predict is lazy: the error comes with the user's own action, through Spark, naming the row.
+            with pytest.raises(Exception, match=r"DataValidationError: Bad features at partition 0, row 1: "
+                                                r"1 NaN/inf value\(s\); expected finite numbers"):
+                trainer.predict(bad).collect()
+        else:
+            with pytest.raises(DataValidationError, match="Expect DataFrame columns 'vec'"):
+                trainer.predict(bad)
+
+
 def test_checkpoint_resume_continues_exactly(sc, tmp_path):
     x, y = blobs(60, seed=13)
     rdd = sc.parallelize(_pairs(x, y), 2)

@@ -137,12 +137,24 @@ class ClassicSpark:
             return rdd.mapPartitionsWithIndex(task).treeAggregate(None, combine, combine, depth=2)
 
     def map_features(self, data, task: Callable, features_col: str):
-        """``task(rows)`` lazily over ``data``'s rows (an RDD; a DataFrame's ``features_col``)."""
+        """``task(rows)`` lazily over ``data``'s rows (an RDD; a DataFrame's
+        ``features_col``, read as Arrow batches: no Python object per row)."""
         if hasattr(data, "columns") and hasattr(data, "select"):
-            import numpy as np
+            from .data import check_columns, require_arrow
+            from .executor.arrow import FEATURE_SCHEMA, failure_from_row, from_npy, make_feature_decoder
 
-            data = data.select(features_col).rdd.map(
-                lambda row: np.asarray(row[0].toArray() if hasattr(row[0], "toArray") else row[0], np.float32))
+            check_columns(data, features_col, None)
+            require_arrow()
+
+            def rows(chunks):
+                for chunk in chunks:
+                    failure = failure_from_row(chunk[1])
+                    if failure is not None:  # raised in the prediction task, as its own type
+                        raise failure.to_exception("reading the DataFrame")
+                    yield from from_npy(chunk[0])
+
+            data = (data.select(features_col).mapInArrow(make_feature_decoder(features_col), FEATURE_SCHEMA)
+                    .rdd.mapPartitions(rows, preservesPartitioning=True))
         return data.mapPartitions(task)
 
 

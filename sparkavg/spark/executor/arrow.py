@@ -57,6 +57,8 @@ MINIBATCH_SCHEMA = "id long, n int, x binary, y binary, error string"
 MINIBATCH_FILE_SCHEMA = "id long, n int, path string, error string"
 #: Unvalidated example chunks for evaluation (flat features, raw labels).
 EXAMPLE_SCHEMA = "x binary, y binary, error string"
+#: Rows of :func:`make_feature_decoder`: a record batch's features (.npy) or a failure.
+FEATURE_SCHEMA = "x binary, error string"
 
 #: Minibatches per output record batch (bounds an Arrow binary column's size).
 _ROWS_PER_BATCH = 16
@@ -453,5 +455,35 @@ def make_example_decoder(features_col: str, label_col: str):
                     "error": pa.array([None], pa.string())})
         if failures:
             yield _failure_batch(failures[0], EXAMPLE_SCHEMA)
+
+    return run
+
+
+def make_feature_decoder(features_col: str):
+    """The ``mapInArrow`` function giving :data:`FEATURE_SCHEMA` rows: each
+    record batch's features as one float32 ``(n, width)`` matrix (rows of
+    different lengths: one row each, for the task to name), for a classic
+    RDD of feature rows (``SparkTrainer.predict`` on a DataFrame)."""
+
+    def run(batches: Iterable) -> Iterator:
+        pa = _pa()
+        partition = _partition()
+        failures: list = []
+        row = 0
+        with task_failure_guard(failures, partition=partition):
+            for batch in batches:
+                n = batch.num_rows
+                if n == 0:
+                    continue
+                where = row_namer(partition, row)
+                column = batch_column(batch, features_col)
+                x = features_matrix(column, None, where)
+                chunks = [x] if x is not None else [features_matrix(column.slice(i, 1), None, where)
+                                                    for i in range(n)]
+                yield pa.RecordBatch.from_pydict({"x": pa.array([npy_bytes(c) for c in chunks], pa.binary()),
+                                                  "error": pa.array([None] * len(chunks), pa.string())})
+                row += n
+        if failures:
+            yield _failure_batch(failures[0], FEATURE_SCHEMA)
 
     return run

@@ -244,7 +244,7 @@ def shared_dir(ctx: Context) -> dict:
                            GradientSharing(batch_size_per_worker=10, workers=2, data=DataOptions(shared_dir=folder)))
     sharing.fit(rdd, epochs=1).close()
     return {"prepared": ctx.logs.since(mark, "prepared"), "files_per_fit": [len(w) for w in written],
-            "npz": all(name.endswith(".npz") for w in written for name in w), "left_after_close": left,
+            "minibatch_files": all(name.endswith(".minibatch") for w in written for name in w), "left_after_close": left,
             "params_max_abs_diff_vs_blocks": max_abs_diff(files.params, blocks.params),
             "lane_hosts": lane_hosts(trainer.stats), "sharing_examples": sharing.history[0]["examples"],
             "sharing_replica_max_abs_diff": sharing.history[0]["replica_max_abs_diff"]}

@@ -151,7 +151,7 @@ def test_checkpoints_and_resume_from_continue_exactly(two_hosts):
 def test_shared_dir_every_host_sees_trains_as_spark_blocks_do(two_hosts, sim_cluster, shared_folder):
     r = scenario(two_hosts, "shared_dir")
     assert r["prepared"] and all(line.endswith("(shared files)") for line in r["prepared"]), r["prepared"]
-    assert r["files_per_fit"] == [20] and r["npz"]
+    assert r["files_per_fit"] == [20] and r["minibatch_files"]
     assert r["lane_hosts"] == worker_names(sim_cluster)  # the files were read on the worker hosts
     assert r["params_max_abs_diff_vs_blocks"] <= 1e-6
     assert r["sharing_examples"] == 200 and r["sharing_replica_max_abs_diff"] < 1e-5

@@ -117,6 +117,14 @@ def test_repartition_chooses_the_deal(repartition, in_files, local):
     assert chosen is local and reason
 
 
+@pytest.mark.parametrize("options, depth", [
+    (DataOptions(), 0), (DataOptions(shared_dir="/mnt/nfs/x"), 0), (DataOptions(shared_dir="file:///mnt/x"), 0),
+    (DataOptions(shared_dir="s3://bucket/x"), 1), (DataOptions(shared_dir="hdfs://nn/x", prefetch=3), 3),
+    (DataOptions(prefetch=2), 2)])
+def test_prefetch_auto_loads_ahead_only_from_remote_filesystems(options, depth):
+    assert options.prefetch_depth == depth
+
+
 def test_auto_deals_balanced_when_hosts_hold_different_classes():
     # 8 minibatches of 4 examples, 2 classes; partition 0 (host a) and 1 (host b).
     layout = [("a", 0)] * 4 + [("b", 1)] * 4

@@ -11,7 +11,7 @@ only:
   state are 5 MB);
 - **prepare**: one ``mapInArrow`` validates and minibatches the
   DataFrame (:func:`~sparkavg.spark.data.minibatch_frame`, shared with
-  the classic flavour); the minibatches are ``.npz`` files at a shared
+  the classic flavour); the minibatches are ``.minibatch`` files at a shared
   location, or a persisted DataFrame of ``.npy`` blobs;
 - **rounds**: one ``mapInArrow`` job per averaging round over
   ``spark.range(workers)`` (files: row ``w`` reads worker ``w``'s paths)

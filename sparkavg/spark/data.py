@@ -5,7 +5,7 @@ minibatches, or a DataFrame) is validated and cut into minibatches of
 ``batch_size_per_worker`` in one Spark job (:func:`prepare`).  The
 minibatches live where :class:`~sparkavg.spark.masters.DataOptions` says:
 
-* **shared files** -- written once as ``.npz`` under a location every host
+* **shared files** -- written once as ``.minibatch`` files under a location every host
   reaches; a round's job ships only its paths;
 * **Spark blocks** (the default on clusters) -- a persisted RDD of
   ``(id, (x, y))``; each epoch it is shuffled once into one partition per
@@ -40,7 +40,7 @@ import numpy as np
 
 from ..data.validation import DataSpec, DataValidationError, rebatch_partition
 from .errors import TaskFailure, executor_errors, guarded_partitions, raise_failures
-from .storage import SharedLocation, load_minibatch, save_minibatch
+from .storage import SUFFIX, SharedLocation, load_minibatch, save_minibatch
 
 __all__ = ["as_example_rdd", "ExampleFrame", "minibatch_frame", "check_columns", "require_arrow", "PreparedData",
            "prepare", "deal", "local_shards", "deal_shards", "EpochPlan", "placement_for", "deal_choice",
@@ -187,7 +187,7 @@ def _write_partition(spec: DataSpec, batch_size: int, folder: str):
 
     def run(index, rows):
         for j, (x, y) in enumerate(rebatch(index, rows)):
-            path = f"{folder}/p{index:05d}-b{j:06d}.npz"
+            path = f"{folder}/p{index:05d}-b{j:06d}{SUFFIX}"
             save_minibatch(path, x, y)
             yield path, int(x.shape[0])
 

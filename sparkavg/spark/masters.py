@@ -63,7 +63,7 @@ class Placement(str, enum.Enum):
 
     AUTO = "auto"  #: files under ``shared_dir`` when given; else a temp folder for local[N], Spark blocks on clusters
     SPARK = "spark"  #: persisted Spark blocks (needs no shared filesystem)
-    FILES = "files"  #: .npz files under ``shared_dir``
+    FILES = "files"  #: .minibatch files under ``shared_dir``
 
 
 class Device(str, enum.Enum):
@@ -106,7 +106,7 @@ class DataOptions(Configurable):
         A location EVERY host (driver and executors) reads and writes: a
         mounted path or a URL of a filesystem ``fsspec`` knows
         (``file://``, ``hdfs://``, ``s3://`` ...).  Minibatches are written
-        there once per fit as ``.npz`` files and each round reads only its
+        there once per fit as ``.minibatch`` files and each round reads only its
         own.
     placement : Placement, default AUTO
         ``auto``: files under ``shared_dir`` when it is given; else
@@ -126,15 +126,20 @@ class DataOptions(Configurable):
         data every epoch).  ``balanced``: one global shuffle per epoch.
         ``auto``: ``local`` for Spark blocks, ``balanced`` for shared files
         (every host reads those from the shared location anyway).
-    prefetch : int, default 1
+    prefetch : int or "auto", default "auto"
         Minibatches a worker loads ahead in a background thread (0 = off).
+        ``auto``: 1 when the minibatches come from a URL (``shared_dir``
+        on a remote filesystem: the thread waits on I/O), else 0 -- a task
+        owns one core, and a loader thread decoding local files or Spark
+        blocks takes it from the training step (DL4J's MnistMLP: 2.85 s
+        against 2.6 s per epoch with 1 ahead on ``local[2]``).
     """
 
     shared_dir: Optional[str] = None
     placement: Placement = Placement.AUTO
     storage_level: str = "MEMORY_AND_DISK"
     repartition: Repartition = Repartition.AUTO
-    prefetch: int = 1
+    prefetch: Union[int, Literal["auto"]] = "auto"
 
     def __post_init__(self):
         check(self.shared_dir is None or (isinstance(self.shared_dir, str) and self.shared_dir.strip() != ""),
@@ -144,8 +149,18 @@ class DataOptions(Configurable):
         check(self.placement is not Placement.FILES or self.shared_dir is not None,
               "Expect shared_dir (a location every host reaches) with placement='files', got None")
         object.__setattr__(self, "repartition", as_enum(Repartition, "repartition", self.repartition))
-        check_int("prefetch", self.prefetch, minimum=0)
+        check(self.prefetch == "auto" or (isinstance(self.prefetch, int) and not isinstance(self.prefetch, bool)
+                                          and self.prefetch >= 0),
+              f"Expect prefetch >= 0 (an int) or 'auto', got {self.prefetch!r}")
         _storage_level(self.storage_level)
+
+    @property
+    def prefetch_depth(self) -> int:
+        """Minibatches loaded ahead (``prefetch``, with ``auto`` resolved)."""
+        if self.prefetch == "auto":
+            return 1 if self.shared_dir is not None and "://" in self.shared_dir and \
+                not self.shared_dir.startswith("file://") else 0
+        return int(self.prefetch)
 
 
 _STORAGE_LEVELS = ("DISK_ONLY", "DISK_ONLY_2", "DISK_ONLY_3", "MEMORY_AND_DISK", "MEMORY_AND_DISK_2",

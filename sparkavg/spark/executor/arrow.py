@@ -309,7 +309,7 @@ def make_minibatcher(spec: DataSpec, batch_size: int, features_col: str, label_c
 
     Rows out: :data:`MINIBATCH_SCHEMA` (``x`` float32 ``(n, *input_shape)``
     and ``y`` as ``.npy`` bytes), or with ``folder``
-    :data:`MINIBATCH_FILE_SCHEMA` (one ``.npz`` per minibatch written
+    :data:`MINIBATCH_FILE_SCHEMA` (one ``.minibatch`` file per minibatch written
     there, named as the RDD path names them).
     """
     shape = tuple(spec.input_shape)
@@ -325,7 +325,7 @@ def make_minibatcher(spec: DataSpec, batch_size: int, features_col: str, label_c
 
     def _cut(batches: Iterable, partition: int) -> Iterator:
         pa = _pa()
-        from ..storage import save_minibatch
+        from ..storage import SUFFIX, save_minibatch
 
         row, j = 0, 0
         xs: List[np.ndarray] = []
@@ -338,7 +338,7 @@ def make_minibatcher(spec: DataSpec, batch_size: int, features_col: str, label_c
             out["id"].append((partition << 32) | j)
             out["n"].append(int(x.shape[0]))
             if folder is not None:
-                path = f"{folder}/p{partition:05d}-b{j:06d}.npz"
+                path = f"{folder}/p{partition:05d}-b{j:06d}{SUFFIX}"
                 save_minibatch(path, x, y)
                 out["path"].append(path)
             else:

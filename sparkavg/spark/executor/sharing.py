@@ -70,7 +70,7 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
     applied there.
     """
     rule, clipping = master.threshold, master.residual_post_processor
-    prefetch, collect_stats = master.data.prefetch, master.collect_stats
+    prefetch, collect_stats = master.data.prefetch_depth, master.collect_stats
     device = master.device.value
 
     def run(items) -> Iterator:

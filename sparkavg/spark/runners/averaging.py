@@ -166,7 +166,7 @@ class AveragingRunner(EpochRunner):
         m = self.master
         task = make_round_task(config_json, shipped, round_no=r + 1, save_updater=m.save_updater,
                                uniform=m.weighting is Weighting.UNIFORM, collect_stats=m.collect_stats,
-                               prefetch=m.data.prefetch, device=m.device.value, hooks=self.seam.test_hooks())
+                               prefetch=m.data.prefetch_depth, device=m.device.value, hooks=self.seam.test_hooks())
         return self.seam.aggregate_round(plan, r, task, combine_results, m.aggregation_depth, what)
 
     def launch(self, plan, r, config_json, shipped, epoch, stats):

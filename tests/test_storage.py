@@ -1,0 +1,78 @@
+"""Minibatch files (sparkavg.spark.storage): round trips, and every corrupt or foreign file named."""
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from sparkavg.data.validation import DataValidationError
+from sparkavg.spark.storage import SUFFIX, decode_minibatch, encode_minibatch, load_minibatch, save_minibatch
+
+
+@pytest.mark.parametrize("x, y", [
+    (np.random.default_rng(0).random((16, 1, 28, 28), dtype=np.float32), np.arange(16, dtype=np.int64)),
+    (np.random.default_rng(1).random((3, 7)), np.eye(3, 4, dtype=np.float32)),
+    (np.zeros((0, 5), np.float32), np.zeros(0, np.int64)),
+    (np.arange(6, dtype=np.uint8).reshape(2, 3), np.array([True, False])),
+])
+def test_round_trip_keeps_dtype_shape_and_values(tmp_path, x, y):
+    path = str(tmp_path / f"a{SUFFIX}")
+    save_minibatch(path, x, y)
+    gx, gy = load_minibatch(path)
+    assert gx.dtype == x.dtype and gy.dtype == y.dtype and gx.shape == x.shape and gy.shape == y.shape
+    np.testing.assert_array_equal(gx, x)
+    np.testing.assert_array_equal(gy, y)
+    assert gx.flags.writeable and gy.flags.writeable  # the training step may use them in place
+    assert gx.flags.aligned and gy.flags.aligned  # the header is padded: no unaligned copies in the kernels
+    url = (tmp_path / f"b{SUFFIX}").as_uri()  # the same through fsspec
+    save_minibatch(url, x, y)
+    np.testing.assert_array_equal(load_minibatch(url)[0], x)
+
+
+def test_big_endian_and_strided_inputs_are_stored_as_plain_little_endian(tmp_path):
+    x = np.arange(12, dtype=">f4").reshape(3, 4)[:, ::2]
+    gx, gy = decode_minibatch(bytearray(encode_minibatch(x, np.arange(3, dtype=">i8"))))
+    assert gx.dtype == np.dtype("<f4") and gy.dtype == np.dtype("<i8")
+    np.testing.assert_array_equal(gx, x)
+
+
+def test_objects_are_refused_when_writing():
+    with pytest.raises(ValueError, match="plain numeric dtype"):
+        encode_minibatch(np.array([{"a": 1}], dtype=object), np.zeros(1))
+
+
+def _with_header(header: dict, payload: bytes = b"") -> bytes:
+    text = json.dumps(header).encode()
+    start = struct.calcsize("<8sBI") + len(text)
+    return struct.pack("<8sBI", b"SPKAVGMB", 1, len(text)) + text + b"\0" * (-start % 64) + payload
+
+
+@pytest.mark.parametrize("data, message", [
+    (b"SPK", "shorter than a minibatch file's 13-byte prefix"),
+    (b"PK\x03\x04" + b"\0" * 40, "expected a sparkavg minibatch file"),
+    (struct.pack("<8sBI", b"SPKAVGMB", 2, 2) + b"{}", "version 2"),
+    (struct.pack("<8sBI", b"SPKAVGMB", 1, 500) + b"{}", "runs past the file's 15 bytes"),
+    (_with_header({"x": {"dtype": "|O", "shape": [1]}, "y": {"dtype": "<i8", "shape": [1]}}), "'x' with a dtype"),
+    (_with_header({"x": {"dtype": "<f4", "shape": [-1]}, "y": {"dtype": "<i8", "shape": [1]}}), "non-negative"),
+    (_with_header({"x": {"dtype": "<f4", "shape": [2]}}, b"\0" * 8), "'y' with a dtype"),
+    (_with_header({"x": {"dtype": "<f4", "shape": [4]}, "y": {"dtype": "<i8", "shape": [1]}}, b"\0" * 20),
+     "truncated"),
+    (_with_header({"x": {"dtype": "<f4", "shape": [1]}, "y": {"dtype": "<i8", "shape": [1]}}, b"\0" * 13),
+     "1 bytes after the arrays"),
+])
+def test_corrupt_or_foreign_files_are_errors_naming_the_file(tmp_path, data, message):
+    path = tmp_path / f"bad{SUFFIX}"
+    path.write_bytes(data)
+    with pytest.raises(DataValidationError, match=f"Cannot read minibatch {path}.*") as info:
+        load_minibatch(str(path))
+    assert message in str(info.value)
+
+
+def test_a_truncated_real_file_is_an_error(tmp_path):
+    path = tmp_path / f"t{SUFFIX}"
+    save_minibatch(str(path), np.ones((4, 3), np.float32), np.arange(4))
+    path.write_bytes(path.read_bytes()[:-5])
+    with pytest.raises(DataValidationError, match="truncated"):
+        load_minibatch(str(path))

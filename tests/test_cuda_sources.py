@@ -24,6 +24,8 @@ from hypothesis import strategies as st
 from sparkavg.ops import _cuda, _cuda_conv, _cython, cuda_src, reference
 from sparkavg.ops import reference_conv as ref
 
+from .strategies import conv_geometry
+
 # ------------------------------------------------------------ the C build
 _CTYPES = {
     np.dtype(np.int32): ctypes.c_int32,
@@ -90,18 +92,8 @@ def same_bits(a, b):
 
 
 # ---------------------------------------------------------------- shapes
-@st.composite
-def geometry(draw, padding=True):
-    n = draw(st.sampled_from([1, 1, 2, 3]))
-    c = draw(st.sampled_from([1, 3, 20]))
-    kh, kw = draw(st.integers(1, 5)), draw(st.integers(1, 5))
-    sh, sw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
-    ph = draw(st.integers(0, kh - 1)) if padding else 0
-    pw = draw(st.integers(0, kw - 1)) if padding else 0
-    h = draw(st.integers(max(1, kh - 2 * ph), 11))
-    w = draw(st.integers(max(1, kw - 2 * pw), 11))
-    seed = draw(st.integers(0, 2**32 - 1))
-    return (n, h, w, c), (kh, kw, sh, sw, ph, pw), seed
+def geometry(padding=True):
+    return conv_geometry(padding=padding, batches=(1, 1, 2, 3), max_side=11)
 
 
 def images(shape, seed, dtype=np.float32):

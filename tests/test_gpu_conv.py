@@ -17,23 +17,15 @@ from hypothesis import strategies as st
 from sparkavg import backend, ops
 from sparkavg.ops import _cython, reference
 
+from .strategies import conv_geometry
+
 pytestmark = pytest.mark.gpu
 
 some = settings(max_examples=40, deadline=None)
 
 
-@st.composite
-def geometry(draw, padding=True):
-    n = draw(st.sampled_from([0, 1, 2, 3]))
-    c = draw(st.sampled_from([1, 3, 20]))
-    kh, kw = draw(st.integers(1, 5)), draw(st.integers(1, 5))
-    sh, sw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
-    ph = draw(st.integers(0, kh - 1)) if padding else 0
-    pw = draw(st.integers(0, kw - 1)) if padding else 0
-    h = draw(st.integers(max(1, kh - 2 * ph), 13))
-    w = draw(st.integers(max(1, kw - 2 * pw), 13))
-    seed = draw(st.integers(0, 2**32 - 1))
-    return (n, h, w, c), (kh, kw, sh, sw, ph, pw), seed
+def geometry(padding=True):
+    return conv_geometry(padding=padding, batches=(0, 1, 2, 3), max_side=13)
 
 
 def host(a):

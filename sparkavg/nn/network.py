@@ -30,6 +30,7 @@ from ..configurable import ConfigError, Configurable, from_config, register
 from .layers import Dropout, Layer
 from .output import Output
 from .regularization import Regularization
+from .serialization import load_network, save_network
 from .updaters import Adam, Updater
 
 __all__ = ["Network", "upgrade_config"]
@@ -130,6 +131,11 @@ class Network(Configurable):
     inference_batch_size : int
         Chunk size of :meth:`output` and :meth:`score` (bounds memory).
     """
+
+    #: Parameter dtypes a network may have (model files are checked against it).
+    DTYPES = _DTYPES
+    #: A saved config of an older version, as this version's (model files use it).
+    upgrade_config = staticmethod(upgrade_config)
 
     def __init__(self, input_shape: Sequence[int], layers: Sequence[Layer], updater: Updater | None = None,
                  l2: float = 0.0, l2_bias: float = 0.0, weight_decay: float = 0.0, seed: int = 123,
@@ -544,8 +550,6 @@ class Network(Configurable):
     def save(self, path) -> None:
         """Write an .npz (params, updater state, counters, JSON config,
         SHA-256); never pickle.  See :mod:`sparkavg.nn.serialization`."""
-        from .serialization import save_network
-
         save_network(self, path)
 
     @classmethod
@@ -566,9 +570,7 @@ class Network(Configurable):
             Anything wrong with the file, naming the file and what was
             expected (see :mod:`sparkavg.nn.serialization`).
         """
-        from .serialization import load_network
-
-        return load_network(path, max_params=max_params)
+        return load_network(path, cls, max_params=max_params)
 
     def summary(self) -> str:
         """A table of layers, output shapes (NCHW convention) and parameter counts."""

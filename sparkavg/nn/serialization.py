@@ -244,14 +244,15 @@ class _Archive:
         return out
 
 
-def _network_plan(archive: _Archive, config_bytes: bytes, max_params: int):
+def _network_plan(archive: _Archive, config_bytes: bytes, max_params: int, network_cls):
     """The network class, its checked arguments and sizes, from the config
-    member -- nothing allocated yet."""
-    from .network import _DTYPES, Network, upgrade_config
-
+    member -- nothing allocated yet.  ``network_cls`` (the caller's
+    :class:`~sparkavg.nn.network.Network`) says what a config must build and
+    how old configs are upgraded: this module never imports the network."""
+    _DTYPES = network_cls.DTYPES
     try:
-        config = upgrade_config(json.loads(config_bytes.decode("utf-8")))
-        cls, args = checked_arguments(config, kind="network", expect=Network)
+        config = network_cls.upgrade_config(json.loads(config_bytes.decode("utf-8")))
+        cls, args = checked_arguments(config, kind="network", expect=network_cls)
         num_params, state_size = cls.sizes(args["input_shape"], args["layers"], args.get("updater"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # ConfigError and JSONDecodeError included
         raise archive.error(f"expected a valid network configuration in member 'config' ({exc})") from None
@@ -267,12 +268,16 @@ def _network_plan(archive: _Archive, config_bytes: bytes, max_params: int):
     return cls, args, num_params, state_size, np.dtype(dtype)
 
 
-def load_network(path, *, max_params: int | None = None):
-    """Read, verify and rebuild a network written by :func:`save_network`.
+def load_network(path, network_cls, *, max_params: int | None = None):
+    """Read, verify and rebuild a network written by :func:`save_network`
+    (what :meth:`Network.load <sparkavg.nn.network.Network.load>` calls).
 
     Parameters
     ----------
     path : str or os.PathLike
+    network_cls : type
+        :class:`~sparkavg.nn.network.Network` (or a subclass): configs must
+        build one; its ``DTYPES`` and ``upgrade_config`` are used.
     max_params : int, optional
         Refuse configurations with more parameters (default :data:`MAX_PARAMS`).
 
@@ -301,7 +306,8 @@ def load_network(path, *, max_params: int | None = None):
             counters = archive.read_small("counters", np.int64, shape=(2,))
             expected_digest = archive.read_small("sha256", np.uint8, shape=(32,))
             config_bytes = config.tobytes()
-            cls, args, num_params, state_size, dtype = _network_plan(archive, config_bytes, int(max_params))
+            cls, args, num_params, state_size, dtype = _network_plan(archive, config_bytes, int(max_params),
+                                                                     network_cls)
             # Both big headers before the network allocates anything.
             params_fp, _ = archive.open("params", dtype, shape=(num_params,))
             params_fp.close()

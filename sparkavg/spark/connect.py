@@ -41,8 +41,8 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from ..data.validation import DataSpec
-from .data import (PreparedData, check_columns, deal, deal_shards, frame_failures, is_dataframe, local_shards,
-                   minibatch_frame, placement_for)
+from .data import (Dealt, PreparedData, check_columns, deal_epoch, frame_failures, is_dataframe, minibatch_frame,
+                   placement_for)
 from .errors import executor_errors
 from .executor.adapters import examples_adapter, features_adapter, round_adapter
 from .executor.hooks import TestHooks
@@ -109,20 +109,11 @@ class FramePrepared(PreparedData):
 
 
 @dataclass
-class FramePlan:
+class FramePlan(Dealt):
     """One epoch's deal; for DataFrame blocks also the epoch's minibatches,
     one partition per worker, rows ``(r, w, pos, x, y)`` sorted."""
 
-    rounds: List[List[List[int]]]
-    prepared: FramePrepared
     frame: object = None
-
-    @property
-    def workers(self) -> int:
-        return len(self.rounds[0]) if self.rounds else 0
-
-    def shard_paths(self, r: int) -> List[List[str]]:
-        return [[self.prepared.paths[i] for i in shard] for shard in self.rounds[r]]
 
     def drop(self) -> None:
         if self.frame is not None:
@@ -252,9 +243,7 @@ class ConnectSpark:
         """The epoch's deal (``local``: each worker's shard in place; Connect
         does not say where a block lives, so shards follow partition order)."""
         self._read_hooks()
-        count = len(prepared.sizes)
-        rounds = (deal_shards(local_shards(count, workers, prepared.layout), per_round, seed) if local
-                  else deal(count, workers, per_round, seed))
+        rounds = deal_epoch(len(prepared.sizes), workers, per_round, seed, local, prepared.layout)
         plan = FramePlan(rounds, prepared)
         if not prepared.in_files and plan.rounds:
             plan.frame = self._epoch_frame(prepared, plan.rounds, workers)

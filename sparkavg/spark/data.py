@@ -42,8 +42,8 @@ from ..data.validation import DataSpec, DataValidationError, rebatch_partition
 from .errors import TaskFailure, executor_errors, guarded_partitions, raise_failures
 from .storage import SUFFIX, SharedLocation, load_minibatch, save_minibatch
 
-__all__ = ["as_example_rdd", "ExampleFrame", "minibatch_frame", "check_columns", "require_arrow", "PreparedData",
-           "prepare", "deal", "local_shards", "deal_shards", "EpochPlan", "placement_for", "deal_choice",
+__all__ = ["as_example_rdd", "feature_rows", "ExampleFrame", "minibatch_frame", "check_columns", "require_arrow", "PreparedData",
+           "prepare", "deal", "local_shards", "deal_shards", "deal_epoch", "Dealt", "EpochPlan", "placement_for", "deal_choice",
            "shard_label_skew", "label_counts",
            "load_minibatch"]
 
@@ -105,16 +105,13 @@ class ExampleFrame:
 
     def example_rdd(self):
         """An RDD (classic sessions) of ``(x, y)`` chunks in partition order."""
-        from .executor.arrow import EXAMPLE_SCHEMA, failure_from_row, from_npy, make_example_decoder
+        from .executor.arrow import EXAMPLE_SCHEMA, from_npy, make_example_decoder
 
         frame = self.df.select(self.features_col, self.label_col).mapInArrow(
             make_example_decoder(self.features_col, self.label_col), EXAMPLE_SCHEMA)
 
         def decode(rows):
-            for row in rows:
-                failure = failure_from_row(row[2])
-                if failure is not None:  # raised inside the task's own guard, as its own type
-                    raise failure.to_exception("reading the DataFrame")
+            for row in _decoded(rows):
                 yield from_npy(row[0]), from_npy(row[1])
 
         return frame.rdd.mapPartitions(decode, preservesPartitioning=True)
@@ -124,6 +121,34 @@ class ExampleFrame:
 
     def mapPartitions(self, f):
         return self.example_rdd().mapPartitions(f)
+
+
+def _decoded(rows):
+    """Rows of an Arrow decoder (:mod:`sparkavg.spark.executor.arrow`), the
+    failure its last column may carry raised as its own type."""
+    from .executor.arrow import failure_from_row
+
+    for row in rows:
+        failure = failure_from_row(row[-1])
+        if failure is not None:  # raised inside the task's own guard, as its own type
+            raise failure.to_exception("reading the DataFrame")
+        yield row
+
+
+def feature_rows(df, features_col: str):
+    """An RDD (classic sessions) of ``df``'s ``features_col`` rows as float32
+    arrays, read as Arrow batches (no Python object per row), in partition order."""
+    from .executor.arrow import FEATURE_SCHEMA, from_npy, make_feature_decoder
+
+    check_columns(df, features_col, None)
+    require_arrow()
+
+    def rows(chunks):
+        for chunk in _decoded(chunks):
+            yield from from_npy(chunk[0])
+
+    return (df.select(features_col).mapInArrow(make_feature_decoder(features_col), FEATURE_SCHEMA)
+            .rdd.mapPartitions(rows, preservesPartitioning=True))
 
 
 def as_example_rdd(data, features_col: str = "features", label_col: str = "label"):
@@ -351,14 +376,21 @@ def deal_shards(shards: List[List[int]], per_round: int, seed: Optional[int]) ->
     return [[s[start:start + per_round] for s in dealt] for start in range(0, longest, per_round)]
 
 
+def deal_epoch(count: int, workers: int, per_round: int, seed: Optional[int], local: bool,
+               layout: Optional[List[tuple]] = None) -> List[List[List[int]]]:
+    """The epoch's ``rounds[r][w]``: :func:`deal_shards` over :func:`local_shards`
+    when ``local``, else :func:`deal` (both Spark flavours)."""
+    if local:
+        return deal_shards(local_shards(count, workers, layout), per_round, seed)
+    return deal(count, workers, per_round, seed)
+
+
 @dataclass
-class EpochPlan:
-    """One epoch's deal and, for Spark blocks, its shuffled RDD with one
-    partition per (round, worker)."""
+class Dealt:
+    """One epoch's deal of a fit's minibatches (what every seam's plan holds)."""
 
     rounds: List[List[List[int]]]
     prepared: PreparedData
-    rdd: object = None
 
     @property
     def workers(self) -> int:
@@ -367,6 +399,14 @@ class EpochPlan:
     def shard_paths(self, r: int) -> List[List[str]]:
         """Shared-file plan: the paths of round ``r``, one list per worker."""
         return [[self.prepared.paths[i] for i in shard] for shard in self.rounds[r]]
+
+
+@dataclass
+class EpochPlan(Dealt):
+    """One epoch's deal and, for Spark blocks, its shuffled RDD with one
+    partition per (round, worker)."""
+
+    rdd: object = None
 
     def partitions(self, r: int) -> List[int]:
         """Spark-block plan: the partitions of round ``r``, one per worker."""
@@ -381,10 +421,7 @@ class EpochPlan:
              local: bool = False) -> "EpochPlan":
         """The epoch's deal: :func:`deal_shards` over :func:`local_shards` when
         ``local``, else :func:`deal`; for Spark blocks also the shuffled RDD."""
-        if local:
-            rounds = deal_shards(local_shards(len(prepared.sizes), workers, prepared.layout), per_round, seed)
-        else:
-            rounds = deal(len(prepared.sizes), workers, per_round, seed)
+        rounds = deal_epoch(len(prepared.sizes), workers, per_round, seed, local, prepared.layout)
         epoch = cls(rounds, prepared)
         if not prepared.in_files and rounds:
             # (partition, position in shard) per minibatch id; sorting keeps each shard's dealt order.

@@ -18,6 +18,7 @@ from typing import Literal, Optional, Union
 from ..configurable import Configurable, from_config, register
 from ..sharing.thresholds import AdaptiveThreshold, FixedThreshold, ResidualClipping, TargetSparsityThreshold
 from ..transport import EndpointConfig, FaultInjection, Topology
+from .storage import is_remote
 
 __all__ = [
     "Weighting",
@@ -158,8 +159,7 @@ class DataOptions(Configurable):
     def prefetch_depth(self) -> int:
         """Minibatches loaded ahead (``prefetch``, with ``auto`` resolved)."""
         if self.prefetch == "auto":
-            return 1 if self.shared_dir is not None and "://" in self.shared_dir and \
-                not self.shared_dir.startswith("file://") else 0
+            return 1 if self.shared_dir is not None and is_remote(self.shared_dir) else 0
         return int(self.prefetch)
 
 

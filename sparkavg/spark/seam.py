@@ -16,7 +16,7 @@ import time
 from typing import Callable, Optional
 
 from ..data.validation import DataSpec
-from .data import EpochPlan, PreparedData, as_example_rdd, placement_for, prepare
+from .data import EpochPlan, PreparedData, as_example_rdd, feature_rows, is_dataframe, placement_for, prepare
 from .errors import executor_errors
 from .executor.hooks import TestHooks
 
@@ -139,22 +139,8 @@ class ClassicSpark:
     def map_features(self, data, task: Callable, features_col: str):
         """``task(rows)`` lazily over ``data``'s rows (an RDD; a DataFrame's
         ``features_col``, read as Arrow batches: no Python object per row)."""
-        if hasattr(data, "columns") and hasattr(data, "select"):
-            from .data import check_columns, require_arrow
-            from .executor.arrow import FEATURE_SCHEMA, failure_from_row, from_npy, make_feature_decoder
-
-            check_columns(data, features_col, None)
-            require_arrow()
-
-            def rows(chunks):
-                for chunk in chunks:
-                    failure = failure_from_row(chunk[1])
-                    if failure is not None:  # raised in the prediction task, as its own type
-                        raise failure.to_exception("reading the DataFrame")
-                    yield from from_npy(chunk[0])
-
-            data = (data.select(features_col).mapInArrow(make_feature_decoder(features_col), FEATURE_SCHEMA)
-                    .rdd.mapPartitions(rows, preservesPartitioning=True))
+        if is_dataframe(data):
+            data = feature_rows(data, features_col)
         return data.mapPartitions(task)
 
 

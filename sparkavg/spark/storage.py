@@ -32,7 +32,7 @@ import numpy as np
 
 from ..data.validation import DataValidationError
 
-__all__ = ["SharedLocation", "save_minibatch", "load_minibatch", "is_url", "SUFFIX", "encode_minibatch",
+__all__ = ["SharedLocation", "save_minibatch", "load_minibatch", "is_url", "is_remote", "SUFFIX", "encode_minibatch",
            "decode_minibatch"]
 
 #: File name suffix of a minibatch file.
@@ -47,6 +47,11 @@ _DTYPES = {np.dtype(t).str: np.dtype(t) for t in ("<f4", "<f8", "<i8", "<i4", "<
 def is_url(location: str) -> bool:
     """Whether ``location`` names a filesystem by protocol (``scheme://...``, read through fsspec)."""
     return "://" in location
+
+
+def is_remote(location: str) -> bool:
+    """Whether reading ``location`` waits on a network (a URL other than ``file://``)."""
+    return is_url(location) and not location.startswith("file://")
 
 
 def encode_minibatch(x: np.ndarray, y: np.ndarray) -> bytes:

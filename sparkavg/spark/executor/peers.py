@@ -38,8 +38,7 @@ class LateGroup:
         self.endpoint, self.rank, self.world, self.topology = endpoint, rank, world, topology
         self.stall_timeout = stall_timeout
         self.group = None
-        self.held = 0  # messages published before the peers were known
-        self._pending: list = []
+        self._pending: list = []  # messages published before the peers were known
         self._peers, self._error = None, None
         self._thread = threading.Thread(target=self._gather, args=(ctx,), name=f"sparkavg-peers-{rank}",
                                         daemon=True)
@@ -75,7 +74,6 @@ class LateGroup:
             self.group.publish(payload)
         else:
             self._pending.append(bytes(payload))
-            self.held += 1
 
     def poll(self, timeout: float = 0.0) -> list:
         return self.group.poll(timeout) if self._ready(False) else []

@@ -15,6 +15,16 @@
  */
 #include "spk.cuh"
 
+/* Flat index i of an (N, hh, ww, cc) array as const n, y, x, ch (one
+ * division and modulo per axis: integer division
+ * is dear on a GPU). */
+#define SPK_NHWC(i, hh, ww, cc, n, y, x, ch)                \
+    I spk_t_##ch = (i) / (cc);                              \
+    const I ch = (i) - spk_t_##ch * (cc);                   \
+    const I x = spk_t_##ch % (ww);                          \
+    spk_t_##ch = spk_t_##ch / (ww);                         \
+    const I y = spk_t_##ch % (hh), n = spk_t_##ch / (hh);
+
 /* Windows r of stride s and size k covering padded coordinate p, clipped
  * to [0, count): r*s <= p < r*s + k. */
 #define SPK_WINDOW_RANGE(lo, hi, p, k, s, count)                              \
@@ -55,11 +65,7 @@ SPK_KERNEL sparkavg_col2im(const T *SPK_RESTRICT cols, T *SPK_RESTRICT out, I to
 {
     const I k = kh * kw * c;
     SPK_FOR(i, total) {
-        I t = i / c;
-        const I ch = i - t * c;
-        const I x0 = t % w;
-        t = t / w;
-        const I y = t % h, n = t / h;
+        SPK_NHWC(i, h, w, c, n, y, x0, ch)
         const I yp = y + ph, xp = x0 + pw;
         SPK_WINDOW_RANGE(r0, r1, yp, kh, sh, oh)
         SPK_WINDOW_RANGE(q0, q1, xp, kw, sw, ow)
@@ -85,11 +91,7 @@ SPK_KERNEL sparkavg_maxpool_forward(const T *SPK_RESTRICT x, T *SPK_RESTRICT out
                                     I h, I w, I c, I oh, I ow, I kh, I kw, I sh, I sw)
 {
     SPK_FOR(i, total) {
-        I t = i / c;
-        const I ch = i - t * c;
-        const I q = t % ow;
-        t = t / ow;
-        const I r = t % oh, n = t / oh;
+        SPK_NHWC(i, oh, ow, c, n, r, q, ch)
         const T *sample = x + n * h * w * c;
         const I corner = (r * sh * w + q * sw) * c + ch;
         T m = sample[corner];
@@ -120,11 +122,7 @@ SPK_KERNEL sparkavg_maxpool_backward(const T *SPK_RESTRICT dout,
                                      I h, I w, I c, I oh, I ow, I kh, I kw, I sh, I sw)
 {
     SPK_FOR(i, total) {
-        I t = i / c;
-        const I ch = i - t * c;
-        const I x0 = t % w;
-        t = t / w;
-        const I y = t % h, n = t / h;
+        SPK_NHWC(i, h, w, c, n, y, x0, ch)
         const int flat = (int)((y * w + x0) * c + ch);
         SPK_WINDOW_RANGE(r0, r1, y, kh, sh, oh)
         SPK_WINDOW_RANGE(q0, q1, x0, kw, sw, ow)
@@ -146,11 +144,7 @@ SPK_KERNEL sparkavg_avgpool_forward(const T *SPK_RESTRICT x, T *SPK_RESTRICT out
 {
     const T scale = (T)1 / (T)(kh * kw);
     SPK_FOR(i, total) {
-        I t = i / c;
-        const I ch = i - t * c;
-        const I q = t % ow;
-        t = t / ow;
-        const I r = t % oh, n = t / oh;
+        SPK_NHWC(i, oh, ow, c, n, r, q, ch)
         const T *src = x + n * h * w * c + (r * sh * w + q * sw) * c + ch;
         T acc = (T)0;
         for (I a = 0; a < kh; ++a) {
@@ -169,11 +163,7 @@ SPK_KERNEL sparkavg_avgpool_backward(const T *SPK_RESTRICT dout, T *SPK_RESTRICT
 {
     const T scale = (T)1 / (T)(kh * kw);
     SPK_FOR(i, total) {
-        I t = i / c;
-        const I ch = i - t * c;
-        const I x0 = t % w;
-        t = t / w;
-        const I y = t % h, n = t / h;
+        SPK_NHWC(i, h, w, c, n, y, x0, ch)
         SPK_WINDOW_RANGE(r0, r1, y, kh, sh, oh)
         SPK_WINDOW_RANGE(q0, q1, x0, kw, sw, ow)
         T acc = (T)0;

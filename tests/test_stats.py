@@ -257,7 +257,7 @@ def test_lane_alignment_clamps_skewed_worker_clock_into_job_window():
     assert s.max_clock_correction == pytest.approx(99.0, abs=1e-6)
     events = s.events
     assert [e.phase for e in events] == ["fit", "fit", "send"]
-    assert all(a.end <= b.start + 1e-12 for a, b in zip(events, events[1:])), "skew must not reorder a lane"
+    assert all(a.end <= b.start + 1e-9 for a, b in zip(events, events[1:])), "skew must not reorder a lane (1 ns: float sums of clock readings)"
     # without a window the wall anchor is trusted as is
     s2 = TrainingStats()
     s2.add_worker_payload(payload)

@@ -7,6 +7,7 @@ JVM starts), one after the other, on local[2]:
 - ``defaults``: Spark's defaults.
 - ``+uds``: spark.python.unix.domain.socket.enabled.
 - ``+uds+direct``: and spark.task.maxDirectResultSize=128m.
+- ``+uds+direct+raw-broadcast``: and spark.broadcast.compress=false.
 - ``recommended``: ``recommended_conf("local[2]")`` (adds the C1-only JIT).
 
 Per configuration:
@@ -15,6 +16,8 @@ Per configuration:
    first task running, and the whole job.
 2. The same job returning 5.2 MB per task (LeNet's parameters + Adam
    state): from the last task's end to the driver holding the results.
+   And a round's shape (median of 30): ``sc.broadcast`` of 5.2 MB on the
+   driver, then a job whose tasks read it and return 5.2 MB each.
 3. One epoch of LeNet averaging (``--limit`` examples, averaging every
    40 minibatches, 2 workers x 1 thread) right after the session starts:
    its seconds, the median and p95 minibatch fit time on the workers,
@@ -49,8 +52,9 @@ def configurations():
 
     uds = {"spark.python.unix.domain.socket.enabled": "true"}
     direct = {"spark.task.maxDirectResultSize": "128m"}
+    raw = {"spark.broadcast.compress": "false"}
     return {"defaults": {}, "+uds": uds, "+uds+direct": {**uds, **direct},
-            "recommended": recommended_conf("local[2]")}
+            "+uds+direct+raw-broadcast": {**uds, **direct, **raw}, "recommended": recommended_conf("local[2]")}
 
 
 def _start_times(n):
@@ -79,6 +83,24 @@ def job_latencies(sc, floats: int, repeats: int = 40):
     return {"to_first_task_ms": 1000 * statistics.median(start),
             "last_task_to_driver_ms": 1000 * statistics.median(end),
             "job_ms": 1000 * statistics.median(total)}
+
+
+def broadcast_rounds(sc, floats: int, repeats: int = 30):
+    """Median ms of broadcasting ``floats`` float32s and of the job that reads them."""
+    rdd = sc.parallelize(range(2), 2)
+    ship, job = [], []
+    for i in range(repeats + 5):
+        values = np.random.default_rng(i).random(floats, dtype=np.float32)
+        t0 = time.perf_counter()
+        shipped = sc.broadcast(values)
+        t1 = time.perf_counter()
+        rdd.mapPartitions(lambda it, b=shipped: [b.value * 2]).collect()
+        t2 = time.perf_counter()
+        shipped.unpersist()
+        if i >= 5:
+            ship.append(t1 - t0)
+            job.append(t2 - t1)
+    return {"broadcast_ms": 1000 * statistics.median(ship), "job_ms": 1000 * statistics.median(job)}
 
 
 def one_epoch(spark, limit):
@@ -139,7 +161,8 @@ def child(name: str, limit, with_gc: bool) -> dict:
     try:
         sc = spark.sparkContext
         out = {"conf": configurations()[name], "trivial": job_latencies(sc, 0),
-               "result_5mb": job_latencies(sc, RESULT_FLOATS, repeats=25)}
+               "result_5mb": job_latencies(sc, RESULT_FLOATS, repeats=25),
+               "round_5mb": broadcast_rounds(sc, RESULT_FLOATS)}
         if with_gc:
             out["worker_gc"] = gc_costs(sc)
         out["fit"] = one_epoch(spark, limit)

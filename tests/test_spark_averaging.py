@@ -252,6 +252,7 @@ def test_session_helpers(sc, caplog):
     local, cluster = recommended_conf("local[2]"), recommended_conf("spark://h:7077")
     assert local["spark.task.maxDirectResultSize"] == cluster["spark.task.maxDirectResultSize"] == "128m"
     assert local["spark.python.unix.domain.socket.enabled"] == "true"
+    assert local["spark.broadcast.compress"] == cluster["spark.broadcast.compress"] == "false"
     assert "TieredStopAtLevel" in local["spark.driver.extraJavaOptions"]
     assert "spark.driver.extraJavaOptions" not in cluster
     # the test session is started with recommended_conf: LeNet's 5.2 MB results pass, 200 MB would not

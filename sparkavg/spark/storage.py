@@ -83,27 +83,49 @@ def decode_minibatch(data, name: str = "minibatch") -> Tuple[np.ndarray, np.ndar
     start = _PREFIX.size + length
     if start > len(view):
         raise ValueError(f"{name}: header of {length} bytes runs past the file's {len(view)} bytes (truncated)")
-    header = json.loads(bytes(view[_PREFIX.size:start]))
+    header = bytes(view[_PREFIX.size:start])
+    layout = _LAYOUTS.get(header)
+    if layout is None:
+        layout = _parse_layout(header, start, name)
+        if len(_LAYOUTS) < 64:  # a fit writes one or two shapes (the last minibatch may be short)
+            _LAYOUTS[header] = layout
+    (x_dtype, x_shape, x_offset, x_end), (y_dtype, y_shape, y_offset, y_end) = layout
+    if y_end != len(view):
+        if x_end > len(view) or y_end > len(view):
+            key, end = ("x", x_end) if x_end > len(view) else ("y", y_end)
+            raise ValueError(f"{name}: {key} needs bytes up to {end}, the file has {len(view)} (truncated)")
+        raise ValueError(f"{name}: {len(view) - y_end} bytes after the arrays (expected exactly {y_end})")
+    x = np.frombuffer(view, x_dtype, (x_end - x_offset) // x_dtype.itemsize, x_offset).reshape(x_shape)
+    y = np.frombuffer(view, y_dtype, (y_end - y_offset) // y_dtype.itemsize, y_offset).reshape(y_shape)
+    return x, y
+
+
+#: Parsed headers (bytes -> array layouts): every minibatch of a fit has
+#: one of a few headers, and parsing JSON cold after a training step costs
+#: ~0.1 ms -- as much as reading the file.
+_LAYOUTS: dict = {}
+
+
+def _parse_layout(header: bytes, start: int, name: str):
+    """``((dtype, shape, offset, end) for x, y)`` of a header ending at ``start``."""
+    try:
+        parsed = json.loads(header)
+    except ValueError as exc:
+        raise ValueError(f"{name}: header is not JSON ({exc})") from None
     offset = start + (-start % _ALIGN)
-    out = []
+    layout = []
     for key in "xy":
-        entry = header.get(key) if isinstance(header, dict) else None
+        entry = parsed.get(key) if isinstance(parsed, dict) else None
         dtype = _DTYPES.get(entry.get("dtype")) if isinstance(entry, dict) else None
         shape = entry.get("shape") if isinstance(entry, dict) else None
         if dtype is None or not isinstance(shape, list) or \
                 not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
             raise ValueError(f"{name}: expected {key!r} with a dtype of {sorted(_DTYPES)} and a shape of "
                              f"non-negative ints, got {entry!r}")
-        count = int(np.prod(shape, dtype=np.int64))
-        end = offset + count * dtype.itemsize
-        if end > len(view):
-            raise ValueError(f"{name}: {key} {dtype} {tuple(shape)} needs bytes up to {end}, the file has "
-                             f"{len(view)} (truncated)")
-        out.append(np.frombuffer(view, dtype, count, offset).reshape(shape))
+        end = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        layout.append((dtype, tuple(shape), offset, end))
         offset = end
-    if offset != len(view):
-        raise ValueError(f"{name}: {len(view) - offset} bytes after the arrays (expected exactly {offset})")
-    return out[0], out[1]
+    return tuple(layout)
 
 
 def save_minibatch(location: str, x: np.ndarray, y: np.ndarray) -> None:
@@ -132,16 +154,29 @@ def load_minibatch(location: str) -> Tuple[np.ndarray, np.ndarray]:
             with fsspec.open(location, "rb") as fh:
                 data = bytearray(fh.read())
         else:
-            with open(location, "rb") as fh:
-                data = bytearray(os.fstat(fh.fileno()).st_size)
-                got = fh.readinto(data)
-            if got != len(data):
-                raise ValueError(f"read {got} of {len(data)} bytes")
+            data = _read_local(location)
         return decode_minibatch(data, location)
     except Exception as exc:
         raise DataValidationError(
             f"Cannot read minibatch {location}: {type(exc).__name__}: {exc}. Expected a {SUFFIX} file written "
             "by sparkavg at a location every host can read (DataOptions.shared_dir)") from exc
+
+
+def _read_local(path: str) -> bytearray:
+    """A local file's bytes, through the bare file descriptor: a Python file
+    object costs ~25 us of a ~90 us read after a training step."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        data = bytearray(os.fstat(fd).st_size)
+        view, got = memoryview(data), 0
+        while got < len(data):
+            n = os.readv(fd, [view[got:]])
+            if n == 0:
+                raise ValueError(f"read {got} of {len(data)} bytes (the file shrank while being read)")
+            got += n
+    finally:
+        os.close(fd)
+    return data
 
 
 class SharedLocation:

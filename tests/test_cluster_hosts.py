@@ -38,8 +38,10 @@ QUICK_JVMS = {"spark.ui.enabled": "false",
 @pytest.fixture(scope="module")
 def shared_folder(request):
     """A folder every simulated host reads and writes: under the repository
-    (pytest's cache folder, git-ignored), not under the hosts' private /tmp."""
-    root = Path(request.config.cache.mkdir("sparkavg-shared"))
+    (in ``.pytest_cache``, git-ignored, also with ``-p no:cacheprovider``),
+    not under the hosts' private /tmp."""
+    root = Path(request.config.rootpath) / ".pytest_cache" / "d" / "sparkavg-shared"
+    root.mkdir(parents=True, exist_ok=True)
     folder = tempfile.mkdtemp(prefix="cluster-hosts-", dir=root)
     yield folder
     shutil.rmtree(folder, ignore_errors=True)

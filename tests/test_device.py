@@ -153,7 +153,6 @@ DISCOVERY = '#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1"]}\'\n'
 def _cluster_scenarios(workdir: str) -> None:
     """Run in a separate driver process (a SparkContext per process): a
     local-cluster with 2 GPU addresses per executor; results to result.json."""
-    import numpy as np
     from pyspark import TaskContext
     from pyspark.sql import SparkSession
 

@@ -132,6 +132,22 @@ def _alternate(args, ours, theirs, syncs=None) -> dict:
     return times
 
 
+def _torch_step(torch, model, txs, tys, read_loss: bool):
+    """PyTorch's Adam(lr=1e-3) training step over the batches ``txs``/``tys``, as ``step(i)``."""
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step(i):
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(txs[i % len(txs)]), tys[i % len(tys)])
+        loss.backward()
+        opt.step()
+        if read_loss:
+            loss.item()
+
+    return step
+
+
 def _gpu_batch(args, cp, torch, batch_size):
     """Both frameworks at one batch size on the device -> result row."""
     from sparkavg.nn import Adam, lenet
@@ -144,21 +160,13 @@ def _gpu_batch(args, cp, torch, batch_size):
 
     net = lenet(seed=args.seed, updater=Adam(lr=1e-3)).to_gpu()
     model = _torch_lenet(torch, args.seed).cuda()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    loss_fn = torch.nn.CrossEntropyLoss()
     txs = [torch.from_numpy(x).cuda() for x in xs]
     tys = [torch.from_numpy(y).cuda() for y in ys]
 
     def ours(i):
         net.fit_batch(dxs[i % n_batches], dys[i % n_batches])
 
-    def theirs(i):
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(txs[i % n_batches]), tys[i % n_batches])
-        loss.backward()
-        opt.step()
-        if args.torch_item:
-            loss.item()  # sync: as fit_batch returns its loss
+    theirs = _torch_step(torch, model, txs, tys, read_loss=args.torch_item)  # reading syncs, as fit_batch does
 
     times = _alternate(args, ours, theirs, syncs=(cp.cuda.Device().synchronize, torch.cuda.synchronize))
     ours_s, theirs_s = _stats(times["sparkavg"]), _stats(times["torch"])
@@ -233,19 +241,13 @@ def main(argv=None):
     n_torch = sum(p.numel() for p in model.parameters())
     if n_torch != net.num_params:
         raise SystemExit(f"architectures differ: torch {n_torch} vs sparkavg {net.num_params} parameters")
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    loss_fn = torch.nn.CrossEntropyLoss()
     txs = [torch.from_numpy(x) for x in xs]
     tys = [torch.from_numpy(y) for y in ys]
 
     def ours(i):
         net.fit_batch(xs[i % n_batches], ys[i % n_batches])
 
-    def theirs(i):
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(txs[i % n_batches]), tys[i % n_batches])
-        loss.backward()
-        opt.step()
+    theirs = _torch_step(torch, model, txs, tys, read_loss=False)
 
     times = _alternate(args, ours, theirs)
     ours_s, theirs_s = _stats(times["sparkavg"]), _stats(times["torch"])

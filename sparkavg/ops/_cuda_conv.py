@@ -61,49 +61,51 @@ def _col2im(launcher, cols, kh, kw, sh, sw, ph, pw, out):
     return out
 
 
-# ---------------------------------------------------------------- max pool
-def _maxpool_forward(launcher, x, kh, kw, sh, sw, out=None, argmax=None):
-    xp = launcher.xp
+# ------------------------------------------------------------------ pooling
+def _pooled(xp, x, kh, kw, sh, sw, out):
+    """``x`` made contiguous, the pooled output (``out`` or a new array) and
+    the kernels' geometry arguments."""
     x = xp.ascontiguousarray(x)
     n, h, w, c = x.shape
     oh, ow = conv_output_size(h, kh, sh, 0), conv_output_size(w, kw, sw, 0)
     if out is None:
         out = xp.empty((n, oh, ow, c), dtype=x.dtype)
-        argmax = xp.empty((n, oh, ow, c), dtype=np.int32)
-    _run(launcher, "sparkavg_maxpool_forward", x.dtype, out.size, (x, out, argmax), (x.size,),
-         (h, w, c, oh, ow, kh, kw, sh, sw))
+    return x, out, (h, w, c, oh, ow, kh, kw, sh, sw)
+
+
+def _unpooled(dout, out, kh, kw, sh, sw):
+    """The backward kernels' geometry arguments: ``out`` is the input's gradient."""
+    _, h, w, c = out.shape
+    return h, w, c, dout.shape[1], dout.shape[2], kh, kw, sh, sw
+
+
+def _maxpool_forward(launcher, x, kh, kw, sh, sw, out=None, argmax=None):
+    fresh = out is None
+    x, out, dims = _pooled(launcher.xp, x, kh, kw, sh, sw, out)
+    if fresh:
+        argmax = launcher.xp.empty(out.shape, dtype=np.int32)
+    _run(launcher, "sparkavg_maxpool_forward", x.dtype, out.size, (x, out, argmax), (x.size,), dims)
     return out, argmax
 
 
 def _maxpool_backward(launcher, dout, argmax, kh, kw, sh, sw, out):
     xp = launcher.xp
     dout, argmax = xp.ascontiguousarray(dout), xp.ascontiguousarray(argmax)
-    _, h, w, c = out.shape
-    oh, ow = dout.shape[1], dout.shape[2]
-    _run(launcher, "sparkavg_maxpool_backward", out.dtype, out.size, (dout, argmax, out),
-         (dout.size,), (h, w, c, oh, ow, kh, kw, sh, sw))
+    _run(launcher, "sparkavg_maxpool_backward", out.dtype, out.size, (dout, argmax, out), (dout.size,),
+         _unpooled(dout, out, kh, kw, sh, sw))
     return out
 
 
-# ---------------------------------------------------------------- avg pool
 def _avgpool_forward(launcher, x, kh, kw, sh, sw, out=None):
-    xp = launcher.xp
-    x = xp.ascontiguousarray(x)
-    n, h, w, c = x.shape
-    oh, ow = conv_output_size(h, kh, sh, 0), conv_output_size(w, kw, sw, 0)
-    if out is None:
-        out = xp.empty((n, oh, ow, c), dtype=x.dtype)
-    _run(launcher, "sparkavg_avgpool_forward", x.dtype, out.size, (x, out), (x.size,),
-         (h, w, c, oh, ow, kh, kw, sh, sw))
+    x, out, dims = _pooled(launcher.xp, x, kh, kw, sh, sw, out)
+    _run(launcher, "sparkavg_avgpool_forward", x.dtype, out.size, (x, out), (x.size,), dims)
     return out
 
 
 def _avgpool_backward(launcher, dout, kh, kw, sh, sw, out):
     dout = launcher.xp.ascontiguousarray(dout)
-    _, h, w, c = out.shape
-    oh, ow = dout.shape[1], dout.shape[2]
     _run(launcher, "sparkavg_avgpool_backward", out.dtype, out.size, (dout, out), (dout.size,),
-         (h, w, c, oh, ow, kh, kw, sh, sw))
+         _unpooled(dout, out, kh, kw, sh, sw))
     return out
 
 

@@ -91,9 +91,10 @@ def decode_minibatch(data, name: str = "minibatch") -> Tuple[np.ndarray, np.ndar
             _LAYOUTS[header] = layout
     (x_dtype, x_shape, x_offset, x_end), (y_dtype, y_shape, y_offset, y_end) = layout
     if y_end != len(view):
-        if x_end > len(view) or y_end > len(view):
-            key, end = ("x", x_end) if x_end > len(view) else ("y", y_end)
-            raise ValueError(f"{name}: {key} needs bytes up to {end}, the file has {len(view)} (truncated)")
+        for key, (dtype, shape, _, end) in zip("xy", layout):
+            if end > len(view):
+                raise ValueError(f"{name}: {key} {dtype} {shape} needs bytes up to {end}, the file has "
+                                 f"{len(view)} (truncated)")
         raise ValueError(f"{name}: {len(view) - y_end} bytes after the arrays (expected exactly {y_end})")
     x = np.frombuffer(view, x_dtype, (x_end - x_offset) // x_dtype.itemsize, x_offset).reshape(x_shape)
     y = np.frombuffer(view, y_dtype, (y_end - y_offset) // y_dtype.itemsize, y_offset).reshape(y_shape)

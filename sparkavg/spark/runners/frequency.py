@@ -189,11 +189,12 @@ def even_rounds(minibatches: int, frequency: int, max_frequency: int) -> Tuple[i
     Where that would pass ``max_frequency`` the rounds stay as many as
     ``frequency`` gives and only their lengths even out.
     """
+    as_given = math.ceil(minibatches / frequency)
     rounds = minibatches // frequency
-    if rounds < 1 or -(-minibatches // rounds) > max_frequency:
-        rounds = -(-minibatches // frequency)
-    even = -(-minibatches // rounds)
+    if rounds < 1 or math.ceil(minibatches / rounds) > max_frequency:
+        rounds = as_given
+    even = math.ceil(minibatches / rounds)
     if even == frequency:
         return frequency, None
     return even, (f"{minibatches} minibatches per worker per epoch: {rounds} even round(s) of {even} "
-                  f"instead of {-(-minibatches // frequency)} of {frequency}")
+                  f"instead of {as_given} of {frequency}")

@@ -18,8 +18,14 @@ Dense layer after a convolution sees its input flattened in (H, W, C)
 order.  Dense weights are (n_in, n_out).
 
 Ownership.  An array returned by ``forward`` or ``backward`` belongs to the
-layer and is overwritten by its next call; the network copies what it hands
-out.  ``backward`` may overwrite the gradient array it receives.
+layer and is overwritten by its next call; the model copies what it hands
+out.  ``forward`` never writes into its input.  ``backward`` may overwrite
+the gradient array it receives: the caller hands it over exclusively (a
+:class:`~sparkavg.nn.graph.Graph` never gives one gradient array to two
+consumers: where a value fans out it sums the branches' gradients into an
+array of its own, and a vertex that passes one gradient to several inputs
+passes copies).  A layer's backward may return the very array it received
+(an identity), which then belongs to the next consumer in turn.
 
 Kernels.  Layers call the conv and pool kernels of :mod:`sparkavg.ops`
 without the fronts' argument checks (:func:`sparkavg.ops.elementwise.unchecked`):
@@ -119,6 +125,22 @@ class Layer(Configurable):
         gradient vectors (1-D views, the parameters of :meth:`param_specs`
         one after another)."""
         self.reset_workspace()
+
+    def buffer_specs(self) -> list:
+        """The non-trainable state this layer owns (BatchNorm's running
+        statistics), in flat-buffer order.  Buffers live in the model's own
+        flat ``buffers`` vector: averaged like parameters, never given a
+        gradient, L2, weight decay or threshold encoding."""
+        return []
+
+    def initial_buffer(self, spec: ParamSpec) -> np.ndarray:
+        """Float64 numpy initial value of buffer ``spec``."""
+        return np.zeros(spec.shape)
+
+    def bind_buffers(self, buffers) -> None:
+        """Receive this layer's contiguous block of the flat buffer vector (a
+        1-D view, the buffers of :meth:`buffer_specs` one after another);
+        called after :meth:`bind`."""
 
     def _split(self, flat) -> dict:
         """name -> view of ``flat`` shaped as the parameter, in spec order."""

@@ -398,7 +398,7 @@ def test_model_file_is_a_plain_zip_of_npy(saved):
     _, path = saved
     with zipfile.ZipFile(path) as z:
         assert sorted(z.namelist()) == sorted(f"{k}.npy" for k in
-                                              ("config", "params", "updater_state", "counters", "sha256"))
+                                              ("config", "params", "updater_state", "buffers", "counters", "sha256"))
 
 
 # ------------------------------------------------------------------- GPU

@@ -1,7 +1,9 @@
 """The network engine: layers over one flat parameter vector, flat
 updater state, array-module generic (numpy or CuPy).
 
-Modules: :mod:`.network` (``Network``), :mod:`.layers`, :mod:`.output`
+Modules: :mod:`.model` (the model contract every strategy sees: ``Model``,
+``ModelSpec``, ``load_model``), :mod:`.flat` (flat state vectors shared by
+the layer-built models), :mod:`.network` (``Network``), :mod:`.layers`, :mod:`.output`
 (the loss layer), :mod:`.updaters`, :mod:`.regularization` (L2 and weight
 decay as fused passes over contiguous ranges of the flat vector),
 :mod:`.activations`, :mod:`.initializers`, :mod:`.serialization` (npz
@@ -10,6 +12,7 @@ model files); im2col and pooling kernels are in :mod:`sparkavg.ops.conv`,
 """
 from . import zoo
 from .layers import Activation, AvgPool2D, Conv2D, Dense, Dropout, Layer, MaxPool2D
+from .model import InputSpec, Model, ModelSpec, OutputSpec, load_model, model_from_config, model_from_json
 from .output import Output
 from .network import Network
 from .serialization import ModelFileError
@@ -17,6 +20,13 @@ from .updaters import SGD, Adagrad, Adam, Nadam, Nesterov, RMSProp, Updater
 from .zoo import lenet
 
 __all__ = [
+    "Model",
+    "ModelSpec",
+    "InputSpec",
+    "OutputSpec",
+    "load_model",
+    "model_from_config",
+    "model_from_json",
     "Network",
     "Layer",
     "Conv2D",

@@ -10,6 +10,10 @@ name                 dtype      content
                                 layout, which still loads)
 ``params``           float32/64 the flat parameter vector
 ``updater_state``    float32/64 the flat updater state
+``buffers``          float32/64 the flat non-trainable state (BatchNorm's
+                                running statistics); absent in files written
+                                before models had buffers, which load when
+                                the configuration has none
 ``counters``         int64      [iteration, epoch]
 ``sha256``           uint8      SHA-256 over a tag, the config bytes and each
                                 array's dtype, shape and bytes
@@ -18,15 +22,16 @@ name                 dtype      content
 Loading trusts nothing it has not checked, in this order, so that a hostile
 file costs little memory or time before it is refused:
 
-1. the zip directory: exactly the five members, each stored or deflated
+1. the zip directory: exactly the members above, each stored or deflated
    (not encrypted, no other method), deflated ones expanding at most
    :data:`MAX_COMPRESSION_RATIO` times;
 2. the small members (config at most :data:`MAX_CONFIG_BYTES`, counters,
    digest), each by its ``.npy`` header and declared size first;
 3. the JSON configuration, rebuilt as far as the sizes it implies
-   (:meth:`Network.sizes`), which must not exceed ``max_params``
+   (``planned_sizes`` of the model class the config names), which must not
+   exceed ``max_params``
    (:data:`MAX_PARAMS` by default);
-4. the ``.npy`` headers of ``params`` and ``updater_state`` (dtype, shape,
+4. the ``.npy`` headers of ``params``, ``updater_state`` and ``buffers`` (dtype, shape,
    no object dtype) and the zip entries' declared sizes against those
    sizes -- before any array is read;
 5. then the network is built and the arrays streamed into it in 1 MiB
@@ -73,6 +78,10 @@ MAX_CONFIG_BYTES = 1 << 20
 MAX_COMPRESSION_RATIO = 100
 
 _MEMBERS = ("config", "params", "updater_state", "counters", "sha256")
+#: Members a file may lack (written before they existed).
+_OPTIONAL = ("buffers",)
+#: State vectors in file order: (member name, name in ``model.state``).
+_VECTORS = (("params", "params"), ("updater_state", "updater"), ("buffers", "buffers"))
 _CHUNK = 1 << 20
 _MAX_NPY_HEADER = 10_000  # numpy's own default limit
 # What reading a corrupt zip member can raise, besides our own ModelFileError.
@@ -110,20 +119,18 @@ def _digest(config_bytes: bytes, arrays) -> np.ndarray:
 
 # ------------------------------------------------------------------- write
 def save_network(network, path) -> None:
-    """Write ``network`` to ``path`` exactly (no '.npz' appended), atomically
-    (a temporary file in the same folder, then a rename)."""
+    """Write a model (:class:`~sparkavg.nn.model.Model`) to ``path`` exactly
+    (no '.npz' appended), atomically (a temporary file in the same folder,
+    then a rename)."""
     path = os.fspath(path)
     config = network.to_json().encode("utf-8")
-    params = backend.to_cpu(network.params)  # device -> host sync on GPU
-    state = backend.to_cpu(network.updater_state)
+    state = network.state
+    vectors = [backend.to_cpu(state[key]) for _, key in _VECTORS]  # device -> host syncs on GPU
     counters = np.array([network.iteration, network.epoch], dtype=np.int64)
-    arrays = {
-        "config": np.frombuffer(config, dtype=np.uint8),
-        "params": params,
-        "updater_state": state,
-        "counters": counters,
-        "sha256": _digest(config, (params, state, counters)),
-    }
+    arrays = {"config": np.frombuffer(config, dtype=np.uint8)}
+    arrays.update({member: v for (member, _), v in zip(_VECTORS, vectors)})
+    arrays["counters"] = counters
+    arrays["sha256"] = _digest(config, (*vectors, counters))
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".sparkavg-model-", suffix=".tmp", dir=folder)
     try:
@@ -149,12 +156,13 @@ class _Archive:
             raise self.error(f"expected an .npz model archive (a zip file), got unreadable data ({exc})") from None
         counts = collections.Counter(i.filename for i in infos)
         expected = [f"{m}.npy" for m in _MEMBERS]
+        allowed = expected + [f"{m}.npy" for m in _OPTIONAL]
         missing = [m for m, n in zip(_MEMBERS, expected) if n not in counts]
-        extra = sorted(n for n, k in counts.items() if n not in expected or k > 1)
+        extra = sorted(n for n, k in counts.items() if n not in allowed or k > 1)
         if missing or extra:
             shown = extra[:10] + ([f"... {len(extra) - 10} more"] if len(extra) > 10 else [])
-            raise self.error(f"expected exactly the members {list(_MEMBERS)}, missing {missing}, "
-                             f"unexpected or repeated {shown}")
+            raise self.error(f"expected exactly the members {list(_MEMBERS)} (and optionally {list(_OPTIONAL)}), "
+                             f"missing {missing}, unexpected or repeated {shown}")
         self.infos = {i.filename[:-4]: i for i in infos}
         for name, info in self.infos.items():
             self._check_entry(name, info)
@@ -245,17 +253,25 @@ class _Archive:
 
 
 def _network_plan(archive: _Archive, config_bytes: bytes, max_params: int, network_cls):
-    """The network class, its checked arguments and sizes, from the config
-    member -- nothing allocated yet.  ``network_cls`` (the caller's
-    :class:`~sparkavg.nn.network.Network`) says what a config must build and
-    how old configs are upgraded: this module never imports the network."""
-    _DTYPES = network_cls.DTYPES
+    """The model class, its checked arguments and state sizes, from the
+    config member -- nothing allocated yet.  ``network_cls`` (the caller's
+    class, or None for any registered model) says what a config must build;
+    the model class's ``upgrade_config`` (if any), ``DTYPES`` and
+    ``planned_sizes`` do the rest."""
     try:
-        config = network_cls.upgrade_config(json.loads(config_bytes.decode("utf-8")))
+        config = json.loads(config_bytes.decode("utf-8"))
+        if network_cls is None:
+            from .network import upgrade_config  # the version-1 layout predates "type"
+
+            config = upgrade_config(config)
+        elif hasattr(network_cls, "upgrade_config"):
+            config = network_cls.upgrade_config(config)
         cls, args = checked_arguments(config, kind="network", expect=network_cls)
-        num_params, state_size = cls.sizes(args["input_shape"], args["layers"], args.get("updater"))
+        sizes = cls.planned_sizes(args)
+        num_params, state_size, num_buffers = sizes["params"], sizes["updater"], sizes["buffers"]
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # ConfigError and JSONDecodeError included
         raise archive.error(f"expected a valid network configuration in member 'config' ({exc})") from None
+    _DTYPES = getattr(cls, "DTYPES", ("float32",))
     dtype = args.get("dtype", "float32")
     if dtype not in _DTYPES:
         raise archive.error(f"expected a network dtype in {_DTYPES}, got {dtype!r:.50}")
@@ -265,7 +281,10 @@ def _network_plan(archive: _Archive, config_bytes: bytes, max_params: int, netwo
     if state_size > 2 * max_params:
         raise archive.error(f"the configuration's updater state has {state_size:,} values, more than "
                             f"2 * max_params = {2 * max_params:,}")
-    return cls, args, num_params, state_size, np.dtype(dtype)
+    if num_buffers > max_params:
+        raise archive.error(f"the configuration has {num_buffers:,} buffer values, more than max_params="
+                            f"{max_params:,}")
+    return cls, args, {"params": num_params, "updater": state_size, "buffers": num_buffers}, np.dtype(dtype)
 
 
 def load_network(path, network_cls, *, max_params: int | None = None):
@@ -275,9 +294,9 @@ def load_network(path, network_cls, *, max_params: int | None = None):
     Parameters
     ----------
     path : str or os.PathLike
-    network_cls : type
-        :class:`~sparkavg.nn.network.Network` (or a subclass): configs must
-        build one; its ``DTYPES`` and ``upgrade_config`` are used.
+    network_cls : type or None
+        The model class configs must build (a subclass is fine), or None for
+        any registered model (:func:`sparkavg.nn.load_model`).
     max_params : int, optional
         Refuse configurations with more parameters (default :data:`MAX_PARAMS`).
 
@@ -306,22 +325,26 @@ def load_network(path, network_cls, *, max_params: int | None = None):
             counters = archive.read_small("counters", np.int64, shape=(2,))
             expected_digest = archive.read_small("sha256", np.uint8, shape=(32,))
             config_bytes = config.tobytes()
-            cls, args, num_params, state_size, dtype = _network_plan(archive, config_bytes, int(max_params),
-                                                                     network_cls)
-            # Both big headers before the network allocates anything.
-            params_fp, _ = archive.open("params", dtype, shape=(num_params,))
-            params_fp.close()
-            state_fp, _ = archive.open("updater_state", dtype, shape=(state_size,))
-            state_fp.close()
+            cls, args, sizes, dtype = _network_plan(archive, config_bytes, int(max_params), network_cls)
+            present = [(member, key) for member, key in _VECTORS if member in archive.infos]
+            if "buffers" not in archive.infos and sizes["buffers"]:
+                raise archive.error(f"expected a member 'buffers' of {sizes['buffers']:,} values for this "
+                                    f"configuration (a file written before models had buffers cannot hold them)")
+            # Every big header before the model allocates anything.
+            for member, key in present:
+                fp, _ = archive.open(member, dtype, shape=(sizes[key],))
+                fp.close()
             try:
                 network = cls(**args)
             except ValueError as exc:
                 raise archive.error(f"expected a valid network configuration in member 'config' ({exc})") from None
             digest = _digest_start(config_bytes)
-            for name, target in (("params", network.params), ("updater_state", network.updater_state)):
-                fp, _ = archive.open(name, dtype, shape=target.shape)
+            state = network.state
+            for member, key in present:
+                target = state[key]
+                fp, _ = archive.open(member, dtype, shape=target.shape)
                 _digest_meta(digest, target.dtype, target.shape)
-                archive.read_into(name, fp, target, digest)
+                archive.read_into(member, fp, target, digest)
     _digest_meta(digest, counters.dtype, counters.shape)
     digest.update(counters.tobytes())
     if digest.digest() != expected_digest.tobytes():

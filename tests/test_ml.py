@@ -131,5 +131,5 @@ def test_regression_on_ml_vectors_and_bad_rows(spark):
         NetworkModel(network=net).transform(bad.coalesce(1)).collect()
     with pytest.raises(ValueError, match="Expect output columns 'prediction' and 'probability' not in the input"):
         NetworkModel(network=net).transform(df.withColumn("prediction", df.id))
-    with pytest.raises(ValueError, match="Expect network=... \\(a sparkavg.nn.Network\\)"):
+    with pytest.raises(ValueError, match="Expect network=... \\(a sparkavg.nn.Model\\)"):
         NetworkEstimator().fit(df)

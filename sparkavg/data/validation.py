@@ -46,6 +46,14 @@ class DataSpec:
     num_outputs: int
     loss: str = "nll"
 
+    @classmethod
+    def of(cls, model_spec) -> "DataSpec":
+        """The spec of a model with one input and one output (a
+        :class:`sparkavg.nn.ModelSpec`; several inputs or outputs are
+        refused, naming them)."""
+        inp, out = model_spec.single_input(), model_spec.single_output()
+        return cls(tuple(inp.shape), int(out.units), out.loss)
+
     @property
     def input_size(self) -> int:
         return int(math.prod(self.input_shape))

@@ -31,10 +31,11 @@ logger = logging.getLogger(__name__)
 
 
 def _to_network(value):
-    from ..nn import Network
+    from ..nn import Model
 
-    if not isinstance(value, Network):
-        raise TypeError(f"Expect a sparkavg.nn.Network, got {type(value).__name__}")
+    if not isinstance(value, Model):
+        raise TypeError(f"Expect a model (sparkavg.nn.Network, sparkavg.nn.Graph, sparkavg.torch.TorchModel: "
+                        f"the sparkavg.nn.Model contract), got {type(value).__name__}")
     return value
 
 
@@ -84,11 +85,11 @@ class _NetworkParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol):
 
 
 class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, MLReadable, MLWritable):
-    """Trains a :class:`sparkavg.nn.Network` on a DataFrame (a pyspark.ml Estimator).
+    """Trains a model (:class:`sparkavg.nn.Model`) on a DataFrame (a pyspark.ml Estimator).
 
     Parameters
     ----------
-    network : sparkavg.nn.Network
+    network : sparkavg.nn.Model
         The network to train; ``fit`` trains a copy and leaves it as it is.
     master : ParameterAveraging or GradientSharing, default ParameterAveraging()
     epochs : int, default 1
@@ -106,7 +107,7 @@ class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, MLReadable, MLWri
         Passed to :class:`~sparkavg.spark.SparkTrainer` (a checkpoint after every epoch).
     """
 
-    network: "Param" = Param(Params._dummy(), "network", "the sparkavg.nn.Network to train (fit trains a copy)",
+    network: "Param" = Param(Params._dummy(), "network", "the model to train (a sparkavg.nn.Model: Network, Graph, TorchModel; fit trains a copy)",
                              typeConverter=_to_network)
     master: "Param" = Param(Params._dummy(), "master",
                             "ParameterAveraging(...) or GradientSharing(...); default ParameterAveraging()",
@@ -134,7 +135,7 @@ class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, MLReadable, MLWri
 
     def getNetwork(self):
         if not self.isDefined(self.network):
-            raise ValueError("Expect network=... (a sparkavg.nn.Network) on the NetworkEstimator, got none")
+            raise ValueError("Expect network=... (a sparkavg.nn.Model) on the NetworkEstimator, got none")
         return self.getOrDefault(self.network)
 
     def getMaster(self):
@@ -197,7 +198,7 @@ class NetworkModel(Model, _NetworkParams, MLReadable, MLWritable):
 
     Attributes
     ----------
-    network : sparkavg.nn.Network
+    network : sparkavg.nn.Model
     history : list of dict
         The fit's per-epoch summaries (saved with the model).
     stats : TrainingStats or None
@@ -232,12 +233,12 @@ class NetworkModel(Model, _NetworkParams, MLReadable, MLWritable):
         if taken:
             raise ValueError(f"Expect output columns {prediction!r} and {probability!r} not in the input, "
                              f"got {taken} among {dataset.columns}")
-        out = net.layers[-1]
+        inp, out = net.spec.single_input(), net.spec.single_output()
         schema = StructType(list(dataset.schema.fields) + [StructField(prediction, DoubleType(), True),
                                                            StructField(probability, ArrayType(FloatType()), True)])
         # The parameters travel with the job (JSON + raw float32 bytes in the closure), on both flavours.
         fn = make_transformer(net.to_json(), ShippedValue(network_state(net, with_updater=False)), features,
-                              tuple(net.input_shape), self.getInferenceBatchSize(), out.loss_name != "mse",
+                              tuple(inp.shape), self.getInferenceBatchSize(), out.classification,
                               prediction, probability)
         return dataset.mapInArrow(fn, schema)
 

@@ -6,7 +6,7 @@ A saved stage is a folder:
   uid, the plain params), written through Spark, so that
   ``Pipeline``/``PipelineModel`` save and load find the stage and its
   class as they do for pyspark's Python stages;
-- ``network.npz`` -- :meth:`sparkavg.nn.Network.save` (parameters,
+- ``network.npz`` -- ``model.save`` (any :class:`sparkavg.nn.Model`) (parameters,
   updater state, counters, JSON configuration, SHA-256);
 - ``sparkavg.json`` -- what is neither: the estimator's master
   (``Master.to_config()``, rebuilt by ``from_config``) or the model's
@@ -105,15 +105,15 @@ def _save_network(network, path: str) -> None:
 
 
 def _load_network(path: str):
-    from ..nn import Network
+    from ..nn import load_model
 
     if not _is_url(path):
-        return Network.load(_local(path))
+        return load_model(_local(path))
     with tempfile.TemporaryDirectory(prefix="sparkavg-model-") as tmp:
         local = os.path.join(tmp, _NETWORK)
         with open(local, "wb") as fh:
             fh.write(_read_bytes(path))
-        return Network.load(local)
+        return load_model(local)
 
 
 def _join(path: str, name: str) -> str:
@@ -141,7 +141,7 @@ class NetworkWriter(MLWriter):
         super().save(path)
 
     def saveImpl(self, path: str) -> None:
-        from ..nn import Network
+        from ..nn import Model
 
         instance = self.instance
         params = {p.name: v for p, v in instance._paramMap.items() if p.name not in _OBJECT_PARAMS and v is not None}
@@ -154,7 +154,7 @@ class NetworkWriter(MLWriter):
         else:
             network = instance.network
             extra["history"] = instance.history
-        extra["network"] = _NETWORK if isinstance(network, Network) else None
+        extra["network"] = _NETWORK if isinstance(network, Model) else None
         if network is not None:
             _save_network(network, _join(path, _NETWORK))
         _write_bytes(_join(path, _EXTRA), json.dumps(extra, indent=1, default=_plain).encode())

@@ -212,10 +212,11 @@ class Model(Protocol):
 
 
 def config_fingerprint(config: Mapping, drop=("updater", "l2", "l2_bias", "weight_decay", "seed", "dtype")) -> str:
-    """SHA-256 of a model configuration without the keys that do not change
-    the state layout (updater hyper-parameters, penalties, seed)."""
+    """The first 16 hex digits of the SHA-256 of a model configuration
+    without the keys that do not change the state layout (updater
+    hyper-parameters, penalties, seed)."""
     keep = {k: v for k, v in config.items() if k not in drop}
-    return hashlib.sha256(json.dumps(keep, sort_keys=True, default=list).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(keep, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
 
 def model_from_config(config: Mapping) -> Model:

@@ -16,6 +16,8 @@ before configs carried a ``"type"`` (:func:`upgrade_config`).
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import numbers
@@ -155,6 +157,14 @@ class Network(FlatModel):
         """
         sizes = cls.planned_sizes({"input_shape": input_shape, "layers": layers, "updater": updater})
         return sizes["params"], sizes["updater"]
+
+    def fingerprint(self) -> str:
+        """SHA-256 (16 hex digits) of the input shape and the layers: what
+        fixes the state layout (the same value checkpoints of earlier
+        versions recorded)."""
+        config = self.to_config()
+        keep = {"input_shape": list(config["input_shape"]), "layers": config["layers"]}
+        return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
     @property
     def spec(self) -> ModelSpec:

@@ -18,7 +18,6 @@ run's checkpoints (:func:`check_fresh`).
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import logging
 import os
@@ -44,10 +43,9 @@ class CheckpointError(ValueError):
 
 
 def architecture_fingerprint(network) -> str:
-    """SHA-256 of what fixes the parameter layout: input shape and layers."""
-    config = network.to_config()
-    keep = {"input_shape": list(config["input_shape"]), "layers": config["layers"]}
-    return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
+    """The model's fingerprint (:meth:`sparkavg.nn.Model.fingerprint`): what
+    fixes the layout of its state vectors."""
+    return network.fingerprint()
 
 
 @dataclass
@@ -64,9 +62,9 @@ class Checkpoint:
     extra: dict = field(default_factory=dict)
 
     def load_network(self):
-        from ..nn import Network
+        from ..nn import load_model
 
-        return Network.load(os.path.join(self.directory, "network.npz"))
+        return load_model(os.path.join(self.directory, "network.npz"))
 
     def load_runner_state(self) -> dict:
         """The runner state saved with this checkpoint (name -> ndarray; empty when none was saved)."""

@@ -34,12 +34,14 @@ _ON_DIVERGENCE = ("raise", "recover")
 
 
 class SparkTrainer:
-    """Train, evaluate and run a :class:`sparkavg.nn.Network` on Spark.
+    """Train, evaluate and run a model on Spark.
 
     Parameters
     ----------
     spark_or_sc : SparkSession or SparkContext
-    network : sparkavg.nn.Network
+    network : sparkavg.nn.Model
+        Any model of the contract (:class:`sparkavg.nn.Network`,
+        :class:`sparkavg.nn.Graph`, ``sparkavg.torch.TorchModel``).
         Trained in place; ``trainer.network`` is always this object.
     master : ParameterAveraging or GradientSharing, default ParameterAveraging()
     features_col, label_col : str
@@ -133,8 +135,7 @@ class SparkTrainer:
     # ------------------------------------------------------------------ data
     @property
     def spec(self) -> DataSpec:
-        out = self.network.layers[-1]
-        return DataSpec(tuple(self.network.input_shape), int(out.units), out.loss_name)
+        return DataSpec.of(self.network.spec)
 
     @property
     def workers(self) -> int:
@@ -205,9 +206,10 @@ class SparkTrainer:
         while self.epochs_done < target:
             epoch = self.epochs_done
             snapshot = None
-            if self.on_divergence == "recover":  # copies: network_state() hands out the live host arrays
-                iteration, params, state = network_state(self.network, with_updater=True)
-                snapshot = (iteration, params.copy(), state.copy(), self._runner.state_dict())
+            if self.on_divergence == "recover":  # copies: network_state() may hand out the live host arrays
+                state = network_state(self.network, with_updater=True)
+                snapshot = ({k: v.copy() if hasattr(v, "copy") else v for k, v in state.items()},
+                            self._runner.state_dict())
             t0 = time.perf_counter()
             try:
                 summary = self._runner.run_epoch(self.network, prepared, epoch, self.workers, self.stats)
@@ -243,9 +245,10 @@ class SparkTrainer:
         return self
 
     def _recover(self, snapshot, exc, epoch: int) -> None:
-        iteration, params, state, runner_state = snapshot
+        state, runner_state = snapshot
         net = self.network
-        net.params, net.updater_state, net.iteration = params, state, iteration
+        net.load_state({k: state[k] for k in ("params", "updater", "buffers")})
+        net.iteration = state["iteration"]
         self._runner.load_state_dict(runner_state)
         old = net.updater.lr
         new = old * self.recovery_lr_factor
@@ -258,8 +261,7 @@ class SparkTrainer:
     def _restore(self, found, saved) -> None:
         """Load a checkpoint INTO the trainer's own network object."""
         net = self.network
-        net.params = saved.params
-        net.updater_state = saved.updater_state
+        net.load_state(saved.state)
         net.iteration = saved.iteration
         net.epoch = found.epochs_done
         self._runner.load_state_dict(found.load_runner_state())

@@ -19,13 +19,13 @@ __all__ = ["RoundResult", "combine_results", "make_round_task", "check_finite"]
 class RoundResult(Record):
     """What one worker returns from a round: weighted sums, ready to add.
 
-    ``params`` and ``state`` hold ``weight * value``; the driver divides the
-    aggregated sums by the aggregated ``weight``.  ``devices`` lists each
+    ``params``, ``state`` (the updater's) and ``buffers`` hold ``weight *
+    value``; the driver divides the aggregated sums by the aggregated ``weight``.  ``devices`` lists each
     worker's :meth:`~sparkavg.spark.executor.device.DeviceChoice.to_plain`.
     """
 
-    __slots__ = ("weight", "params", "state", "loss_sum", "examples", "batches", "max_iterations", "stats",
-                 "devices")
+    __slots__ = ("weight", "params", "state", "buffers", "loss_sum", "examples", "batches", "max_iterations",
+                 "stats", "devices")
 
 
 @failure_aware
@@ -35,6 +35,8 @@ def combine_results(a, b):
     ops.accumulate(a.params, b.params)
     if a.state is not None and b.state is not None:
         ops.accumulate(a.state, b.state)
+    if a.buffers.size:
+        ops.accumulate(a.buffers, b.buffers)
     a.weight += b.weight
     a.loss_sum += b.loss_sum
     a.examples += b.examples
@@ -104,10 +106,14 @@ def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: b
         params = host_copy(net.params)  # the round's one device -> host copy (GPU)
         ops.scale(params, weight)
         updater_state = None
-        if save_updater and net.updater_state.size:
-            updater_state = host_copy(net.updater_state)
+        live = net.state
+        if save_updater and live["updater"].size:
+            updater_state = host_copy(live["updater"])
             ops.scale(updater_state, weight)
-        return RoundResult(weight, params, updater_state, loss_sum, examples, batches,
+        buffers = host_copy(live["buffers"])  # BatchNorm's statistics: averaged like parameters
+        if buffers.size:
+            ops.scale(buffers, weight)
+        return RoundResult(weight, params, updater_state, buffers, loss_sum, examples, batches,
                            net.iteration - start_iteration, [rec.to_payload()] if collect_stats else [],
                            [choice.to_plain(partition)])
 

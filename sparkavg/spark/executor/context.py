@@ -56,12 +56,13 @@ def task_cpus(default: int = 1) -> int:
 
 
 def cached_network(config_json: str, device=None):
-    """This process's network for ``config_json`` on ``device`` (built once, reused).
+    """This process's model for ``config_json`` on ``device`` (built once, reused).
 
     Parameters
     ----------
     config_json : str
-        :meth:`Network.to_json` text.
+        ``model.to_json()`` text of any registered model
+        (:func:`sparkavg.nn.model_from_json`).
     device : DeviceChoice or None
         Where the network lives: None or a CPU choice, host memory; a GPU
         choice, CUDA device ``device.index`` (made current for this thread).
@@ -77,12 +78,12 @@ def cached_network(config_json: str, device=None):
             use_device(ordinal)  # kernels run on the current device: the network's
         net = _NETWORKS.get(key)
         if net is None:
-            from ...nn import Network
+            from ...nn import model_from_json
 
             first = not _PROCESS_PREPARED[0]
             if first:
                 set_threads(task_cpus(1))
-            net = Network.from_json(config_json)
+            net = model_from_json(config_json)
             if ordinal is not None:
                 net.to_gpu()  # host -> device copies, once per process and device
             for old in [k for k in _NETWORKS if k[0] != digest]:
@@ -97,22 +98,16 @@ def cached_network(config_json: str, device=None):
         return net
 
 
-def load_state(net, state: tuple, with_updater: bool) -> None:
-    """Copy shipped ``(iteration, params, updater_state)`` (host arrays) into
-    ``net``, onto its device."""
-    iteration, params, updater_state = state
-    net.params = _on_device_of(net, params)
-    if with_updater and updater_state is not None and updater_state.size:
-        net.updater_state = _on_device_of(net, updater_state)
-    net.iteration = int(iteration)
-
-
-def _on_device_of(net, array):
-    if net.xp is np:
-        return array
-    from ...backend import is_gpu_array, to_gpu
-
-    return array if is_gpu_array(array) else to_gpu(array)  # host -> device copy
+def load_state(net, state: dict, with_updater: bool) -> None:
+    """Copy a shipped state (:func:`sparkavg.spark.runners.base.network_state`:
+    ``iteration`` and the named host vectors ``params``, ``updater``,
+    ``buffers``) into ``net``, onto its device (host -> device copies on a GPU)."""
+    vectors = {"params": state["params"], "buffers": state.get("buffers")}
+    updater = state.get("updater")
+    if with_updater and updater is not None and updater.size:
+        vectors["updater"] = updater
+    net.load_state(vectors)
+    net.iteration = int(state["iteration"])
 
 
 class LossSum:

@@ -54,13 +54,13 @@ class SharingResult(Record):
     :meth:`~sparkavg.spark.executor.device.DeviceChoice.to_plain`, in a list)."""
 
     __slots__ = ("rank", "params", "updater_state", "carry", "loss_sum", "examples", "iterations", "stats",
-                 "devices")
+                 "devices", "buffers")
 
 
 def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: int, hooks=None):
     """Executor function for ``rdd.barrier().mapPartitions``.
 
-    ``shipped.value`` is ``{"state": (iteration, params, updater_state),
+    ``shipped.value`` is ``{"state": network_state(...) (iteration and named vectors),
     "carry": per-rank SharingState.to_plain() or None, "key": HMAC key}``;
     ``master`` is the (frozen, plain) :class:`GradientSharing`.
 
@@ -155,9 +155,10 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
         check_finite(net, loss_sum, f"worker rank {rank}")
         _count(rec, state, t, examples, iterations, n, world)
         params = net.params if rank == 0 else net.params[xp.asarray(replica_sample(n))]
-        return SharingResult(rank, host_copy(params), host_copy(net.updater_state), state.to_plain(),
+        live = net.state
+        return SharingResult(rank, host_copy(params), host_copy(live["updater"]), state.to_plain(),
                              loss_sum, examples, net.iteration - start_iteration, rec.to_payload(),
-                             [choice.to_plain(rank)])
+                             [choice.to_plain(rank)], host_copy(live["buffers"]))
 
     return run
 

@@ -130,9 +130,9 @@ class AveragingRunner(EpochRunner):
                 raise_failures(result, f"probe round {r + 1} of epoch {epoch + 1}")
                 if result is None:
                     continue
-                ops.scale(result.params, 1.0 / result.weight)  # what a merge costs; the result is dropped
-                if result.state is not None:
-                    ops.scale(result.state, 1.0 / result.weight)
+                for value in (result.params, result.state, result.buffers):  # what a merge costs; then dropped
+                    if value is not None and value.size:
+                        ops.scale(value, 1.0 / result.weight)
                 measured.append((time.perf_counter() - start, busy_from_payloads(result.stats)))
         finally:
             plan.drop()
@@ -151,16 +151,18 @@ class AveragingRunner(EpochRunner):
 
     # ---------------------------------------------------------------- rounds
     def result_bytes(self, network) -> int:
-        state = network.updater_state.size if self.master.save_updater else 0
-        return 4 * (network.num_params + state)
+        live = network.state
+        state = live["updater"].size if self.master.save_updater else 0
+        return 4 * (live["params"].size + state + live["buffers"].size)
 
     def shipped(self, network, epoch):
-        iteration, params, state = network_state(network, self.master.save_updater)
+        state = network_state(network, self.master.save_updater)
         bm = self.master.block_momentum
         if bm is not None and bm.nesterov and self._delta is not None:
-            params = params.copy()  # the look-ahead W + mu * Delta; the network keeps W
+            params = state["params"].copy()  # the look-ahead W + mu * Delta; the network keeps W
             ops.accumulate(params, self._delta, self._momentum)
-        return iteration, params, state
+            state["params"] = params
+        return state
 
     def _run_round(self, plan, r, config_json, shipped, what):
         m = self.master
@@ -175,17 +177,19 @@ class AveragingRunner(EpochRunner):
     def merge(self, network, result, epoch, r, stats) -> Merged:
         bm = self.master.block_momentum
         if bm is None:
-            set_state(network, result.params, result.state, result.weight, result.max_iterations)
+            set_state(network, result.weight, result.max_iterations, params=result.params, updater=result.state,
+                      buffers=result.buffers)
         else:
             inv = 1.0 / result.weight
-            ops.scale(result.params, inv)
-            if result.state is not None:
-                ops.scale(result.state, inv)
+            for value in (result.params, result.state, result.buffers):
+                if value is not None and value.size:
+                    ops.scale(value, inv)
             model = np.ascontiguousarray(to_cpu(network.params), dtype=np.float32)  # W: read only
             if self._delta is None:
                 self._delta = np.zeros_like(model)
             block_momentum_step(model, result.params, self._delta, self._momentum, bm.block_lr, bm.nesterov)
-            set_state(network, result.params, result.state, 1.0, result.max_iterations)
+            set_state(network, 1.0, result.max_iterations, params=result.params, updater=result.state,
+                      buffers=result.buffers)
         stats.count("examples", result.examples)
         stats.count("minibatches", result.batches)
         return Merged(result.loss_sum, result.examples, result.stats)

@@ -38,24 +38,26 @@ __all__ = ["EpochRunner", "Merged", "Progress", "network_state", "set_state"]
 logger = logging.getLogger(__name__)
 
 
-def network_state(network, with_updater: bool) -> tuple:
-    """``(iteration, params, updater_state)`` as plain host numpy arrays."""
-    params = np.ascontiguousarray(to_cpu(network.params), dtype=np.float32)
-    state = np.ascontiguousarray(to_cpu(network.updater_state), dtype=np.float32) if with_updater else None
-    return int(network.iteration), params, state
+def network_state(network, with_updater: bool) -> dict:
+    """What ships to executors: ``iteration`` and the model's named state
+    vectors (``params``, ``updater`` -- None without ``with_updater`` --,
+    ``buffers``) as plain host float32 numpy arrays (may share memory with
+    a CPU model's live vectors: copy before changing them)."""
+    live = network.state
+    host = {name: np.ascontiguousarray(to_cpu(live[name]), dtype=np.float32) for name in ("params", "buffers")}
+    host["updater"] = np.ascontiguousarray(to_cpu(live["updater"]), dtype=np.float32) if with_updater else None
+    return {"iteration": int(network.iteration), **host}
 
 
-def set_state(network, params, state, weight: float, iterations: int) -> None:
-    """Set ``params / weight`` (and ``state / weight``) on ``network``, in place
+def set_state(network, weight: float, iterations: int, **sums) -> None:
+    """Set each named vector of ``sums`` (``params``, ``updater``,
+    ``buffers``; None skipped) divided by ``weight`` on ``network``, in place
     on the given sums, and advance its iteration."""
     inv = 1.0 / weight
-    if inv != 1.0:
-        ops.scale(params, inv)
-    network.params = params
-    if state is not None:
-        if inv != 1.0:
-            ops.scale(state, inv)
-        network.updater_state = state
+    for value in sums.values():
+        if value is not None and inv != 1.0:
+            ops.scale(value, inv)
+    network.load_state(sums)
     network.iteration = network.iteration + int(iterations)
 
 

@@ -46,7 +46,8 @@ class SharingRunner(EpochRunner):
         return -(-len(prepared.sizes) // workers)  # the whole epoch in one round
 
     def result_bytes(self, network) -> int:
-        return 4 * (2 * network.num_params + network.updater_state.size)  # rank 0: replica, residual, state
+        live = network.state  # rank 0: replica, residual, updater state, buffers
+        return 4 * (2 * live["params"].size + live["updater"].size + live["buffers"].size)
 
     def shipped(self, network, epoch):
         return {"state": network_state(network, with_updater=True), "carry": self.carry, "key": self.key}
@@ -82,8 +83,14 @@ class SharingRunner(EpochRunner):
             for x in results:
                 ops.accumulate(mean_state, x.updater_state)
             ops.scale(mean_state, 1.0 / len(results))
-            network.updater_state = mean_state
-        network.params = reference
+            network.load_state({"updater": mean_state})
+        network.load_state({"params": reference})
+        if results[0].buffers.size:  # never shared while training: averaged here, weighted by examples
+            total = sum(x.examples for x in results)
+            mean_buffers = np.zeros_like(results[0].buffers)
+            for x in results:
+                ops.accumulate(mean_buffers, x.buffers, x.examples / max(total, 1))
+            network.load_state({"buffers": mean_buffers})
         network.iteration = network.iteration + max(x.iterations for x in results)
         self.carry = [x.carry for x in results]
         stats.series("replica_max_abs_diff", epoch, diff)

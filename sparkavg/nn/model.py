@@ -219,11 +219,26 @@ def config_fingerprint(config: Mapping, drop=("updater", "l2", "l2_bias", "weigh
     return hashlib.sha256(json.dumps(keep, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
 
+#: Model types registered by optional modules, imported when a configuration names them
+#: (an executor rebuilding a model has imported only :mod:`sparkavg.nn`).
+OPTIONAL_TYPES = {"Graph": "sparkavg.nn.graph", "TorchModel": "sparkavg.torch"}
+
+
+def import_model_type(config) -> None:
+    """Import the optional module that registers ``config``'s model type, if any."""
+    name = config.get("type") if isinstance(config, Mapping) else None
+    if name in OPTIONAL_TYPES:
+        import importlib
+
+        importlib.import_module(OPTIONAL_TYPES[name])
+
+
 def model_from_config(config: Mapping) -> Model:
     """A freshly initialised model of whichever registered type ``config``
     names (``{"type": "Network" | "Graph" | "TorchModel", ...}``)."""
     from .network import upgrade_config
 
+    import_model_type(config)
     model = from_config(upgrade_config(dict(config)) if isinstance(config, Mapping) else config, kind="network")
     if not isinstance(model, Model):
         raise ConfigError(f"Expect a configuration of a model, got one of {type(model).__name__}")

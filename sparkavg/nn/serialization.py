@@ -261,9 +261,11 @@ def _network_plan(archive: _Archive, config_bytes: bytes, max_params: int, netwo
     try:
         config = json.loads(config_bytes.decode("utf-8"))
         if network_cls is None:
+            from .model import import_model_type
             from .network import upgrade_config  # the version-1 layout predates "type"
 
             config = upgrade_config(config)
+            import_model_type(config)
         elif hasattr(network_cls, "upgrade_config"):
             config = network_cls.upgrade_config(config)
         cls, args = checked_arguments(config, kind="network", expect=network_cls)

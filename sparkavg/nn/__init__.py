@@ -15,6 +15,8 @@ from .layers import Activation, AvgPool2D, Conv2D, Dense, Dropout, Layer, MaxPoo
 from .model import InputSpec, Model, ModelSpec, OutputSpec, load_model, model_from_config, model_from_json
 from .output import Output
 from .network import Network
+from .graph import Graph, Vertex
+from .vertices import Add, Merge, Multiply
 from .serialization import ModelFileError
 from .updaters import SGD, Adagrad, Adam, Nadam, Nesterov, RMSProp, Updater
 from .zoo import lenet
@@ -28,6 +30,11 @@ __all__ = [
     "model_from_config",
     "model_from_json",
     "Network",
+    "Graph",
+    "Vertex",
+    "Merge",
+    "Add",
+    "Multiply",
     "Layer",
     "Conv2D",
     "MaxPool2D",

@@ -6,14 +6,17 @@ Modules: :mod:`.model` (the model contract every strategy sees: ``Model``,
 the layer-built models), :mod:`.network` (``Network``), :mod:`.layers`, :mod:`.output`
 (the loss layer), :mod:`.updaters`, :mod:`.regularization` (L2 and weight
 decay as fused passes over contiguous ranges of the flat vector),
-:mod:`.activations`, :mod:`.initializers`, :mod:`.serialization` (npz
+:mod:`.normalization` (``BatchNorm``, ``LayerNorm``), :mod:`.reshaping`
+(``Flatten``, ``Reshape``, global pooling), :mod:`.activations`, :mod:`.initializers`, :mod:`.serialization` (npz
 model files); im2col and pooling kernels are in :mod:`sparkavg.ops.conv`,
 :mod:`.zoo` (``lenet``).
 """
 from . import zoo
 from .layers import Activation, AvgPool2D, Conv2D, Dense, Dropout, Layer, MaxPool2D
 from .model import InputSpec, Model, ModelSpec, OutputSpec, load_model, model_from_config, model_from_json
+from .normalization import BatchNorm, LayerNorm
 from .output import Output
+from .reshaping import Flatten, GlobalAvgPool, GlobalMaxPool, Reshape
 from .network import Network
 from .graph import Graph, Vertex
 from .vertices import Add, Merge, Multiply
@@ -43,6 +46,12 @@ __all__ = [
     "Output",
     "Activation",
     "Dropout",
+    "BatchNorm",
+    "LayerNorm",
+    "Flatten",
+    "Reshape",
+    "GlobalAvgPool",
+    "GlobalMaxPool",
     "Updater",
     "SGD",
     "Nesterov",

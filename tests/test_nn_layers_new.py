@@ -187,6 +187,28 @@ def test_batchnorm_float32_statistics_are_accurate():
     np.testing.assert_allclose(y.reshape(-1, 16), want, atol=2e-4)
 
 
+@pytest.mark.parametrize("make", [BatchNorm, LayerNorm])
+@pytest.mark.parametrize("input_shape", [(7,), (4, 5, 6)])
+def test_float32_kernels_agree_with_the_float64_path(make, input_shape):
+    """float32 runs the Cython kernels (when built), float64 the numpy twins
+    the gradient checks verified: forward, backward and running statistics agree."""
+    rng = np.random.default_rng(11)
+    x = (2.0 + rng.standard_normal((6, *_internal_shape(input_shape)))).astype(np.float32)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    results = []
+    for dtype in (np.float32, np.float64):
+        layer = make()
+        _, grads, buffers = bound(layer, input_shape, dtype=dtype, seed=4)
+        y = layer.forward(x.astype(dtype), True).copy()
+        dx = layer.backward(dy.astype(dtype), need_dx=True).copy()
+        y_eval = layer.forward(x.astype(dtype), False).copy()
+        results.append((y, dx, grads.copy(), buffers.copy(), y_eval))
+    for what, a, b in zip(("output", "input gradient", "parameter gradient", "buffers", "eval output"),
+                          *results):
+        assert a.dtype == np.float32
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5, err_msg=what)
+
+
 # ------------------------------------------------------------- LayerNorm
 def test_layernorm_normalises_each_example_over_all_its_values():
     layer = LayerNorm()

@@ -32,7 +32,7 @@ def test_kernels_are_the_public_fronts():
     assert set(ops.KERNELS) <= set(ops.__all__)
     for name in ops.__all__:
         assert hasattr(ops, name), f"ops.__all__ names {name}, which ops does not define"
-    modules = {"elementwise", "encoding", "conv"}
+    modules = {"elementwise", "encoding", "conv", "norm"}
     for name in ops.KERNELS:
         assert getattr(ops, name).__module__.rsplit(".", 1)[-1] in modules
 
@@ -88,6 +88,12 @@ def samples(dtype):
     sparse = reference.threshold_encode(vec(), 0.5, limit=64)
     bitmap = reference.bitmap_encode(vec(), 0.5)
     pooled = (2, 3, 3, 3)
+
+    def rows():
+        return rng.standard_normal((10, 3)).astype(dtype)
+
+    def chan():
+        return rng.standard_normal(3).astype(dtype)
     return {
         "accumulate": lambda: ops.accumulate(vec(), vec(), 0.5),
         "scale": lambda: ops.scale(vec(), 0.5),
@@ -110,6 +116,10 @@ def samples(dtype):
         "avgpool_forward": lambda: ops.avgpool_forward(img(), 2, 2, 2, 2),
         "avgpool_backward": lambda: ops.avgpool_backward(np.ones(pooled, dtype), 2, 2, 2, 2,
                                                          out=img()),
+        "channel_stats": lambda: ops.channel_stats(rows()),
+        "channel_affine": lambda: ops.channel_affine(rows(), chan(), chan()),
+        "channel_sums": lambda: ops.channel_sums(rows(), rows(), chan()),
+        "channel_blend": lambda: ops.channel_blend(rows(), rows(), chan(), chan(), chan(), chan()),
     }
 
 

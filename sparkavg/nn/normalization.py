@@ -2,11 +2,13 @@
 
 Both follow the layer contract of :mod:`sparkavg.nn.layers` (NCHW shapes
 for users, channels-last arrays inside, parameters and gradients as views
-of the model's flat vectors, work buffers reused between steps).  Both
-keep the centred input ``xc = x - mean`` and the per-row/per-channel
-``1 / sqrt(var + eps)`` of the last training forward for ``backward``,
-and write outputs and input gradients with ``out=`` arguments, so that a
-step allocates nothing but a few (C,)-sized vectors.
+of the model's flat vectors, work buffers reused between steps).  The
+per-channel work -- statistics, ``gamma * xhat + beta`` and its gradients
+-- runs in the kernels of :mod:`sparkavg.ops.norm` on the input seen as
+(rows, C): one or two fused passes each (Cython for numpy float32), where
+numpy broadcasting a (C,) vector over short rows is slow.  Input
+gradients are written over the ``dy`` received (the caller hands it over),
+so a step allocates nothing but a few (C,)- or (N,)-sized vectors.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import numpy as np
 
 from ..backend import get_array_module
 from ..configurable import register
+from ..ops.elementwise import unchecked
 from .layers import Layer, ParamSpec, _contiguous
 
 __all__ = ["BatchNorm", "LayerNorm"]
@@ -122,22 +125,15 @@ class BatchNorm(_Affine):
         y = self._buffer("y", x2.shape, x)
         if not training:
             scale = self.gamma / xp.sqrt(self.running_var + self.eps)
-            shift = self.beta - self.running_mean * scale
-            xp.multiply(x2, scale, out=y)
-            y += shift
+            unchecked("channel_affine", x, x2, scale, self.beta - self.running_mean * scale, y)
             return y.reshape(x.shape)
-        ones = self._ones(m, x)
-        mean = xp.matmul(ones, x2)  # GEMV: faster than sum(axis=0) over the short rows
-        mean *= 1.0 / m
-        xc = self._buffer("xc", x2.shape, x)
-        xp.subtract(x2, mean, out=xc)
-        xp.multiply(xc, xc, out=y)  # y is scratch until the output is written
-        var = xp.matmul(ones, y)
-        var *= 1.0 / m
+        mean, var = self._buffer("mean", (c,), x), self._buffer("var", (c,), x)
+        unchecked("channel_stats", x, x2, mean, var)
         inv_std = 1.0 / xp.sqrt(var + self.eps)
-        xp.multiply(xc, self.gamma * inv_std, out=y)
-        y += self.beta
-        self._xc, self._inv_std = xc, inv_std
+        scale = self.gamma * inv_std
+        unchecked("channel_affine", x, x2, scale, self.beta - mean * scale, y)
+        # backward reads x itself (a layer never writes into its input), not a centred copy
+        self._x2, self._mean, self._inv_std = x2, mean, inv_std
         mom = self.momentum
         self.running_mean *= mom
         self.running_mean += (1.0 - mom) * mean
@@ -147,29 +143,20 @@ class BatchNorm(_Affine):
         return y.reshape(x.shape)
 
     def backward(self, dy, need_dx):
-        xp = get_array_module(dy)
-        xc, inv_std = self._xc, self._inv_std
-        m = xc.shape[0]
-        dy2 = _contiguous(dy).reshape(xc.shape)
-        ones = self._ones(m, dy)
-        xp.matmul(ones, dy2, out=self.dbeta)
-        tmp = self._buffer("tmp", xc.shape, dy)
-        xp.multiply(dy2, xc, out=tmp)
-        sum_dy_xc = xp.matmul(ones, tmp)
-        xp.multiply(sum_dy_xc, inv_std, out=self.dgamma)
+        x2, mean, inv_std = self._x2, self._mean, self._inv_std
+        m = x2.shape[0]
+        dy2 = _contiguous(dy).reshape(x2.shape)
+        sum_dy_xc = self._buffer("sum_dy_xc", mean.shape, dy)
+        unchecked("channel_sums", dy, dy2, x2, mean, self.dbeta, sum_dy_xc)
+        get_array_module(dy).multiply(sum_dy_xc, inv_std, out=self.dgamma)
         if not need_dx:
             return None
-        # dx = gamma*inv_std/m * (m*dy - sum(dy) - xhat*sum(dy*xhat)), xhat = xc*inv_std,
-        #    = a*dy + c*xc + b with per-channel a, b, c.
+        # dx = gamma*inv_std/m * (m*dy - sum(dy) - xhat*sum(dy*xhat)) with xhat = (x - mean)*inv_std,
+        # one blend a*dy + b*(x - mean) + shift per channel, written over dy (ours to overwrite).
         a = self.gamma * inv_std
-        b = a * self.dbeta * (-1.0 / m)
-        cc = a * inv_std * inv_std * sum_dy_xc * (-1.0 / m)
-        dx = dy2  # dy is ours to overwrite (or _contiguous's copy)
-        xp.multiply(xc, cc, out=tmp)
-        xp.multiply(dy2, a, out=dx)
-        dx += tmp
-        dx += b
-        return dx.reshape(dy.shape)
+        b = a * inv_std * self.dgamma * (-1.0 / m)
+        unchecked("channel_blend", dy, dy2, x2, mean, a, b, a * self.dbeta * (-1.0 / m), dy2)
+        return dy2.reshape(dy.shape)
 
 
 @register("layer")
@@ -208,21 +195,18 @@ class LayerNorm(_Affine):
         n, c = x.shape[0], self._channels()
         x2 = _contiguous(x).reshape(n, -1)
         k = x2.shape[1]
-        xc = self._buffer("xc", x2.shape, x)
-        y = self._buffer("y", x2.shape, x)
+        xhat = self._buffer("xhat", x2.shape, x)
         ones = self._ones(k, x)
-        mean = xp.matmul(x2, ones)
+        mean = xp.matmul(x2, ones)  # GEMV: the row sums
         mean *= 1.0 / k
-        xp.subtract(x2, mean[:, None], out=xc)
-        xp.multiply(xc, xc, out=y)  # scratch
-        var = xp.matmul(y, ones)
+        xp.subtract(x2, mean[:, None], out=xhat)
+        var = xp.einsum("ij,ij->i", xhat, xhat)
         var *= 1.0 / k
         inv_std = 1.0 / xp.sqrt(var + self.eps)
-        xp.multiply(xc, inv_std[:, None], out=xc)  # xc now holds xhat
-        y3 = y.reshape(n, -1, c)
-        xp.multiply(xc.reshape(y3.shape), self.gamma, out=y3)
-        y3 += self.beta
-        self._xhat, self._inv_std = xc, inv_std
+        xhat *= inv_std[:, None]
+        y = self._buffer("y", x2.shape, x)
+        unchecked("channel_affine", x, xhat.reshape(-1, c), self.gamma, self.beta, y.reshape(-1, c))
+        self._xhat, self._inv_std = xhat, inv_std
         return y.reshape(x.shape)
 
     def backward(self, dy, need_dx):
@@ -231,22 +215,21 @@ class LayerNorm(_Affine):
         n, k = xhat.shape
         c = self._channels()
         dy2 = _contiguous(dy).reshape(n, k)
-        rows = self._ones(n * k // c, dy)
-        tmp = self._buffer("tmp", xhat.shape, dy)
-        xp.multiply(dy2, xhat, out=tmp)
-        xp.matmul(rows, tmp.reshape(-1, c), out=self.dgamma)
-        xp.matmul(rows, dy2.reshape(-1, c), out=self.dbeta)
+        zeros = self._buffer("zeros", (c,), dy)
+        zeros.fill(0)
+        unchecked("channel_sums", dy, dy2.reshape(-1, c), xhat.reshape(-1, c), zeros, self.dbeta, self.dgamma)
         if not need_dx:
             return None
-        # g = dy*gamma; dx = inv_std/k * (k*g - sum(g) - xhat*sum(g*xhat)) per example.
-        dx = self._buffer("dx", xhat.shape, dy)
-        xp.multiply(dy2.reshape(n, -1, c), self.gamma, out=dx.reshape(n, -1, c))
-        ones = self._ones(k, dy)
-        sum_g = xp.matmul(dx, ones)
-        xp.multiply(dx, xhat, out=tmp)
-        sum_gx = xp.matmul(tmp, ones)
-        xp.multiply(xhat, (-1.0 / k) * sum_gx[:, None], out=tmp)
-        dx += tmp
-        dx -= ((1.0 / k) * sum_g)[:, None]
-        dx *= inv_std[:, None]
-        return dx.reshape(dy.shape)
+        # g = dy*gamma; dx = inv_std/k * (k*g - sum(g) - xhat*sum(g*xhat)) per example, over dy.
+        g = unchecked("channel_affine", dy, dy2.reshape(-1, c), self.gamma, zeros, dy2.reshape(-1, c))
+        g = g.reshape(n, k)
+        mean_g = xp.matmul(g, self._ones(k, dy))
+        mean_g *= 1.0 / k
+        mean_gx = xp.einsum("ij,ij->i", g, xhat)
+        mean_gx *= 1.0 / k
+        tmp = self._buffer("tmp", xhat.shape, dy)
+        xp.multiply(xhat, mean_gx[:, None], out=tmp)
+        g -= tmp
+        g -= mean_g[:, None]
+        g *= inv_std[:, None]
+        return g.reshape(dy.shape)

@@ -27,6 +27,9 @@ Kernels:
   :func:`maxpool_forward` / :func:`maxpool_backward`,
   :func:`avgpool_forward` / :func:`avgpool_backward`, with
   :func:`conv_output_size`.
+- Per-channel normalisation on (M, C) rows (BatchNorm, LayerNorm):
+  :func:`channel_stats`, :func:`channel_affine`, :func:`channel_sums`,
+  :func:`channel_blend`.
 
 Convert or reject (details: :mod:`sparkavg.ops._checks`): arrays written
 in place (buffer, params, updater state, residual, decode target, a
@@ -42,12 +45,13 @@ the sparse cap defaults to ``max(N // 16, 2)``; indices are ascending.
 """
 from __future__ import annotations
 
-from . import conv, elementwise, encoding, reference
+from . import conv, elementwise, encoding, norm, reference
 from ._dispatch import have_extension
 from ._kernels import KERNELS
 from .conv import *  # noqa: F401,F403 -- the names in conv.__all__
 from .elementwise import *  # noqa: F401,F403
 from .encoding import *  # noqa: F401,F403
+from .norm import *  # noqa: F401,F403
 
 __all__ = [
     "reference",
@@ -56,4 +60,5 @@ __all__ = [
     *elementwise.__all__,
     *encoding.__all__,
     *conv.__all__,
+    *norm.__all__,
 ]

@@ -18,7 +18,9 @@ One function per backend operation (:data:`sparkavg.ops._kernels.OPERATIONS`),
 with the signature every backend shares.  Encoding and decoding run the
 raw kernels of ``cuda_src/encode.cu``; convolution and pooling those of
 ``cuda_src/conv.cu`` (:mod:`sparkavg.ops._cuda_conv`; the GEMM around them
-is CuPy's).
+is CuPy's).  The per-channel normalisation kernels are the xp-generic twins
+of :mod:`sparkavg.ops.reference_norm` on the device (CuPy reductions and
+element-wise ops; no host synchronisation).
 """
 from __future__ import annotations
 
@@ -46,6 +48,12 @@ from ._cuda_conv import (  # noqa: F401 -- the raw conv/pool kernels are this ba
 )
 from ._kernels import OPERATIONS
 from .cuda_src import device
+from .reference_norm import (  # noqa: F401 -- CuPy runs the xp-generic normalisation twins
+    channel_affine,
+    channel_blend,
+    channel_stats,
+    channel_sums,
+)
 
 __all__ = ["kernels", "bitmap_count", *OPERATIONS]
 

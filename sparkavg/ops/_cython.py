@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import math
 
+import numpy as np
+
 from ._checks import clip_bound
 from ._kernels import OPERATIONS
 
@@ -23,9 +25,9 @@ __all__ = ["error", *OPERATIONS]
 #: The ImportError when ``sparkavg_ext`` is not built, else None.
 error: Exception | None = None
 try:
-    from sparkavg_ext import _conv, _elementwise, _threshold
+    from sparkavg_ext import _conv, _elementwise, _norm, _threshold
 except ImportError as exc:  # not built: everything takes the numpy reference
-    _conv = _elementwise = _threshold = None
+    _conv = _elementwise = _norm = _threshold = None
     error = exc
     logger.warning(
         "sparkavg_ext is not built (%s); numpy float32 arrays take the slow numpy "
@@ -124,3 +126,34 @@ def avgpool_forward(x, kh, kw, sh, sw, out=None):
 
 def avgpool_backward(dout, kh, kw, sh, sw, out):
     return _conv.avgpool_nhwc_backward(dout, kh, kw, sh, sw, out)
+
+
+# ------------------------------------------------------------------------ norm
+# The extension returns new array objects over the memory it wrote; the
+# front returns the very arrays the caller gave (or these allocations).
+def _vector(out, like):
+    return np.empty(like.shape[1], dtype=np.float32) if out is None else out
+
+
+def channel_stats(x, mean=None, var=None):
+    mean, var = _vector(mean, x), _vector(var, x)
+    _norm.channel_stats(x, mean, var)
+    return mean, var
+
+
+def channel_affine(x, scale, shift, out=None):
+    out = np.empty_like(x) if out is None else out
+    _norm.channel_affine(x, scale, shift, out)
+    return out
+
+
+def channel_sums(dy, x, center, sum_dy=None, sum_dy_x=None):
+    sum_dy, sum_dy_x = _vector(sum_dy, dy), _vector(sum_dy_x, dy)
+    _norm.channel_sums(dy, x, center, sum_dy, sum_dy_x)
+    return sum_dy, sum_dy_x
+
+
+def channel_blend(dy, x, center, a, b, shift, out=None):
+    out = np.empty_like(dy) if out is None else out
+    _norm.channel_blend(dy, x, center, a, b, shift, out)
+    return out

@@ -14,7 +14,7 @@ tests/test_ops_front.py checks all of this.
 """
 from __future__ import annotations
 
-__all__ = ["ELEMENTWISE", "ENCODING", "CONV", "KERNELS", "OPERATIONS", "operation"]
+__all__ = ["ELEMENTWISE", "ENCODING", "CONV", "NORM", "KERNELS", "OPERATIONS", "operation"]
 
 #: The kernels of :mod:`sparkavg.ops.elementwise`: averaging and updater steps.
 ELEMENTWISE = ("accumulate", "scale", "sgd_step", "nesterov_step", "adagrad_step", "rmsprop_step", "adam_step")
@@ -22,8 +22,10 @@ ELEMENTWISE = ("accumulate", "scale", "sgd_step", "nesterov_step", "adagrad_step
 ENCODING = ("threshold_encode", "threshold_decode", "bitmap_encode", "bitmap_decode", "count_above", "clip_residual")
 #: The kernels of :mod:`sparkavg.ops.conv`: convolution and pooling on NHWC arrays.
 CONV = ("im2col", "col2im", "maxpool_forward", "maxpool_backward", "avgpool_forward", "avgpool_backward")
+#: The kernels of :mod:`sparkavg.ops.norm`: per-channel sums and affine maps of (M, C) rows.
+NORM = ("channel_stats", "channel_affine", "channel_sums", "channel_blend")
 #: Every kernel of the front, in the order the docs list them.
-KERNELS = ELEMENTWISE + ENCODING + CONV
+KERNELS = ELEMENTWISE + ENCODING + CONV + NORM
 
 _RENAMED = {
     "threshold_encode": "encode_sparse",   # -> (message or None, total qualifying)

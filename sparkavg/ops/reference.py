@@ -28,7 +28,8 @@ dtype, is what encoders subtract and decoders add):
   are rejected by the decoder.
 
 Convolution and pooling: the xp-generic twins of
-:mod:`sparkavg.ops.reference_conv`, re-exported here.
+:mod:`sparkavg.ops.reference_conv`, re-exported here; the per-channel
+normalisation kernels likewise from :mod:`sparkavg.ops.reference_norm`.
 
 These functions check their data (NaN/inf in a residual, bad indices or
 words in a message) but not their arguments' types: :mod:`sparkavg.ops`
@@ -62,6 +63,12 @@ from .reference_conv import (  # noqa: F401 -- re-exported: the conv twins
     im2col,
     maxpool_backward,
     maxpool_forward,
+)
+from .reference_norm import (  # noqa: F401 -- re-exported: the normalisation twins
+    channel_affine,
+    channel_blend,
+    channel_stats,
+    channel_sums,
 )
 
 #: The twins of the kernels, and the backend operations.

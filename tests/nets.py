@@ -16,3 +16,19 @@ def blobs(n: int, seed: int = 0):
     centers = np.where(y[:, None] == 1, 1.0, -1.0)
     x = (centers + 0.5 * rng.standard_normal((n, 16))).astype(np.float32).reshape(n, 1, 4, 4)
     return x, y
+
+
+def small_graph(seed: int = 0):
+    """A residual Graph with BatchNorm (buffers) on the same 1x4x4 inputs:
+    conv -> BatchNorm -> relu, added to a 1x1 conv of the input, dense, output."""
+    from sparkavg.nn import Activation, Add, BatchNorm, Conv2D, Graph
+
+    return Graph({"image": (1, 4, 4)},
+                 [("conv", Conv2D(2, 3, padding=1), "image"),
+                  ("bn", BatchNorm(), "conv"),
+                  ("relu", Activation("relu"), "bn"),
+                  ("skip", Conv2D(2, 1), "image"),
+                  ("sum", Add(), ["relu", "skip"]),
+                  ("dense", Dense(8, activation="relu"), "sum"),
+                  ("output", Output(2), "dense")],
+                 ["output"], updater=Adam(lr=0.01), seed=seed)

@@ -1,4 +1,9 @@
-"""LeNet train-step time: sparkavg.nn against PyTorch (CPU, or CUDA with --gpu), same run.
+"""Train-step time: sparkavg.nn against PyTorch (CPU, or CUDA with --gpu), same run.
+
+``--model lenet`` (default) or ``--model resnet`` (examples/mnist_resnet.py's
+Graph: two residual blocks with BatchNorm, 43,914 parameters; the same
+architecture written in PyTorch: conv 3x3 -> BatchNorm2d -> ReLU, two basic
+blocks with identity skips, max-pools, a linear output; CPU only).
 
 One step = forward + backward + Adam(lr=1e-3) on a batch of 64 1x28x28
 inputs, for the seeds' LeNet (conv 5x5x20 -> max-pool 2 -> conv 5x5x50 ->
@@ -44,6 +49,7 @@ from report import emit
 
 def _parse(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", choices=["lenet", "resnet"], default="lenet")
     p.add_argument("--threads", type=int, default=2, help="BLAS/OpenMP threads for both (default 2)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--warmup", type=int, default=20, help="steps of each before timing")
@@ -72,6 +78,41 @@ def _torch_lenet(torch, seed):
         nn.Conv2d(1, 20, 5), nn.MaxPool2d(2), nn.Conv2d(20, 50, 5), nn.MaxPool2d(2),
         nn.Flatten(), nn.Linear(800, 500), nn.ReLU(), nn.Linear(500, 10),
     )
+
+
+def _torch_resnet(torch, seed, width=16):
+    """examples/mnist_resnet.py's graph, in PyTorch (NCHW)."""
+    torch.manual_seed(seed)
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.conv1, self.bn1 = nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c)
+            self.conv2, self.bn2 = nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c)
+
+        def forward(self, x):
+            y = torch.relu(self.bn1(self.conv1(x)))
+            return torch.relu(self.bn2(self.conv2(y)) + x)
+
+    w = width
+    return nn.Sequential(
+        nn.Conv2d(1, w, 3, padding=1), nn.BatchNorm2d(w), nn.ReLU(), Block(w), nn.MaxPool2d(2),
+        nn.Conv2d(w, 2 * w, 3, padding=1), nn.BatchNorm2d(2 * w), nn.ReLU(), Block(2 * w), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(2 * w * 7 * 7, 10),
+    )
+
+
+def _models(args, torch):
+    """(sparkavg model, torch module) of ``--model``."""
+    from sparkavg.nn import Adam, lenet
+
+    if args.model == "lenet":
+        return lenet(seed=args.seed, updater=Adam(lr=1e-3)), _torch_lenet(torch, args.seed)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+    from mnist_resnet import build
+
+    return build(seed=args.seed), _torch_resnet(torch, args.seed)
 
 
 def _stats(v):
@@ -225,7 +266,6 @@ def main(argv=None):
     import torch
 
     from sparkavg import ops
-    from sparkavg.nn import Adam, lenet
     from sparkavg.threads import set_threads
 
     torch.set_num_threads(args.threads)
@@ -236,8 +276,7 @@ def main(argv=None):
     xs = rng.random((n_batches, args.batch_size, 1, 28, 28), dtype=np.float32)
     ys = rng.integers(0, 10, size=(n_batches, args.batch_size))
 
-    net = lenet(seed=args.seed, updater=Adam(lr=1e-3))
-    model = _torch_lenet(torch, args.seed)
+    net, model = _models(args, torch)
     n_torch = sum(p.numel() for p in model.parameters())
     if n_torch != net.num_params:
         raise SystemExit(f"architectures differ: torch {n_torch} vs sparkavg {net.num_params} parameters")
@@ -252,7 +291,7 @@ def main(argv=None):
     times = _alternate(args, ours, theirs)
     ours_s, theirs_s = _stats(times["sparkavg"]), _stats(times["torch"])
     result = {
-        "benchmark": "lenet_train_step",
+        "benchmark": f"{args.model}_train_step",
         "step": "forward+backward+Adam(lr=1e-3), float32",
         "batch_size": args.batch_size,
         "threads": args.threads,

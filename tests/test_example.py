@@ -7,14 +7,15 @@ from pathlib import Path
 import pytest
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mnist_lenet.py"
+RESNET = EXAMPLE.with_name("mnist_resnet.py")
 REPORT_KEYS = {"mode", "epochs", "workers", "test_accuracy", "train_seconds", "examples_per_second", "epochs_detail"}
 SHARING_KEYS = {"bytes_sent", "dense_bytes_equivalent", "compression_ratio", "replica_max_abs_diff",
                 "datagrams_retransmitted", "datagrams_rejected"}
 
 
-def run_example(tmp_path, *args, timeout=600):
+def run_example(tmp_path, *args, timeout=600, example=EXAMPLE):
     report = tmp_path / "report.json"
-    proc = subprocess.run([sys.executable, str(EXAMPLE), *args, "--report", str(report)],
+    proc = subprocess.run([sys.executable, str(example), *args, "--report", str(report)],
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(report.read_text()), proc.stderr
@@ -53,3 +54,23 @@ def test_spark_modes_on_local2(tmp_path, fashion_dir, mode):
     if mode == "sharing":
         assert SHARING_KEYS <= report.keys()
         assert report["compression_ratio"] > 10 and report["replica_max_abs_diff"] < 1e-4
+
+
+@pytest.mark.slow
+def test_resnet_example_learns_locally(tmp_path, fashion_dir):
+    report, log = run_example(tmp_path, "--mode", "local", "--data-dir", str(fashion_dir), "--epochs", "1",
+                              "--limit-train", "3000", "--limit-test", "1000", "--threads", "2", example=RESNET)
+    assert REPORT_KEYS <= report.keys() and report["train_examples"] == 3000
+    assert report["test_accuracy"] > 0.6
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_resnet_example_through_a_pipeline_saved_and_loaded(tmp_path, fashion_dir):
+    report, log = run_example(tmp_path, "--mode", "averaging", "--api", "pipeline", "--data-dir", str(fashion_dir),
+                              "--epochs", "1", "--limit-train", "1500", "--limit-test", "500", "--work-dir",
+                              str(tmp_path / "work"), example=RESNET)
+    assert REPORT_KEYS <= report.keys() and report["api"] == "pipeline"
+    assert (tmp_path / "work" / "pipeline-model" / "stages").is_dir()  # the fitted Pipeline was saved
+    assert "loaded back" in log
+    assert report["test_accuracy"] > 0.4  # from the loaded model's transform(); chance is 0.1

@@ -182,3 +182,44 @@ def test_vertex_validates_its_fields():
         Vertex("", Dense(2), "x")
     with pytest.raises(ValueError, match="Layer or a combining vertex"):
         Vertex("a", "Dense", "x")
+
+
+def test_gradient_of_a_residual_block_with_batchnorm_and_the_new_layers():
+    from sparkavg.nn import BatchNorm, Flatten, GlobalAvgPool, LayerNorm, Reshape
+
+    g = Graph({"flat": (32,)},
+              [("img", Reshape((2, 4, 4)), "flat"),
+               ("c1", Conv2D(3, 3, padding=1), "img"),
+               ("bn1", BatchNorm(), "c1"),
+               ("r1", Activation("relu"), "bn1"),
+               ("c2", Conv2D(3, 3, padding=1), "r1"),
+               ("bn2", BatchNorm(), "c2"),
+               ("res", Add(), ["bn2", "c1"]),
+               ("ln", LayerNorm(), "res"),
+               ("gap", GlobalAvgPool(), "ln"),
+               ("fl", Flatten(), "res"),
+               ("d", Dense(4, activation="tanh"), "fl"),
+               ("dbn", BatchNorm(), "d"),
+               ("cat", Merge(), ["gap", "dbn"]),
+               ("out", Output(3), "cat")], ["out"], updater=SGD(0.1), dtype="float64")
+    assert g.buffers.size == 2 * (3 + 3 + 4)
+    rng = np.random.default_rng(8)
+    g.params = g.params + 0.1 * rng.standard_normal(g.num_params)  # gamma away from 1, beta from 0
+    buffers = g.buffers.copy()
+    x, y = rng.standard_normal((6, 32)), rng.integers(0, 3, 6)
+    assert relative_error(g, x, y) < 1e-6
+    assert not np.array_equal(g.buffers, buffers)  # training forwards moved the running statistics
+
+
+def test_a_network_with_batchnorm_saves_its_buffers(tmp_path):
+    from sparkavg.nn import BatchNorm
+
+    net = Network((6,), [Dense(5), BatchNorm(), Output(2)], seed=3)
+    rng = np.random.default_rng(0)
+    net.fit(rng.standard_normal((40, 6)).astype(np.float32), rng.integers(0, 2, 40), batch_size=8)
+    assert net.buffers.size == 10 and not np.allclose(net.buffers[:5], 0)
+    net.save(tmp_path / "n.npz")
+    loaded = load_model(tmp_path / "n.npz")
+    np.testing.assert_array_equal(loaded.buffers, net.buffers)
+    x = rng.standard_normal((7, 6)).astype(np.float32)
+    np.testing.assert_array_equal(loaded.output(x), net.output(x))  # inference uses the saved statistics

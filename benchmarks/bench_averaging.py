@@ -13,6 +13,11 @@ Sections (``--sections``, all by default):
     overhead (round wall time minus the slowest worker's fit and data
     time) against a trivial Spark job plus moving the parameters at
     memory-copy speed, both measured in this run.
+``resnet``
+    As ``lenet`` for examples/mnist_resnet.py's Graph (two residual blocks
+    with BatchNorm; ``--resnet-epochs``, default 2): one 2-thread process
+    against the defaults on local[2], accuracy and throughput, same run
+    (no ``--lenet-extra-batch`` run).
 ``mlp``
     DL4J's MnistMLPDistributedExample model (784-500-100-10, leaky ReLU,
     Nesterov momentum, L2 1e-4) fed from a Parquet DataFrame (written once
@@ -50,7 +55,7 @@ from report import emit
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 
-SECTIONS = ("lenet", "mlp", "bmuf", "memory")
+SECTIONS = ("lenet", "resnet", "mlp", "bmuf", "memory")
 
 
 def copy_seconds(nbytes: int, repeats: int = 20) -> float:
@@ -194,12 +199,17 @@ def _load_avg():
 
 
 # ----------------------------------------------------------------------- lenet
-def lenet_at_defaults(spark, data, args) -> dict:
-    """LeNet: alternating epochs of one 2-thread process and Spark at the defaults."""
+def lenet_at_defaults(spark, data, args, build=None, epochs=None, extra_batch=None) -> dict:
+    """A model (LeNet unless ``build``): alternating epochs of one 2-thread
+    process and Spark at the defaults."""
     from mnist_lenet import as_minibatch_rdd, evaluate_local
 
     from sparkavg.nn import lenet
     from sparkavg.spark import ParameterAveraging, SparkTrainer
+
+    lenet = build or lenet
+    epochs = args.epochs if epochs is None else epochs
+    extra_batch = args.lenet_extra_batch if extra_batch is None else extra_batch
 
     (x, y), (xt, yt) = data
     sc = spark.sparkContext
@@ -209,11 +219,11 @@ def lenet_at_defaults(spark, data, args) -> dict:
     master = ParameterAveraging(batch_size_per_worker=args.batch_size, workers=args.workers, seed=args.seed)
     trainer = SparkTrainer(spark, net, master)
     extra = None  # the same defaults at another batch per worker, alternated too
-    if args.lenet_extra_batch:
+    if extra_batch:
         extra = SparkTrainer(spark, lenet(seed=args.seed), ParameterAveraging(
-            batch_size_per_worker=args.lenet_extra_batch, workers=args.workers, seed=args.seed))
+            batch_size_per_worker=extra_batch, workers=args.workers, seed=args.seed))
     local_seconds, local_acc, loads = [], [], []
-    for epoch in range(args.epochs):
+    for epoch in range(epochs):
         loads.append(_load_avg())
         local_seconds.append(_local_epoch(local_net, x, y, args.workers * args.batch_size, args.workers,
                                           args.seed + epoch))
@@ -226,7 +236,7 @@ def lenet_at_defaults(spark, data, args) -> dict:
     if extra is not None:
         extra.close()
         extra_seconds = [h["seconds"] for h in extra.history]
-        extra_run = {"batch_size_per_worker": args.lenet_extra_batch, "epoch_seconds": extra_seconds,
+        extra_run = {"batch_size_per_worker": extra_batch, "epoch_seconds": extra_seconds,
                      "accuracy": [h["accuracy"] for h in extra.history],
                      "averaging_frequency": [h["averaging_frequency"] for h in extra.history],
                      "throughput_ratio": statistics.median(local_seconds) / statistics.median(extra_seconds),
@@ -427,6 +437,7 @@ def main(argv=None):
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
     p.add_argument("--epochs", type=int, default=3, help="LeNet epochs (lenet, bmuf)")
     p.add_argument("--mlp-epochs", type=int, default=2)
+    p.add_argument("--resnet-epochs", type=int, default=2)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=32, help="LeNet examples per worker (the example's default)")
     p.add_argument("--mlp-batch-size", type=int, default=16, help="MnistMLP examples per worker (DL4J's)")
@@ -459,6 +470,12 @@ def main(argv=None):
         if "lenet" in sections:
             result["lenet"] = lenet_at_defaults(spark, data, args)
             lenet_trainer = result["lenet"].pop("_trainer")
+        if "resnet" in sections:
+            from mnist_resnet import build
+
+            result["resnet"] = lenet_at_defaults(spark, data, args, build=build, epochs=args.resnet_epochs,
+                                                 extra_batch=0)
+            result["resnet"].pop("_trainer").close()
         if "mlp" in sections:
             result["mlp"] = mlp_from_parquet(spark, data, args)
         if "bmuf" in sections:

@@ -25,6 +25,16 @@ milliseconds.  Prints a table, then JSON (``--out`` writes it)::
 
     OPENBLAS_NUM_THREADS=2 python benchmarks/bench_step.py --out /tmp/step.json
     python benchmarks/bench_step.py --cases mlp16 --threads 1 --steps 300   # quick
+
+Before/after a change, in one run: ``--against DIR`` names another source
+tree of sparkavg (say ``git worktree add /tmp/before <commit>`` with its
+kernels built in place).  Two worker processes, one importing each tree,
+build the same cases and run the engine's variants in alternating blocks
+on the parent's command (only one runs at a time), so both see the same
+machine; the table then compares ``fit_batch`` and ``compute_update``
+of this tree against the other::
+
+    python benchmarks/bench_step.py --against /tmp/before --out /tmp/step_vs_before.json
 """
 from __future__ import annotations
 
@@ -38,7 +48,8 @@ import time
 import numpy as np
 from report import emit
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+if "--serve" not in sys.argv:  # a --serve worker imports the tree its PYTHONPATH names
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 CASES = ("mlp16", "lenet32", "lenet64")
 LEAKY = np.float32(0.01)
@@ -209,6 +220,94 @@ def measure(steps: dict, warmup: int, total: int, block: int, settle: int) -> di
     return {name: round(1e3 * statistics.median(ts), 4) for name, ts in times.items()}
 
 
+ENGINE = ("compute_update", "fit_batch")
+
+
+def serve() -> None:
+    """Worker mode (``--serve``): build cases on command and time blocks of one variant.
+
+    Commands on stdin, one JSON per line: ``{"case", "seed"}`` builds a
+    case's variants; ``{"run", "threads", "block", "settle"}`` runs a
+    block and answers the seconds of each timed step; ``{"quit"}``."""
+    import json
+
+    from sparkavg.threads import limit_threads
+
+    steps = {}
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if "quit" in cmd:
+            return
+        if "case" in cmd:
+            steps = variants(cmd["case"], cmd["seed"])
+            reply = {"ok": True}
+        else:
+            fn = steps[cmd["run"]]
+            with limit_threads(cmd["threads"]):
+                for _ in range(cmd["settle"]):
+                    fn()
+                times = []
+                for _ in range(cmd["block"]):
+                    t = time.perf_counter()
+                    fn()
+                    times.append(time.perf_counter() - t)
+            reply = {"times": times}
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+
+
+def against(args) -> dict:
+    """This tree's engine against ``args.against``'s, alternating blocks in two workers."""
+    import json
+    import subprocess
+
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    trees = {"this": os.path.abspath(here), "other": os.path.abspath(args.against)}
+    workers = {}
+    for name, tree in trees.items():
+        env = dict(os.environ, PYTHONPATH=tree)
+        workers[name] = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve"], env=env,
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=tree)
+
+    def ask(name, **cmd):
+        workers[name].stdin.write(json.dumps(cmd) + "\n")
+        workers[name].stdin.flush()
+        return json.loads(workers[name].stdout.readline())
+
+    rows = []
+    try:
+        for case in args.cases:
+            for name in trees:
+                ask(name, case=case, seed=args.seed)
+            total = args.steps if case.startswith("mlp") else max(args.block, args.steps // 5)
+            for threads in args.threads:
+                times = {(t, v): [] for t in trees for v in ENGINE}
+                for t in trees:
+                    for v in ENGINE:
+                        ask(t, run=v, threads=threads, block=args.warmup, settle=0)
+                for _ in range(0, total, args.block):
+                    for v in ENGINE:
+                        for t in trees:
+                            times[(t, v)] += ask(t, run=v, threads=threads, block=args.block,
+                                                 settle=args.settle)["times"]
+                ms = {f"{t}_{v}": round(1e3 * statistics.median(ts), 4) for (t, v), ts in times.items()}
+                ratios = {f"{v}_ratio": ms[f"this_{v}"] / ms[f"other_{v}"] for v in ENGINE}
+                rows.append({"case": case, "threads": threads, "ms": ms, **ratios})
+                print(f"{case:<9} {threads:>3} " + " ".join(f"{v} {ms[f'this_{v}']:.3f} vs {ms[f'other_{v}']:.3f} "
+                                                           f"({ratios[f'{v}_ratio']:.3f}x)" for v in ENGINE),
+                      file=sys.stderr)
+    finally:
+        for name in trees:
+            try:
+                ask(name, quit=True)
+            except (BrokenPipeError, ValueError):
+                pass
+            workers[name].wait(timeout=30)
+    return {"benchmark": "bench_step --against", "unit": "ms per step (median)", "trees": trees,
+            "machine": {"python": platform.python_version(), "numpy": np.__version__, "cpu_count": os.cpu_count()},
+            "settings": {k: v for k, v in vars(args).items() if k != "out"}, "rows": rows}
+
+
 def _parse(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
@@ -219,11 +318,17 @@ def _parse(argv):
     p.add_argument("--settle", type=int, default=2)
     p.add_argument("--seed", type=int, default=123)
     p.add_argument("--out", help="also write the JSON here")
+    p.add_argument("--against", help="another sparkavg source tree: compare the engine's steps, same run")
+    p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
 def main(argv=None):
     args = _parse(argv)
+    if args.serve:
+        return serve()
+    if args.against:
+        return emit(against(args), args.out)
     from sparkavg.ops import have_extension
     from sparkavg.threads import limit_threads
 

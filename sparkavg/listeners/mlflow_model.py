@@ -20,6 +20,7 @@ import os
 import tempfile
 
 import numpy as np
+import pandas as pd
 
 __all__ = ["NetworkPyfunc", "log_network", "save_network_model", "features_matrix"]
 
@@ -68,9 +69,7 @@ class NetworkPyfunc(_python_model_base()):
         config = getattr(context, "model_config", None) or {}
         self.features_col = config.get("features_col", "features")
 
-    def predict(self, context, model_input, params=None):
-        import pandas as pd
-
+    def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
         net = self.network
         out = np.asarray(net.output(features_matrix(model_input, net.input_shape, self.features_col)))
         out = out.reshape(len(out), -1).astype(np.float32, copy=False)

@@ -78,6 +78,11 @@ def parse_args(argv=None):
     p.add_argument("--stats-html", default=None, help="write the training-stats HTML page here (Spark modes)")
     p.add_argument("--checkpoint-dir", default=None, help="Spark modes: checkpoint after every epoch")
     p.add_argument("--resume-from", default=None, help="Spark modes: resume from this checkpoint folder")
+    p.add_argument("--mlflow", nargs="?", const="", default=None, metavar="TRACKING_URI",
+                   help="Spark modes: log the run to MLflow (sparkavg[mlflow]); optional tracking URI "
+                        "(default: $MLFLOW_TRACKING_URI / MLflow's own)")
+    p.add_argument("--tensorboard", default=None, metavar="LOG_DIR",
+                   help="Spark modes: write TensorBoard event files here (sparkavg[tensorboard])")
     args = p.parse_args(argv)
     if args.epochs < 1:
         p.error(f"--epochs must be >= 1, got {args.epochs}")
@@ -168,7 +173,16 @@ def train_spark(args, net, train, test):
             master = GradientSharing(threshold=threshold, batch_size_per_worker=args.batch_size,
                                      workers=args.workers, simulate_loss=args.simulate_udp_loss, seed=args.seed,
                                      device=args.device)
-        trainer = SparkTrainer(spark, net, master, checkpoint_dir=args.checkpoint_dir)
+        listeners = []
+        if args.mlflow is not None:
+            from sparkavg.listeners import MLflowListener
+
+            listeners.append(MLflowListener(args.mlflow or None, run_name=f"lenet-{args.mode}"))
+        if args.tensorboard:
+            from sparkavg.listeners import TensorBoardListener
+
+            listeners.append(TensorBoardListener(args.tensorboard))
+        trainer = SparkTrainer(spark, net, master, checkpoint_dir=args.checkpoint_dir, listeners=listeners)
         trainer.fit(train_rdd, epochs=args.epochs, resume_from=args.resume_from, validation_data=test_rdd)
         trainer.close()
         ev = trainer.evaluate(test_rdd)
@@ -181,7 +195,8 @@ def train_spark(args, net, train, test):
             log.info("training stats page: %s", args.stats_html)
         extra = {"stats_summary": trainer.stats.summary(),  # device: where the workers trained (the last decision)
                  "device": next((d["value"] for d in reversed(trainer.stats.decisions) if d["name"] == "device"),
-                                None)}
+                                None),
+                 "listener_seconds": trainer.listener_seconds}
         if args.mode == "averaging":  # the frequency each epoch used (chosen per epoch with "auto")
             extra["averaging_frequency"] = [h["averaging_frequency"] for h in trainer.history]
         if args.mode == "sharing":

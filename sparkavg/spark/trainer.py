@@ -193,6 +193,11 @@ class SparkTrainer:
         """``{"listener", "event", "epoch", "type", "message"}`` per listener call that raised."""
         return list(self._events.errors)
 
+    @property
+    def listener_seconds(self) -> dict:
+        """Event name -> seconds the listeners took on the driver (all fits of this trainer)."""
+        return dict(self._events.seconds)
+
     # ------------------------------------------------------------------- fit
     def fit(self, data, epochs: int = 1, *, resume_from: Optional[str] = None, validation_data=None):
         """Train for ``epochs`` epochs.

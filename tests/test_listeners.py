@@ -129,7 +129,7 @@ def test_progress_bar_draws_epochs_and_rounds_and_auto_needs_a_terminal():
     bar.on_fit_end(None, {})
     text = out.getvalue()
     assert "epoch 1" in text and "3/3" in text and "loss=0.4000" in text and "acc=0.8750" in text
-    assert "epochs" in text and "1/2" in text
+    assert "epochs" in text and "1/2" in text and "ex/s=1234" in text
     # pytest captures stderr: not a terminal, so "auto" falls back to the log lines
     assert progress_listeners("auto") == [] and progress_listeners(False) == []
     assert isinstance(progress_listeners(True)[0], ProgressBar)

@@ -94,7 +94,7 @@ class ProgressBar(TrainingListener):
                 self._rounds.close()
             self._rounds = self._tqdm(total=event["rounds"], desc=f"epoch {event['epoch']}", unit="round",
                                       position=1, leave=False, **self._options)
-        self._rounds.set_postfix(loss=f"{event['loss']:.4f}", ex_s=f"{event['examples_per_second']:.0f}",
+        self._rounds.set_postfix({"loss": f"{event['loss']:.4f}", "ex/s": f"{event['examples_per_second']:.0f}"},
                                  refresh=False)
         self._rounds.update(event["round"] - self._rounds.n)
 
@@ -103,7 +103,7 @@ class ProgressBar(TrainingListener):
             self._rounds.close()
             self._rounds = None
         if self._epochs is not None:
-            post = {"loss": f"{event['loss']:.4f}", "ex_s": f"{event['examples_per_second']:.0f}"}
+            post = {"loss": f"{event['loss']:.4f}", "ex/s": f"{event['examples_per_second']:.0f}"}
             if event.get("accuracy") is not None:
                 post["acc"] = f"{event['accuracy']:.4f}"
             self._epochs.set_postfix(post, refresh=False)

@@ -149,10 +149,10 @@ class MLflowListener(TrainingListener):
         mlflow = self._mlflow
         from .. import __version__
 
+        self.run_id, self.model_uri, self._round_step, self._owned = None, None, 0, False  # nothing of a last fit
         if self.tracking_uri is not None:
             mlflow.set_tracking_uri(self.tracking_uri)
         active = mlflow.active_run()
-        self.model_uri, self._round_step = None, 0
         if active is None or self.nested:
             if self.experiment is not None and active is None:
                 mlflow.set_experiment(self.experiment)

@@ -298,3 +298,31 @@ def test_network_estimator_listeners_give_nested_runs_in_a_pipeline(spark, mlflo
     assert child.data.metrics["loss"] == pytest.approx(rec.payloads("epoch_end")[0]["loss"])
     with pytest.raises(TypeError, match="Expect a listener"):
         NetworkEstimator(network=small_net(), listeners=["not a listener"])
+
+
+def test_mlflow_listener_logs_into_an_active_run_and_leaves_it_open(mlflow_store):
+    """Driven with the payloads a fit sends (no Spark): the user's run is used, not ended; a
+    failure before the next fit_start touches no earlier run."""
+    from types import SimpleNamespace
+
+    from sparkavg.listeners import MLflowListener
+    from sparkavg.spark import TrainingStats
+
+    mlflow = mlflow_store
+    net = small_net(seed=1)
+    trainer = SimpleNamespace(stats=TrainingStats(), network=net, features_col="features")
+    start = {"run_id": "abc", "epochs": 1, "epochs_done": 0, "resumed": False, "workers": 2,
+             "master": ParameterAveraging(workers=2).to_config(), "network": net.to_config(),
+             "num_params": net.num_params, "examples": 10, "minibatches": 2}
+    listener = MLflowListener(log_model=False)
+    with mlflow.start_run() as run:
+        listener.on_fit_start(trainer, start)
+        listener.on_epoch_end(trainer, {"epoch": 1, "loss": 0.25, "seconds": 2.0, "accuracy": None,
+                                        "target_epochs": 1, "decisions": []})
+        listener.on_fit_end(trainer, {})
+        assert listener.run_id == run.info.run_id and mlflow.active_run().info.run_id == run.info.run_id
+    listener.on_failure(trainer, {"epoch": None, "error": ValueError("x"), "message": "x", "type": "ValueError",
+                                  "recovered": False})
+    done = mlflow.tracking.MlflowClient().get_run(run.info.run_id)
+    assert done.info.status == "FINISHED" and "sparkavg.error" not in done.data.tags
+    assert done.data.metrics == {"loss": 0.25, "seconds": 2.0} and done.data.params["num_params"] == str(net.num_params)

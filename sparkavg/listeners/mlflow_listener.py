@@ -110,6 +110,7 @@ class MLflowListener(TrainingListener):
         self.run_id: Optional[str] = None
         self.model_uri: Optional[str] = None
         self._owned = False
+        self._live = False  # between this listener's fit_start and the end of that fit
         self._client = None
         self._round_step = 0
 
@@ -134,7 +135,8 @@ class MLflowListener(TrainingListener):
             self._client.log_batch(self.run_id, params=entries[i:i + BATCH])
 
     def _end(self, status: str) -> None:
-        if self.run_id is None or not self._owned:
+        live, self._live = self._live, False
+        if not live or not self._owned:
             return
         mlflow = self._mlflow
         active = mlflow.active_run()
@@ -149,7 +151,7 @@ class MLflowListener(TrainingListener):
         mlflow = self._mlflow
         from .. import __version__
 
-        self.run_id, self.model_uri, self._round_step, self._owned = None, None, 0, False  # nothing of a last fit
+        self.run_id, self.model_uri, self._round_step, self._owned, self._live = None, None, 0, False, False
         if self.tracking_uri is not None:
             mlflow.set_tracking_uri(self.tracking_uri)
         active = mlflow.active_run()
@@ -160,7 +162,7 @@ class MLflowListener(TrainingListener):
             self._owned = True
         else:
             run, self._owned = active, False
-        self.run_id = run.info.run_id
+        self.run_id, self._live = run.info.run_id, True
         self._client = mlflow.tracking.MlflowClient()
         self._client.set_tag(self.run_id, "sparkavg.run_id", event["run_id"])
         self._client.set_tag(self.run_id, "sparkavg.version", __version__)
@@ -172,12 +174,12 @@ class MLflowListener(TrainingListener):
 
     def on_round_end(self, trainer, event: dict) -> None:
         self._round_step += 1
-        if self.log_rounds and self.run_id is not None:
+        if self.log_rounds and self._live:
             self._log({"round_loss": event["round_loss"], "round_examples_per_second": event["examples_per_second"]},
                       self._round_step)
 
     def on_sharing_progress(self, trainer, event: dict) -> None:
-        if self.run_id is None:
+        if not self._live:
             return
         for name in ("threshold", "sparsity"):
             by_step = {}
@@ -188,24 +190,26 @@ class MLflowListener(TrainingListener):
                 self._log({f"sharing_{name}": sum(values) / len(values)}, step)
 
     def on_epoch_end(self, trainer, event: dict) -> None:
-        if self.run_id is not None:
+        if self._live:
             self._log(_numbers(event, skip=("epoch", "target_epochs")), event["epoch"])
 
     def on_checkpoint(self, trainer, event: dict) -> None:
-        if self.run_id is not None:
+        if self._live:
             self._client.set_tag(self.run_id, "sparkavg.last_checkpoint", event["path"])
 
     def on_failure(self, trainer, event: dict) -> None:
-        if self.run_id is None:
+        if not self._live:
             return
         if event["recovered"]:
             self._log({"diverged": 1.0}, event["epoch"] or 0)
             return
-        self._client.set_tag(self.run_id, "sparkavg.error", f"{event['type']}: {event['message']}"[:5000])
-        self._end("KILLED" if event["type"] == "KeyboardInterrupt" else "FAILED")
+        try:
+            self._client.set_tag(self.run_id, "sparkavg.error", f"{event['type']}: {event['message']}"[:5000])
+        finally:
+            self._end("KILLED" if event["type"] == "KeyboardInterrupt" else "FAILED")
 
     def on_fit_end(self, trainer, event: dict) -> None:
-        if self.run_id is None:
+        if not self._live:
             return
         try:
             if self.log_stats:

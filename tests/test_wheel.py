@@ -66,10 +66,10 @@ def test_the_wheel_imports_without_a_compiler(wheel, tmp_path):
     env = {"PATH": str(Path(sys.executable).parent), "PYTHONPATH": str(target), "HOME": str(tmp_path),
            "PYTHONNOUSERSITE": "1"}
     code = ("import sparkavg_ext._threshold as t, sparkavg.listeners as l, sparkavg.spark.trainer; "
-            "from sparkavg import ops; print(t.__file__); print(ops.have_extension())")
+            "from sparkavg import ops; print(t.__file__); print(l.__file__); print(ops.have_extension())")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
-    where, have = done.stdout.split()
-    assert where.startswith(str(target)) and have == "True"
+    kernel, listeners, have = done.stdout.split()
+    assert kernel.startswith(str(target)) and listeners.startswith(str(target)) and have == "True"
     assert shutil.which("cc", path=env["PATH"]) is None and shutil.which("gcc", path=env["PATH"]) is None

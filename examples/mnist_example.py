@@ -80,6 +80,11 @@ def parse_args(argv=None, description=__doc__):
     p.add_argument("--stats-html", default=None, help="write the training-stats HTML page here (Spark modes)")
     p.add_argument("--checkpoint-dir", default=None, help="Spark modes: checkpoint after every epoch")
     p.add_argument("--resume-from", default=None, help="Spark modes: resume from this checkpoint folder")
+    p.add_argument("--mlflow", nargs="?", const="", default=None, metavar="TRACKING_URI",
+                   help="Spark modes: log the run to MLflow (sparkavg[mlflow]); optional tracking URI "
+                        "(default: $MLFLOW_TRACKING_URI / MLflow's own)")
+    p.add_argument("--tensorboard", default=None, metavar="LOG_DIR",
+                   help="Spark modes: write TensorBoard event files here (sparkavg[tensorboard])")
     p.add_argument("--session", choices=["classic", "connect"], default="classic",
                    help="Spark modes: a classic session, or Spark Connect (a local Connect server for a local[N] "
                         "--master, else --master is the sc:// URL); Connect trains from DataFrames")
@@ -194,6 +199,20 @@ def make_master(args):
                            simulate_loss=args.simulate_udp_loss, seed=args.seed, device=args.device)
 
 
+def make_listeners(args, name: str) -> list:
+    """The listeners ``--mlflow`` and ``--tensorboard`` ask for."""
+    listeners = []
+    if args.mlflow is not None:
+        from sparkavg.listeners import MLflowListener
+
+        listeners.append(MLflowListener(args.mlflow or None, run_name=f"{name}-{args.mode}"))
+    if args.tensorboard:
+        from sparkavg.listeners import TensorBoardListener
+
+        listeners.append(TensorBoardListener(args.tensorboard))
+    return listeners
+
+
 def spark_data(args, spark, train, test, work_dir):
     """The training and test data as the chosen session and API take them:
     cached RDDs of minibatch chunks (classic SparkTrainer), else DataFrames
@@ -248,7 +267,8 @@ def train_spark(args, net, train, test):
         train_data, test_data = spark_data(args, spark, train, test, work_dir)
         if args.api == "pipeline":
             return train_pipeline(args, net, spark, train_data, test_data, work_dir)
-        trainer = SparkTrainer(spark, net, make_master(args), checkpoint_dir=args.checkpoint_dir)
+        trainer = SparkTrainer(spark, net, make_master(args), checkpoint_dir=args.checkpoint_dir,
+                               listeners=make_listeners(args, type(net).__name__.lower()))
         trainer.fit(train_data, epochs=args.epochs, resume_from=args.resume_from, validation_data=test_data)
         trainer.close()
         ev = trainer.evaluate(test_data)
@@ -257,7 +277,8 @@ def train_spark(args, net, train, test):
         if args.stats_html:
             trainer.stats.to_html(args.stats_html)
             log.info("training stats page: %s", args.stats_html)
-        extra = {"session": args.session, "api": args.api, **stats_extra(args, trainer.stats, trainer.history)}
+        extra = {"session": args.session, "api": args.api, "listener_seconds": trainer.listener_seconds,
+                 **stats_extra(args, trainer.stats, trainer.history)}
         return _epochs_detail(trainer.history), train_seconds, examples, ev, extra
     finally:
         spark.stop()
@@ -274,7 +295,7 @@ def train_pipeline(args, net, spark, train_df, test_df, work_dir):
     if args.checkpoint_dir or args.resume_from:
         raise SystemExit("--api pipeline: checkpoints are a SparkTrainer option (use --api trainer)")
     est = NetworkEstimator(network=net, master=make_master(args), epochs=args.epochs, featuresCol="features",
-                           labelCol="label")
+                           labelCol="label", listeners=make_listeners(args, type(net).__name__.lower()))
     fitted = Pipeline(stages=[est]).fit(train_df)
     history = fitted.stages[-1].history
     path = os.path.join(work_dir, "pipeline-model")

@@ -42,12 +42,23 @@ def test_bad_data_dir_is_named(tmp_path):
 @pytest.mark.slow
 @pytest.mark.spark
 @pytest.mark.parametrize("mode", ["averaging", "sharing"])
-def test_spark_modes_on_local2(tmp_path, fashion_dir, mode):
+def test_spark_modes_on_local2(tmp_path, fashion_dir, mode, monkeypatch):
     html = tmp_path / "stats.html"
+    # Averaging also reports to MLflow (a file store here) and TensorBoard, as a user would ask for them.
+    listen = ["--mlflow", (tmp_path / "mlruns").as_uri(), "--tensorboard", str(tmp_path / "tb")]
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     report, _ = run_example(tmp_path, "--mode", mode, "--data-dir", str(fashion_dir), "--epochs", "1",
                             "--limit-train", "3000", "--limit-test", "1000", "--master", "local[2]",
-                            "--workers", "2", "--stats-html", str(html))
+                            "--workers", "2", "--stats-html", str(html), *(listen if mode == "averaging" else []))
     assert REPORT_KEYS <= report.keys() and report["workers"] == 2
+    if mode == "averaging":
+        import mlflow
+
+        runs = mlflow.tracking.MlflowClient((tmp_path / "mlruns").as_uri()).search_runs(["0"])
+        assert [(r.info.run_name, r.info.status) for r in runs] == [("lenet-averaging", "FINISHED")]
+        assert runs[0].data.metrics["loss"] == pytest.approx(report["epochs_detail"][0]["loss"])
+        assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 1
+        assert report["listener_seconds"]["epoch_end"] > 0
     page = html.read_text()
     assert "<svg" in page and "http://" not in page and "https://" not in page  # self-contained timeline
     assert report["test_accuracy"] > 0.5

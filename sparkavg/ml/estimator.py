@@ -105,6 +105,9 @@ class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, MLReadable, MLWri
         Examples per forward pass in ``transform``.
     checkpointDir : str, optional
         Passed to :class:`~sparkavg.spark.SparkTrainer` (a checkpoint after every epoch).
+    listeners : list, optional
+        Passed to :class:`~sparkavg.spark.SparkTrainer` (:mod:`sparkavg.listeners`);
+        an attribute, not a Param: copies share them and they are not saved.
     """
 
     network: "Param" = Param(Params._dummy(), "network", "the model to train (a sparkavg.nn.Model: Network, Graph, TorchModel; fit trains a copy)",
@@ -121,17 +124,23 @@ class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, MLReadable, MLWri
     @keyword_only
     def __init__(self, *, network=None, master=None, epochs: int = 1, featuresCol: str = "features",
                  labelCol: str = "label", predictionCol: str = "prediction", probabilityCol: str = "probability",
-                 inferenceBatchSize: int = 256, checkpointDir: Optional[str] = None):
+                 inferenceBatchSize: int = 256, checkpointDir: Optional[str] = None, listeners=None):
         super().__init__()
         self._setDefault(epochs=1)
+        self.listeners: list = []
         self.setParams(**self._input_kwargs)
 
     @keyword_only
     def setParams(self, *, network=None, master=None, epochs: int = 1, featuresCol: str = "features",
                   labelCol: str = "label", predictionCol: str = "prediction", probabilityCol: str = "probability",
-                  inferenceBatchSize: int = 256, checkpointDir: Optional[str] = None) -> "NetworkEstimator":
+                  inferenceBatchSize: int = 256, checkpointDir: Optional[str] = None,
+                  listeners=None) -> "NetworkEstimator":
         """Set any of the constructor's params (None leaves a param unset)."""
-        return self._set(**{k: v for k, v in self._input_kwargs.items() if v is not None})
+        kwargs = dict(self._input_kwargs)
+        if kwargs.get("listeners") is not None:
+            self.setListeners(kwargs["listeners"])
+        kwargs.pop("listeners", None)
+        return self._set(**{k: v for k, v in kwargs.items() if v is not None})
 
     def getNetwork(self):
         if not self.isDefined(self.network):
@@ -164,12 +173,18 @@ class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, MLReadable, MLWri
     def setLabelCol(self, value: str) -> "NetworkEstimator":
         return self._set(labelCol=value)
 
+    def setListeners(self, value) -> "NetworkEstimator":
+        from ..listeners.base import EventDispatcher
+
+        self.listeners = list(EventDispatcher(value).listeners)  # checked as the trainer will
+        return self
+
     def _fit(self, dataset) -> "NetworkModel":
         from ..spark.trainer import SparkTrainer
 
         trainer = SparkTrainer(dataset.sparkSession, self.getNetwork().clone(), self.getMaster(),
                                features_col=self.getFeaturesCol(), label_col=self.getLabelCol(),
-                               checkpoint_dir=self.getCheckpointDir())
+                               checkpoint_dir=self.getCheckpointDir(), listeners=self.listeners)
         try:
             trainer.fit(dataset, epochs=self.getEpochs())
         finally:

@@ -17,6 +17,8 @@ from typing import List, Optional, Sequence
 
 from ..data.validation import DataSpec, rebatch_partition
 from ..evaluation import Evaluation, RegressionEvaluation
+from ..listeners.base import EventDispatcher
+from ..listeners.progress import progress_listeners
 from . import checkpoint as ckpt_io
 from .errors import DivergenceError, raise_failures
 from .executor.inference import add_scores, make_evaluator, make_predictor, make_scorer, merge_evaluations
@@ -63,6 +65,16 @@ class SparkTrainer:
         trains the epoch again (up to ``max_recoveries`` times per fit).
     max_recoveries : int, default 3
     recovery_lr_factor : float, default 0.5
+    listeners : list, optional
+        Objects with ``on_<event>(trainer, event)`` methods, called on the
+        driver (:mod:`sparkavg.listeners`: ``MLflowListener``,
+        ``TensorBoardListener``, or a :class:`~sparkavg.listeners.TrainingListener`
+        of your own).  One that raises is logged and recorded
+        (:attr:`listener_errors`) and the fit goes on.
+    progress : {"auto", True, False}, default "auto"
+        A progress bar (tqdm) of epochs and rounds on the driver: "auto"
+        when stderr is a terminal and tqdm is installed.  Without it, the
+        rounds' progress goes to periodic log lines.
 
     The trainer holds exported minibatches and shipped parameters of
     ``predict``; :meth:`close` (or leaving ``with SparkTrainer(...)``, or
@@ -72,7 +84,8 @@ class SparkTrainer:
     def __init__(self, spark_or_sc, network, master=None, *, features_col: str = "features",
                  label_col: str = "label", checkpoint_dir: Optional[str] = None,
                  overwrite_checkpoints: bool = False, eval_batch_size: int = 64, on_divergence: str = "raise",
-                 max_recoveries: int = 3, recovery_lr_factor: float = 0.5):
+                 max_recoveries: int = 3, recovery_lr_factor: float = 0.5, listeners: Optional[Sequence] = None,
+                 progress="auto"):
         self.seam = seam_for(spark_or_sc)
         self.master = master if master is not None else ParameterAveraging()
         self._runner = runner_for(self.seam, self.master)
@@ -99,6 +112,9 @@ class SparkTrainer:
         # shipped parameters.  Released by close(), and at interpreter exit when never closed.
         self._held = {"prepared": None, "shipped": []}
         self._finalizer = weakref.finalize(self, SparkTrainer._release, self._held)
+        self._events = EventDispatcher(list(listeners or ()) + progress_listeners(progress), owner=self)
+        self._runner.events = self._events
+        self._epoch_running: Optional[int] = None
 
     # ------------------------------------------------------------ resources
     @property
@@ -168,6 +184,21 @@ class SparkTrainer:
             self._prepared.release()
         self._held["prepared"], self._prepared_for = None, None
 
+    @property
+    def listeners(self) -> list:
+        """The listeners given (and the progress bar, when one is shown)."""
+        return list(self._events.listeners)
+
+    @property
+    def listener_errors(self) -> List[dict]:
+        """``{"listener", "event", "epoch", "type", "message"}`` per listener call that raised."""
+        return list(self._events.errors)
+
+    @property
+    def listener_seconds(self) -> dict:
+        """Event name -> seconds the listeners took on the driver (all fits of this trainer)."""
+        return dict(self._events.seconds)
+
     # ------------------------------------------------------------------- fit
     def fit(self, data, epochs: int = 1, *, resume_from: Optional[str] = None, validation_data=None):
         """Train for ``epochs`` epochs.
@@ -190,6 +221,20 @@ class SparkTrainer:
         -------
         self
         """
+        self._epoch_running = None
+        try:
+            return self._fit(data, epochs, resume_from=resume_from, validation_data=validation_data)
+        except BaseException as exc:
+            self._emit_failure(exc, recovered=False)
+            raise
+
+    def _emit_failure(self, exc: BaseException, recovered: bool) -> None:
+        epoch = self._epoch_running
+        self._events.emit("failure", {"epoch": None if epoch is None else epoch + 1, "error": exc,
+                                      "message": str(exc), "type": type(exc).__name__, "recovered": recovered})
+
+    def _fit(self, data, epochs: int, *, resume_from: Optional[str], validation_data):
+        fit_started = time.perf_counter()
         if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
             raise ValueError(f"Expect epochs >= 1 (an int), got {epochs!r}")
         self.master.validate_for(self.workers)
@@ -202,9 +247,15 @@ class SparkTrainer:
             ckpt_io.check_fresh(self.checkpoint_dir, self.run_id)
         target = epochs if resume_from is not None else self.epochs_done + epochs
         prepared = self._prepare(data)
+        if self._events.wants("fit_start"):
+            self._events.emit("fit_start", {
+                "run_id": self.run_id, "epochs": target, "epochs_done": self.epochs_done,
+                "resumed": resume_from is not None, "workers": self.workers, "master": self.master.to_config(),
+                "network": self.network.to_config(), "num_params": int(self.network.num_params),
+                "examples": int(prepared.examples), "minibatches": len(prepared.sizes)})
         recoveries = 0
         while self.epochs_done < target:
-            epoch = self.epochs_done
+            epoch = self._epoch_running = self.epochs_done
             snapshot = None
             if self.on_divergence == "recover":  # copies: network_state() may hand out the live host arrays
                 state = network_state(self.network, with_updater=True)
@@ -220,6 +271,7 @@ class SparkTrainer:
                     logger.error("%s; the last checkpoint (if any) holds the last good state", exc)
                     raise
                 recoveries += 1
+                self._emit_failure(exc, recovered=True)
                 self._recover(snapshot, exc, epoch)
                 continue
             seconds = time.perf_counter() - t0
@@ -230,10 +282,11 @@ class SparkTrainer:
             self.history.append(entry)
             if self.checkpoint_dir:  # before validation: a failing validation pass loses no trained epoch
                 with self.stats.timed(Phase.CHECKPOINT, epoch=epoch):
-                    ckpt_io.save_checkpoint(self.checkpoint_dir, self.network, run_id=self.run_id,
-                                            epochs_done=epoch + 1, target_epochs=target,
-                                            master=self.master.to_config(), extra={"history": self.history},
-                                            runner_state=self._runner.state_dict())
+                    path = ckpt_io.save_checkpoint(self.checkpoint_dir, self.network, run_id=self.run_id,
+                                                   epochs_done=epoch + 1, target_epochs=target,
+                                                   master=self.master.to_config(), extra={"history": self.history},
+                                                   runner_state=self._runner.state_dict())
+                self._events.emit("checkpoint", {"epoch": epoch + 1, "path": path})
             if validation_data is not None:
                 with self.stats.timed(Phase.EVALUATE, epoch=epoch):
                     ev = self.evaluate(validation_data)
@@ -241,7 +294,15 @@ class SparkTrainer:
             logger.info("epoch %d/%d: loss %.4f, %d examples in %.1fs (%.0f ex/s)%s", epoch + 1, target,
                         summary["loss"], summary["examples"], seconds, entry["examples_per_second"],
                         f", validation accuracy {entry['accuracy']:.4f}" if entry.get("accuracy") is not None else "")
-        logger.info("%s", self.stats.summary())
+            if self._events.wants("epoch_end"):
+                self._events.emit("epoch_end", {**entry, "target_epochs": target, "decisions": [
+                    d for d in self.stats.decisions if d.get("epoch") == epoch]})
+        self._epoch_running = None
+        summary_text = self.stats.summary()
+        logger.info("%s", summary_text)
+        self._events.emit("fit_end", {"run_id": self.run_id, "epochs_done": self.epochs_done,
+                                      "seconds": time.perf_counter() - fit_started, "history": self.history,
+                                      "summary": summary_text})
         return self
 
     def _recover(self, snapshot, exc, epoch: int) -> None:

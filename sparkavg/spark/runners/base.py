@@ -26,6 +26,7 @@ import numpy as np
 
 from ... import ops
 from ...backend import to_cpu
+from ...listeners.base import EventDispatcher, sample_points
 from ..data import EpochPlan, PreparedData, deal_choice
 from ..errors import raise_failures
 from ..executor.device import summarize_devices
@@ -72,15 +73,16 @@ class Merged:
 
 
 class Progress:
-    """Periodic progress lines on the driver (at most one per ``every`` s)."""
+    """Periodic progress lines on the driver (at most one per ``every`` s);
+    none when ``quiet`` (a progress bar shows it instead)."""
 
-    def __init__(self, label: str, total: int, every: float = 5.0):
-        self.label, self.total, self.every = label, max(1, total), every
+    def __init__(self, label: str, total: int, every: float = 5.0, quiet: bool = False):
+        self.label, self.total, self.every, self.quiet = label, max(1, total), every, quiet
         self.start = self._last = time.monotonic()
 
     def update(self, done: int, **fields) -> None:
         now = time.monotonic()
-        if done < self.total and now - self._last < self.every:
+        if self.quiet or (done < self.total and now - self._last < self.every):
             return
         self._last = now
         extra = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items())
@@ -93,6 +95,8 @@ class EpochRunner(abc.ABC):
 
     #: What a round is called in errors and progress lines.
     round_name = "round"
+    #: The trainer's listeners (:class:`~sparkavg.listeners.base.EventDispatcher`); set by the trainer.
+    events = EventDispatcher()
 
     def __init__(self, seam, master):
         self.seam = seam
@@ -168,6 +172,27 @@ class EpochRunner(abc.ABC):
                         reason)
         return local
 
+    def _emit_round(self, epoch: int, r: int, rounds: int, merged: Merged, loss_sum: float, examples: int,
+                    t_round: float) -> None:
+        """The ``round_end`` and ``sharing_progress`` events (payloads: :mod:`sparkavg.listeners.base`)."""
+        events = self.events
+        if events.wants("round_end"):
+            seconds = time.perf_counter() - t_round
+            events.emit("round_end", {
+                "epoch": epoch + 1, "round": r + 1, "rounds": rounds, "loss": loss_sum / max(examples, 1),
+                "round_loss": merged.loss_sum / max(merged.examples, 1), "examples": examples,
+                "round_examples": merged.examples, "seconds": seconds,
+                "examples_per_second": merged.examples / max(seconds, 1e-9)})
+        if events.wants("sharing_progress"):
+            series = {}
+            for payload in merged.payloads:
+                for name in ("threshold", "sparsity", "residual_norm"):
+                    points = (payload or {}).get("series", {}).get(name)
+                    if points:
+                        series.setdefault(name, {})[str(payload.get("lane"))] = sample_points(points)
+            if series:
+                events.emit("sharing_progress", {"epoch": epoch + 1, "round": r + 1, "series": series})
+
     # ----------------------------------------------------------- skeleton
     def run_epoch(self, network, prepared: PreparedData, epoch: int, workers: int, stats) -> dict:
         """Train one epoch in place on ``network``; returns a summary dict."""
@@ -181,7 +206,7 @@ class EpochRunner(abc.ABC):
             plan = self.seam.plan(prepared, workers, per_round, seed,
                                   local=self.deals_locally(prepared, workers, epoch, stats))
         rounds = len(plan.rounds)
-        progress = Progress(f"epoch {epoch + 1} {self.round_name}s", rounds)
+        progress = Progress(f"epoch {epoch + 1} {self.round_name}s", rounds, quiet=self.events.shows_progress)
         config_json = network.to_json()
         loss_sum, examples, extra = 0.0, 0, {}
         try:
@@ -209,6 +234,7 @@ class EpochRunner(abc.ABC):
                 extra.update(merged.extra)
                 stats.record(Phase.ROUND, t_round, time.perf_counter(), epoch=epoch, round=r)
                 progress.update(r + 1, loss=loss_sum / max(examples, 1), examples=examples)
+                self._emit_round(epoch, r, rounds, merged, loss_sum, examples, t_round)
         finally:
             plan.drop()
         summary = {"loss": loss_sum / max(examples, 1), "examples": examples, "rounds": rounds, **extra}

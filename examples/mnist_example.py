@@ -268,7 +268,7 @@ def train_spark(args, net, train, test):
         if args.api == "pipeline":
             return train_pipeline(args, net, spark, train_data, test_data, work_dir)
         trainer = SparkTrainer(spark, net, make_master(args), checkpoint_dir=args.checkpoint_dir,
-                               listeners=make_listeners(args, type(net).__name__.lower()))
+                               listeners=make_listeners(args, args.name))
         trainer.fit(train_data, epochs=args.epochs, resume_from=args.resume_from, validation_data=test_data)
         trainer.close()
         ev = trainer.evaluate(test_data)
@@ -295,7 +295,7 @@ def train_pipeline(args, net, spark, train_df, test_df, work_dir):
     if args.checkpoint_dir or args.resume_from:
         raise SystemExit("--api pipeline: checkpoints are a SparkTrainer option (use --api trainer)")
     est = NetworkEstimator(network=net, master=make_master(args), epochs=args.epochs, featuresCol="features",
-                           labelCol="label", listeners=make_listeners(args, type(net).__name__.lower()))
+                           labelCol="label", listeners=make_listeners(args, args.name))
     fitted = Pipeline(stages=[est]).fit(train_df)
     history = fitted.stages[-1].history
     path = os.path.join(work_dir, "pipeline-model")
@@ -313,10 +313,11 @@ def train_pipeline(args, net, spark, train_df, test_df, work_dir):
     return _epochs_detail(history), train_seconds, examples, ev, extra
 
 
-def main(build_model, argv=None, description=__doc__) -> dict:
-    """Run the example for ``build_model(num_classes=..., seed=..., input_shape=...)``."""
+def main(build_model, argv=None, description=__doc__, name="model") -> dict:
+    """Run the example ``name`` for ``build_model(num_classes=..., seed=..., input_shape=...)``."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv, description)
+    args.name = name
     data_dir = args.data_dir or default_data_dir()
     t_load = time.time()
     train = tuple(load_mnist(data_dir, "train", limit=args.limit_train))

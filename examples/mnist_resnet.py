@@ -64,4 +64,4 @@ def build(num_classes: int = 10, seed: int = 123, input_shape=(1, 28, 28), width
 
 
 if __name__ == "__main__":
-    main(build, description=__doc__)
+    main(build, description=__doc__, name="resnet")

@@ -62,9 +62,12 @@ class SparkTrainer:
     max_recoveries : int, default 3
     recovery_lr_factor : float, default 0.5
 
-    The trainer holds exported minibatches and shipped parameters of
-    ``predict``; :meth:`close` (or leaving ``with SparkTrainer(...)``, or
-    interpreter exit) releases them.
+    The trainer holds exported minibatches; :meth:`close` (or leaving
+    ``with SparkTrainer(...)``, or interpreter exit) releases them.  The
+    parameters ``predict`` ships live as long as the RDD it returns (and
+    RDDs derived from it): released when it is garbage-collected, by
+    :meth:`close`, or at interpreter exit -- never when only the trainer
+    goes away.
     """
 
     def __init__(self, spark_or_sc, network, master=None, *, features_col: str = "features",
@@ -93,10 +96,13 @@ class SparkTrainer:
         self.stats = TrainingStats(workers=self.workers)
         self.history: List[dict] = []
         self._prepared_for = None
-        # What the trainer holds on the cluster: the fitted data's minibatches and predict()'s
-        # shipped parameters.  Released by close(), and at interpreter exit when never closed.
-        self._held = {"prepared": None, "shipped": []}
+        # What the trainer holds on the cluster: the fitted data's minibatches.  Released by
+        # close(), and at interpreter exit when never closed.
+        self._held = {"prepared": None}
         self._finalizer = weakref.finalize(self, SparkTrainer._release, self._held)
+        # predict()'s shipped parameters belong to the RDDs it returned (one finalizer each,
+        # run when that RDD is collected): listed here only so that close() can release them.
+        self._predictions: List[weakref.finalize] = []
 
     # ------------------------------------------------------------ resources
     @property
@@ -112,17 +118,22 @@ class SparkTrainer:
                 prepared.release()
             except Exception as exc:  # e.g. a SparkContext stopped before the trainer was closed
                 logger.debug("could not release the fit's minibatches: %s", exc)
-        for handle in resources["shipped"]:
-            try:
-                handle.destroy()
-            except Exception:  # a stopped SparkContext has released it already
-                pass
-        resources["shipped"].clear()
+
+    @staticmethod
+    def _destroy_shipped(handle) -> None:
+        try:
+            handle.destroy()
+        except Exception:  # a stopped SparkContext has released it already
+            pass
 
     def close(self) -> None:
-        """Release exported minibatches, persisted blocks and shipped parameters."""
+        """Release exported minibatches, persisted blocks and the parameters
+        shipped by :meth:`predict` (its RDDs cannot be computed afterwards)."""
         self._prepared_for = None
         SparkTrainer._release(self._held)
+        for release in self._predictions:
+            release()
+        self._predictions.clear()
 
     def __enter__(self) -> "SparkTrainer":
         return self
@@ -317,11 +328,22 @@ class SparkTrainer:
         give ``(key, output)`` (RDDs are unordered, keys say which is which);
         bare feature arrays give outputs in the partition order; a DataFrame
         uses ``features_col``.  Spark Connect (DataFrames only): the input
-        DataFrame with an ``output`` column (``array<float>``).  The shipped
-        parameters live as long as the returned RDD may be recomputed: until
-        :meth:`close`.
+        DataFrame with an ``output`` column (``array<float>``).
+
+        The shipped parameters live as long as the returned RDD (an RDD
+        derived from it refers to it): they are released when it is
+        garbage-collected or by :meth:`close`, not when the trainer is.
+        On Connect they travel inside the DataFrame's plan.  A DataFrame
+        built from the RDD (``createDataFrame``) does not keep it: keep the
+        RDD while such a DataFrame is computed.
         """
         shipped = self.seam.ship(network_state(self.network, with_updater=False))
-        self._held["shipped"].append(shipped)
-        return self.seam.map_features(data, make_predictor(self.network.to_json(), shipped, self.eval_batch_size),
-                                      self.features_col)
+        try:
+            result = self.seam.map_features(
+                data, make_predictor(self.network.to_json(), shipped, self.eval_batch_size), self.features_col)
+        except BaseException:
+            SparkTrainer._destroy_shipped(shipped)
+            raise
+        self._predictions = [f for f in self._predictions if f.alive]
+        self._predictions.append(weakref.finalize(result, SparkTrainer._destroy_shipped, shipped))
+        return result

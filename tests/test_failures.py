@@ -5,6 +5,10 @@ Each test injects one fault and checks what the user sees and what is kept.
 import gc
 import glob
 import os
+import re
+import signal
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -34,3 +38,115 @@ def test_predict_outlives_its_trainer_and_is_released_with_its_rdd(sc):
     del derived
     gc.collect()
     assert _temp_files(sc) == before  # the shipped parameters went with the last RDD referring to them
+
+
+def _rdd(sc, n=40, seed=52, parts=2):
+    x, y = blobs(n, seed=seed)
+    return sc.parallelize(list(zip(x, y.tolist())), parts)
+
+
+class _Canceller(threading.Thread):
+    """Calls ``cancel()`` each time new held tasks say they run (a retried
+    attempt would hold again), until stopped."""
+
+    def __init__(self, marker: str, cancel):
+        super().__init__(daemon=True)
+        self.marker, self.cancel, self.stopped, self.cancels = marker, cancel, threading.Event(), 0
+        self.start()
+
+    def run(self):
+        seen: set = set()
+        while not self.stopped.is_set():
+            held = set(glob.glob(self.marker + ".*")) - seen
+            if held:
+                seen |= held
+                self.cancels += 1
+                self.cancel()
+            self.stopped.wait(0.02)  # polls the held tasks' marker files
+
+    def stop(self):
+        self.stopped.set()
+        self.join()
+
+
+@pytest.mark.parametrize("master", ["averaging", "sharing"])
+def test_a_cancelled_fit_stops_says_so_and_keeps_the_last_checkpoint(sc, tmp_path, master):
+    from sparkavg.spark import GradientSharing, TrainingCancelled
+    from sparkavg.spark.checkpoint import list_checkpoints
+    from sparkavg.spark.executor.hooks import HOLD_MARKER
+
+    m = (ParameterAveraging(workers=2, batch_size_per_worker=10, averaging_frequency=1) if master == "averaging"
+         else GradientSharing(workers=2, batch_size_per_worker=10))
+    folder = str(tmp_path / "ckpt")
+    trainer = SparkTrainer(sc, small_net(seed=53), m, checkpoint_dir=folder)
+    rdd = _rdd(sc)
+    trainer.fit(rdd, epochs=1)
+    marker = str(tmp_path / "held")
+    group = f"cancel-{master}"
+    sc.setJobGroup(group, "a fit cancelled by its job group", interruptOnCancel=True)
+    sc.setLocalProperty(HOLD_MARKER, marker)
+    try:
+        canceller = _Canceller(marker, lambda: sc.cancelJobGroup(group) if master == "averaging"
+                               else sc.cancelAllJobs())
+        try:
+            with pytest.raises(TrainingCancelled, match=r"cancelled.*epoch 2.*checkpoint of epoch 1") as info:
+                trainer.fit(rdd, epochs=1)
+        finally:
+            canceller.stop()
+    finally:
+        sc.setLocalProperty(HOLD_MARKER, None)
+        sc.setJobGroup("after", "after")
+    assert "Job" in str(info.value) and "cancelled" in str(info.value)
+    assert canceller.cancels >= 1
+    assert trainer.stats.counters.get("stage_restarts", 0) == 0  # not restarted as a lost worker
+    assert [c.epochs_done for c in list_checkpoints(folder)] == [1]
+    assert trainer.history[-1]["epoch"] == 1
+
+
+def test_a_crashed_python_worker_with_no_retry_left_says_which_and_what_to_check(sc):
+    from sparkavg.spark import WorkerCrashed
+
+    trainer = SparkTrainer(sc, small_net(seed=54), ParameterAveraging(workers=2))
+
+    def crash(row):
+        os.kill(os.getpid(), signal.SIGKILL)  # every attempt: as the out-of-memory killer would
+        return row
+
+    with pytest.raises(WorkerCrashed) as info:
+        trainer.evaluate(_rdd(sc).map(crash))
+    text = str(info.value)
+    assert "collectAndServe" not in text
+    assert re.search(r"evaluation failed: the Python worker \(partition \d; task [\d.]+ of stage [\d.]+, TID \d+\) "
+                     r"on executor \S+ at host \S+ crashed 4 time\(s\), no attempt left", text), text
+    assert "out-of-memory" in text and "faulthandler" in text and "stderr log of executor" in text
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("Job aborted due to stage failure: Task 2 in stage 7.0 failed 4 times, most recent failure: Lost task 2.3 in "
+     "stage 7.0 (TID 31) (10.0.0.5 executor 3): ExecutorLostFailure (executor 3 exited caused by one of the "
+     "running tasks) Reason: Command exited with code 137",
+     r"the executor \(partition 2; task 2.3 of stage 7.0, TID 31\) on executor 3 at host 10.0.0.5 crashed 4 "
+     r"time\(s\), no attempt left: exit code 137 \(killed by SIGKILL\); Spark: Command exited with code 137\. "
+     r"The OS killed it, most often the out-of-memory killer: look at `dmesg` and the memory limit of 10.0.0.5; "
+     r"look at the stderr log of executor 3\."),
+    ("Task 0 in stage 0.0 failed 1 times, most recent failure: Lost task 0.0 in stage 0.0 (TID 0) (h1 executor "
+     "driver): org.apache.spark.SparkException: Python worker exited unexpectedly (crashed): Fatal Python error: "
+     "Segmentation fault\n\nCurrent thread 0x7f (most recent call first):\n  File \"/app/udf.py\", line 12 in crash",
+     r"the Python worker \(partition 0; .*\) on executor driver at host h1 crashed 1 time\(s\), no attempt left: "
+     r"fatal signal: Segmentation fault\. Native code crashed in the worker \(innermost Python frame: "
+     r"/app/udf.py:12 in crash\); look at the stderr log of executor driver\."),
+])
+def test_crash_descriptions_name_the_exit_code_or_signal(text, expected):
+    from sparkavg.spark.errors import describe_crash
+
+    assert re.fullmatch(expected, describe_crash(text)), describe_crash(text)
+    assert describe_crash("org.apache.spark.SparkException: Job aborted: something else") is None
+
+
+def test_cancellation_reasons_are_read_from_sparks_text():
+    from sparkavg.spark.errors import cancellation
+
+    assert cancellation("org.apache.spark.SparkException: [SPARK_JOB_CANCELLED] Job 3 cancelled part of cancelled "
+                        "job group g SQLSTATE: XXKDA\n\tat org") == "Job 3 cancelled part of cancelled job group g"
+    assert cancellation("[OPERATION_CANCELED] Operation has been canceled.").startswith("OPERATION_CANCELED")
+    assert cancellation("Job aborted due to stage failure: Task 0 in stage 1.0 failed 4 times") is None

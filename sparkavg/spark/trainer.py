@@ -18,7 +18,7 @@ from typing import List, Optional, Sequence
 from ..data.validation import DataSpec, rebatch_partition
 from ..evaluation import Evaluation, RegressionEvaluation
 from . import checkpoint as ckpt_io
-from .errors import DivergenceError, raise_failures
+from .errors import DivergenceError, TrainingCancelled, raise_failures
 from .executor.inference import add_scores, make_evaluator, make_predictor, make_scorer, merge_evaluations
 from .masters import ParameterAveraging
 from .runners import runner_for
@@ -224,6 +224,11 @@ class SparkTrainer:
                 summary = self._runner.run_epoch(self.network, prepared, epoch, self.workers, self.stats)
                 if not math.isfinite(summary["loss"]):
                     raise DivergenceError(f"training diverged: the loss of epoch {epoch + 1} is {summary['loss']}")
+            except TrainingCancelled as exc:
+                kept = (f"the checkpoint of epoch {epoch} in {self.checkpoint_dir!r} is intact (resume_from it)"
+                        if self.checkpoint_dir and epoch > 0 else "there is no checkpoint of an earlier epoch")
+                logger.warning("fit cancelled in epoch %d: %s", epoch + 1, kept)
+                raise TrainingCancelled(f"{exc}; the fit stopped in epoch {epoch + 1}: {kept}") from exc.__cause__
             except DivergenceError as exc:
                 if self.on_divergence != "recover" or recoveries >= self.max_recoveries:
                     logger.error("%s; the last checkpoint (if any) holds the last good state", exc)

@@ -29,6 +29,8 @@ from typing import List, Optional
 
 import numpy as np
 
+from ..npzfile import load_npz
+
 __all__ = ["Checkpoint", "CheckpointError", "save_checkpoint", "list_checkpoints", "find_resumable",
            "check_fresh", "architecture_fingerprint"]
 
@@ -69,12 +71,14 @@ class Checkpoint:
         return Network.load(os.path.join(self.directory, "network.npz"))
 
     def load_runner_state(self) -> dict:
-        """The runner state saved with this checkpoint (name -> ndarray; empty when none was saved)."""
+        """The runner state saved with this checkpoint (name -> ndarray; empty when none was saved),
+        read in bounded memory (:func:`sparkavg.npzfile.load_npz`): a runner carries a few vectors
+        the size of the parameters, so at most twice the network file plus 1 MiB."""
         path = os.path.join(self.directory, _RUNNER_FILE)
         if not os.path.exists(path):
             return {}
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
+        limit = 2 * os.path.getsize(os.path.join(self.directory, "network.npz")) + (1 << 20)
+        return load_npz(path, max_bytes=limit, error=CheckpointError)
 
     def describe(self) -> str:
         target = f" of {self.target_epochs}" if self.target_epochs else ""

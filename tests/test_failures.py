@@ -150,3 +150,16 @@ def test_cancellation_reasons_are_read_from_sparks_text():
                         "job group g SQLSTATE: XXKDA\n\tat org") == "Job 3 cancelled part of cancelled job group g"
     assert cancellation("[OPERATION_CANCELED] Operation has been canceled.").startswith("OPERATION_CANCELED")
     assert cancellation("Job aborted due to stage failure: Task 0 in stage 1.0 failed 4 times") is None
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("stall_timeout", float("inf"), "Expect stall_timeout as a finite number of seconds, got float inf"),
+    ("retransmit_timeout", float("nan"), "Expect retransmit_timeout as a finite number of seconds, got float nan"),
+    ("send_window_messages", 2.5, "Expect send_window_messages as an int, got float 2.5"),
+    ("max_message_bytes", 1e6, "Expect max_message_bytes as an int, got float 1000000.0"),
+])
+def test_endpoint_config_refuses_infinite_timeouts_and_fractional_sizes_on_the_driver(field, value, expected):
+    from sparkavg.transport import EndpointConfig
+
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        EndpointConfig(**{field: value})

@@ -163,3 +163,40 @@ def test_endpoint_config_refuses_infinite_timeouts_and_fractional_sizes_on_the_d
 
     with pytest.raises(ValueError, match=re.escape(expected)):
         EndpointConfig(**{field: value})
+
+
+def test_a_second_concurrent_fit_on_one_trainer_is_refused(sc, tmp_path):
+    from sparkavg.spark import TrainingCancelled
+    from sparkavg.spark.executor.hooks import HOLD_MARKER
+
+    trainer = SparkTrainer(sc, small_net(seed=55), ParameterAveraging(workers=2, batch_size_per_worker=10))
+    rdd = _rdd(sc)
+    marker = str(tmp_path / "held")
+    outcome = {}
+
+    def first():
+        sc.setJobGroup("first-fit", "held until cancelled")
+        sc.setLocalProperty(HOLD_MARKER, marker)
+        try:
+            trainer.fit(rdd, epochs=1)
+        except Exception as exc:
+            outcome["first"] = exc
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not glob.glob(marker + ".*") and time.monotonic() < deadline:
+        time.sleep(0.02)  # polls until the first fit's round runs (held)
+    watchdog = threading.Timer(30, sc.cancelAllJobs)  # a second fit let through would wait for the held slots
+    watchdog.start()
+    try:
+        with pytest.raises(RuntimeError, match=r"Expect one fit at a time on a trainer, got a second concurrent fit"):
+            trainer.fit(rdd, epochs=1)
+    finally:
+        watchdog.cancel()
+        sc.cancelJobGroup("first-fit")
+        thread.join(60)
+    assert isinstance(outcome.get("first"), TrainingCancelled)
+    assert trainer.history == []
+    trainer.close()
+    assert trainer._prepared is None

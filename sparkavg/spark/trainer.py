@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import threading
 import time
 import uuid
 import weakref
@@ -103,6 +104,7 @@ class SparkTrainer:
         # predict()'s shipped parameters belong to the RDDs it returned (one finalizer each,
         # run when that RDD is collected): listed here only so that close() can release them.
         self._predictions: List[weakref.finalize] = []
+        self._fitting, self._fitting_thread = threading.Lock(), None
 
     # ------------------------------------------------------------ resources
     @property
@@ -199,7 +201,24 @@ class SparkTrainer:
         Returns
         -------
         self
+
+        Raises
+        ------
+        RuntimeError
+            Another thread is already in ``fit`` on this trainer (its
+            bookkeeping and minibatches are one fit's).
         """
+        if not self._fitting.acquire(blocking=False):
+            raise RuntimeError(f"Expect one fit at a time on a trainer, got a second concurrent fit (thread "
+                               f"{self._fitting_thread!r} is fitting); use one SparkTrainer per thread")
+        try:
+            self._fitting_thread = threading.current_thread().name
+            return self._fit(data, epochs, resume_from, validation_data)
+        finally:
+            self._fitting_thread = None
+            self._fitting.release()
+
+    def _fit(self, data, epochs, resume_from, validation_data):
         if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
             raise ValueError(f"Expect epochs >= 1 (an int), got {epochs!r}")
         self.master.validate_for(self.workers)

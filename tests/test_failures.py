@@ -200,3 +200,16 @@ def test_a_second_concurrent_fit_on_one_trainer_is_refused(sc, tmp_path):
     assert trainer.history == []
     trainer.close()
     assert trainer._prepared is None
+
+
+def test_overwrite_checkpoints_removes_the_old_runs_later_epochs(sc, tmp_path):
+    from sparkavg.spark.checkpoint import list_checkpoints
+
+    folder = str(tmp_path / "ckpt")
+    master = ParameterAveraging(workers=2, batch_size_per_worker=10, averaging_frequency=2)
+    rdd = _rdd(sc)
+    old = SparkTrainer(sc, small_net(seed=56), master, checkpoint_dir=folder).fit(rdd, epochs=2)
+    new = SparkTrainer(sc, small_net(seed=57), master, checkpoint_dir=folder, overwrite_checkpoints=True)
+    new.fit(rdd, epochs=1)
+    found = list_checkpoints(folder)
+    assert [(c.run_id, c.epochs_done) for c in found] == [(new.run_id, 1)], (old.run_id, found)

@@ -50,7 +50,8 @@ class SparkTrainer:
         validation pass).  It holds one run: a fresh fit refuses a folder
         with another run's checkpoints unless ``overwrite_checkpoints``.
     overwrite_checkpoints : bool, default False
-        Let a fresh fit write over another run's checkpoints.
+        Let a fresh fit replace another run's checkpoints: they are deleted
+        before its first epoch (none of the old run's epochs is left to resume).
     eval_batch_size : int, default 64
         Minibatch size of evaluate/score/predict (DL4J's default).
     on_divergence : {"raise", "recover"}, default "raise"
@@ -229,6 +230,8 @@ class SparkTrainer:
             logger.info("resuming %s; %d epoch(s) to go", found.describe(), epochs - self.epochs_done)
         elif self.checkpoint_dir and not self.overwrite_checkpoints:
             ckpt_io.check_fresh(self.checkpoint_dir, self.run_id)
+        elif self.checkpoint_dir:  # overwrite: the old run's later epochs must not be resumed by mistake
+            ckpt_io.remove_other_runs(self.checkpoint_dir, self.run_id)
         target = epochs if resume_from is not None else self.epochs_done + epochs
         prepared = self._prepare(data)
         recoveries = 0

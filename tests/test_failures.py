@@ -213,3 +213,11 @@ def test_overwrite_checkpoints_removes_the_old_runs_later_epochs(sc, tmp_path):
     new.fit(rdd, epochs=1)
     found = list_checkpoints(folder)
     assert [(c.run_id, c.epochs_done) for c in found] == [(new.run_id, 1)], (old.run_id, found)
+
+
+def test_a_trainer_refuses_a_non_network_and_a_non_path_checkpoint_dir_at_construction(sc):
+    with pytest.raises(TypeError, match=r"Expect a network \(sparkavg.nn.Network .*\), got str 'notanet'"):
+        SparkTrainer(sc, "notanet")
+    with pytest.raises(TypeError, match=r"Expect checkpoint_dir as a folder path \(str or os.PathLike\) or None, "
+                                        r"got int 123"):
+        SparkTrainer(sc, small_net(seed=58), checkpoint_dir=123)

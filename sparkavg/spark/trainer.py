@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import threading
 import time
 import uuid
@@ -76,6 +77,15 @@ class SparkTrainer:
                  label_col: str = "label", checkpoint_dir: Optional[str] = None,
                  overwrite_checkpoints: bool = False, eval_batch_size: int = 64, on_divergence: str = "raise",
                  max_recoveries: int = 3, recovery_lr_factor: float = 0.5):
+        missing = [a for a in ("params", "updater_state", "iteration", "epoch", "to_json") if not hasattr(network, a)]
+        if missing:
+            raise TypeError(f"Expect a network (sparkavg.nn.Network or a model with params, updater_state, "
+                            f"iteration, epoch and to_json), got {type(network).__name__} {network!r:.80}")
+        if checkpoint_dir is not None:
+            if not isinstance(checkpoint_dir, (str, os.PathLike)):
+                raise TypeError(f"Expect checkpoint_dir as a folder path (str or os.PathLike) or None, got "
+                                f"{type(checkpoint_dir).__name__} {checkpoint_dir!r:.80}")
+            checkpoint_dir = os.fspath(checkpoint_dir)
         self.seam = seam_for(spark_or_sc)
         self.master = master if master is not None else ParameterAveraging()
         self._runner = runner_for(self.seam, self.master)

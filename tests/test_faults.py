@@ -187,7 +187,8 @@ def test_close_and_with_release_exports_and_predict_broadcasts(sc):
         assert os.path.isdir(folder)
         before = len(glob.glob(os.path.join(sc._temp_dir, "**"), recursive=True))
         x, _ = blobs(6, seed=12)
-        assert len(trainer.predict(sc.parallelize(list(x), 2)).collect()) == 6
+        out = trainer.predict(sc.parallelize(list(x), 2))  # still referenced when the trainer closes
+        assert len(out.collect()) == 6
         assert len(glob.glob(os.path.join(sc._temp_dir, "**"), recursive=True)) > before
     assert not os.path.exists(folder)
     assert len(glob.glob(os.path.join(sc._temp_dir, "**"), recursive=True)) == before

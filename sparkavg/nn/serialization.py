@@ -24,7 +24,8 @@ file costs little memory or time before it is refused:
 
 1. the zip directory: exactly the members above, each stored or deflated
    (not encrypted, no other method), deflated ones expanding at most
-   :data:`MAX_COMPRESSION_RATIO` times;
+   :data:`MAX_COMPRESSION_RATIO` times, each inside the file (the rules of
+   :mod:`sparkavg.npzfile`, the one reader of every npz sparkavg opens);
 2. the small members (config at most :data:`MAX_CONFIG_BYTES`, counters,
    digest), each by its ``.npy`` header and declared size first;
 3. the JSON configuration, rebuilt as far as the sizes it implies
@@ -46,21 +47,17 @@ with a warning.
 """
 from __future__ import annotations
 
-import collections
 import hashlib
 import json
 import logging
-import math
 import os
-import struct
 import tempfile
-import zipfile
-import zlib
 
 import numpy as np
 
 from .. import backend
 from ..configurable import checked_arguments
+from ..npzfile import MAX_COMPRESSION_RATIO, NpzArchive
 
 __all__ = ["ModelFileError", "save_network", "load_network", "FILE_TAG", "MAX_PARAMS", "MAX_CONFIG_BYTES",
            "MAX_COMPRESSION_RATIO"]
@@ -73,20 +70,12 @@ FILE_TAG = b"sparkavg.nn model v1"
 MAX_PARAMS = 2**31 // 4
 #: Largest JSON configuration a model file may hold.
 MAX_CONFIG_BYTES = 1 << 20
-#: A deflated member may expand at most this many times (the writer stores
-#: members uncompressed; deflate itself tops out near 1032).
-MAX_COMPRESSION_RATIO = 100
-
 _MEMBERS = ("config", "params", "updater_state", "counters", "sha256")
 #: Members a file may lack (written before they existed).
 _OPTIONAL = ("buffers",)
 #: State vectors in file order: (member name, name in ``model.state``).
 _VECTORS = (("params", "params"), ("updater_state", "updater"), ("buffers", "buffers"))
 _CHUNK = 1 << 20
-_MAX_NPY_HEADER = 10_000  # numpy's own default limit
-# What reading a corrupt zip member can raise, besides our own ModelFileError.
-_READ_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, KeyError, NotImplementedError,
-                RuntimeError, struct.error, OverflowError, SyntaxError, TypeError)
 
 
 class ModelFileError(ValueError):
@@ -144,112 +133,15 @@ def save_network(network, path) -> None:
 
 
 # -------------------------------------------------------------------- read
-class _Archive:
-    """The checked zip directory of one model file; every error names the file."""
+class _Archive(NpzArchive):
+    """The checked zip directory of one model file (:mod:`sparkavg.npzfile`'s
+    one bounded reader); every error is a :class:`ModelFileError` naming the file."""
+
+    expectation = " for this configuration"
 
     def __init__(self, path: str, fh):
-        self.path = path
-        try:
-            self.zip = zipfile.ZipFile(fh)
-            infos = self.zip.infolist()
-        except _READ_ERRORS as exc:
-            raise self.error(f"expected an .npz model archive (a zip file), got unreadable data ({exc})") from None
-        counts = collections.Counter(i.filename for i in infos)
-        expected = [f"{m}.npy" for m in _MEMBERS]
-        allowed = expected + [f"{m}.npy" for m in _OPTIONAL]
-        missing = [m for m, n in zip(_MEMBERS, expected) if n not in counts]
-        extra = sorted(n for n, k in counts.items() if n not in allowed or k > 1)
-        if missing or extra:
-            shown = extra[:10] + ([f"... {len(extra) - 10} more"] if len(extra) > 10 else [])
-            raise self.error(f"expected exactly the members {list(_MEMBERS)} (and optionally {list(_OPTIONAL)}), "
-                             f"missing {missing}, unexpected or repeated {shown}")
-        self.infos = {i.filename[:-4]: i for i in infos}
-        for name, info in self.infos.items():
-            self._check_entry(name, info)
-
-    def error(self, message: str) -> ModelFileError:
-        return ModelFileError(f"{self.path}: {message}")
-
-    def _check_entry(self, name, info) -> None:
-        if info.flag_bits & 0x1:
-            raise self.error(f"member {name!r} is encrypted; expected a plain entry")
-        if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-            raise self.error(f"member {name!r} uses compression method {info.compress_type}; expected stored (0) "
-                             f"or deflated (8)")
-        if info.compress_type == zipfile.ZIP_STORED and info.compress_size != info.file_size:
-            raise self.error(f"member {name!r} is stored with {info.compress_size} bytes but declares "
-                             f"{info.file_size}; expected equal sizes")
-        if info.compress_type == zipfile.ZIP_DEFLATED and \
-                info.file_size > max(_CHUNK, MAX_COMPRESSION_RATIO * info.compress_size):
-            raise self.error(f"member {name!r} expands {info.compress_size:,} compressed bytes to {info.file_size:,} "
-                             f"(ratio {info.file_size / max(info.compress_size, 1):,.0f}); expected a ratio of at "
-                             f"most {MAX_COMPRESSION_RATIO} -- refusing a possible zip bomb")
-
-    def open(self, name: str, dtype, shape=None, max_length: int | None = None):
-        """Open member ``name`` and check its ``.npy`` header and declared size
-        (``shape`` exact, or a 1-D length of at most ``max_length``) without
-        reading the data.  Returns ``(stream positioned at the data, shape)``."""
-        info = self.infos[name]
-        dtype = np.dtype(dtype)
-        try:
-            fp = self.zip.open(info)
-            try:
-                version = np.lib.format.read_magic(fp)
-                if version == (1, 0):
-                    got_shape, fortran, got_dtype = np.lib.format.read_array_header_1_0(fp, _MAX_NPY_HEADER)
-                elif version == (2, 0):
-                    got_shape, fortran, got_dtype = np.lib.format.read_array_header_2_0(fp, _MAX_NPY_HEADER)
-                else:
-                    raise self.error(f"member {name!r} is .npy format {version}; expected 1.0 or 2.0")
-                header_bytes = fp.tell()
-            except BaseException:
-                fp.close()
-                raise
-        except ModelFileError:
-            raise
-        except _READ_ERRORS as exc:
-            raise self.error(f"member {name!r} is corrupt: expected an .npy header ({exc})") from None
-        want = f"{dtype} of shape {shape}" if shape is not None else f"1-D {dtype} of at most {max_length:,} values"
-        if got_dtype.hasobject:
-            fp.close()
-            raise self.error(f"member {name!r} is a pickled object array (dtype {got_dtype}); expected {want} "
-                             f"(model files are never unpickled)")
-        ok = got_dtype == dtype and not (fortran and len(got_shape) > 1)
-        ok = ok and (got_shape == shape if shape is not None else len(got_shape) == 1 and got_shape[0] <= max_length)
-        if not ok:
-            fp.close()
-            raise self.error(f"{name} should be {want} for this configuration, got {got_dtype} of shape {got_shape}")
-        nbytes = math.prod(got_shape) * dtype.itemsize
-        if info.file_size != header_bytes + nbytes:
-            fp.close()
-            raise self.error(f"member {name!r} declares {info.file_size:,} bytes; expected {header_bytes + nbytes:,} "
-                             f"(a {header_bytes}-byte header and {got_dtype} of shape {got_shape})")
-        return fp, got_shape
-
-    def read_into(self, name: str, fp, out: np.ndarray, digest) -> None:
-        """Stream the data of an opened member into ``out`` in chunks, hashing it;
-        reading to the end makes zipfile check the entry's CRC-32."""
-        view = memoryview(out.reshape(-1).view(np.uint8))
-        try:
-            with fp:
-                for start in range(0, len(view), _CHUNK):
-                    want = min(_CHUNK, len(view) - start)
-                    chunk = fp.read(want)  # fewer bytes only at the end of the entry
-                    if len(chunk) != want:
-                        raise EOFError(f"data ends after {start + len(chunk):,} of {len(view):,} bytes")
-                    view[start:start + want] = chunk
-                    digest.update(chunk)
-                if fp.read(1):
-                    raise ValueError("data continues past the array")
-        except _READ_ERRORS as exc:
-            raise self.error(f"member {name!r} is truncated or corrupt ({exc})") from None
-
-    def read_small(self, name: str, dtype, shape=None, max_length=None) -> np.ndarray:
-        """A small member, checked by header first, read whole."""
-        fp, got_shape = self.open(name, dtype, shape, max_length)
-        out = np.empty(got_shape, dtype=dtype)
-        self.read_into(name, fp, out, hashlib.sha256())
-        return out
+        super().__init__(path, fh, members=_MEMBERS, optional=_OPTIONAL, error=ModelFileError,
+                         what="an .npz model archive")
 
 
 def _network_plan(archive: _Archive, config_bytes: bytes, max_params: int, network_cls):

@@ -31,6 +31,8 @@ _EXPORTS = {
     "recommended_conf": ".session",
     "check_session": ".session",
     "WorkerFailure": ".errors",
+    "WorkerCrashed": ".errors",
+    "TrainingCancelled": ".errors",
     "DivergenceError": ".errors",
     "CheckpointError": ".checkpoint",
 }

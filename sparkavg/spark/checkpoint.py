@@ -28,8 +28,10 @@ from typing import List, Optional
 
 import numpy as np
 
+from ..npzfile import load_npz
+
 __all__ = ["Checkpoint", "CheckpointError", "save_checkpoint", "list_checkpoints", "find_resumable",
-           "check_fresh", "architecture_fingerprint"]
+           "check_fresh", "remove_other_runs", "architecture_fingerprint"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,12 +69,14 @@ class Checkpoint:
         return load_model(os.path.join(self.directory, "network.npz"))
 
     def load_runner_state(self) -> dict:
-        """The runner state saved with this checkpoint (name -> ndarray; empty when none was saved)."""
+        """The runner state saved with this checkpoint (name -> ndarray; empty when none was saved),
+        read in bounded memory (:func:`sparkavg.npzfile.load_npz`): a runner carries a few vectors
+        the size of the parameters, so at most twice the network file plus 1 MiB."""
         path = os.path.join(self.directory, _RUNNER_FILE)
         if not os.path.exists(path):
             return {}
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
+        limit = 2 * os.path.getsize(os.path.join(self.directory, "network.npz")) + (1 << 20)
+        return load_npz(path, max_bytes=limit, error=CheckpointError)
 
     def describe(self) -> str:
         target = f" of {self.target_epochs}" if self.target_epochs else ""
@@ -203,3 +207,28 @@ def find_resumable(path: str, *, network, master: dict, epochs: int, run_id: Opt
                                   "that run, or start a new run with a new checkpoint_dir")
         return ckpt, net
     raise CheckpointError(f"no loadable checkpoint in {path!r}: {'; '.join(errors)}")
+
+
+def remove_other_runs(directory: str, run_id: str) -> int:
+    """Delete every checkpoint folder in ``directory`` that is not run
+    ``run_id``'s (unreadable ones included): what ``overwrite_checkpoints``
+    does before a fresh run writes, so that a later ``resume_from`` cannot
+    continue the old run's later epochs.  Returns how many were removed."""
+    if not os.path.isdir(directory):
+        return 0
+    removed = 0
+    for name in sorted(os.listdir(directory)):
+        if not (_EPOCH_DIR.match(name) or (name.endswith(".tmp") and _EPOCH_DIR.match(name[:-4]))):
+            continue
+        folder = os.path.join(directory, name)
+        try:
+            mine = _read(folder).run_id == run_id
+        except (OSError, ValueError):
+            mine = False
+        if not mine:
+            shutil.rmtree(folder)
+            removed += 1
+    if removed:
+        logger.warning("overwrite_checkpoints: removed %d checkpoint folder(s) of another run from %s", removed,
+                       directory)
+    return removed

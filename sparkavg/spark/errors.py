@@ -11,6 +11,12 @@ round).  Any other error fails the task as usual (a lost worker is
 retried by Spark), with one marker line in its message that
 :func:`executor_errors` reads back on the driver, so the user sees the
 executor's exception type and message, not a source line of Py4J text.
+
+Two failures are not the executor's doing and say so: a cancelled job
+(``sc.cancelAllJobs()``, a job group or tag, a Connect interrupt) is
+:class:`TrainingCancelled`, never retried; a Python worker that crashed with
+no attempt left is :class:`WorkerCrashed`, naming the task, executor and
+host, the exit code or signal when Spark reports one, and what to look at.
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ import contextlib
 import json
 import logging
 import re
+import signal
 from typing import Optional
 
 from ..configurable import ConfigError
@@ -25,6 +32,8 @@ from ..data.validation import DataValidationError
 
 __all__ = [
     "WorkerFailure",
+    "WorkerCrashed",
+    "TrainingCancelled",
     "DivergenceError",
     "TaskFailure",
     "register_error",
@@ -43,13 +52,22 @@ class WorkerFailure(RuntimeError):
     """An executor failed with an error sparkavg cannot rebuild as its own type."""
 
 
+class WorkerCrashed(WorkerFailure):
+    """A Python worker died (crashed, killed, exited) and Spark had no attempt left."""
+
+
+class TrainingCancelled(RuntimeError):
+    """A Spark job of sparkavg's was cancelled (``cancelAllJobs``, a job group
+    or tag, a Connect interrupt): the work stops, it is not retried."""
+
+
 class DivergenceError(ArithmeticError):
     """A non-finite loss or parameter: training diverged (lower the learning rate)."""
 
 
 _KNOWN = {cls.__name__: cls for cls in (DataValidationError, ConfigError, DivergenceError)}
-_PERMANENT = (DataValidationError, ConfigError, DivergenceError, ValueError, TypeError, KeyError, IndexError,
-              ArithmeticError)
+_PERMANENT = (DataValidationError, ConfigError, DivergenceError, TrainingCancelled, ValueError, TypeError, KeyError,
+              IndexError, ArithmeticError)
 _MARKER = "SPARKAVG-TASK-ERROR "
 _MARKER_RE = re.compile(re.escape(_MARKER) + r"(\{.*?\})\s*$", re.M)
 
@@ -161,9 +179,12 @@ def executor_errors(what: str):
     try:
         yield
     except Exception as exc:
-        if isinstance(exc, tuple(_KNOWN.values())) or isinstance(exc, WorkerFailure):
+        if isinstance(exc, tuple(_KNOWN.values())) or isinstance(exc, (WorkerFailure, TrainingCancelled)):
             raise
         text = str(exc)
+        cancelled = cancellation(text)
+        if cancelled is not None:
+            raise TrainingCancelled(f"{what} was cancelled: {cancelled}") from exc
         found = _MARKER_RE.findall(text)
         if found:
             note = json.loads(found[-1])
@@ -172,6 +193,9 @@ def executor_errors(what: str):
             hit = re.findall(rf"(?:\w+\.)*{name}: (.+)", text)
             if hit:
                 raise cls(hit[-1].strip()) from exc
+        crash = describe_crash(text)
+        if crash is not None:
+            raise WorkerCrashed(f"{what} failed: {crash}") from exc
         if "Py4J" in type(exc).__name__ or "PythonException" in type(exc).__name__ \
                 or "SparkException" in type(exc).__name__:
             raise WorkerFailure(f"{what} failed on an executor: {_last_error_line(text)}") from exc
@@ -187,3 +211,88 @@ def _last_error_line(text: str) -> str:
     first = next((ln for ln in text.splitlines() if ln.strip()), text[:300])
     return first.strip()[:1000]
 
+
+
+_CANCELLED_RE = re.compile(r"\bJob \d+ cancelled\b[^\n]*|\bOPERATION_CANCELED\b[^\n]*")
+
+
+def cancellation(text: str) -> Optional[str]:
+    """Spark's reason when ``text`` (a failed job's error) says the job was
+    cancelled (``Job 3 cancelled as part of cancellation of all jobs``,
+    ``... part of cancelled job group g``, a Connect ``OPERATION_CANCELED``),
+    else None."""
+    hit = _CANCELLED_RE.search(text)
+    if hit is None:
+        return None
+    return re.sub(r"\s*SQLSTATE: \w+\s*$", "", hit.group(0).strip().lstrip("] "))
+
+
+_CRASH_RE = re.compile(r"Python worker exited unexpectedly \(crashed\)(?:[:\-]\s*(?P<detail>[^\n]*))?")
+_LOST_RE = re.compile(r"Lost task (?P<attempt>[\d.]+) in stage (?P<stage>[\d.]+) \(TID (?P<tid>\d+)\) "
+                      r"\((?P<host>[^ )]+) executor (?P<executor>[^)]+)\)")
+_FAILED_RE = re.compile(r"Task (?P<index>\d+) in stage [\d.]+ failed (?P<times>\d+) times?")
+_EXECUTOR_LOST_RE = re.compile(r"ExecutorLostFailure \(executor (?P<executor>\S+) exited(?P<why>[^)]*)\)"
+                               r"(?: Reason: (?P<reason>[^\n]*))?")
+_EXIT_RE = re.compile(r"exit(?:ed)?(?: with)? (?:code|status) (?P<code>-?\d+)", re.I)
+_SIGNAL_RE = re.compile(r"\b(SIG[A-Z]{2,6})\b|Fatal Python error: (?P<fatal>[^\n]*)")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def describe_crash(text: str) -> Optional[str]:
+    """What a job failure ``text`` says about a Python worker (or its executor)
+    that died with no attempt left: which task, partition, executor and host,
+    the exit code or signal when Spark reports one, and what to look at.
+    None when ``text`` is not such a failure."""
+    crash, lost = _CRASH_RE.search(text), _EXECUTOR_LOST_RE.search(text)
+    if crash is None and lost is None:
+        return None
+    task, failed = _LOST_RE.search(text), _FAILED_RE.search(text)
+    parts = []
+    if failed:
+        parts.append(f"partition {failed.group('index')}")
+    if task:
+        parts.append(f"task {task.group('attempt')} of stage {task.group('stage')}, TID {task.group('tid')}")
+    executor = lost.group("executor") if lost else (task.group("executor") if task else None)
+    host = task.group("host") if task else None
+    where = f" ({'; '.join(parts)})" if parts else ""
+    place = (f" on executor {executor}" if executor else "") + (f" at host {host}" if host else "")
+    times = f" {failed.group('times')} time(s), no attempt left" if failed else ""
+    what = "the Python worker" if crash else "the executor"
+    reason = ""
+    exit_hit = _EXIT_RE.search(text)
+    signal_hit = _SIGNAL_RE.search(text)
+    if exit_hit:
+        code = int(exit_hit.group("code"))
+        reason = f"exit code {code}"
+        if code > 128:
+            reason += f" (killed by {_signal_name(code - 128)})"
+        elif code < 0:
+            reason += f" (killed by {_signal_name(-code)})"
+    elif signal_hit:
+        reason = signal_hit.group("fatal") or signal_hit.group(1)
+        reason = f"fatal signal: {reason.strip()}"
+    elif crash and crash.group("detail") and not crash.group("detail").startswith("Consider setting"):
+        reason = crash.group("detail").strip()[:300]
+    if lost and lost.group("reason"):
+        reason = f"{reason}; Spark: {lost.group('reason').strip()[:300]}" if reason else \
+            f"Spark: {lost.group('reason').strip()[:300]}"
+    said = reason if reason else "Spark reported no exit code or signal"
+    log = f"look at the stderr log of executor {executor or '(see the Spark UI)'}"
+    memory = f"look at `dmesg` and the memory limit{' of ' + host if host else ''}"
+    if signal_hit and not exit_hit:
+        frame = re.search(r'File "([^"]+)", line (\d+) in (\S+)', text)
+        hint = ("Native code crashed in the worker" + (f" (innermost Python frame: {frame.group(1)}:{frame.group(2)} "
+                                                        f"in {frame.group(3)})" if frame else "") + f"; {log}.")
+    elif "SIGKILL" in said:
+        hint = f"The OS killed it, most often the out-of-memory killer: {memory}; {log}."
+    else:
+        hint = (f"A worker dies this way when the OS kills it (SIGKILL, most often the out-of-memory killer: "
+                f"{memory}), when native code crashes (set spark.python.worker.faulthandler.enabled=true to get "
+                f"its Python traceback), or on os._exit; {log}.")
+    return f"{what}{where}{place} crashed{times}: {said}. {hint}"

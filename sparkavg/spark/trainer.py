@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
+import threading
 import time
 import uuid
 import weakref
@@ -20,7 +22,7 @@ from ..evaluation import Evaluation, RegressionEvaluation
 from ..listeners.base import EventDispatcher
 from ..listeners.progress import progress_listeners
 from . import checkpoint as ckpt_io
-from .errors import DivergenceError, raise_failures
+from .errors import DivergenceError, TrainingCancelled, raise_failures
 from .executor.inference import add_scores, make_evaluator, make_predictor, make_scorer, merge_evaluations
 from .masters import ParameterAveraging
 from .runners import runner_for
@@ -53,7 +55,8 @@ class SparkTrainer:
         validation pass).  It holds one run: a fresh fit refuses a folder
         with another run's checkpoints unless ``overwrite_checkpoints``.
     overwrite_checkpoints : bool, default False
-        Let a fresh fit write over another run's checkpoints.
+        Let a fresh fit replace another run's checkpoints: they are deleted
+        before its first epoch (none of the old run's epochs is left to resume).
     eval_batch_size : int, default 64
         Minibatch size of evaluate/score/predict (DL4J's default).
     on_divergence : {"raise", "recover"}, default "raise"
@@ -76,9 +79,12 @@ class SparkTrainer:
         when stderr is a terminal and tqdm is installed.  Without it, the
         rounds' progress goes to periodic log lines.
 
-    The trainer holds exported minibatches and shipped parameters of
-    ``predict``; :meth:`close` (or leaving ``with SparkTrainer(...)``, or
-    interpreter exit) releases them.
+    The trainer holds exported minibatches; :meth:`close` (or leaving
+    ``with SparkTrainer(...)``, or interpreter exit) releases them.  The
+    parameters ``predict`` ships live as long as the RDD it returns (and
+    RDDs derived from it): released when it is garbage-collected, by
+    :meth:`close`, or at interpreter exit -- never when only the trainer
+    goes away.
     """
 
     def __init__(self, spark_or_sc, network, master=None, *, features_col: str = "features",
@@ -86,6 +92,19 @@ class SparkTrainer:
                  overwrite_checkpoints: bool = False, eval_batch_size: int = 64, on_divergence: str = "raise",
                  max_recoveries: int = 3, recovery_lr_factor: float = 0.5, listeners: Optional[Sequence] = None,
                  progress="auto"):
+        from ..nn import Model
+
+        if not isinstance(network, Model):
+            missing = sorted(n for n in ("state", "load_state", "spec", "fit_batch", "to_json", "fingerprint")
+                             if not hasattr(network, n))
+            raise TypeError(f"Expect a model (sparkavg.nn.Network, Graph, sparkavg.torch.TorchModel: the "
+                            f"sparkavg.nn.Model contract), got {type(network).__name__} {network!r:.80}"
+                            + (f" (it lacks {missing})" if missing else ""))
+        if checkpoint_dir is not None:
+            if not isinstance(checkpoint_dir, (str, os.PathLike)):
+                raise TypeError(f"Expect checkpoint_dir as a folder path (str or os.PathLike) or None, got "
+                                f"{type(checkpoint_dir).__name__} {checkpoint_dir!r:.80}")
+            checkpoint_dir = os.fspath(checkpoint_dir)
         self.seam = seam_for(spark_or_sc)
         self.master = master if master is not None else ParameterAveraging()
         self._runner = runner_for(self.seam, self.master)
@@ -108,13 +127,17 @@ class SparkTrainer:
         self.stats = TrainingStats(workers=self.workers)
         self.history: List[dict] = []
         self._prepared_for = None
-        # What the trainer holds on the cluster: the fitted data's minibatches and predict()'s
-        # shipped parameters.  Released by close(), and at interpreter exit when never closed.
-        self._held = {"prepared": None, "shipped": []}
+        # What the trainer holds on the cluster: the fitted data's minibatches.  Released by
+        # close(), and at interpreter exit when never closed.
+        self._held = {"prepared": None}
         self._finalizer = weakref.finalize(self, SparkTrainer._release, self._held)
         self._events = EventDispatcher(list(listeners or ()) + progress_listeners(progress), owner=self)
         self._runner.events = self._events
         self._epoch_running: Optional[int] = None
+        # predict()'s shipped parameters belong to the RDDs it returned (one finalizer each,
+        # run when that RDD is collected): listed here only so that close() can release them.
+        self._predictions: List[weakref.finalize] = []
+        self._fitting, self._fitting_thread = threading.Lock(), None
 
     # ------------------------------------------------------------ resources
     @property
@@ -130,17 +153,22 @@ class SparkTrainer:
                 prepared.release()
             except Exception as exc:  # e.g. a SparkContext stopped before the trainer was closed
                 logger.debug("could not release the fit's minibatches: %s", exc)
-        for handle in resources["shipped"]:
-            try:
-                handle.destroy()
-            except Exception:  # a stopped SparkContext has released it already
-                pass
-        resources["shipped"].clear()
+
+    @staticmethod
+    def _destroy_shipped(handle) -> None:
+        try:
+            handle.destroy()
+        except Exception:  # a stopped SparkContext has released it already
+            pass
 
     def close(self) -> None:
-        """Release exported minibatches, persisted blocks and shipped parameters."""
+        """Release exported minibatches, persisted blocks and the parameters
+        shipped by :meth:`predict` (its RDDs cannot be computed afterwards)."""
         self._prepared_for = None
         SparkTrainer._release(self._held)
+        for release in self._predictions:
+            release()
+        self._predictions.clear()
 
     def __enter__(self) -> "SparkTrainer":
         return self
@@ -220,13 +248,27 @@ class SparkTrainer:
         Returns
         -------
         self
+
+        Raises
+        ------
+        RuntimeError
+            Another thread is already in ``fit`` on this trainer (its
+            bookkeeping and minibatches are one fit's).
         """
-        self._epoch_running = None
+        if not self._fitting.acquire(blocking=False):
+            raise RuntimeError(f"Expect one fit at a time on a trainer, got a second concurrent fit (thread "
+                               f"{self._fitting_thread!r} is fitting); use one SparkTrainer per thread")
         try:
-            return self._fit(data, epochs, resume_from=resume_from, validation_data=validation_data)
-        except BaseException as exc:
-            self._emit_failure(exc, recovered=False)
-            raise
+            self._fitting_thread = threading.current_thread().name
+            self._epoch_running = None
+            try:
+                return self._fit(data, epochs, resume_from=resume_from, validation_data=validation_data)
+            except BaseException as exc:
+                self._emit_failure(exc, recovered=False)
+                raise
+        finally:
+            self._fitting_thread = None
+            self._fitting.release()
 
     def _emit_failure(self, exc: BaseException, recovered: bool) -> None:
         epoch = self._epoch_running
@@ -245,6 +287,8 @@ class SparkTrainer:
             logger.info("resuming %s; %d epoch(s) to go", found.describe(), epochs - self.epochs_done)
         elif self.checkpoint_dir and not self.overwrite_checkpoints:
             ckpt_io.check_fresh(self.checkpoint_dir, self.run_id)
+        elif self.checkpoint_dir:  # overwrite: the old run's later epochs must not be resumed by mistake
+            ckpt_io.remove_other_runs(self.checkpoint_dir, self.run_id)
         target = epochs if resume_from is not None else self.epochs_done + epochs
         prepared = self._prepare(data)
         if self._events.wants("fit_start"):
@@ -266,6 +310,11 @@ class SparkTrainer:
                 summary = self._runner.run_epoch(self.network, prepared, epoch, self.workers, self.stats)
                 if not math.isfinite(summary["loss"]):
                     raise DivergenceError(f"training diverged: the loss of epoch {epoch + 1} is {summary['loss']}")
+            except TrainingCancelled as exc:
+                kept = (f"the checkpoint of epoch {epoch} in {self.checkpoint_dir!r} is intact (resume_from it)"
+                        if self.checkpoint_dir and epoch > 0 else "there is no checkpoint of an earlier epoch")
+                logger.warning("fit cancelled in epoch %d: %s", epoch + 1, kept)
+                raise TrainingCancelled(f"{exc}; the fit stopped in epoch {epoch + 1}: {kept}") from exc.__cause__
             except DivergenceError as exc:
                 if self.on_divergence != "recover" or recoveries >= self.max_recoveries:
                     logger.error("%s; the last checkpoint (if any) holds the last good state", exc)
@@ -380,11 +429,22 @@ class SparkTrainer:
         give ``(key, output)`` (RDDs are unordered, keys say which is which);
         bare feature arrays give outputs in the partition order; a DataFrame
         uses ``features_col``.  Spark Connect (DataFrames only): the input
-        DataFrame with an ``output`` column (``array<float>``).  The shipped
-        parameters live as long as the returned RDD may be recomputed: until
-        :meth:`close`.
+        DataFrame with an ``output`` column (``array<float>``).
+
+        The shipped parameters live as long as the returned RDD (an RDD
+        derived from it refers to it): they are released when it is
+        garbage-collected or by :meth:`close`, not when the trainer is.
+        On Connect they travel inside the DataFrame's plan.  A DataFrame
+        built from the RDD (``createDataFrame``) does not keep it: keep the
+        RDD while such a DataFrame is computed.
         """
         shipped = self.seam.ship(network_state(self.network, with_updater=False))
-        self._held["shipped"].append(shipped)
-        return self.seam.map_features(data, make_predictor(self.network.to_json(), shipped, self.eval_batch_size),
-                                      self.features_col)
+        try:
+            result = self.seam.map_features(
+                data, make_predictor(self.network.to_json(), shipped, self.eval_batch_size), self.features_col)
+        except BaseException:
+            SparkTrainer._destroy_shipped(shipped)
+            raise
+        self._predictions = [f for f in self._predictions if f.alive]
+        self._predictions.append(weakref.finalize(result, SparkTrainer._destroy_shipped, shipped))
+        return result

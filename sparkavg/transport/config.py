@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..configurable import Configurable, register
 from .faults import FaultInjection
 from .protocol import MAX_UDP_PAYLOAD, OVERHEAD_BYTES
@@ -87,6 +89,18 @@ class EndpointConfig(Configurable):
             if not ok:
                 raise ValueError(f"Expect {what}, got {value}")
 
+        # Types first: a fractional size or an infinite / NaN timeout would pass the range
+        # checks below and only fail on the executors.
+        for name in ("max_datagram_bytes", "max_message_bytes", "send_window_bytes", "send_window_messages",
+                     "recv_window_messages", "max_reassembly_bytes", "max_inbox_bytes", "socket_buffer_bytes"):
+            value = getattr(self, name)
+            expect(isinstance(value, (int, np.integer)) and not isinstance(value, bool), f"{name} as an int",
+                   f"{type(value).__name__} {value!r}")
+        for name in ("retransmit_timeout", "min_retransmit_timeout", "stall_timeout"):
+            value = getattr(self, name)
+            expect(isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+                   and math.isfinite(value), f"{name} as a finite number of seconds",
+                   f"{type(value).__name__} {value!r}")
         expect(512 <= self.max_datagram_bytes <= MAX_UDP_PAYLOAD,
                f"max_datagram_bytes in [512, {MAX_UDP_PAYLOAD}]", self.max_datagram_bytes)
         expect(self.max_message_bytes >= 0, "max_message_bytes >= 0", self.max_message_bytes)

@@ -31,6 +31,7 @@ from typing import Callable, Iterable, Iterator, List, Optional
 import numpy as np
 
 from ...data.validation import DataSpec, DataValidationError
+from ...npzfile import load_npy_bytes
 from ..errors import TaskFailure, task_failure_guard
 from .context import task_partition
 
@@ -291,7 +292,7 @@ def from_npy(data) -> np.ndarray:
     """The array of :func:`npy_bytes` output (bytes, a buffer, an Arrow scalar)."""
     if hasattr(data, "as_buffer"):
         data = data.as_buffer()
-    return np.load(io.BytesIO(memoryview(data)), allow_pickle=False)
+    return load_npy_bytes(data, what="a minibatch blob")
 
 
 def batch_column(batch, name: str):

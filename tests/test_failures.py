@@ -1,0 +1,223 @@
+"""What an outside fault-injection run still broke (issue 23), on real local Spark.
+
+Each test injects one fault and checks what the user sees and what is kept.
+"""
+import gc
+import glob
+import os
+import re
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from sparkavg.spark import ParameterAveraging, SparkTrainer
+
+from .nets import blobs, small_net
+
+pytestmark = pytest.mark.spark
+
+
+def _temp_files(sc) -> int:
+    return len(glob.glob(os.path.join(sc._temp_dir, "**"), recursive=True))
+
+
+def test_predict_outlives_its_trainer_and_is_released_with_its_rdd(sc):
+    x, _ = blobs(6, seed=51)
+    before = _temp_files(sc)
+    # The trainer is garbage as soon as the expression is evaluated.
+    out = SparkTrainer(sc, small_net(seed=51), ParameterAveraging(workers=2)).predict(sc.parallelize(list(x), 2))
+    gc.collect()
+    derived = out.map(lambda row: float(np.sum(row)))
+    del out
+    gc.collect()
+    assert len(derived.collect()) == 6  # not "Attempted to use Broadcast after it was destroyed"
+    assert _temp_files(sc) > before
+    del derived
+    gc.collect()
+    assert _temp_files(sc) == before  # the shipped parameters went with the last RDD referring to them
+
+
+def _rdd(sc, n=40, seed=52, parts=2):
+    x, y = blobs(n, seed=seed)
+    return sc.parallelize(list(zip(x, y.tolist())), parts)
+
+
+class _Canceller(threading.Thread):
+    """Calls ``cancel()`` each time new held tasks say they run (a retried
+    attempt would hold again), until stopped."""
+
+    def __init__(self, marker: str, cancel):
+        super().__init__(daemon=True)
+        self.marker, self.cancel, self.stopped, self.cancels = marker, cancel, threading.Event(), 0
+        self.start()
+
+    def run(self):
+        seen: set = set()
+        while not self.stopped.is_set():
+            held = set(glob.glob(self.marker + ".*")) - seen
+            if held:
+                seen |= held
+                self.cancels += 1
+                self.cancel()
+            self.stopped.wait(0.02)  # polls the held tasks' marker files
+
+    def stop(self):
+        self.stopped.set()
+        self.join()
+
+
+@pytest.mark.parametrize("master", ["averaging", "sharing"])
+def test_a_cancelled_fit_stops_says_so_and_keeps_the_last_checkpoint(sc, tmp_path, master):
+    from sparkavg.spark import GradientSharing, TrainingCancelled
+    from sparkavg.spark.checkpoint import list_checkpoints
+    from sparkavg.spark.executor.hooks import HOLD_MARKER
+
+    m = (ParameterAveraging(workers=2, batch_size_per_worker=10, averaging_frequency=1) if master == "averaging"
+         else GradientSharing(workers=2, batch_size_per_worker=10))
+    folder = str(tmp_path / "ckpt")
+    trainer = SparkTrainer(sc, small_net(seed=53), m, checkpoint_dir=folder)
+    rdd = _rdd(sc)
+    trainer.fit(rdd, epochs=1)
+    marker = str(tmp_path / "held")
+    group = f"cancel-{master}"
+    sc.setJobGroup(group, "a fit cancelled by its job group", interruptOnCancel=True)
+    sc.setLocalProperty(HOLD_MARKER, marker)
+    try:
+        canceller = _Canceller(marker, lambda: sc.cancelJobGroup(group) if master == "averaging"
+                               else sc.cancelAllJobs())
+        try:
+            with pytest.raises(TrainingCancelled, match=r"cancelled.*epoch 2.*checkpoint of epoch 1") as info:
+                trainer.fit(rdd, epochs=1)
+        finally:
+            canceller.stop()
+    finally:
+        sc.setLocalProperty(HOLD_MARKER, None)
+        sc.setJobGroup("after", "after")
+    assert "Job" in str(info.value) and "cancelled" in str(info.value)
+    assert canceller.cancels >= 1
+    assert trainer.stats.counters.get("stage_restarts", 0) == 0  # not restarted as a lost worker
+    assert [c.epochs_done for c in list_checkpoints(folder)] == [1]
+    assert trainer.history[-1]["epoch"] == 1
+
+
+def test_a_crashed_python_worker_with_no_retry_left_says_which_and_what_to_check(sc):
+    from sparkavg.spark import WorkerCrashed
+
+    trainer = SparkTrainer(sc, small_net(seed=54), ParameterAveraging(workers=2))
+
+    def crash(row):
+        os.kill(os.getpid(), signal.SIGKILL)  # every attempt: as the out-of-memory killer would
+        return row
+
+    with pytest.raises(WorkerCrashed) as info:
+        trainer.evaluate(_rdd(sc).map(crash))
+    text = str(info.value)
+    assert "collectAndServe" not in text
+    assert re.search(r"evaluation failed: the Python worker \(partition \d; task [\d.]+ of stage [\d.]+, TID \d+\) "
+                     r"on executor \S+ at host \S+ crashed 4 time\(s\), no attempt left", text), text
+    assert "out-of-memory" in text and "faulthandler" in text and "stderr log of executor" in text
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("Job aborted due to stage failure: Task 2 in stage 7.0 failed 4 times, most recent failure: Lost task 2.3 in "
+     "stage 7.0 (TID 31) (10.0.0.5 executor 3): ExecutorLostFailure (executor 3 exited caused by one of the "
+     "running tasks) Reason: Command exited with code 137",
+     r"the executor \(partition 2; task 2.3 of stage 7.0, TID 31\) on executor 3 at host 10.0.0.5 crashed 4 "
+     r"time\(s\), no attempt left: exit code 137 \(killed by SIGKILL\); Spark: Command exited with code 137\. "
+     r"The OS killed it, most often the out-of-memory killer: look at `dmesg` and the memory limit of 10.0.0.5; "
+     r"look at the stderr log of executor 3\."),
+    ("Task 0 in stage 0.0 failed 1 times, most recent failure: Lost task 0.0 in stage 0.0 (TID 0) (h1 executor "
+     "driver): org.apache.spark.SparkException: Python worker exited unexpectedly (crashed): Fatal Python error: "
+     "Segmentation fault\n\nCurrent thread 0x7f (most recent call first):\n  File \"/app/udf.py\", line 12 in crash",
+     r"the Python worker \(partition 0; .*\) on executor driver at host h1 crashed 1 time\(s\), no attempt left: "
+     r"fatal signal: Segmentation fault\. Native code crashed in the worker \(innermost Python frame: "
+     r"/app/udf.py:12 in crash\); look at the stderr log of executor driver\."),
+])
+def test_crash_descriptions_name_the_exit_code_or_signal(text, expected):
+    from sparkavg.spark.errors import describe_crash
+
+    assert re.fullmatch(expected, describe_crash(text)), describe_crash(text)
+    assert describe_crash("org.apache.spark.SparkException: Job aborted: something else") is None
+
+
+def test_cancellation_reasons_are_read_from_sparks_text():
+    from sparkavg.spark.errors import cancellation
+
+    assert cancellation("org.apache.spark.SparkException: [SPARK_JOB_CANCELLED] Job 3 cancelled part of cancelled "
+                        "job group g SQLSTATE: XXKDA\n\tat org") == "Job 3 cancelled part of cancelled job group g"
+    assert cancellation("[OPERATION_CANCELED] Operation has been canceled.").startswith("OPERATION_CANCELED")
+    assert cancellation("Job aborted due to stage failure: Task 0 in stage 1.0 failed 4 times") is None
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("stall_timeout", float("inf"), "Expect stall_timeout as a finite number of seconds, got float inf"),
+    ("retransmit_timeout", float("nan"), "Expect retransmit_timeout as a finite number of seconds, got float nan"),
+    ("send_window_messages", 2.5, "Expect send_window_messages as an int, got float 2.5"),
+    ("max_message_bytes", 1e6, "Expect max_message_bytes as an int, got float 1000000.0"),
+])
+def test_endpoint_config_refuses_infinite_timeouts_and_fractional_sizes_on_the_driver(field, value, expected):
+    from sparkavg.transport import EndpointConfig
+
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        EndpointConfig(**{field: value})
+
+
+def test_a_second_concurrent_fit_on_one_trainer_is_refused(sc, tmp_path):
+    from sparkavg.spark import TrainingCancelled
+    from sparkavg.spark.executor.hooks import HOLD_MARKER
+
+    trainer = SparkTrainer(sc, small_net(seed=55), ParameterAveraging(workers=2, batch_size_per_worker=10))
+    rdd = _rdd(sc)
+    marker = str(tmp_path / "held")
+    outcome = {}
+
+    def first():
+        sc.setJobGroup("first-fit", "held until cancelled")
+        sc.setLocalProperty(HOLD_MARKER, marker)
+        try:
+            trainer.fit(rdd, epochs=1)
+        except Exception as exc:
+            outcome["first"] = exc
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not glob.glob(marker + ".*") and time.monotonic() < deadline:
+        time.sleep(0.02)  # polls until the first fit's round runs (held)
+    watchdog = threading.Timer(30, sc.cancelAllJobs)  # a second fit let through would wait for the held slots
+    watchdog.start()
+    try:
+        with pytest.raises(RuntimeError, match=r"Expect one fit at a time on a trainer, got a second concurrent fit"):
+            trainer.fit(rdd, epochs=1)
+    finally:
+        watchdog.cancel()
+        sc.cancelJobGroup("first-fit")
+        thread.join(60)
+    assert isinstance(outcome.get("first"), TrainingCancelled)
+    assert trainer.history == []
+    trainer.close()
+    assert trainer._prepared is None
+
+
+def test_overwrite_checkpoints_removes_the_old_runs_later_epochs(sc, tmp_path):
+    from sparkavg.spark.checkpoint import list_checkpoints
+
+    folder = str(tmp_path / "ckpt")
+    master = ParameterAveraging(workers=2, batch_size_per_worker=10, averaging_frequency=2)
+    rdd = _rdd(sc)
+    old = SparkTrainer(sc, small_net(seed=56), master, checkpoint_dir=folder).fit(rdd, epochs=2)
+    new = SparkTrainer(sc, small_net(seed=57), master, checkpoint_dir=folder, overwrite_checkpoints=True)
+    new.fit(rdd, epochs=1)
+    found = list_checkpoints(folder)
+    assert [(c.run_id, c.epochs_done) for c in found] == [(new.run_id, 1)], (old.run_id, found)
+
+
+def test_a_trainer_refuses_a_non_network_and_a_non_path_checkpoint_dir_at_construction(sc):
+    with pytest.raises(TypeError, match=r"Expect a network \(sparkavg.nn.Network .*\), got str 'notanet'"):
+        SparkTrainer(sc, "notanet")
+    with pytest.raises(TypeError, match=r"Expect checkpoint_dir as a folder path \(str or os.PathLike\) or None, "
+                                        r"got int 123"):
+        SparkTrainer(sc, small_net(seed=58), checkpoint_dir=123)

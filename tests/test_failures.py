@@ -216,7 +216,8 @@ def test_overwrite_checkpoints_removes_the_old_runs_later_epochs(sc, tmp_path):
 
 
 def test_a_trainer_refuses_a_non_network_and_a_non_path_checkpoint_dir_at_construction(sc):
-    with pytest.raises(TypeError, match=r"Expect a network \(sparkavg.nn.Network .*\), got str 'notanet'"):
+    with pytest.raises(TypeError, match=r"Expect a model \(sparkavg.nn.Network, Graph, .*\), "
+                                        r"got str 'notanet' \(it lacks \["):
         SparkTrainer(sc, "notanet")
     with pytest.raises(TypeError, match=r"Expect checkpoint_dir as a folder path \(str or os.PathLike\) or None, "
                                         r"got int 123"):

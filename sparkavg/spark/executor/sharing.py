@@ -3,7 +3,8 @@
 The algorithm (residual, threshold, encode, apply) is
 :mod:`sparkavg.sharing`; this module only connects it to a Spark barrier
 task: it builds the UDP endpoint, learns its peers (``allGather``, while it
-already trains: :mod:`.peers`), runs the loop with each phase recorded, flushes, leaves
+already trains: :mod:`.peers`), runs :func:`~sparkavg.sharing.sharing_step`
+each iteration with its phases recorded (its ``phase`` hook), flushes, leaves
 together with its peers (:meth:`~sparkavg.transport.PeerGroup.leave`) and
 returns its replica.  Every replica applies
 exactly the same messages, so replicas agree at the end of the epoch (up
@@ -14,7 +15,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from ...backend import get_array_module
-from ...sharing import SharingState, apply_message, apply_received, encode_update, message_bytes
+from ...sharing import SharingState, apply_received, sharing_step
 from ...transport import PeerStalledError, ReliableEndpoint, select_address
 from ..errors import DivergenceError, register_error, task_failure_guard
 from ..stats import CounterName, Phase, PhaseRecorder, SeriesName, task_lane
@@ -121,15 +122,12 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
                 with rec.phase(Phase.FIT):
                     losses.add(net.compute_update(x, y, update, sync=False), len(x))
                 tau = state.tau
-                with rec.phase(Phase.ENCODE):
-                    message = _encode_or_diverge(state, update, rank, net.iteration)
-                if message is not None:
-                    with rec.phase(Phase.SEND):
-                        group.publish(message_bytes(message))
-                    with rec.phase(Phase.APPLY):
-                        apply_message(message, net.params)
-                with rec.phase(Phase.APPLY):
-                    apply_received(state, [p for _, p in group.poll(0)], net.params)
+                try:
+                    sharing_step(state, update, net.params, group.publish,
+                                 lambda: [p for _, p in group.poll(0)], phase=rec.phase)
+                except ValueError as exc:
+                    _raise_if_diverged(state, exc, rank, net.iteration)
+                    raise
                 examples += len(x)
                 iterations += 1
                 if collect_stats:
@@ -162,16 +160,12 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
     return run
 
 
-def _encode_or_diverge(state: SharingState, update, rank: int, iteration: int):
-    """:func:`encode_update`, with a residual overflowed by huge updates named as divergence."""
-    try:
-        return encode_update(state, update)
-    except ValueError as exc:
-        xp = get_array_module(state.residual)
-        if not bool(xp.isfinite(state.residual).all()):
-            raise DivergenceError(f"training diverged: non-finite residual (update too large) on worker rank {rank} "
-                                  f"at iteration {iteration}; lower the learning rate") from exc
-        raise
+def _raise_if_diverged(state: SharingState, exc: ValueError, rank: int, iteration: int) -> None:
+    """Name a residual overflowed by huge updates (the encoder's ValueError) as divergence."""
+    xp = get_array_module(state.residual)
+    if not bool(xp.isfinite(state.residual).all()):
+        raise DivergenceError(f"training diverged: non-finite residual (update too large) on worker rank {rank} "
+                              f"at iteration {iteration}; lower the learning rate") from exc
 
 
 def _count(rec, state: SharingState, t: dict, examples: int, iterations: int, n: int, world: int) -> None:

@@ -133,13 +133,21 @@ def test_stuck_worker_ends_the_stage_with_an_error_naming_it(sc):
 
 
 def test_sharing_resumes_from_the_last_epoch_checkpoint(sc, tmp_path):
-    rdd, x, y = _rdd(sc, 100, seed=31)
+    # One worker: a sharing fit is then deterministic, so a resumed fit must end exactly where a
+    # straight one does -- parameters, updater state and the residual and threshold it carries.
+    rdd, x, y = _rdd(sc, 100, seed=31, parts=1)
+    master = GradientSharing(workers=1, batch_size_per_worker=10, device="cpu",
+                             threshold=AdaptiveThreshold(initial=1e-3, max_sparsity=0.05))
+    straight = SparkTrainer(sc, small_net(seed=32), master)
+    straight.fit(rdd, epochs=2)
     ckpt = str(tmp_path / "ckpt")
-    master = GradientSharing(workers=2, batch_size_per_worker=10)
-    first = SparkTrainer(sc, small_net(seed=32), master, checkpoint_dir=ckpt)
-    first.fit(rdd, epochs=1)
+    SparkTrainer(sc, small_net(seed=32), master, checkpoint_dir=ckpt).fit(rdd, epochs=1)
     resumed = SparkTrainer(sc, small_net(seed=77), master, checkpoint_dir=ckpt)
     resumed.fit(rdd, epochs=2, resume_from=ckpt)
     assert resumed.epochs_done == 2 and [h["epoch"] for h in resumed.history] == [1, 2]
-    # The second epoch started from the checkpoint, not from the fresh seed-77 network.
-    assert resumed.network.iteration == 2 * first.network.iteration
+    np.testing.assert_array_equal(resumed.network.params, straight.network.params)
+    np.testing.assert_array_equal(resumed.network.updater_state, straight.network.updater_state)
+    assert resumed.network.iteration == straight.network.iteration
+    carried, want = resumed._runner.carry[0], straight._runner.carry[0]
+    np.testing.assert_array_equal(carried["residual"], want["residual"])
+    assert carried["tau"] == want["tau"] and carried["iteration"] == want["iteration"]

@@ -5,7 +5,9 @@ driver ships the network state, each rank's carried sharing state
 (residual, threshold) and the per-job HMAC key; it gets back rank 0's
 replica (the others send a sample of theirs: they agree up to float
 rounding), averages the updater state, checks that the replicas agree and
-keeps the sharing states for the next epoch.
+keeps the sharing states for the next epoch (and its checkpoints:
+:meth:`SharingRunner.state_dict`, so a resumed fit continues with the
+residuals and thresholds it stopped at).
 Spark never retries a failed barrier stage, so the driver restarts the
 epoch -- unless the error is one retrying cannot fix.
 """
@@ -66,6 +68,28 @@ class SharingRunner(EpochRunner):
                 stats.count("stage_restarts", 1)
                 logger.warning("%s, attempt %d of %d failed (%s); restarting the epoch", what, attempt,
                                m.max_stage_attempts, str(exc).splitlines()[0][:300])
+
+    # ------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict:
+        """Every rank's sharing state (:meth:`~sparkavg.sharing.SharingState.to_plain`),
+        one array per field with a row per rank: ``sharing_residual`` is
+        (workers, N) float32."""
+        if self.carry is None:
+            return {}
+        return {f"sharing_{k}": np.asarray([plain[k] for plain in self.carry]) for k in self.carry[0]}
+
+    def load_state_dict(self, state: dict) -> None:
+        keys = {k for k in state if k.startswith("sharing_")}
+        if set(state) - keys:
+            raise ValueError(f"Expect gradient-sharing runner state (sharing_*), got unknown keys "
+                             f"{sorted(set(state) - keys)}")
+        if not keys:
+            self.carry = None
+            return
+        columns = {k[len("sharing_"):]: np.asarray(state[k]) for k in keys}
+        ranks = len(columns["residual"])
+        self.carry = [{k: (v[rank].copy() if v.ndim > 1 else v[rank].item()) for k, v in columns.items()}
+                      for rank in range(ranks)]
 
     def merge(self, network, results, epoch, r, stats) -> Merged:
         results = sorted((x for x in results if not isinstance(x, TaskFailure)), key=lambda x: x.rank)

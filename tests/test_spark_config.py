@@ -170,6 +170,35 @@ def test_rebatch_rejects_bad_rows_naming_them(row, message):
         _run([(np.ones(4), 0), row])
 
 
+@pytest.mark.parametrize("bad", [
+    (np.ones(5), 0),  # too many values
+    (np.array([1, np.nan, 0, 0]), 0),
+    (np.ones(4), 3),  # class out of range
+    (np.ones(4), 1.5),  # not a class index
+    (np.ones(4), [0.0, 1.0]),  # one-hot row of the wrong width
+    (np.ones(4), [0.0, np.inf, 0.0]),
+])
+def test_rows_and_arrow_batches_break_a_rule_with_one_message(bad):
+    # One rule, one message: the row path and the Arrow path (outside Spark: partition 0) agree.
+    import pyarrow as pa
+
+    from sparkavg.spark.executor.arrow import failure_from_row, make_minibatcher
+
+    features, label = bad
+    onehot = isinstance(label, list)
+    good = (np.ones(4), [1.0, 0.0, 0.0] if onehot else 0)
+    with pytest.raises(DataValidationError) as rows:
+        list(rebatch_partition(SPEC, 2)(0, iter([good, (features, np.asarray(label))])))
+    batch = pa.RecordBatch.from_pydict({
+        "features": pa.array([good[0].tolist(), features.tolist()], pa.list_(pa.float64())),
+        "label": pa.array([good[1], label], pa.list_(pa.float64()) if onehot else None)})
+    out = list(make_minibatcher(SPEC, 2, "features", "label")(iter([batch])))
+    failure = failure_from_row(out[-1].column("error")[0].as_py())
+    assert failure is not None and failure.kind == "DataValidationError"
+    assert failure.message == str(rows.value)
+    assert "partition 0, row 1" in failure.message
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"storage_level": "IN_THE_CLOUD"}, "Expect storage_level"),
     ({"placement": "ftp"}, "Expect placement in"),

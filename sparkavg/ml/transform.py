@@ -44,7 +44,8 @@ def make_transformer(config_json: str, shipped, features_col: str, input_shape: 
         import pyarrow as pa
 
         from ..backend import to_cpu
-        from ..spark.executor.arrow import batch_column, features_matrix, row_namer
+        from ..data.validation import row_namer
+        from ..spark.executor.arrow import batch_column, features_matrix
         from ..spark.executor.context import cached_network, load_state, task_partition
 
         net = cached_network(config_json)

@@ -12,7 +12,8 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
-from .arrow import batch_column, examples_from_batches, features_matrix, from_npy, row_namer
+from ...data.validation import row_namer
+from .arrow import batch_column, examples_from_batches, features_matrix, from_npy
 from .context import task_partition
 from .plain import results_batch
 

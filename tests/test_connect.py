@@ -224,6 +224,9 @@ def test_bad_rows_are_named(request, flavour):
     with pytest.raises(DataValidationError, match=r"Bad features at partition 0, row 2: expected 16 values "
                                                   r"\(input shape \(1, 4, 4\)\), got shape \(15,\)"):
         trainer.fit(short.coalesce(1))
+    if flavour == "connect":  # predict reads each Arrow batch as one matrix, checked against the input shape
+        with pytest.raises(Exception, match=r"Bad features at partition 0, row 2: expected 16 values"):
+            trainer.predict(short.coalesce(1)).toArrow()
     nan = session.createDataFrame([(good, 1), (good[:3] + [float("nan")] + good[4:], 0)],
                                   "features array<double>, label long")
     with pytest.raises(DataValidationError, match=r"Bad features at partition 0, row 1: 1 NaN/inf"):

@@ -25,6 +25,7 @@ __all__ = [
     "DataValidationError",
     "DataSpec",
     "row_namer",
+    "shape_note",
     "check_numbers",
     "check_widths",
     "check_finite",
@@ -76,8 +77,8 @@ class DataSpec:
 
     @property
     def shape_note(self) -> str:
-        """What follows an expected feature count in messages: `` (input shape (1, 28, 28))``."""
-        return f" (input shape {tuple(self.input_shape)})"
+        """What follows an expected feature count in messages (:func:`shape_note`)."""
+        return shape_note(self.input_shape)
 
     @property
     def label_note(self) -> str:
@@ -91,6 +92,11 @@ class DataSpec:
             return (f"a class index in [0, {self.num_outputs}) or a one-hot row of length "
                     f"{self.num_outputs}")
         return f"{self.num_outputs} finite regression target(s)"
+
+
+def shape_note(input_shape) -> str:
+    """What follows an expected feature count in messages: `` (input shape (1, 28, 28))``."""
+    return f" (input shape {tuple(int(s) for s in input_shape)})"
 
 
 def row_namer(partition: int, first_row: int) -> Where:

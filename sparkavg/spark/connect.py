@@ -44,7 +44,8 @@ from ..data.validation import DataSpec
 from .data import (Dealt, PreparedData, check_columns, deal_epoch, frame_failures, is_dataframe, minibatch_frame,
                    placement_for)
 from .errors import executor_errors
-from .executor.adapters import examples_adapter, features_adapter, round_adapter
+from .executor.adapters import examples_adapter, round_adapter
+from .executor.inference import list_column, predict_arrow
 from .executor.hooks import TestHooks
 from .executor.plain import RESULT_SCHEMA, decode_plain, encode_plain, results_from_table
 
@@ -322,9 +323,10 @@ class ConnectSpark:
                 examples_adapter(task, features_col, label_col), RESULT_SCHEMA).toArrow()
         return functools.reduce(combine, results_from_table(table), None)
 
-    def map_features(self, data, task: Callable, features_col: str):
+    def map_features(self, data, make_predict: Callable, features_col: str, input_shape):
         """A DataFrame: ``data``'s columns plus :data:`OUTPUT_COL` (``array<float>``),
-        ``task(rows)`` run lazily over each Arrow batch of ``features_col``."""
+        ``make_predict``'s ``predict`` run lazily over each Arrow batch of
+        ``features_col`` as one matrix (:func:`~.executor.inference.predict_arrow`)."""
         from pyspark.sql.types import ArrayType, FloatType, StructField, StructType
 
         df = self._frame(data)
@@ -333,4 +335,6 @@ class ConnectSpark:
             raise ValueError(f"Expect no column named {OUTPUT_COL!r} in the data (predict appends it), "
                              f"got columns {df.columns}")
         schema = StructType(list(df.schema.fields) + [StructField(OUTPUT_COL, ArrayType(FloatType()), True)])
-        return df.mapInArrow(features_adapter(task, features_col, OUTPUT_COL), schema)
+        output_col = OUTPUT_COL
+        return df.mapInArrow(predict_arrow(make_predict, features_col, input_shape,
+                                           lambda out: [(output_col, list_column(out))]), schema)

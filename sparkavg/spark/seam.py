@@ -19,6 +19,7 @@ from ..data.validation import DataSpec
 from .data import EpochPlan, PreparedData, as_example_rdd, feature_rows, is_dataframe, placement_for, prepare
 from .errors import executor_errors
 from .executor.hooks import TestHooks
+from .executor.inference import predict_rows
 
 __all__ = ["ClassicSpark", "seam_for"]
 
@@ -136,12 +137,14 @@ class ClassicSpark:
         with executor_errors(what):
             return rdd.mapPartitionsWithIndex(task).treeAggregate(None, combine, combine, depth=2)
 
-    def map_features(self, data, task: Callable, features_col: str):
-        """``task(rows)`` lazily over ``data``'s rows (an RDD; a DataFrame's
-        ``features_col``, read as Arrow batches: no Python object per row)."""
+    def map_features(self, data, make_predict: Callable, features_col: str, input_shape):
+        """An RDD of outputs, lazily: ``make_predict``'s ``predict`` over
+        ``data``'s rows gathered into matrices (:func:`~.executor.inference.predict_rows`;
+        an RDD, or a DataFrame's ``features_col`` read as Arrow batches: no
+        Python object per row).  ``input_shape`` is the Connect seam's."""
         if is_dataframe(data):
             data = feature_rows(data, features_col)
-        return data.mapPartitions(task)
+        return data.mapPartitions(predict_rows(make_predict))
 
 
 def seam_for(spark_or_sc):

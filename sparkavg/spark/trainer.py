@@ -19,7 +19,7 @@ from ..data.validation import DataSpec, rebatch_partition
 from ..evaluation import Evaluation, RegressionEvaluation
 from . import checkpoint as ckpt_io
 from .errors import DivergenceError, raise_failures
-from .executor.inference import add_scores, make_evaluator, make_predictor, make_scorer, merge_evaluations
+from .executor.inference import add_scores, make_evaluator, make_predict_fn, make_scorer, merge_evaluations
 from .masters import ParameterAveraging
 from .runners import runner_for
 from .runners.base import network_state
@@ -323,5 +323,5 @@ class SparkTrainer:
         """
         shipped = self.seam.ship(network_state(self.network, with_updater=False))
         self._held["shipped"].append(shipped)
-        return self.seam.map_features(data, make_predictor(self.network.to_json(), shipped, self.eval_batch_size),
-                                      self.features_col)
+        return self.seam.map_features(data, make_predict_fn(self.network.to_json(), shipped, self.eval_batch_size),
+                                      self.features_col, tuple(self.spec.input_shape))

@@ -246,3 +246,36 @@ def test_config_with_numbers_as_strings_names_the_field():
     nested["transport"]["retransmit_timeout"] = "0.5"
     with pytest.raises(ConfigError, match="retransmit_timeout to be float, got str"):
         master_from_config(nested)
+
+
+def test_a_new_threshold_rule_is_one_class_and_masters_find_runners_by_registry():
+    # A rule registered under "threshold" is a GradientSharing threshold and round-trips through
+    # the master's config, with no list of rules to extend anywhere.
+    from dataclasses import dataclass
+
+    from sparkavg.configurable import register
+    from sparkavg.sharing import ThresholdRule
+    from sparkavg.spark.runners import runner_for
+    from sparkavg.spark.runners.averaging import AveragingRunner
+    from sparkavg.spark.runners.sharing import SharingRunner
+
+    @register("threshold", name="HalvingThresholdForTest")
+    @dataclass(frozen=True)
+    class HalvingThreshold(ThresholdRule):
+        initial: float = 1e-2
+
+        def initial_tau(self) -> float:
+            return self.initial
+
+        def _update(self, tau: float, sparsity: float) -> float:
+            return tau / 2
+
+    master = GradientSharing(threshold=HalvingThreshold(4e-3))
+    assert master_from_config(master.to_config()).threshold == HalvingThreshold(4e-3)
+    with pytest.raises(ValueError, match=r"Expect threshold to be a ThresholdRule \(.*HalvingThresholdForTest.*\)"):
+        GradientSharing(threshold="1e-3")
+    # Each master names its runner's module; the runner declares itself with @runs.
+    assert type(runner_for(None, ParameterAveraging())) is AveragingRunner
+    assert type(runner_for(None, master)) is SharingRunner
+    with pytest.raises(TypeError, match="Expect master to be a Master with a runner"):
+        runner_for(None, "averaging")

@@ -17,6 +17,7 @@ from typing import Iterator
 from ...backend import get_array_module
 from ...sharing import SharingState, apply_received, sharing_step
 from ...transport import PeerStalledError, ReliableEndpoint, select_address
+from ...configurable import register
 from ..errors import DivergenceError, register_error, task_failure_guard
 from ..stats import CounterName, Phase, PhaseRecorder, SeriesName, task_lane
 from .averaging import check_finite
@@ -48,6 +49,7 @@ def replica_sample(num_params: int):
     return np.linspace(0, num_params - 1, REPLICA_SAMPLE).astype(np.int64)
 
 
+@register("result")
 class SharingResult(Record):
     """What one sharing worker returns at the end of an epoch (plain arrays;
     ``params``: rank 0's whole replica, other ranks' values at

@@ -22,6 +22,7 @@ from ... import ops
 from ..errors import TaskFailure, is_permanent
 from ..executor.sharing import make_sharing_task, replica_sample
 from ..masters import GradientSharing
+from . import runs
 from .base import EpochRunner, Merged, network_state
 
 __all__ = ["SharingRunner"]
@@ -29,6 +30,7 @@ __all__ = ["SharingRunner"]
 logger = logging.getLogger(__name__)
 
 
+@runs(GradientSharing)
 class SharingRunner(EpochRunner):
     """Runs epochs of :class:`GradientSharing`."""
 

@@ -5,7 +5,8 @@ import pytest
 from sparkavg.configurable import ConfigError
 
 from sparkavg.data.validation import DataSpec, DataValidationError, rebatch_partition
-from sparkavg.spark.data import PreparedData, deal, deal_choice, deal_shards, local_shards, shard_label_skew
+from sparkavg.spark.data import PreparedData
+from sparkavg.spark.deal import deal, deal_choice, deal_shards, local_shards, shard_label_skew
 from sparkavg.spark.masters import (AdaptiveThreshold, DataOptions, EndpointConfig, FixedThreshold,
                                     GradientSharing, ParameterAveraging, Placement, ResidualClipping,
                                     TargetSparsityThreshold, Topology, Weighting, master_from_config)

@@ -41,8 +41,8 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from ..data.validation import DataSpec
-from .data import (Dealt, PreparedData, check_columns, deal_epoch, frame_failures, is_dataframe, minibatch_frame,
-                   placement_for)
+from .data import PreparedData, check_columns, frame_failures, is_dataframe, minibatch_frame, placement_for
+from .deal import Dealt, deal_epoch
 from .errors import executor_errors
 from .executor.adapters import examples_adapter, round_adapter
 from .executor.inference import list_column, predict_arrow

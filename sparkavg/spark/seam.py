@@ -16,7 +16,8 @@ import time
 from typing import Callable, Optional
 
 from ..data.validation import DataSpec
-from .data import EpochPlan, PreparedData, as_example_rdd, feature_rows, is_dataframe, placement_for, prepare
+from .data import PreparedData, as_example_rdd, feature_rows, is_dataframe, placement_for, prepare
+from .deal import EpochPlan
 from .errors import executor_errors
 from .executor.hooks import TestHooks
 from .executor.inference import predict_rows

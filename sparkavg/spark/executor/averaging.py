@@ -64,11 +64,10 @@ def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: b
     this worker's shard, return one :class:`RoundResult` (none if empty),
     or a :class:`TaskFailure` for an error retrying cannot fix.
 
-    ``device`` is the master's ``device`` value (``"auto"``, ``"gpu"``,
-    ``"cpu"``; :mod:`.device`): the network trains there and only the
-    round's result crosses to the host.
+    ``device`` is the master's ``device`` as a plain str (``"auto"``,
+    ``"gpu"``, ``"cpu"``; :mod:`.device`): the network trains there and
+    only the round's result crosses to the host.
     """
-    device = getattr(device, "value", device)  # a plain str travels to the executors
 
     def run(items) -> Iterator:
         if hooks is not None:

@@ -60,21 +60,22 @@ class SharingResult(Record):
                  "devices")
 
 
-def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: int, hooks=None):
+def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: int, device: str = "auto",
+                      hooks=None):
     """Executor function for ``rdd.barrier().mapPartitions``.
 
     ``shipped.value`` is ``{"state": (iteration, params, updater_state),
     "carry": per-rank SharingState.to_plain() or None, "key": HMAC key}``;
     ``master`` is the (frozen, plain) :class:`GradientSharing`.
 
-    On a GPU (``master.device``, :mod:`.device`) parameters, residual and
+    ``device`` is the master's ``device`` as a plain str (``"auto"``,
+    ``"gpu"``, ``"cpu"``; :mod:`.device`).  On a GPU parameters, residual and
     updates stay on the device: a message is encoded there and only its
     bytes cross to the host; received bytes are copied to the device and
     applied there.
     """
     rule, clipping = master.threshold, master.residual_post_processor
     prefetch, collect_stats = master.data.prefetch_depth, master.collect_stats
-    device = master.device.value
 
     def run(items) -> Iterator:
         from pyspark import BarrierTaskContext

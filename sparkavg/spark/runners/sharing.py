@@ -57,7 +57,7 @@ class SharingRunner(EpochRunner):
 
     def launch(self, plan, r, config_json, shipped, epoch, stats):
         m = self.master
-        task = make_sharing_task(config_json, shipped, m, epoch=epoch, job_id=self.job_id,
+        task = make_sharing_task(config_json, shipped, m, epoch=epoch, job_id=self.job_id, device=m.device.value,
                                  hooks=self.seam.test_hooks())
         what = f"gradient-sharing epoch {epoch + 1}"
         for attempt in range(1, m.max_stage_attempts + 1):

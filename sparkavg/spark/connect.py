@@ -182,18 +182,16 @@ class ConnectSpark:
     def conf(self, key: str, default: Optional[str] = None) -> Optional[str]:
         return self.spark.conf.get(key, default)
 
-    def test_hooks(self) -> Optional[TestHooks]:
-        """Fault-injection hooks from session confs of the same names (Connect
-        has no job-local properties), read once per epoch plan (a round trip
-        to the server); None in production."""
-        if self._hooks is _UNREAD:
-            return self._read_hooks()
-        return self._hooks
+    def begin_fit(self) -> None:
+        """Read the tests' fault-injection hooks for this fit: session confs of
+        the same names (Connect has no job-local properties), the two keys
+        alone, once per fit (a round trip to the server each)."""
+        self._hooks = TestHooks.from_properties(lambda key: self.spark.conf.get(key, None))
 
-    def _read_hooks(self) -> Optional[TestHooks]:
-        confs = self.spark.conf.getAll
-        confs = confs() if callable(confs) else confs
-        self._hooks = TestHooks.from_properties(confs.get)
+    def test_hooks(self) -> Optional[TestHooks]:
+        """The hooks :meth:`begin_fit` read (None in production)."""
+        if self._hooks is _UNREAD:
+            self.begin_fit()
         return self._hooks
 
     # -------------------------------------------------------------- values
@@ -243,7 +241,6 @@ class ConnectSpark:
              local: bool = False) -> FramePlan:
         """The epoch's deal (``local``: each worker's shard in place; Connect
         does not say where a block lives, so shards follow partition order)."""
-        self._read_hooks()
         rounds = deal_epoch(len(prepared.sizes), workers, per_round, seed, local, prepared.layout)
         plan = FramePlan(rounds, prepared)
         if not prepared.in_files and plan.rounds:

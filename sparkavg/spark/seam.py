@@ -49,6 +49,9 @@ class ClassicSpark:
     def conf(self, key: str, default: Optional[str] = None) -> Optional[str]:
         return self.sc.getConf().get(key, default)
 
+    def begin_fit(self) -> None:
+        """Nothing to read: the test hooks are job-local properties, read per job."""
+
     def test_hooks(self) -> Optional[TestHooks]:
         """Fault-injection hooks the tests set as job-local properties (None in production)."""
         return TestHooks.from_properties(self.sc.getLocalProperty)

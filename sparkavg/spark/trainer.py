@@ -201,6 +201,7 @@ class SparkTrainer:
             ckpt_io.check_fresh(self.checkpoint_dir, self.run_id)
         target = epochs if resume_from is not None else self.epochs_done + epochs
         prepared = self._prepare(data)
+        self.seam.begin_fit()
         recoveries = 0
         while self.epochs_done < target:
             epoch = self.epochs_done

@@ -63,9 +63,9 @@ def test_executor_runs_sharing_step_bit_for_bit(sc):
     assert len(sent) > 0 and trainer.stats.counters["messages_sent"] == len(sent)
     assert np.array_equal(trainer.network.params.view(np.uint32), net.params.view(np.uint32))
     assert np.array_equal(trainer.network.updater_state.view(np.uint32), net.updater_state.view(np.uint32))
-    carried = trainer._runner.carry[0]
-    assert np.array_equal(np.asarray(carried["residual"]).view(np.uint32), state.residual.view(np.uint32))
-    assert carried["tau"] == state.tau
+    saved = trainer._runner.rank_states[0]
+    assert np.array_equal(np.asarray(saved["residual"]).view(np.uint32), state.residual.view(np.uint32))
+    assert saved["tau"] == state.tau
 
 
 def test_sharing_under_simulated_loss_still_agrees(sc):
@@ -148,6 +148,6 @@ def test_sharing_resumes_from_the_last_epoch_checkpoint(sc, tmp_path):
     np.testing.assert_array_equal(resumed.network.params, straight.network.params)
     np.testing.assert_array_equal(resumed.network.updater_state, straight.network.updater_state)
     assert resumed.network.iteration == straight.network.iteration
-    carried, want = resumed._runner.carry[0], straight._runner.carry[0]
-    np.testing.assert_array_equal(carried["residual"], want["residual"])
-    assert carried["tau"] == want["tau"] and carried["iteration"] == want["iteration"]
+    saved, want = resumed._runner.rank_states[0], straight._runner.rank_states[0]
+    np.testing.assert_array_equal(saved["residual"], want["residual"])
+    assert saved["tau"] == want["tau"] and saved["iteration"] == want["iteration"]

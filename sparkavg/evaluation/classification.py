@@ -16,7 +16,7 @@ __all__ = ["Evaluation"]
 logger = logging.getLogger(__name__)
 
 
-@register("evaluation")  # travels as to_dict() in task results (spark/executor/plain.py)
+@register("evaluation")  # travels as to_dict() in task results (spark/executor/codec.py)
 class Evaluation:
     """Mergeable multi-class classification metrics over a confusion matrix.
 

@@ -16,7 +16,7 @@ __all__ = ["RegressionEvaluation"]
 logger = logging.getLogger(__name__)
 
 
-@register("evaluation")  # travels as to_dict() in task results (spark/executor/plain.py)
+@register("evaluation")  # travels as to_dict() in task results (spark/executor/codec.py)
 class RegressionEvaluation:
     """Mergeable per-column regression metrics: MSE, MAE, RMSE and R².
 

@@ -19,7 +19,7 @@ only:
   one partition per worker, a round filters its own); gradient sharing
   runs one ``mapInArrow(..., barrier=True)`` stage per epoch, whose tasks
   meet through ``BarrierTaskContext.allGather``.  Results come back as
-  Arrow rows (:data:`~sparkavg.spark.executor.plain.RESULT_SCHEMA`: JSON
+  Arrow rows (:data:`~sparkavg.spark.executor.codec.RESULT_SCHEMA`: JSON
   and float32 bytes, never pickle) and are combined on the driver;
 - **evaluate / score / predict**: ``mapInArrow`` over the DataFrame;
   ``predict`` returns a DataFrame (Connect has no RDDs): the input's
@@ -47,9 +47,9 @@ from .errors import executor_errors
 from .executor.adapters import examples_adapter, round_adapter
 from .executor.inference import list_column, predict_arrow
 from .executor.hooks import TestHooks
-from .executor.plain import RESULT_SCHEMA, decode_plain, encode_plain, results_from_table
+from .executor.codec import RESULT_SCHEMA, decode_value, encode_value, results_from_table
 
-__all__ = ["ConnectSpark", "ShippedValue", "FramePrepared", "FramePlan", "is_connect_session", "OUTPUT_COL"]
+__all__ = ["ConnectSpark", "ShippedValue", "FramePrepared", "FramePlan", "OUTPUT_COL"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,11 +57,6 @@ logger = logging.getLogger(__name__)
 OUTPUT_COL = "output"
 
 _UNREAD = object()
-
-
-def is_connect_session(obj) -> bool:
-    """Whether ``obj`` is a Spark Connect session (without importing Connect's client)."""
-    return type(obj).__module__.startswith("pyspark.sql.connect")
 
 
 class ShippedValue:
@@ -74,11 +69,11 @@ class ShippedValue:
     __slots__ = ("_text", "_blobs")
 
     def __init__(self, value=None, *, _encoded=None):
-        self._text, self._blobs = _encoded if _encoded is not None else encode_plain(value)
+        self._text, self._blobs = _encoded if _encoded is not None else encode_value(value)
 
     @property
     def value(self):
-        return decode_plain(self._text, self._blobs)
+        return decode_value(self._text, self._blobs)
 
     def destroy(self) -> None:
         """Nothing to release (the value lives in the job's closure)."""

@@ -3,7 +3,7 @@
 The averaging, sharing and evaluation tasks of :mod:`sparkavg.spark.executor`
 take an iterator of minibatch sources or example rows and yield results;
 these adapters feed them from Arrow record batches and turn what they
-yield into :data:`~.plain.RESULT_SCHEMA` rows, so that the tasks run
+yield into :data:`~.codec.RESULT_SCHEMA` rows, so that the tasks run
 unchanged on both Spark flavours.  Prediction reads Arrow batches itself
 (:func:`~.inference.predict_arrow`).
 """
@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 from .arrow import examples_from_batches, from_npy
 from .context import task_partition
-from .plain import results_batch
+from .codec import results_batch
 
 __all__ = ["round_adapter", "examples_adapter"]
 

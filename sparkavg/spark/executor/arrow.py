@@ -21,7 +21,7 @@ vectorised steps -- no Python object per row.
 - :func:`examples_from_batches` gives the evaluation tasks ``(x, y)``
   chunks, one per record batch (their own ``rebatch`` validates them).
 
-Task results travel as :mod:`.plain` values; :mod:`.adapters` runs the
+Task results travel as :mod:`.codec` values; :mod:`.adapters` runs the
 tasks inside Spark Connect jobs.
 """
 from __future__ import annotations

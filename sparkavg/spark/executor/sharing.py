@@ -24,7 +24,7 @@ from .averaging import check_finite
 from .context import LossSum, Record, cached_network, host_copy, load_state
 from .device import task_device
 from .minibatches import recorded_minibatches
-from .peers import LateGroup
+from .peers import JoiningGroup
 
 __all__ = ["SharingResult", "make_sharing_task", "replica_sample", "REPLICA_SAMPLE"]
 
@@ -56,7 +56,7 @@ class SharingResult(Record):
     :func:`replica_sample`; ``devices``: this worker's
     :meth:`~sparkavg.spark.executor.device.DeviceChoice.to_plain`, in a list)."""
 
-    __slots__ = ("rank", "params", "updater_state", "carry", "loss_sum", "examples", "iterations", "stats",
+    __slots__ = ("rank", "params", "updater_state", "sharing_state", "loss_sum", "examples", "iterations", "stats",
                  "devices")
 
 
@@ -65,7 +65,7 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
     """Executor function for ``rdd.barrier().mapPartitions``.
 
     ``shipped.value`` is ``{"state": (iteration, params, updater_state),
-    "carry": per-rank SharingState.to_plain() or None, "key": HMAC key}``;
+    "rank_states": per-rank SharingState.to_plain() or None, "key": HMAC key}``;
     ``master`` is the (frozen, plain) :class:`GradientSharing`.
 
     ``device`` is the master's ``device`` as a plain str (``"auto"``,
@@ -96,14 +96,14 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
         rec = PhaseRecorder(task_lane(rank))
         with rec.phase(Phase.FETCH):
             value = shipped.value
-            carry = value["carry"][rank] if value["carry"] else None
+            saved = value["rank_states"][rank] if value["rank_states"] else None
         with rec.phase(Phase.MODEL_INIT):
             net = cached_network(config_json, choice)
             load_state(net, value["state"], True)  # host -> device for a GPU network
             n = net.num_params
             xp = get_array_module(net.params)
-            state = (SharingState(rule, clipping, n, xp=xp) if carry is None
-                     else SharingState.from_plain(rule, clipping, carry, xp=xp))
+            state = (SharingState(rule, clipping, n, xp=xp) if saved is None
+                     else SharingState.from_plain(rule, clipping, saved, xp=xp))
             state.reset_statistics()
             update = xp.zeros(n, xp.float32)
         spark_host = infos[rank].address.rsplit(":", 1)[0] if infos[rank].address else None
@@ -118,7 +118,7 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
                                     config=master.endpoint_config(rank, epoch))
         try:
             # The peers' addresses come in a thread (Spark's allGather polls once a second): train meanwhile.
-            group = LateGroup(ctx, endpoint, rank, world, master.topology, master.transport.stall_timeout)
+            group = JoiningGroup(ctx, endpoint, rank, world, master.topology, master.transport.stall_timeout)
             losses, examples, iterations = LossSum(), 0, 0
             start_iteration = net.iteration
             for x, y in recorded_minibatches(items, prefetch, rec):

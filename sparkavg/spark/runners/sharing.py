@@ -1,7 +1,7 @@
 """Gradient sharing: how its epoch distributes work.
 
 One round per epoch: one barrier stage with one task per worker.  The
-driver ships the network state, each rank's carried sharing state
+driver ships the network state, each rank's sharing state
 (residual, threshold) and the per-job HMAC key; it gets back rank 0's
 replica (the others send a sample of theirs: they agree up to float
 rounding), averages the updater state, checks that the replicas agree and
@@ -41,19 +41,19 @@ class SharingRunner(EpochRunner):
         super().__init__(seam, master)
         self.key = secrets.token_bytes(32)  # per-job HMAC key, shipped with the job only
         self.job_id = secrets.randbits(32)
-        self.carry = None  # per rank: SharingState.to_plain()
+        self.rank_states = None  # per rank: SharingState.to_plain()
 
     def minibatches_per_round(self, prepared, workers, network, epoch, stats) -> int:
-        if self.carry is not None and len(self.carry) != workers:
-            logger.warning("worker count changed (%d -> %d): residuals reset", len(self.carry), workers)
-            self.carry = None
+        if self.rank_states is not None and len(self.rank_states) != workers:
+            logger.warning("worker count changed (%d -> %d): residuals reset", len(self.rank_states), workers)
+            self.rank_states = None
         return -(-len(prepared.sizes) // workers)  # the whole epoch in one round
 
     def result_bytes(self, network) -> int:
         return 4 * (2 * network.num_params + network.updater_state.size)  # rank 0: replica, residual, state
 
     def shipped(self, network, epoch):
-        return {"state": network_state(network, with_updater=True), "carry": self.carry, "key": self.key}
+        return {"state": network_state(network, with_updater=True), "rank_states": self.rank_states, "key": self.key}
 
     def launch(self, plan, r, config_json, shipped, epoch, stats):
         m = self.master
@@ -76,9 +76,10 @@ class SharingRunner(EpochRunner):
         """Every rank's sharing state (:meth:`~sparkavg.sharing.SharingState.to_plain`),
         one array per field with a row per rank: ``sharing_residual`` is
         (workers, N) float32."""
-        if self.carry is None:
+        if self.rank_states is None:
             return {}
-        return {f"sharing_{k}": np.asarray([plain[k] for plain in self.carry]) for k in self.carry[0]}
+        states = self.rank_states
+        return {f"sharing_{k}": np.asarray([plain[k] for plain in states]) for k in states[0]}
 
     def load_state_dict(self, state: dict) -> None:
         keys = {k for k in state if k.startswith("sharing_")}
@@ -86,11 +87,11 @@ class SharingRunner(EpochRunner):
             raise ValueError(f"Expect gradient-sharing runner state (sharing_*), got unknown keys "
                              f"{sorted(set(state) - keys)}")
         if not keys:
-            self.carry = None
+            self.rank_states = None
             return
         columns = {k[len("sharing_"):]: np.asarray(state[k]) for k in keys}
         ranks = len(columns["residual"])
-        self.carry = [{k: (v[rank].copy() if v.ndim > 1 else v[rank].item()) for k, v in columns.items()}
+        self.rank_states = [{k: (v[rank].copy() if v.ndim > 1 else v[rank].item()) for k, v in columns.items()}
                       for rank in range(ranks)]
 
     def merge(self, network, results, epoch, r, stats) -> Merged:
@@ -111,9 +112,9 @@ class SharingRunner(EpochRunner):
             network.updater_state = mean_state
         network.params = reference
         network.iteration = network.iteration + max(x.iterations for x in results)
-        self.carry = [x.carry for x in results]
+        self.rank_states = [x.sharing_state for x in results]
         stats.series("replica_max_abs_diff", epoch, diff)
         logger.info("epoch %d: replicas agree to %.3g (max |difference|), thresholds %s", epoch + 1, diff,
-                    ", ".join(f"{x.carry['tau']:.3g}" for x in results))
+                    ", ".join(f"{x.sharing_state['tau']:.3g}" for x in results))
         return Merged(sum(x.loss_sum for x in results), sum(x.examples for x in results),
                       [x.stats for x in results], {"replica_max_abs_diff": diff})

@@ -1,15 +1,15 @@
-"""Task results as plain values: JSON text plus the raw bytes of arrays.
+"""The codec of Spark Connect jobs: values as JSON text plus the raw bytes of arrays.
 
 What a Spark Connect job returns travels as Arrow rows of
-:data:`RESULT_SCHEMA` -- never pickled: :func:`encode_plain` turns a
+:data:`RESULT_SCHEMA` -- never pickled: :func:`encode_value` turns a
 result (records, evaluations, failures, statistics payloads, numpy
-arrays) into JSON and a list of byte strings, :func:`decode_plain`
+arrays) into JSON and a list of byte strings, :func:`decode_value`
 rebuilds it.  Records and evaluations are found in the one registry
 (:func:`sparkavg.configurable.register`): a :class:`~.context.Record`
 class registered under the kind ``"result"`` travels as its fields, a
 class registered under ``"evaluation"`` as its ``to_dict()`` (rebuilt
-with ``from_dict``) -- a new one needs nothing here.  The same encoding carries shipped
-values inside a Connect job's closure
+with ``from_dict``) -- a new one needs nothing here.  The same encoding
+carries shipped values inside a Connect job's closure
 (:class:`~sparkavg.spark.connect.ShippedValue`).
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ...configurable import registered
 from ..errors import TaskFailure
 from .context import Record
 
-__all__ = ["RESULT_SCHEMA", "encode_plain", "decode_plain", "results_batch", "results_from_table"]
+__all__ = ["RESULT_SCHEMA", "encode_value", "decode_value", "results_batch", "results_from_table"]
 
 #: One task result per row: JSON text and the raw bytes of its arrays.
 RESULT_SCHEMA = "json string, blobs array<binary>"
@@ -44,7 +44,7 @@ def _registered(kind: str, name: str) -> type:
     return cls
 
 
-def encode_plain(value) -> Tuple[str, List[bytes]]:
+def encode_value(value) -> Tuple[str, List[bytes]]:
     """``value`` as JSON text and the raw bytes of its arrays.
 
     Understands None, bool, int, float, str, bytes, numpy arrays and
@@ -97,8 +97,8 @@ def encode_plain(value) -> Tuple[str, List[bytes]]:
     return json.dumps(enc(value), separators=(",", ":")), blobs
 
 
-def decode_plain(text: str, blobs: Sequence) -> object:
-    """The value of :func:`encode_plain` output; arrays come back writable."""
+def decode_value(text: str, blobs: Sequence) -> object:
+    """The value of :func:`encode_value` output; arrays come back writable."""
 
     def dec(v):
         if isinstance(v, list):
@@ -136,7 +136,7 @@ def results_batch(values: Iterable):
 
     texts, blob_lists = [], []
     for value in values:
-        text, blobs = encode_plain(value)
+        text, blobs = encode_value(value)
         texts.append(text)
         blob_lists.append(blobs)
     return pa.RecordBatch.from_pydict({"json": pa.array(texts, pa.string()),
@@ -149,7 +149,7 @@ def results_from_table(table) -> list:
     blobs = table.column("blobs")
     out = []
     for i, text in enumerate(texts):
-        out.append(decode_plain(text, list(blobs[i].values) if blobs[i].is_valid else []))
+        out.append(decode_value(text, list(blobs[i].values) if blobs[i].is_valid else []))
     return out
 
 

@@ -45,9 +45,9 @@ from .data import PreparedData, check_columns, frame_failures, is_dataframe, min
 from .deal import Dealt, deal_epoch
 from .errors import executor_errors
 from .executor.adapters import examples_adapter, round_adapter
-from .executor.inference import list_column, predict_arrow
-from .executor.hooks import TestHooks
 from .executor.codec import RESULT_SCHEMA, decode_value, encode_value, results_from_table
+from .executor.hooks import TestHooks
+from .executor.inference import list_column, predict_arrow
 
 __all__ = ["ConnectSpark", "ShippedValue", "FramePrepared", "FramePlan", "OUTPUT_COL"]
 

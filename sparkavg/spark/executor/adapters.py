@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 from .arrow import examples_from_batches, from_npy
-from .context import task_partition
 from .codec import results_batch
+from .context import task_partition
 
 __all__ = ["round_adapter", "examples_adapter"]
 

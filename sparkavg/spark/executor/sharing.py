@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Iterator
 
 from ...backend import get_array_module
+from ...configurable import register
 from ...sharing import SharingState, apply_received, sharing_step
 from ...transport import PeerStalledError, ReliableEndpoint, select_address
-from ...configurable import register
 from ..errors import DivergenceError, register_error, task_failure_guard
 from ..stats import CounterName, Phase, PhaseRecorder, SeriesName, task_lane
 from .averaging import check_finite

@@ -2,7 +2,7 @@
 """Both masters on a multi-host Spark cluster, links unshaped, 1 Gbit/s and
 100 Mbit/s, next to one process on one core -- same run, same data.
 
-Hosts are simulated (:class:`sparkavg.testing.SimulatedCluster`: each host
+Hosts are simulated (:class:`tests.harness.SimulatedCluster`: each host
 its own network and mount namespace on this machine, links shaped with
 ``tc tbf`` both ways): a driver host (Spark master and the driver program)
 and 2 worker hosts x 1 core.  Per link speed a fresh cluster runs, in one
@@ -49,6 +49,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+sys.path.insert(1, REPO)  # tests.harness: the simulated hosts are not part of the installed package
 
 from report import emit  # noqa: E402
 
@@ -248,7 +249,7 @@ def summarise(done: dict, hosts: dict, local_eps: float, workers) -> dict:
 
 
 def run_cluster(rate, args, local_eps: float) -> dict:
-    from sparkavg.testing import SimulatedCluster
+    from tests.harness import SimulatedCluster
 
     started = time.monotonic()
     with SimulatedCluster(workers=2, cores_per_worker=1, memory="1g", rate=rate) as cluster:
@@ -346,7 +347,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.job:
         return job(args)
-    from sparkavg.testing import SimulatedCluster
+    from tests.harness import SimulatedCluster
 
     ok, reason = SimulatedCluster.available()
     if not ok:

@@ -37,6 +37,9 @@ import time
 import numpy as np
 from report import emit
 
+# tests.harness (the Connect server in its own JVM) is not part of the installed package.
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 MODE_VAR = "SPARK_CONNECT_MODE_ENABLED"
 
 
@@ -72,7 +75,7 @@ def connect_session(master: str, local_dir: str, log_path: str):
     """A Connect server (own JVM, recommended_conf) and a client session on it."""
     from pyspark.sql.connect.session import SparkSession as RemoteSparkSession
 
-    from sparkavg.testing.connect import connect_server
+    from tests.harness.connect import connect_server
 
     with connect_server(master, log_path, {"spark.local.dir": local_dir}, timeout=300) as url:
         session = RemoteSparkSession.builder.remote(url).getOrCreate()

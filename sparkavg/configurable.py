@@ -85,18 +85,18 @@ def registered(kind: str) -> Dict[str, type]:
     return dict(_REGISTRY.get(kind, {}))
 
 
-def _plain(value: Any) -> Any:
+def _json_ready(value: Any) -> Any:
     """``value`` in JSON-ready form."""
     if isinstance(value, Configurable):
         return value.to_config()
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, np.ndarray):
-        return _plain(value.tolist())
+        return _json_ready(value.tolist())
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [_json_ready(v) for v in value]
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: _json_ready(v) for k, v in value.items()}
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     if isinstance(value, numbers.Integral):
@@ -122,7 +122,7 @@ class Configurable:
     def to_config(self) -> dict:
         """JSON-ready ``{"type": name, **arguments}`` (a fresh dict)."""
         name = type(self)._config_name or type(self).__name__
-        return {"type": name, **{k: _plain(v) for k, v in self.config_arguments().items()}}
+        return {"type": name, **{k: _json_ready(v) for k, v in self.config_arguments().items()}}
 
 
 # --------------------------------------------------------------- checking

@@ -150,7 +150,7 @@ def standalone_cluster(tmp_path_factory):
                 p.kill()
 
 
-# -- simulated hosts (sparkavg.testing): network + mount namespaces, needs root --
+# -- simulated hosts (tests/harness): network + mount namespaces, needs root --
 
 SIM_FIXTURES = ("sim_cluster", "sim_cluster_factory")
 
@@ -174,7 +174,7 @@ def simhosts_required():
 def _simulated_cluster_class():
     """SimulatedCluster, or a skip that says exactly why namespaces cannot be
     made here; a failure instead where they are required (:func:`simhosts_required`)."""
-    from sparkavg.testing import SimulatedCluster
+    from tests.harness import SimulatedCluster
 
     ok, reason = SimulatedCluster.available()
     if not ok:
@@ -211,7 +211,7 @@ def pytest_terminal_summary(terminalreporter):
     counts = {}
     for outcome in _sim_outcomes.values():
         counts[outcome] = counts.get(outcome, 0) + 1
-    from sparkavg.testing import SimulatedCluster
+    from tests.harness import SimulatedCluster
 
     ok, reason = SimulatedCluster.available()
     required = simhosts_required()
@@ -263,8 +263,8 @@ def sim_cluster_factory(tmp_path):
 def connect_server(tmp_path_factory):
     """A Spark Connect server (``local[2,4]``, recommended_conf, UI off) in its
     own JVM from the installed pyspark, bound to 127.0.0.1 with a fresh
-    token; yields its ``sc://`` URL (see :mod:`sparkavg.testing.connect`)."""
-    from sparkavg.testing.connect import connect_server as server
+    token; yields its ``sc://`` URL (see :mod:`tests.harness.connect`)."""
+    from tests.harness.connect import connect_server as server
 
     workdir = tmp_path_factory.mktemp("connect")
     conf = {"spark.local.dir": str(workdir / "local"), "spark.sql.shuffle.partitions": "4",

@@ -1,5 +1,5 @@
 """Every feature across hosts: Spark standalone on simulated hosts (each
-worker its own network namespace and private /tmp; sparkavg.testing).
+worker its own network namespace and private /tmp; tests/harness).
 
 One driver program (tests/cluster_driver.py) runs the 2-host scenarios in
 one SparkSession, since every driver JVM costs 15-30 s; each test below

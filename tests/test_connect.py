@@ -181,6 +181,28 @@ def test_killed_worker_on_connect_is_retried(connect, tmp_path):
     np.testing.assert_allclose(crashed.params, clean.params, rtol=1e-6, atol=1e-7)
 
 
+def test_test_hooks_are_read_once_per_fit_not_per_epoch(connect, monkeypatch):
+    # The real session conf, only counted: every read of a hook key, and any read of all confs.
+    from pyspark.sql.connect.conf import RuntimeConf
+
+    reads = []
+    real_get, real_all = RuntimeConf.get, RuntimeConf.getAll
+
+    def get(self, key, *default):
+        if key.startswith("sparkavg.test."):
+            reads.append(key)
+        return real_get(self, key, *default)
+
+    monkeypatch.setattr(RuntimeConf, "get", get)
+    monkeypatch.setattr(RuntimeConf, "getAll", property(lambda self: reads.append("getAll") or real_all.fget(self)))
+    x, y = blobs(40, seed=19)
+    trainer = SparkTrainer(connect, small_net(seed=20), ParameterAveraging(batch_size_per_worker=10, workers=2,
+                                                                          averaging_frequency=2))
+    trainer.fit(_frame(connect, x, y), epochs=3)
+    assert trainer.epochs_done == 3
+    assert sorted(reads) == ["sparkavg.test.kill_marker", "sparkavg.test.stall_rank"]
+
+
 def test_executor_errors_on_connect_come_back_as_themselves(connect):
     x, y = blobs(80, seed=41)
     df = _frame(connect, x, y, partitions=2)
@@ -224,6 +246,9 @@ def test_bad_rows_are_named(request, flavour):
     with pytest.raises(DataValidationError, match=r"Bad features at partition 0, row 2: expected 16 values "
                                                   r"\(input shape \(1, 4, 4\)\), got shape \(15,\)"):
         trainer.fit(short.coalesce(1))
+    if flavour == "connect":  # predict reads each Arrow batch as one matrix, checked against the input shape
+        with pytest.raises(Exception, match=r"Bad features at partition 0, row 2: expected 16 values"):
+            trainer.predict(short.coalesce(1)).toArrow()
     nan = session.createDataFrame([(good, 1), (good[:3] + [float("nan")] + good[4:], 0)],
                                   "features array<double>, label long")
     with pytest.raises(DataValidationError, match=r"Bad features at partition 0, row 1: 1 NaN/inf"):

@@ -87,6 +87,14 @@ def test_unknown_device_names_the_choices():
         select_device("tpu", {})
 
 
+def test_tasks_get_the_device_as_a_plain_str_with_the_masters_values():
+    # The executor side never imports the driver's enum: a task gets one plain str.
+    assert tuple(d.value for d in Device) == device_mod.DEVICES
+    assert "masters" not in device_mod.__dict__ and not hasattr(device_mod, "Device")
+    for d in Device:
+        assert type(device_mod.as_device(d)) is str and device_mod.as_device(d) == d.value
+
+
 def test_resource_information_and_plain_lists_both_read():
     from pyspark.resource import ResourceInformation
 

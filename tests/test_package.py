@@ -128,3 +128,20 @@ def test_get_array_module_and_to_cpu_on_numpy():
     assert backend.get_array_module(a) is np
     assert backend.to_cpu(a) is a
     assert backend.to_cpu([1.0, 2.0]).sum() == 3.0
+
+
+def test_the_package_ships_no_test_harness():
+    # The packages setuptools finds under pyproject's [tool.setuptools.packages.find]
+    # (namespaces on, its default): the simulated hosts and the Connect server stay with the tests.
+    import tomllib
+
+    from setuptools import find_namespace_packages, find_packages
+
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    finder = find_namespace_packages if find.get("namespaces", True) else find_packages
+    shipped = finder(str(ROOT), include=find["include"], exclude=find.get("exclude", ()))
+    assert "sparkavg.spark.executor" in shipped and "sparkavg_ext" in shipped
+    assert [p for p in shipped if p.split(".")[0] not in ("sparkavg", "sparkavg_ext")] == []
+    assert [p for p in shipped if "testing" in p or "harness" in p] == []
+    assert (ROOT / "tests" / "harness" / "hosts.py").exists()  # the harness is still there, for tests
+    assert not (ROOT / "sparkavg" / "testing").exists()

@@ -495,9 +495,9 @@ def test_registry_kinds_and_config_errors():
         from_config({"type": "FixedThreshold", "threshold": "1e-3"}, kind="threshold")
 
 
-# ------------------------------------- parity with the executor's former closure
-def _legacy_after_step(th, entries, n, residual, rule, clipping):
-    """spark/threshold.py's ThresholdState.after_step, as it was (issue 14)."""
+# ------------------------------------------- parity with a written-out loop
+def _written_out_after_step(th, entries, n, residual, rule, clipping):
+    """The rules' τ updates and the clipping written out, apart from their classes."""
     th["iteration"] += 1
     sparsity = entries / n if n else 0.0
     if isinstance(rule, AdaptiveThreshold):
@@ -513,7 +513,9 @@ def _legacy_after_step(th, entries, n, residual, rule, clipping):
 
 @pytest.mark.parametrize("rule", [FixedThreshold(2e-3), AdaptiveThreshold(initial=1e-3, max_sparsity=0.05),
                                   TargetSparsityThreshold(initial=1e-3, target=0.02)])
-def test_sharing_step_matches_the_former_executor_loop_bit_for_bit(rule):
+def test_sharing_step_matches_a_written_out_loop_bit_for_bit(rule):
+    # The executors run sharing_step itself (test_spark_sharing.py holds a Spark fit to it);
+    # this holds sharing_step to the iteration written out with the bare kernels.
     rng = np.random.default_rng(23)
     world, n, steps = 3, 257, 30
     clipping = ResidualClipping(frequency=4, k=3.0)
@@ -524,7 +526,7 @@ def test_sharing_step_matches_the_former_executor_loop_bit_for_bit(rule):
     params = [init.copy() for _ in range(world)]
     run_workers(states, params, updates)
 
-    # The loop of sharing_worker.make_sharing_trainer before issue 14, over the same list network.
+    # The iteration with the bare kernels, over the same list network.
     network = ListNetwork(world)
     old_params = [init.copy() for _ in range(world)]
     residuals = [np.zeros(n, np.float32) for _ in range(world)]
@@ -541,13 +543,13 @@ def test_sharing_step_matches_the_former_executor_loop_bit_for_bit(rule):
                 ops.decode(message, old_params[w])
             for payload in network.drain(w):
                 ops.decode(np.frombuffer(payload, dtype="<i4"), old_params[w])
-            _legacy_after_step(ths[w], entries, n, residuals[w], rule, clipping)
+            _written_out_after_step(ths[w], entries, n, residuals[w], rule, clipping)
     for w in range(world):
         for payload in network.drain(w):
             ops.decode(np.frombuffer(payload, dtype="<i4"), old_params[w])
 
     for w in range(world):
-        assert same_bits(params[w], old_params[w]), f"worker {w}: params differ from the former loop"
+        assert same_bits(params[w], old_params[w]), f"worker {w}: params differ from the written-out loop"
         assert same_bits(states[w].residual, residuals[w]), f"worker {w}: residual differs"
         assert states[w].tau == ths[w]["tau"]
         assert states[w].messages_sent == encodings[w].messages
@@ -565,6 +567,30 @@ def test_inbox_is_read_after_publish():
 
     sharing_step(state, update, np.zeros(32, np.float32), lambda b: events.append("publish"), inbox)
     assert events == ["publish", "inbox"]
+
+
+def test_phase_hook_times_each_phase_around_its_work():
+    from contextlib import contextmanager
+
+    events = []
+
+    @contextmanager
+    def phase(name):
+        events.append(("enter", name))
+        yield
+        events.append(("exit", name))
+
+    state = SharingState(FixedThreshold(0.25), None, 32)
+    params = np.zeros(32, np.float32)
+    sharing_step(state, np.full(32, 1.0, np.float32), params, lambda b: events.append("publish"),
+                 lambda: events.append("inbox") or [], phase=phase)
+    assert events == [("enter", "encode"), ("exit", "encode"), ("enter", "send"), "publish", ("exit", "send"),
+                      ("enter", "apply"), "inbox", ("exit", "apply")]
+    assert np.all(params == 0.25)
+    events.clear()  # nothing to send: no "send" phase, the inbox is still applied
+    sharing_step(SharingState(FixedThreshold(0.25), None, 32), np.zeros(32, np.float32), params,
+                 lambda b: events.append("publish"), [], phase=phase)
+    assert events == [("enter", "encode"), ("exit", "encode"), ("enter", "apply"), ("exit", "apply")]
 
 
 # -------------------------------------------------------------------- CuPy

@@ -1,4 +1,4 @@
-"""Simulated hosts (sparkavg.testing): each host its own network and mount
+"""Simulated hosts (tests/harness): each host its own network and mount
 namespace, links shaped with tc, Spark standalone across them, teardown."""
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import sys
 import pytest
 
 PY = sys.executable
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests.harness imports from here
 
 # Receives until EOF on (ip, port), then replies "<bytes> <seconds from first byte>".
 RECEIVER = r"""
@@ -145,7 +146,7 @@ def test_teardown_removes_processes_and_namespaces_even_after_an_error(sim_clust
 
 
 def test_namespaces_of_a_dead_owner_are_reaped(sim_cluster_factory):
-    from sparkavg.testing import netns
+    from tests.harness import netns
 
     gone = subprocess.Popen(["true"])
     gone.wait()  # its pid now names no process
@@ -161,10 +162,10 @@ def test_namespaces_of_a_dead_owner_are_reaped(sim_cluster_factory):
 def test_sigterm_of_the_owning_process_tears_down(sim_cluster_factory):
     # (the factory only gates: it skips or fails where namespaces cannot be made)
     owner = subprocess.Popen(
-        [PY, "-c", "import sys, time\nfrom sparkavg.testing import SimulatedCluster\n"
+        [PY, "-c", "import sys, time\nfrom tests.harness import SimulatedCluster\n"
                    "c = SimulatedCluster(workers=1, spark=False).start()\n"
                    "c.spawn('worker0', ['sleep', '300'])\nprint(c.id, flush=True)\ntime.sleep(300)"],
-        stdout=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, text=True, cwd=REPO)
     cluster_id = owner.stdout.readline().strip()
     assert cluster_id and len(our_namespaces(cluster_id)) == 3
     owner.send_signal(signal.SIGTERM)

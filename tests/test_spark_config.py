@@ -5,7 +5,8 @@ import pytest
 from sparkavg.configurable import ConfigError
 
 from sparkavg.data.validation import DataSpec, DataValidationError, rebatch_partition
-from sparkavg.spark.data import PreparedData, deal, deal_choice, deal_shards, local_shards, shard_label_skew
+from sparkavg.spark.data import PreparedData
+from sparkavg.spark.deal import deal, deal_choice, deal_shards, local_shards, shard_label_skew
 from sparkavg.spark.masters import (AdaptiveThreshold, DataOptions, EndpointConfig, FixedThreshold,
                                     GradientSharing, ParameterAveraging, Placement, ResidualClipping,
                                     TargetSparsityThreshold, Topology, Weighting, master_from_config)
@@ -170,6 +171,35 @@ def test_rebatch_rejects_bad_rows_naming_them(row, message):
         _run([(np.ones(4), 0), row])
 
 
+@pytest.mark.parametrize("bad", [
+    (np.ones(5), 0),  # too many values
+    (np.array([1, np.nan, 0, 0]), 0),
+    (np.ones(4), 3),  # class out of range
+    (np.ones(4), 1.5),  # not a class index
+    (np.ones(4), [0.0, 1.0]),  # one-hot row of the wrong width
+    (np.ones(4), [0.0, np.inf, 0.0]),
+])
+def test_rows_and_arrow_batches_break_a_rule_with_one_message(bad):
+    # One rule, one message: the row path and the Arrow path (outside Spark: partition 0) agree.
+    import pyarrow as pa
+
+    from sparkavg.spark.executor.arrow import failure_from_row, make_minibatcher
+
+    features, label = bad
+    onehot = isinstance(label, list)
+    good = (np.ones(4), [1.0, 0.0, 0.0] if onehot else 0)
+    with pytest.raises(DataValidationError) as rows:
+        list(rebatch_partition(SPEC, 2)(0, iter([good, (features, np.asarray(label))])))
+    batch = pa.RecordBatch.from_pydict({
+        "features": pa.array([good[0].tolist(), features.tolist()], pa.list_(pa.float64())),
+        "label": pa.array([good[1], label], pa.list_(pa.float64()) if onehot else None)})
+    out = list(make_minibatcher(SPEC, 2, "features", "label")(iter([batch])))
+    failure = failure_from_row(out[-1].column("error")[0].as_py())
+    assert failure is not None and failure.kind == "DataValidationError"
+    assert failure.message == str(rows.value)
+    assert "partition 0, row 1" in failure.message
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"storage_level": "IN_THE_CLOUD"}, "Expect storage_level"),
     ({"placement": "ftp"}, "Expect placement in"),
@@ -217,3 +247,36 @@ def test_config_with_numbers_as_strings_names_the_field():
     nested["transport"]["retransmit_timeout"] = "0.5"
     with pytest.raises(ConfigError, match="retransmit_timeout to be float, got str"):
         master_from_config(nested)
+
+
+def test_a_new_threshold_rule_is_one_class_and_masters_find_runners_by_registry():
+    # A rule registered under "threshold" is a GradientSharing threshold and round-trips through
+    # the master's config, with no list of rules to extend anywhere.
+    from dataclasses import dataclass
+
+    from sparkavg.configurable import register
+    from sparkavg.sharing import ThresholdRule
+    from sparkavg.spark.runners import runner_for
+    from sparkavg.spark.runners.averaging import AveragingRunner
+    from sparkavg.spark.runners.sharing import SharingRunner
+
+    @register("threshold", name="HalvingThresholdForTest")
+    @dataclass(frozen=True)
+    class HalvingThreshold(ThresholdRule):
+        initial: float = 1e-2
+
+        def initial_tau(self) -> float:
+            return self.initial
+
+        def _update(self, tau: float, sparsity: float) -> float:
+            return tau / 2
+
+    master = GradientSharing(threshold=HalvingThreshold(4e-3))
+    assert master_from_config(master.to_config()).threshold == HalvingThreshold(4e-3)
+    with pytest.raises(ValueError, match=r"Expect threshold to be a ThresholdRule \(.*HalvingThresholdForTest.*\)"):
+        GradientSharing(threshold="1e-3")
+    # Each master names its runner's module; the runner declares itself with @runs.
+    assert type(runner_for(None, ParameterAveraging())) is AveragingRunner
+    assert type(runner_for(None, master)) is SharingRunner
+    with pytest.raises(TypeError, match="Expect master to be a Master with a runner"):
+        runner_for(None, "averaging")

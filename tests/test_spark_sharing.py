@@ -34,6 +34,40 @@ def test_sharing_learns_and_replicas_agree(sc):
     assert "threshold" in series and "sparsity" in series
 
 
+def test_executor_runs_sharing_step_bit_for_bit(sc):
+    """Production against the algorithm: a one-worker Spark fit ends with
+    exactly the parameters, updater state, residual and τ of a plain loop of
+    ``compute_update`` + :func:`sharing_step`.  Every minibatch is the same
+    block of examples, so neither the epoch's shuffle nor the deal can
+    change the order the loop sees."""
+    import numpy as np
+
+    from sparkavg.sharing import ResidualClipping, SharingState, sharing_step
+
+    block_x, block_y = blobs(10, seed=41)
+    reps, epochs = 6, 2
+    rdd = sc.parallelize([(block_x[i], int(block_y[i])) for _ in range(reps) for i in range(10)], 1)
+    rule, clipping = AdaptiveThreshold(initial=1e-3, max_sparsity=0.05), ResidualClipping(frequency=4, k=3.0)
+    master = GradientSharing(threshold=rule, residual_post_processor=clipping, batch_size_per_worker=10,
+                             workers=1, device="cpu")
+    trainer = SparkTrainer(sc, small_net(seed=42), master)
+    trainer.fit(rdd, epochs=epochs)
+
+    net = small_net(seed=42)
+    state = SharingState(rule, clipping, net.num_params)
+    update = np.zeros(net.num_params, np.float32)
+    sent = []
+    for _ in range(epochs * reps):
+        net.compute_update(block_x, block_y, update)
+        sharing_step(state, update, net.params, sent.append, [])
+    assert len(sent) > 0 and trainer.stats.counters["messages_sent"] == len(sent)
+    assert np.array_equal(trainer.network.params.view(np.uint32), net.params.view(np.uint32))
+    assert np.array_equal(trainer.network.updater_state.view(np.uint32), net.updater_state.view(np.uint32))
+    saved = trainer._runner.rank_states[0]
+    assert np.array_equal(np.asarray(saved["residual"]).view(np.uint32), state.residual.view(np.uint32))
+    assert saved["tau"] == state.tau
+
+
 def test_sharing_under_simulated_loss_still_agrees(sc):
     rdd, x, y = _rdd(sc, 200, seed=23)
     net = small_net(seed=24)
@@ -99,13 +133,21 @@ def test_stuck_worker_ends_the_stage_with_an_error_naming_it(sc):
 
 
 def test_sharing_resumes_from_the_last_epoch_checkpoint(sc, tmp_path):
-    rdd, x, y = _rdd(sc, 100, seed=31)
+    # One worker: a sharing fit is then deterministic, so a resumed fit must end exactly where a
+    # straight one does -- parameters, updater state and the residual and threshold it carries.
+    rdd, x, y = _rdd(sc, 100, seed=31, parts=1)
+    master = GradientSharing(workers=1, batch_size_per_worker=10, device="cpu",
+                             threshold=AdaptiveThreshold(initial=1e-3, max_sparsity=0.05))
+    straight = SparkTrainer(sc, small_net(seed=32), master)
+    straight.fit(rdd, epochs=2)
     ckpt = str(tmp_path / "ckpt")
-    master = GradientSharing(workers=2, batch_size_per_worker=10)
-    first = SparkTrainer(sc, small_net(seed=32), master, checkpoint_dir=ckpt)
-    first.fit(rdd, epochs=1)
+    SparkTrainer(sc, small_net(seed=32), master, checkpoint_dir=ckpt).fit(rdd, epochs=1)
     resumed = SparkTrainer(sc, small_net(seed=77), master, checkpoint_dir=ckpt)
     resumed.fit(rdd, epochs=2, resume_from=ckpt)
     assert resumed.epochs_done == 2 and [h["epoch"] for h in resumed.history] == [1, 2]
-    # The second epoch started from the checkpoint, not from the fresh seed-77 network.
-    assert resumed.network.iteration == 2 * first.network.iteration
+    np.testing.assert_array_equal(resumed.network.params, straight.network.params)
+    np.testing.assert_array_equal(resumed.network.updater_state, straight.network.updater_state)
+    assert resumed.network.iteration == straight.network.iteration
+    saved, want = resumed._runner.rank_states[0], straight._runner.rank_states[0]
+    np.testing.assert_array_equal(saved["residual"], want["residual"])
+    assert saved["tau"] == want["tau"] and saved["iteration"] == want["iteration"]

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import sparkavg.spark.stats as stats_pkg
 from sparkavg.spark.stats import (CounterName, Phase, PhaseRecorder, Regime, SeriesName, TrainingStats,
-                                  datagram_breakdown, default_lane, iteration_verdict, task_lane)
+                                  datagram_breakdown, iteration_verdict, task_lane)
 
 PLAIN = (dict, list, str, float, int, bool, type(None))
 
@@ -87,7 +87,6 @@ def test_every_name_in_use_is_in_the_enums():
 def test_task_lane_names_host_pid_and_partition():
     assert task_lane(3) == f"{socket.gethostname()}/{os.getpid()}/p3"
     assert task_lane(None).endswith("/p-")
-    assert default_lane is task_lane
     assert PhaseRecorder(partition=7).lane == task_lane(7)
 
 
@@ -411,4 +410,4 @@ def test_public_names_are_importable_from_the_package():
     for name in stats_pkg.__all__:
         assert hasattr(stats_pkg, name), name
     assert {"Phase", "CounterName", "SeriesName", "PhaseRecorder", "TrainingStats", "Regime", "Event",
-            "iteration_verdict", "format_seconds", "default_lane", "task_lane", "DRIVER_LANE"} <= set(stats_pkg.__all__)
+            "iteration_verdict", "format_seconds", "task_lane", "DRIVER_LANE"} <= set(stats_pkg.__all__)

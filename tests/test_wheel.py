@@ -5,7 +5,6 @@ package, declares the optional extras, and imports from where pip puts it
 with no compiler on the PATH."""
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -51,7 +50,7 @@ def test_the_wheel_holds_the_compiled_kernels_and_every_package(wheel):
                    "progress"):
         assert f"sparkavg/listeners/{module}.py" in names, module
     assert any(n.startswith("sparkavg/ops/cuda_src/") and n.endswith(".cu") for n in names)
-    assert not any(n.startswith(("tests/", "benchmarks/", "examples/")) for n in names)
+    assert not any(n.startswith(("tests/", "benchmarks/", "examples/", "sparkavg/testing/")) for n in names)
     metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
     meta = Parser().parsestr(zipfile.ZipFile(wheel).read(metadata).decode())
     assert {"mlflow", "tensorboard", "progress", "connect", "gpu", "test"} <= set(meta.get_all("Provides-Extra"))

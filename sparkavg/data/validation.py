@@ -1,25 +1,46 @@
-"""What a network expects of its data, and rows checked against it.
+"""What a network expects of its data, and examples checked against it.
 
-:class:`DataSpec` says what one example must look like;
-:func:`rebatch_partition` turns rows -- ``(features, label)`` pairs or
-``(x, y)`` minibatches -- into validated minibatches of one size, naming
-the partition and row of anything that does not fit.  No pyspark here:
-the Spark adapters live in :mod:`sparkavg.spark.data`.
+:class:`DataSpec` says what one example must look like.  Each rule is
+written once, vectorised over a chunk of ``n`` examples, and names the
+partition and row of the first example that breaks it (after
+scikit-learn's ``check_array``): :func:`check_features`,
+:func:`check_labels` and the rules they are made of
+(:func:`check_numbers`, :func:`check_widths`, :func:`check_finite`,
+:func:`check_label_values`).
+Both ways examples arrive call them: :func:`rebatch_partition` (RDD rows --
+``(features, label)`` pairs or ``(x, y)`` minibatches -- gathered into
+chunks) and :mod:`sparkavg.spark.executor.arrow` (DataFrame columns decoded
+per Arrow record batch).  No pyspark here: the Spark adapters live in
+:mod:`sparkavg.spark.data`.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterator, Tuple
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 __all__ = [
     "DataValidationError",
     "DataSpec",
+    "row_namer",
+    "shape_note",
+    "check_numbers",
+    "check_widths",
+    "check_finite",
+    "check_label_values",
+    "check_features",
+    "check_labels",
+    "cut_minibatches",
     "rebatch_partition",
     "split_features",
 ]
+
+#: Rows of ``(features, label)`` pairs validated together.
+_PAIRS_PER_CHUNK = 256
+
+Where = Callable[[int], str]
 
 
 class DataValidationError(ValueError):
@@ -62,53 +83,140 @@ class DataSpec:
     def classification(self) -> bool:
         return self.loss != "mse"
 
+    @property
+    def shape_note(self) -> str:
+        """What follows an expected feature count in messages (:func:`shape_note`)."""
+        return shape_note(self.input_shape)
 
+    @property
+    def label_note(self) -> str:
+        """What follows an expected label width in messages."""
+        return f" ({self.label_want})"
+
+    @property
+    def label_want(self) -> str:
+        """What a label must be, as messages say it."""
+        if self.classification:
+            return (f"a class index in [0, {self.num_outputs}) or a one-hot row of length "
+                    f"{self.num_outputs}")
+        return f"{self.num_outputs} finite regression target(s)"
+
+
+def shape_note(input_shape) -> str:
+    """What follows an expected feature count in messages: `` (input shape (1, 28, 28))``."""
+    return f" (input shape {tuple(int(s) for s in input_shape)})"
+
+
+def row_namer(partition: int, first_row: int) -> Where:
+    """``where(i)`` naming row ``i`` of a chunk that starts at ``first_row``."""
+    return lambda i: f"partition {partition}, row {first_row + i}"
+
+
+def _first(mask: np.ndarray) -> int:
+    return int(np.flatnonzero(mask)[0])
+
+
+# ------------------------------------------------------------------ rules
+def _first_non_numeric(dtypes: Iterable[np.dtype]) -> Optional[int]:
+    for i, dtype in enumerate(dtypes):
+        if dtype.kind not in "iubf":
+            return i
+    return None
+
+
+def check_numbers(dtypes: Sequence[np.dtype], where: Where, what: str = "features") -> None:
+    """Values are numbers (bool, int, float): ``dtypes[i]`` is row ``i``'s
+    dtype (one entry for a whole array)."""
+    i = _first_non_numeric(dtypes)
+    if i is not None:
+        raise DataValidationError(f"Bad {what} at {where(i)}: expected numbers, got dtype {dtypes[i]}")
+
+
+def check_widths(sizes: np.ndarray, width: int, where: Where, shown: Callable[[int], str], what: str = "features",
+                 note: str = "") -> None:
+    """Every row holds ``width`` values: ``sizes[i]`` is row ``i``'s count;
+    ``shown(i)`` says what row ``i`` was ("shape (15,)")."""
+    bad = np.asarray(sizes) != width
+    if np.any(bad):
+        i = _first(bad)
+        raise DataValidationError(f"Bad {what} at {where(i)}: expected {width} values{note}, got {shown(i)}")
+
+
+def check_finite(x: np.ndarray, where: Where, what: str = "features") -> None:
+    """No NaN or inf in ``x`` (rows along axis 0)."""
+    finite = np.isfinite(x)
+    if not finite.all():
+        bad = ~finite.reshape(len(x), -1)
+        i = _first(bad.any(axis=1))
+        raise DataValidationError(f"Bad {what} at {where(i)}: {int(np.count_nonzero(bad[i]))} NaN/inf "
+                                  "value(s); expected finite numbers")
+
+
+def _label_error(spec: DataSpec, where: str, value) -> DataValidationError:
+    value = np.asarray(value)
+    shown = repr(value.item()) if value.ndim == 0 else repr(value)
+    return DataValidationError(f"Bad label at {where}: expected {spec.label_want}, got {shown:.200}")
+
+
+def check_label_values(values: np.ndarray, spec: DataSpec, where: Where) -> np.ndarray:
+    """One number per example: class indices (int64 ``(n,)``; integer-valued
+    floats accepted) or, for one regression target, float32 ``(n, 1)``."""
+    values = np.asarray(values)
+    if values.dtype.kind not in "iubf":
+        raise _label_error(spec, where(0), values[0])
+    if spec.classification:
+        ok = (values >= 0) & (values < spec.num_outputs)
+        if values.dtype.kind == "f":
+            ok &= np.isfinite(values) & (values == np.round(values))
+        if not ok.all():
+            i = _first(~ok)
+            raise _label_error(spec, where(i), values[i])
+        return values.astype(np.int64)
+    if spec.num_outputs != 1:
+        raise _label_error(spec, where(0), values[0])
+    check_finite(values, where, "label")
+    return values.astype(np.float32).reshape(-1, 1)
+
+
+def _label_rows(y: np.ndarray, spec: DataSpec, where: Where) -> np.ndarray:
+    """One-hot rows or regression targets: float32 ``(n, num_outputs)``, finite."""
+    if y.dtype.kind not in "iubf":
+        raise _label_error(spec, where(0), y[0])
+    rows = y.reshape(len(y), -1)
+    check_widths(np.full(len(y), rows.shape[1]), spec.num_outputs, where, lambda i: f"shape {y.shape[1:]}",
+                 "label", spec.label_note)
+    check_finite(rows, where, "label")
+    return rows.astype(np.float32, copy=False)
+
+
+def check_features(x: np.ndarray, spec: DataSpec, where: Where) -> np.ndarray:
+    """A chunk of examples' features, ``(n, ...)``, as float32 ``(n, *input_shape)``:
+    numbers, ``input_size`` values each, all finite."""
+    x = np.asarray(x)
+    check_numbers([x.dtype], where)
+    flat = x.reshape(len(x), -1)
+    check_widths(np.full(len(x), flat.shape[1]), spec.input_size, where, lambda i: f"shape {x.shape[1:]}",
+                 note=spec.shape_note)
+    check_finite(flat, where)
+    return flat.astype(np.float32, copy=False).reshape((len(x),) + tuple(spec.input_shape))
+
+
+def check_labels(y: np.ndarray, spec: DataSpec, where: Where) -> np.ndarray:
+    """A chunk of labels, ``(n,)`` numbers or ``(n, k)`` rows: class indices
+    as int64 ``(n,)``, one-hot rows and regression targets as float32
+    ``(n, num_outputs)``."""
+    y = np.asarray(y)
+    if y.ndim == 1:
+        return check_label_values(y, spec, where)
+    return _label_rows(y, spec, where)
+
+
+# ------------------------------------------------------------------ rows
 def split_features(record):
     """``(key, features)`` -> (key, features); bare features -> (None, features)."""
     if isinstance(record, tuple) and len(record) == 2 and not isinstance(record[0], np.ndarray):
         return record[0], record[1]
     return None, record
-
-
-def _label_error(spec: DataSpec, where: str, label) -> DataValidationError:
-    if spec.classification:
-        want = f"a class index in [0, {spec.num_outputs}) or a one-hot row of length {spec.num_outputs}"
-    else:
-        want = f"{spec.num_outputs} finite regression target(s)"
-    return DataValidationError(f"Bad label at {where}: expected {want}, got {np.asarray(label)!r:.200}")
-
-
-def _check_label(spec: DataSpec, label, where: str):
-    """Return the label as an int (class index) or a float32 vector."""
-    arr = np.asarray(label)
-    if spec.classification and arr.ndim == 0:
-        if arr.dtype.kind in "iub" or (arr.dtype.kind == "f" and float(arr).is_integer()):
-            value = int(arr)
-            if 0 <= value < spec.num_outputs:
-                return value
-        raise _label_error(spec, where, label)
-    if arr.dtype.kind not in "iubf":
-        raise _label_error(spec, where, label)
-    vec = arr.astype(np.float32).reshape(-1)
-    if vec.size != spec.num_outputs or not np.all(np.isfinite(vec)):
-        raise _label_error(spec, where, label)
-    return vec
-
-
-def _check_features(spec: DataSpec, features, where: str) -> np.ndarray:
-    x = np.asarray(features)
-    if x.dtype.kind not in "iubf":
-        raise DataValidationError(f"Bad features at {where}: expected numbers, got dtype {x.dtype}")
-    if x.size != spec.input_size:
-        raise DataValidationError(
-            f"Bad features at {where}: expected {spec.input_size} values (input shape {spec.input_shape}), "
-            f"got shape {x.shape}"
-        )
-    x = x.astype(np.float32, copy=False).reshape(spec.input_shape)
-    if not np.all(np.isfinite(x)):
-        bad = int(np.count_nonzero(~np.isfinite(x)))
-        raise DataValidationError(f"Bad features at {where}: {bad} NaN/inf value(s); expected finite numbers")
-    return x
 
 
 def _is_minibatch(record, spec: DataSpec) -> bool:
@@ -119,52 +227,116 @@ def _is_minibatch(record, spec: DataSpec) -> bool:
         and not (x.shape[0] == spec.input_size and y.ndim == 1 and y.size == spec.num_outputs and x.ndim == 1)
 
 
-def _stack_labels(labels, spec: DataSpec) -> np.ndarray:
-    if spec.classification and all(isinstance(v, int) for v in labels):
-        return np.asarray(labels, dtype=np.int64)
-    rows = []
-    for v in labels:
-        if isinstance(v, int):
-            row = np.zeros(spec.num_outputs, np.float32)
-            row[v] = 1.0
-            rows.append(row)
+def _pair_chunk(spec: DataSpec, pairs: List[tuple], where: Where) -> Tuple[np.ndarray, np.ndarray]:
+    """``(features, label)`` pairs as one checked ``(x, y)`` chunk."""
+    xs = [np.asarray(f) for f, _ in pairs]
+    check_numbers([a.dtype for a in xs], where)
+    check_widths(np.fromiter((a.size for a in xs), np.int64, len(xs)), spec.input_size, where,
+                 lambda i: f"shape {xs[i].shape}", note=spec.shape_note)
+    x = check_features(np.stack([a.reshape(-1) for a in xs]), spec, where)
+    labels = [np.asarray(label) for _, label in pairs]
+    i = _first_non_numeric(a.dtype for a in labels)
+    if i is not None:
+        raise _label_error(spec, where(i), labels[i])
+    scalar = np.fromiter((a.ndim == 0 for a in labels), bool, len(labels))
+    if scalar.all() and spec.classification:
+        return x, check_label_values(np.stack(labels), spec, where)
+    # Rows (one-hot or targets); with classification, class indices among them become one-hot rows.
+    y = np.zeros((len(labels), spec.num_outputs), np.float32)
+    index = np.flatnonzero(scalar) if spec.classification else np.zeros(0, np.int64)
+    if len(index):
+        classes = check_label_values(np.stack([labels[i] for i in index]), spec, lambda j: where(int(index[j])))
+        y[index, classes] = 1.0
+    rows = np.flatnonzero(~scalar) if spec.classification else np.arange(len(labels))
+    if len(rows):
+        check_widths(np.fromiter((labels[i].size for i in rows), np.int64, len(rows)), spec.num_outputs,
+                     lambda j: where(int(rows[j])), lambda j: f"shape {labels[rows[j]].shape}", "label",
+                     spec.label_note)
+        y[rows] = _label_rows(np.stack([labels[i].reshape(-1) for i in rows]), spec, lambda j: where(int(rows[j])))
+    return x, y
+
+
+def _checked_chunks(spec: DataSpec, index: int, rows: Iterable) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
+    """A partition's rows as checked ``(x, y)`` chunks in order: each
+    minibatch record as one, runs of pairs gathered into chunks."""
+    row_no = 0
+    pairs: List[tuple] = []
+
+    def pair_chunk():
+        nonlocal row_no
+        chunk = _pair_chunk(spec, pairs, row_namer(index, row_no))
+        row_no += len(pairs)
+        pairs.clear()
+        return chunk
+
+    for record in rows:
+        if _is_minibatch(record, spec):
+            if pairs:
+                yield pair_chunk()
+            bx, by = np.asarray(record[0]), np.asarray(record[1])
+            where = row_namer(index, row_no)
+            yield check_features(bx, spec, where), check_labels(by, spec, where)
+            row_no += len(bx)
+        elif isinstance(record, tuple) and len(record) == 2:
+            pairs.append(record)
+            if len(pairs) == _PAIRS_PER_CHUNK:
+                yield pair_chunk()
         else:
-            rows.append(v)
-    return np.stack(rows).astype(np.float32, copy=False)
+            raise DataValidationError(
+                f"Bad record at partition {index}, row {row_no + len(pairs)}: expected a (features, label) "
+                f"pair or an (x, y) minibatch, got {type(record).__name__}"
+            )
+    if pairs:
+        yield pair_chunk()
+
+
+def _concat_labels(ys: Sequence[np.ndarray], spec: DataSpec) -> np.ndarray:
+    """Labels of several chunks as one array; class indices become one-hot
+    rows when another chunk holds rows."""
+    if len(ys) == 1:
+        return ys[0]
+    if all(y.ndim == 1 for y in ys) or all(y.ndim == 2 for y in ys):
+        return np.concatenate(ys)
+    eye = np.eye(spec.num_outputs, dtype=np.float32)
+    return np.concatenate([eye[y] if y.ndim == 1 else y for y in ys])
+
+
+def cut_minibatches(chunks: Iterable[Tuple[np.ndarray, np.ndarray]], batch_size: int,
+                    spec: DataSpec) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
+    """Checked ``(x, y)`` chunks of any size re-cut into minibatches of
+    exactly ``batch_size`` examples, in order (the last may be smaller;
+    nothing is dropped)."""
+    xs: List[np.ndarray] = []
+    ys: List[np.ndarray] = []
+    held = 0
+    for x, y in chunks:
+        if not len(x):
+            continue
+        xs.append(x)
+        ys.append(y)
+        held += len(x)
+        if held >= batch_size:
+            x_all, y_all = np.concatenate(xs) if len(xs) > 1 else xs[0], _concat_labels(ys, spec)
+            full = (held // batch_size) * batch_size
+            for s in range(0, full, batch_size):
+                yield x_all[s:s + batch_size], y_all[s:s + batch_size]
+            xs, ys = ([x_all[full:]], [y_all[full:]]) if full < held else ([], [])
+            held -= full
+    if held:
+        yield (np.concatenate(xs) if len(xs) > 1 else xs[0]), _concat_labels(ys, spec)
 
 
 def rebatch_partition(spec: DataSpec, batch_size: int):
     """Executor function ``(partition_index, rows) -> minibatches``.
 
-    Validates every example (features size and finiteness, label range)
-    and yields ``(x float32 (b, *input_shape), y)`` minibatches of exactly
+    Validates every example (:func:`check_features`, :func:`check_labels`;
+    runs of pairs are checked together, a minibatch record at once) and
+    yields ``(x float32 (b, *input_shape), y)`` minibatches of exactly
     ``batch_size`` examples (the partition's last may be smaller; nothing
     is dropped).  Rows may be pairs or already-made minibatches.
     """
 
     def run(index: int, rows) -> Iterator[tuple]:
-        xs, ys = [], []
-        row_no = 0
-        for record in rows:
-            if _is_minibatch(record, spec):
-                bx, by = np.asarray(record[0]), np.asarray(record[1])
-                items = zip(bx, by if by.ndim > 1 else by.tolist())
-            elif isinstance(record, tuple) and len(record) == 2:
-                items = (record,)
-            else:
-                raise DataValidationError(
-                    f"Bad record at partition {index}, row {row_no}: expected a (features, label) pair "
-                    f"or an (x, y) minibatch, got {type(record).__name__}"
-                )
-            for features, label in items:
-                where = f"partition {index}, row {row_no}"
-                xs.append(_check_features(spec, features, where))
-                ys.append(_check_label(spec, label, where))
-                row_no += 1
-                if len(xs) == batch_size:
-                    yield np.stack(xs), _stack_labels(ys, spec)
-                    xs, ys = [], []
-        if xs:
-            yield np.stack(xs), _stack_labels(ys, spec)
+        return cut_minibatches(_checked_chunks(spec, index, rows), batch_size, spec)
 
     return run

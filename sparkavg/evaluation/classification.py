@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..backend import to_cpu
+from ..configurable import register
 from ._common import _AVERAGES, _check_names, _check_positive_int, _first_nonfinite, _fmt, _require_examples
 
 __all__ = ["Evaluation"]
@@ -15,6 +16,7 @@ __all__ = ["Evaluation"]
 logger = logging.getLogger(__name__)
 
 
+@register("evaluation")  # travels as to_dict() in task results (spark/executor/codec.py)
 class Evaluation:
     """Mergeable multi-class classification metrics over a confusion matrix.
 

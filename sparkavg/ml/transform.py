@@ -1,17 +1,20 @@
 """Executor side of :meth:`NetworkModel.transform`: batched Arrow inference.
 
-Each record batch's features become one float32 matrix (list offsets
-reshaped to the network's input shape, validated, partition and row named
-on error); the network runs over it in chunks of ``batch_size`` and the
-batch comes back with two appended columns, built from numpy arrays in
-one step each: ``prediction`` (double) and ``probability``
-(``array<float>``).  Nothing is collected to the driver.
+:func:`~sparkavg.spark.executor.inference.predict_arrow` with the
+network's batch inference (:func:`~sparkavg.spark.executor.inference.make_predict_fn`):
+each record batch's features become one validated float32 matrix, the
+network runs over it in chunks of ``batch_size`` and the batch comes back
+with two appended columns, built from numpy arrays in one step each:
+``prediction`` (double) and ``probability`` (``array<float>``).  Nothing is
+collected to the driver.
 """
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
+
+from ..spark.executor.inference import list_column, make_predict_fn, predict_arrow
 
 __all__ = ["make_transformer"]
 
@@ -36,35 +39,11 @@ def make_transformer(config_json: str, shipped, features_col: str, input_shape: 
     prediction_col, probability_col : str
         Names of the appended columns.
     """
-    shape = tuple(int(s) for s in input_shape)
-    size = int(np.prod(shape))
-    note = f" (input shape {shape})"
-
-    def run(batches: Iterable) -> Iterator:
+    def columns(out: np.ndarray) -> list:
         import pyarrow as pa
 
-        from ..backend import to_cpu
-        from ..spark.executor.arrow import batch_column, features_matrix, row_namer
-        from ..spark.executor.context import cached_network, load_state, task_partition
+        prediction = np.argmax(out, axis=1) if classification else out[:, 0]
+        return [(prediction_col, pa.array(prediction.astype(np.float64), pa.float64())),
+                (probability_col, list_column(out))]
 
-        net = cached_network(config_json)
-        load_state(net, shipped.value, with_updater=False)
-        partition = task_partition() or 0
-        row = 0
-        for batch in batches:
-            n = batch.num_rows
-            x = features_matrix(batch_column(batch, features_col), size, row_namer(partition, row), note=note)
-            x = x.reshape((n,) + shape)
-            parts = [np.asarray(to_cpu(net.output(x[s:s + batch_size])), np.float32)
-                     for s in range(0, n, batch_size)]
-            out = np.concatenate(parts) if parts else np.zeros((0, 1), np.float32)
-            out = out.reshape(n, -1)
-            k = out.shape[1]
-            prediction = np.argmax(out, axis=1) if classification else out[:, 0]
-            offsets = pa.array(np.arange(0, n * k + 1, k, dtype=np.int32))
-            probability = pa.ListArray.from_arrays(offsets, pa.array(out.reshape(-1), pa.float32()))
-            yield (batch.append_column(prediction_col, pa.array(prediction.astype(np.float64), pa.float64()))
-                   .append_column(probability_col, probability))
-            row += n
-
-    return run
+    return predict_arrow(make_predict_fn(config_json, shipped, batch_size), features_col, input_shape, columns)

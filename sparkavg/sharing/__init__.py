@@ -16,7 +16,9 @@ A worker's loop::
     for x, y in minibatches:
         net.compute_update(x, y, update)
         sharing_step(state, update, net.params, group.publish,
-                     lambda: [p for _, p in group.poll(0)])
+                     lambda: [p for _, p in group.poll(0)], phase=recorder.phase)
+
+(the Spark executors' loop; ``phase`` is an optional timing hook).
 """
 from .state import SharingState
 from .step import apply_message, apply_received, encode_update, message_bytes, sharing_step

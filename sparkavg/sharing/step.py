@@ -13,20 +13,34 @@ tests).
 
 Messages travel as the little-endian bytes of the int32 wire format
 (:func:`message_bytes`); :func:`apply_message` takes either form.
+
+:func:`sharing_step` is the iteration the Spark executors run; they time
+its phases through its ``phase`` hook (as DDP calls a communication hook
+such as ``powerSGD_hook(state, bucket)``: the algorithm is one function,
+the caller only observes it).
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable, Optional, Union
+from contextlib import nullcontext
+from typing import Callable, ContextManager, Iterable, Optional, Union
 
 import numpy as np
 
 from .. import backend, ops
 from .state import SharingState
 
-__all__ = ["encode_update", "apply_message", "apply_received", "message_bytes", "sharing_step"]
+__all__ = ["encode_update", "apply_message", "apply_received", "message_bytes", "sharing_step", "PHASES"]
 
 Payload = Union[bytes, bytearray, memoryview]
 Inbox = Union[Iterable[Payload], Callable[[], Iterable[Payload]]]
+PhaseHook = Callable[[str], ContextManager]
+
+#: The phases :func:`sharing_step` reports to its ``phase`` hook, in order.
+PHASES = ("encode", "send", "apply")
+
+
+def _untimed(name: str) -> ContextManager:
+    return nullcontext()
 
 
 def _encode(state: SharingState, update):
@@ -38,8 +52,7 @@ def _encode(state: SharingState, update):
     if message is not None:
         state.messages_sent += 1
         state.entries_sent += entries
-    # After the step (the executors' former ThresholdState.after_step): τ adapts to
-    # what this step sent, then the residual is clipped at the new τ when due.
+    # τ adapts to what this step sent, then the residual is clipped at the new τ when due.
     state.iteration += 1
     sparsity = entries / residual.size
     state.last_sparsity = sparsity
@@ -142,7 +155,8 @@ def apply_received(state: SharingState, inbox: Iterable[Payload], params) -> int
     return received
 
 
-def sharing_step(state: SharingState, update, params, publish: Callable[[bytes], None], inbox: Inbox) -> int:
+def sharing_step(state: SharingState, update, params, publish: Callable[[bytes], None], inbox: Inbox,
+                 phase: Optional[PhaseHook] = None) -> int:
     """One full sharing iteration of one worker.
 
     In order: :func:`encode_update` (residual, encoding, τ, clipping);
@@ -164,15 +178,32 @@ def sharing_step(state: SharingState, update, params, publish: Callable[[bytes],
         callable (``lambda: [p for _, p in group.poll(0)]``) when building
         the iterable would itself receive -- an argument list is evaluated
         before the call.
+    phase : callable(str) -> context manager, optional
+        Timing hook: each phase of :data:`PHASES` runs inside
+        ``with phase(name):`` -- ``"encode"`` always, ``"send"`` (the wire
+        bytes and ``publish``) only when there is a message, ``"apply"``
+        (this worker's message and the inbox, read inside it) always.
+        The executors pass their recorder's ``phase``; None times nothing.
 
     Returns
     -------
     int
         Entries this worker sent (0 when it sent nothing).
+
+    Raises
+    ------
+    ValueError
+        As :func:`encode_update` (nothing was published or applied), or a
+        malformed peer message (as :func:`apply_message`).
     """
-    message, entries = _encode(state, update)
+    phase = phase or _untimed
+    with phase("encode"):
+        message, entries = _encode(state, update)
     if message is not None:
-        publish(message_bytes(message))
-        ops.decode(message, params)
-    apply_received(state, inbox() if callable(inbox) else inbox, params)
+        with phase("send"):
+            publish(message_bytes(message))
+    with phase("apply"):
+        if message is not None:
+            ops.decode(message, params)
+        apply_received(state, inbox() if callable(inbox) else inbox, params)
     return entries

@@ -19,7 +19,7 @@ only:
   one partition per worker, a round filters its own); gradient sharing
   runs one ``mapInArrow(..., barrier=True)`` stage per epoch, whose tasks
   meet through ``BarrierTaskContext.allGather``.  Results come back as
-  Arrow rows (:data:`~sparkavg.spark.executor.plain.RESULT_SCHEMA`: JSON
+  Arrow rows (:data:`~sparkavg.spark.executor.codec.RESULT_SCHEMA`: JSON
   and float32 bytes, never pickle) and are combined on the driver;
 - **evaluate / score / predict**: ``mapInArrow`` over the DataFrame;
   ``predict`` returns a DataFrame (Connect has no RDDs): the input's
@@ -41,14 +41,15 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from ..data.validation import DataSpec
-from .data import (Dealt, PreparedData, check_columns, deal_epoch, frame_failures, is_dataframe, minibatch_frame,
-                   placement_for)
+from .data import PreparedData, check_columns, frame_failures, is_dataframe, minibatch_frame, placement_for
+from .deal import Dealt, deal_epoch
 from .errors import executor_errors
-from .executor.adapters import examples_adapter, features_adapter, round_adapter
+from .executor.adapters import examples_adapter, round_adapter
+from .executor.codec import RESULT_SCHEMA, decode_value, encode_value, results_from_table
 from .executor.hooks import TestHooks
-from .executor.plain import RESULT_SCHEMA, decode_plain, encode_plain, results_from_table
+from .executor.inference import list_column, predict_arrow
 
-__all__ = ["ConnectSpark", "ShippedValue", "FramePrepared", "FramePlan", "is_connect_session", "OUTPUT_COL"]
+__all__ = ["ConnectSpark", "ShippedValue", "FramePrepared", "FramePlan", "OUTPUT_COL"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +57,6 @@ logger = logging.getLogger(__name__)
 OUTPUT_COL = "output"
 
 _UNREAD = object()
-
-
-def is_connect_session(obj) -> bool:
-    """Whether ``obj`` is a Spark Connect session (without importing Connect's client)."""
-    return type(obj).__module__.startswith("pyspark.sql.connect")
 
 
 class ShippedValue:
@@ -73,11 +69,11 @@ class ShippedValue:
     __slots__ = ("_text", "_blobs")
 
     def __init__(self, value=None, *, _encoded=None):
-        self._text, self._blobs = _encoded if _encoded is not None else encode_plain(value)
+        self._text, self._blobs = _encoded if _encoded is not None else encode_value(value)
 
     @property
     def value(self):
-        return decode_plain(self._text, self._blobs)
+        return decode_value(self._text, self._blobs)
 
     def destroy(self) -> None:
         """Nothing to release (the value lives in the job's closure)."""
@@ -181,18 +177,16 @@ class ConnectSpark:
     def conf(self, key: str, default: Optional[str] = None) -> Optional[str]:
         return self.spark.conf.get(key, default)
 
-    def test_hooks(self) -> Optional[TestHooks]:
-        """Fault-injection hooks from session confs of the same names (Connect
-        has no job-local properties), read once per epoch plan (a round trip
-        to the server); None in production."""
-        if self._hooks is _UNREAD:
-            return self._read_hooks()
-        return self._hooks
+    def begin_fit(self) -> None:
+        """Read the tests' fault-injection hooks for this fit: session confs of
+        the same names (Connect has no job-local properties), the two keys
+        alone, once per fit (a round trip to the server each)."""
+        self._hooks = TestHooks.from_properties(lambda key: self.spark.conf.get(key, None))
 
-    def _read_hooks(self) -> Optional[TestHooks]:
-        confs = self.spark.conf.getAll
-        confs = confs() if callable(confs) else confs
-        self._hooks = TestHooks.from_properties(confs.get)
+    def test_hooks(self) -> Optional[TestHooks]:
+        """The hooks :meth:`begin_fit` read (None in production)."""
+        if self._hooks is _UNREAD:
+            self.begin_fit()
         return self._hooks
 
     # -------------------------------------------------------------- values
@@ -242,7 +236,6 @@ class ConnectSpark:
              local: bool = False) -> FramePlan:
         """The epoch's deal (``local``: each worker's shard in place; Connect
         does not say where a block lives, so shards follow partition order)."""
-        self._read_hooks()
         rounds = deal_epoch(len(prepared.sizes), workers, per_round, seed, local, prepared.layout)
         plan = FramePlan(rounds, prepared)
         if not prepared.in_files and plan.rounds:
@@ -322,9 +315,10 @@ class ConnectSpark:
                 examples_adapter(task, features_col, label_col), RESULT_SCHEMA).toArrow()
         return functools.reduce(combine, results_from_table(table), None)
 
-    def map_features(self, data, task: Callable, features_col: str):
+    def map_features(self, data, make_predict: Callable, features_col: str, input_shape):
         """A DataFrame: ``data``'s columns plus :data:`OUTPUT_COL` (``array<float>``),
-        ``task(rows)`` run lazily over each Arrow batch of ``features_col``."""
+        ``make_predict``'s ``predict`` run lazily over each Arrow batch of
+        ``features_col`` as one matrix (:func:`~.executor.inference.predict_arrow`)."""
         from pyspark.sql.types import ArrayType, FloatType, StructField, StructType
 
         df = self._frame(data)
@@ -333,4 +327,6 @@ class ConnectSpark:
             raise ValueError(f"Expect no column named {OUTPUT_COL!r} in the data (predict appends it), "
                              f"got columns {df.columns}")
         schema = StructType(list(df.schema.fields) + [StructField(OUTPUT_COL, ArrayType(FloatType()), True)])
-        return df.mapInArrow(features_adapter(task, features_col, OUTPUT_COL), schema)
+        output_col = OUTPUT_COL
+        return df.mapInArrow(predict_arrow(make_predict, features_col, input_shape,
+                                           lambda out: [(output_col, list_column(out))]), schema)

@@ -13,10 +13,11 @@ import enum
 import ipaddress
 import math
 from dataclasses import dataclass, field
-from typing import Literal, Optional, Union
+from typing import ClassVar, Literal, Optional, Union
 
-from ..configurable import Configurable, from_config, register
-from ..sharing.thresholds import AdaptiveThreshold, FixedThreshold, ResidualClipping, TargetSparsityThreshold
+from ..configurable import Configurable, from_config, register, registered
+from ..sharing.thresholds import (AdaptiveThreshold, FixedThreshold, ResidualClipping, TargetSparsityThreshold,
+                                 ThresholdRule)
 from ..transport import EndpointConfig, FaultInjection, Topology
 from .storage import is_remote
 
@@ -192,7 +193,12 @@ class Master(Configurable):
     seed : int, default 12345
         Seed of the per-epoch minibatch shuffle (epoch ``e`` uses ``seed + e``,
         so a resumed fit shuffles exactly as an uninterrupted one), >= 0.
+
+    A subclass names its runner's module in :mod:`sparkavg.spark.runners`
+    (``runner_module``), which declares the runner with ``@runs(Subclass)``.
     """
+
+    runner_module: ClassVar[Optional[str]] = None
 
     batch_size_per_worker: int = 16
     workers: Optional[int] = None
@@ -333,6 +339,8 @@ class ParameterAveraging(Master):
     timings, so it needs ``collect_stats=True``.
     """
 
+    runner_module: ClassVar[Optional[str]] = "averaging"
+
     averaging_frequency: Union[int, Literal["auto"]] = AUTO
     target_overhead: float = 0.03
     max_averaging_frequency: int = 400
@@ -365,9 +373,6 @@ class ParameterAveraging(Master):
         return self.averaging_frequency == AUTO
 
 
-ThresholdRule = Union[FixedThreshold, AdaptiveThreshold, TargetSparsityThreshold]
-
-
 @register("master")
 @dataclass(frozen=True)
 class GradientSharing(Master):
@@ -380,8 +385,11 @@ class GradientSharing(Master):
 
     Parameters
     ----------
-    threshold : FixedThreshold | AdaptiveThreshold | TargetSparsityThreshold, default FixedThreshold(1e-3)
-        The threshold rule (a float means ``FixedThreshold(value)``).
+    threshold : ThresholdRule, default FixedThreshold(1e-3)
+        The threshold rule: any rule registered under the kind
+        ``"threshold"`` (:mod:`sparkavg.sharing.thresholds`:
+        ``FixedThreshold``, ``AdaptiveThreshold``,
+        ``TargetSparsityThreshold``); a float means ``FixedThreshold(value)``.
     residual_post_processor : ResidualClipping or None, default ResidualClipping(5, 5.0)
     topology : Topology, default PLAIN
         ``PLAIN`` all-to-all; ``MESH`` relay tree with fan-out 8.
@@ -407,6 +415,8 @@ class GradientSharing(Master):
         never retried.
     """
 
+    runner_module: ClassVar[Optional[str]] = "sharing"
+
     threshold: ThresholdRule = field(default_factory=lambda: FixedThreshold(1e-3))
     residual_post_processor: Optional[ResidualClipping] = field(default_factory=ResidualClipping)
     topology: Topology = Topology.PLAIN
@@ -420,8 +430,8 @@ class GradientSharing(Master):
         super().__post_init__()
         if isinstance(self.threshold, (int, float)) and not isinstance(self.threshold, bool):
             object.__setattr__(self, "threshold", FixedThreshold(float(self.threshold)))
-        check(isinstance(self.threshold, (FixedThreshold, AdaptiveThreshold, TargetSparsityThreshold)),
-              f"Expect threshold to be FixedThreshold, AdaptiveThreshold, TargetSparsityThreshold "
+        check(isinstance(self.threshold, ThresholdRule),
+              f"Expect threshold to be a ThresholdRule ({', '.join(sorted(registered('threshold')))}) "
               f"or a float, got {self.threshold!r}")
         check(self.residual_post_processor is None or isinstance(self.residual_post_processor, ResidualClipping),
               f"Expect residual_post_processor to be ResidualClipping or None, got {self.residual_post_processor!r}")

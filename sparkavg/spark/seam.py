@@ -16,9 +16,11 @@ import time
 from typing import Callable, Optional
 
 from ..data.validation import DataSpec
-from .data import EpochPlan, PreparedData, as_example_rdd, feature_rows, is_dataframe, placement_for, prepare
+from .data import PreparedData, as_example_rdd, feature_rows, is_dataframe, placement_for, prepare
+from .deal import EpochPlan
 from .errors import executor_errors
 from .executor.hooks import TestHooks
+from .executor.inference import predict_rows
 
 __all__ = ["ClassicSpark", "seam_for"]
 
@@ -46,6 +48,9 @@ class ClassicSpark:
 
     def conf(self, key: str, default: Optional[str] = None) -> Optional[str]:
         return self.sc.getConf().get(key, default)
+
+    def begin_fit(self) -> None:
+        """Nothing to read: the test hooks are job-local properties, read per job."""
 
     def test_hooks(self) -> Optional[TestHooks]:
         """Fault-injection hooks the tests set as job-local properties (None in production)."""
@@ -136,12 +141,14 @@ class ClassicSpark:
         with executor_errors(what):
             return rdd.mapPartitionsWithIndex(task).treeAggregate(None, combine, combine, depth=2)
 
-    def map_features(self, data, task: Callable, features_col: str):
-        """``task(rows)`` lazily over ``data``'s rows (an RDD; a DataFrame's
-        ``features_col``, read as Arrow batches: no Python object per row)."""
+    def map_features(self, data, make_predict: Callable, features_col: str, input_shape):
+        """An RDD of outputs, lazily: ``make_predict``'s ``predict`` over
+        ``data``'s rows gathered into matrices (:func:`~.executor.inference.predict_rows`;
+        an RDD, or a DataFrame's ``features_col`` read as Arrow batches: no
+        Python object per row).  ``input_shape`` is the Connect seam's."""
         if is_dataframe(data):
             data = feature_rows(data, features_col)
-        return data.mapPartitions(task)
+        return data.mapPartitions(predict_rows(make_predict))
 
 
 def seam_for(spark_or_sc):

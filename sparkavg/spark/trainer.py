@@ -23,7 +23,7 @@ from ..listeners.base import EventDispatcher
 from ..listeners.progress import progress_listeners
 from . import checkpoint as ckpt_io
 from .errors import DivergenceError, TrainingCancelled, raise_failures
-from .executor.inference import add_scores, make_evaluator, make_predictor, make_scorer, merge_evaluations
+from .executor.inference import add_scores, make_evaluator, make_predict_fn, make_scorer, merge_evaluations
 from .masters import ParameterAveraging
 from .runners import runner_for
 from .runners.base import network_state
@@ -297,6 +297,7 @@ class SparkTrainer:
                 "resumed": resume_from is not None, "workers": self.workers, "master": self.master.to_config(),
                 "network": self.network.to_config(), "num_params": int(self.network.num_params),
                 "examples": int(prepared.examples), "minibatches": len(prepared.sizes)})
+        self.seam.begin_fit()
         recoveries = 0
         while self.epochs_done < target:
             epoch = self._epoch_running = self.epochs_done
@@ -441,7 +442,8 @@ class SparkTrainer:
         shipped = self.seam.ship(network_state(self.network, with_updater=False))
         try:
             result = self.seam.map_features(
-                data, make_predictor(self.network.to_json(), shipped, self.eval_batch_size), self.features_col)
+                data, make_predict_fn(self.network.to_json(), shipped, self.eval_batch_size), self.features_col,
+                tuple(self.spec.input_shape))
         except BaseException:
             SparkTrainer._destroy_shipped(shipped)
             raise

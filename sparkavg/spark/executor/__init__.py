@@ -7,7 +7,7 @@
 - :mod:`.inference`: evaluation, scoring, prediction;
 - :mod:`.device`: the task's Spark-assigned GPU or the CPU, and why;
 - :mod:`.arrow`: DataFrame columns to numpy (vectorised, both flavours);
-- :mod:`.plain`, :mod:`.adapters`: results as JSON + bytes and the tasks
+- :mod:`.codec`, :mod:`.adapters`: results as JSON + bytes and the tasks
   inside Spark Connect's ``mapInArrow``;
 - :mod:`.hooks`: the tests' fault injection (off in production).
 

@@ -1,22 +1,21 @@
 """Executor tasks inside Spark Connect ``mapInArrow`` jobs.
 
-The averaging, sharing and inference tasks of :mod:`sparkavg.spark.executor`
+The averaging, sharing and evaluation tasks of :mod:`sparkavg.spark.executor`
 take an iterator of minibatch sources or example rows and yield results;
 these adapters feed them from Arrow record batches and turn what they
-yield into :data:`~.plain.RESULT_SCHEMA` rows, so that the tasks run
-unchanged on both Spark flavours.
+yield into :data:`~.codec.RESULT_SCHEMA` rows, so that the tasks run
+unchanged on both Spark flavours.  Prediction reads Arrow batches itself
+(:func:`~.inference.predict_arrow`).
 """
 from __future__ import annotations
 
 from typing import Callable, Iterable, Iterator, Optional, Sequence
 
-import numpy as np
-
-from .arrow import batch_column, examples_from_batches, features_matrix, from_npy, row_namer
+from .arrow import examples_from_batches, from_npy
+from .codec import results_batch
 from .context import task_partition
-from .plain import results_batch
 
-__all__ = ["round_adapter", "examples_adapter", "features_adapter"]
+__all__ = ["round_adapter", "examples_adapter"]
 
 
 def _partition() -> int:
@@ -112,37 +111,5 @@ def examples_adapter(task: Callable, features_col: str, label_col: str):
     def run(batches: Iterable) -> Iterator:
         partition = _partition()
         yield results_batch(task(partition, examples_from_batches(batches, features_col, label_col, partition)))
-
-    return run
-
-
-def features_adapter(task: Callable, features_col: str, output_col: str):
-    """``mapInArrow`` function running a prediction task ``task(rows)`` over
-    each record batch's features; the batch comes back with ``output_col``
-    (``array<float>``) appended, row for row."""
-
-    def run(batches: Iterable) -> Iterator:
-        import pyarrow as pa
-
-        partition = _partition()
-        row = 0
-        for batch in batches:
-            n = batch.num_rows
-            where = row_namer(partition, row)
-            column = batch_column(batch, features_col)
-            x = features_matrix(column, None, where)
-            rows = list(x) if x is not None else [features_matrix(column.slice(i, 1), None, where)[0]
-                                                  for i in range(n)]
-            outputs = list(task(iter(rows))) if n else []
-            if len(outputs) != n:
-                raise RuntimeError(f"Expect one output per row from the prediction task, got {len(outputs)} "
-                                   f"for {n} rows")
-            flat = np.concatenate([np.asarray(o, np.float32).reshape(-1) for o in outputs]) if n else \
-                np.zeros(0, np.float32)
-            lengths = np.array([np.asarray(o).size for o in outputs], np.int32)
-            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-            yield batch.append_column(output_col, pa.ListArray.from_arrays(pa.array(offsets),
-                                                                           pa.array(flat, pa.float32())))
-            row += n
 
     return run

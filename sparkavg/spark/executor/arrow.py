@@ -8,10 +8,12 @@ vectorised steps -- no Python object per row.
   ``array<double>``, any numeric array, or an ml ``Vector``: Spark's
   ``struct<type, size, indices, values>``, dense or sparse) into a
   float32 ``(n, width)`` matrix through the list offsets; :func:`label_array`
-  reads class indices, one-hot rows or regression targets.  Given a
-  :class:`~sparkavg.data.validation.DataSpec` they validate as
-  :func:`~sparkavg.data.validation.rebatch_partition` does and name the
-  partition and row of the first bad value, with the same messages.
+  reads class indices, one-hot rows or regression targets.  What is
+  Arrow's -- nulls, column types, list lengths, sparse vectors -- is
+  checked here; the rules on the values (widths, finiteness, labels) are
+  :mod:`sparkavg.data.validation`'s, the same calls
+  :func:`~sparkavg.data.validation.rebatch_partition` makes, naming the
+  partition and row of the first bad value.
 - :func:`make_minibatcher` is the ``mapInArrow`` function that validates
   and cuts a partition into minibatches of ``batch_size`` once per fit:
   rows ``(id, n, x, y)`` with ``.npy`` bytes, or ``(id, n, path)`` for
@@ -19,18 +21,19 @@ vectorised steps -- no Python object per row.
 - :func:`examples_from_batches` gives the evaluation tasks ``(x, y)``
   chunks, one per record batch (their own ``rebatch`` validates them).
 
-Task results travel as :mod:`.plain` values; :mod:`.adapters` runs the
+Task results travel as :mod:`.codec` values; :mod:`.adapters` runs the
 tasks inside Spark Connect jobs.
 """
 from __future__ import annotations
 
 import io
 import json
-from typing import Callable, Iterable, Iterator, List, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
-from ...data.validation import DataSpec, DataValidationError
+from ...data.validation import (DataSpec, DataValidationError, check_finite, check_label_values, check_widths,
+                                cut_minibatches, row_namer)
 from ...npzfile import load_npy_bytes
 from ..errors import TaskFailure, task_failure_guard
 from .context import task_partition
@@ -42,7 +45,6 @@ __all__ = [
     "features_matrix",
     "label_array",
     "batch_column",
-    "row_namer",
     "make_minibatcher",
     "make_example_decoder",
     "examples_from_batches",
@@ -118,16 +120,13 @@ def _element_rows(starts: np.ndarray, where: Callable[[int], str]) -> Callable[[
 def _common_width(sizes: np.ndarray, width: Optional[int], where, what: str, note: str,
                   shown: Callable[[int], str]) -> Optional[int]:
     """The one row width of ``sizes``: ``width`` when given (a row of another
-    size is an error naming it), else the first row's, or None when rows differ."""
+    size is an error naming it: :func:`~sparkavg.data.validation.check_widths`),
+    else the first row's, or None when rows differ."""
     if width is None:
         width = int(sizes[0]) if len(sizes) else 0
         if len(sizes) and np.any(sizes != width):
             return None
-    bad = sizes != width
-    if np.any(bad):
-        i = _first(bad)
-        raise DataValidationError(f"Bad {what} at {where(i)}: expected {width} values{note}, "
-                                  f"got {shown(int(sizes[i]))}")
+    check_widths(sizes, width, where, lambda i: shown(int(sizes[i])), what, note)
     return width
 
 
@@ -217,67 +216,34 @@ def features_matrix(column, width: Optional[int], where: Callable[[int], str], w
     else:
         raise DataValidationError(f"Bad {what} column: expected array<float>, array<double> or an ml Vector, "
                                   f"got {t}")
-    finite = np.isfinite(x)
-    if not finite.all():
-        rows = ~finite.all(axis=1)
-        i = _first(rows)
-        raise DataValidationError(f"Bad {what} at {where(i)}: {int(np.count_nonzero(~finite[i]))} NaN/inf "
-                                  "value(s); expected finite numbers")
+    check_finite(x, where, what)
     return x
-
-
-def _label_want(spec: DataSpec) -> str:
-    if spec.classification:
-        return f"a class index in [0, {spec.num_outputs}) or a one-hot row of length {spec.num_outputs}"
-    return f"{spec.num_outputs} finite regression target(s)"
 
 
 def label_array(column, spec: Optional[DataSpec], where: Callable[[int], str]) -> Optional[np.ndarray]:
     """An Arrow label column as numpy, checked against ``spec``.
 
     Class indices become int64 ``(n,)`` (integer-valued floats accepted);
-    one-hot rows and regression targets float32 ``(n, k)``.  Without a
+    one-hot rows and regression targets float32 ``(n, k)``
+    (:func:`~sparkavg.data.validation.check_label_values`, or
+    :func:`features_matrix` at ``spec.num_outputs`` values).  Without a
     spec, numbers come back as they are and rows of numbers as a float32
-    matrix (``None`` when their lengths differ).  Messages are
-    :func:`~sparkavg.data.validation.rebatch_partition`'s.
+    matrix (``None`` when their lengths differ).
     """
     pa = _pa()
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     nulls = _null_rows(column)
     if nulls is not None:
-        want = _label_want(spec) if spec is not None else "a label"
+        want = spec.label_want if spec is not None else "a label"
         raise DataValidationError(f"Bad label at {where(_first(nulls))}: expected {want}, got null")
     t = column.type
-    scalar = pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_boolean(t)
-    if scalar:
+    if pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_boolean(t):
         values = np.asarray(column.to_numpy(zero_copy_only=False))
-        if spec is None:
-            return values
-        if spec.classification:
-            if values.dtype.kind == "f":
-                ok = np.isfinite(values) & (values == np.round(values))
-            else:
-                ok = np.ones(len(values), bool)
-            ok &= (values >= 0) & (values < spec.num_outputs)
-            if not ok.all():
-                i = _first(~ok)
-                raise DataValidationError(f"Bad label at {where(i)}: expected {_label_want(spec)}, "
-                                          f"got {np.asarray(values[i])!r:.200}")
-            return values.astype(np.int64)
-        if spec.num_outputs != 1 or not np.all(np.isfinite(values)):
-            i = _first(~np.isfinite(values)) if not np.all(np.isfinite(values)) else 0
-            raise DataValidationError(f"Bad label at {where(i)}: expected {_label_want(spec)}, "
-                                      f"got {np.asarray(values[i])!r:.200}")
-        return values.astype(np.float32).reshape(-1, 1)
+        return values if spec is None else check_label_values(values, spec, where)
     if spec is None:
         return features_matrix(column, None, where, what="label")
-    return features_matrix(column, spec.num_outputs, where, what="label", note=f" ({_label_want(spec)})")
-
-
-def row_namer(partition: int, first_row: int) -> Callable[[int], str]:
-    """``where(i)`` naming row ``i`` of a record batch that starts at ``first_row``."""
-    return lambda i: f"partition {partition}, row {first_row + i}"
+    return features_matrix(column, spec.num_outputs, where, what="label", note=spec.label_note)
 
 
 # ------------------------------------------------------------ minibatches
@@ -314,7 +280,6 @@ def make_minibatcher(spec: DataSpec, batch_size: int, features_col: str, label_c
     there, named as the RDD path names them).
     """
     shape = tuple(spec.input_shape)
-    note = f" (input shape {shape})"
 
     def run(batches: Iterable) -> Iterator:
         partition = _partition()
@@ -328,10 +293,7 @@ def make_minibatcher(spec: DataSpec, batch_size: int, features_col: str, label_c
         pa = _pa()
         from ..storage import SUFFIX, save_minibatch
 
-        row, j = 0, 0
-        xs: List[np.ndarray] = []
-        ys: List[np.ndarray] = []
-        held = 0
+        j = 0
         out: dict = {"id": [], "n": [], "x": [], "y": [], "path": []}
 
         def emit(x, y):
@@ -361,28 +323,21 @@ def make_minibatcher(spec: DataSpec, batch_size: int, features_col: str, label_c
                 v.clear()
             return pa.RecordBatch.from_pydict(cols)
 
-        for batch in batches:
-            n = batch.num_rows
-            if n == 0:
-                continue
-            where = row_namer(partition, row)
-            x = features_matrix(batch_column(batch, features_col), spec.input_size, where, note=note)
-            y = label_array(batch_column(batch, label_col), spec, where)
-            row += n
-            xs.append(x.reshape((n,) + shape))
-            ys.append(y)
-            held += n
-            if held >= batch_size:
-                x_all, y_all = np.concatenate(xs), np.concatenate(ys)
-                full = (held // batch_size) * batch_size
-                for s in range(0, full, batch_size):
-                    emit(x_all[s:s + batch_size], y_all[s:s + batch_size])
-                    if len(out["id"]) >= _ROWS_PER_BATCH:
-                        yield flush()
-                xs, ys = ([x_all[full:]], [y_all[full:]]) if full < held else ([], [])
-                held -= full
-        if held:
-            emit(np.concatenate(xs), np.concatenate(ys))
+        def chunks():
+            row = 0
+            for batch in batches:
+                n = batch.num_rows
+                if n == 0:
+                    continue
+                where = row_namer(partition, row)
+                x = features_matrix(batch_column(batch, features_col), spec.input_size, where, note=spec.shape_note)
+                yield x.reshape((n,) + shape), label_array(batch_column(batch, label_col), spec, where)
+                row += n
+
+        for x, y in cut_minibatches(chunks(), batch_size, spec):
+            emit(x, y)
+            if len(out["id"]) >= _ROWS_PER_BATCH:
+                yield flush()
         last = flush()
         if last is not None:
             yield last

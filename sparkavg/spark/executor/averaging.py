@@ -7,6 +7,7 @@ import numpy as np
 
 from ... import ops
 from ...backend import get_array_module
+from ...configurable import register
 from ..errors import DivergenceError, failure_aware, task_failure_guard
 from ..stats import Phase, PhaseRecorder, task_lane
 from .context import LossSum, Record, cached_network, host_copy, load_state, task_partition
@@ -16,6 +17,7 @@ from .minibatches import recorded_minibatches
 __all__ = ["RoundResult", "combine_results", "make_round_task", "check_finite"]
 
 
+@register("result")
 class RoundResult(Record):
     """What one worker returns from a round: weighted sums, ready to add.
 
@@ -64,11 +66,10 @@ def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: b
     this worker's shard, return one :class:`RoundResult` (none if empty),
     or a :class:`TaskFailure` for an error retrying cannot fix.
 
-    ``device`` is the master's ``device`` value (``"auto"``, ``"gpu"``,
-    ``"cpu"``; :mod:`.device`): the network trains there and only the
-    round's result crosses to the host.
+    ``device`` is the master's ``device`` as a plain str (``"auto"``,
+    ``"gpu"``, ``"cpu"``; :mod:`.device`): the network trains there and
+    only the round's result crosses to the host.
     """
-    device = getattr(device, "value", device)  # a plain str travels to the executors
 
     def run(items) -> Iterator:
         if hooks is not None:

@@ -32,9 +32,12 @@ from typing import Iterable, List, Mapping, Optional, Tuple
 from ... import backend
 from ...configurable import ConfigError
 from ..errors import register_error
-from ..masters import Device
 
 __all__ = [
+    "AUTO",
+    "GPU",
+    "CPU",
+    "DEVICES",
     "GPU_RESOURCE",
     "DeviceError",
     "DeviceChoice",
@@ -48,6 +51,11 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: The values of the master's ``device`` (:class:`~sparkavg.spark.masters.Device`), as
+#: tasks get them: one plain str, never the driver's enum.
+AUTO, GPU, CPU = "auto", "gpu", "cpu"
+DEVICES = (AUTO, GPU, CPU)
 
 #: The Spark resource name sparkavg reads (``spark.task.resource.gpu.amount``).
 GPU_RESOURCE = "gpu"
@@ -115,13 +123,15 @@ class DeviceChoice:
                 "reason": self.reason}
 
 
-def as_device(requested) -> Device:
-    """``requested`` (a :class:`~sparkavg.spark.masters.Device` or its value) as a Device."""
-    try:
-        return Device(requested.value if isinstance(requested, Device) else requested)
-    except ValueError:
-        allowed = ", ".join(repr(d.value) for d in Device)
-        raise ValueError(f"Expect device in {{{allowed}}}, got {requested!r}") from None
+def as_device(requested) -> str:
+    """``requested`` -- one of :data:`DEVICES` (a
+    :class:`~sparkavg.spark.masters.Device`, a ``str`` enum, compares equal)
+    -- as that plain str."""
+    for device in DEVICES:
+        if isinstance(requested, str) and requested == device:
+            return device
+    allowed = ", ".join(repr(d) for d in DEVICES)
+    raise ValueError(f"Expect device in {{{allowed}}}, got {requested!r}")
 
 
 def gpu_addresses(resources: Optional[Mapping]) -> List[str]:
@@ -185,8 +195,8 @@ def select_device(requested, resources: Optional[Mapping]) -> DeviceChoice:
 
     Parameters
     ----------
-    requested : Device or str
-        ``"auto"``, ``"gpu"`` or ``"cpu"``.
+    requested : str
+        ``"auto"``, ``"gpu"`` or ``"cpu"`` (:data:`DEVICES`).
     resources : mapping or None
         ``TaskContext.resources()``: ``{"gpu": ResourceInformation}`` (or
         ``{"gpu": ["0"]}``); not read for ``"cpu"``.  With several GPU
@@ -205,11 +215,11 @@ def select_device(requested, resources: Optional[Mapping]) -> DeviceChoice:
         ``requested`` is not a device.
     """
     mode = as_device(requested)
-    if mode is Device.CPU:
+    if mode == CPU:
         return DeviceChoice("cpu", None, "device='cpu' requested (Spark's GPU assignment is not read)")
     addresses = gpu_addresses(resources)
     if not addresses:
-        if mode is Device.AUTO:
+        if mode == AUTO:
             return DeviceChoice("cpu", None, "device='auto': no GPU assigned to this task by Spark")
         names = sorted(resources) if resources else []
         raise DeviceError(f"Expect a GPU assigned to this task by Spark for device='gpu', got none (the task's "
@@ -220,18 +230,18 @@ def select_device(requested, resources: Optional[Mapping]) -> DeviceChoice:
         ordinal = _use_gpu(address)
     except Exception as exc:  # CuPy missing, no driver, device out of range, bad address ...
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if mode is Device.AUTO:
+        if mode == AUTO:
             return DeviceChoice("cpu", None, f"device='auto': Spark assigned this task a GPU{several}, but CuPy "
                                              f"cannot use it, so it trains on the CPU: {why}", address)
         raise DeviceError(f"Expect a usable GPU for device='gpu' (Spark assigned this task GPU address "
                           f"{address!r}{several}), got an error: {why}") from None
-    return DeviceChoice("gpu", ordinal, f"device={mode.value!r}: the task's Spark-assigned GPU{several}", address)
+    return DeviceChoice("gpu", ordinal, f"device={mode!r}: the task's Spark-assigned GPU{several}", address)
 
 
-def _outside_spark(mode: Device) -> DeviceChoice:
+def _outside_spark(mode: str) -> DeviceChoice:
     """No Spark task (executor functions called directly): ``"gpu"`` means
     the current CUDA device, ``"auto"`` the CPU."""
-    if mode is Device.AUTO:
+    if mode == AUTO:
         return DeviceChoice("cpu", None, "device='auto' outside a Spark task: no GPU assigned by Spark")
     why = backend.unavailable_reason()
     if why is not None:
@@ -245,7 +255,7 @@ def task_device(requested, ctx=None) -> DeviceChoice:
     process.  Outside a Spark task, ``"gpu"`` uses the current CUDA device
     and ``"auto"`` the CPU."""
     mode = as_device(requested)
-    if mode is Device.CPU:
+    if mode == CPU:
         choice = select_device(mode, None)
     else:
         if ctx is None:

@@ -1,16 +1,35 @@
-"""Executor side of evaluation, scoring and prediction."""
+"""Executor side of evaluation, scoring and prediction.
+
+Prediction is one batch-in/batch-out function in the shape of pyspark's
+``predict_batch_udf``: :func:`make_predict_fn` returns ``make_predict``,
+which a task calls once to get ``predict(x) -> outputs`` over a whole
+matrix of examples.  Every inference path feeds it matrices:
+
+- :func:`predict_rows` -- an RDD's rows (classic ``SparkTrainer.predict``),
+  gathered into matrices;
+- :func:`predict_arrow` -- a DataFrame's Arrow record batches, one matrix
+  each, with columns appended (Connect's ``predict`` and
+  ``NetworkModel.transform`` on both flavours).
+"""
 from __future__ import annotations
 
 import copy
-from typing import Iterable
+import math
+from typing import Callable, Iterable, Iterator, List, Sequence, Tuple
 
 import numpy as np
 
-from ...data.validation import split_features
+from ...backend import to_cpu
+from ...data.validation import row_namer, shape_note, split_features
 from ..errors import failure_aware, task_failure_guard
-from .context import cached_network, load_state
+from .arrow import batch_column, features_matrix
+from .context import cached_network, load_state, task_partition
 
-__all__ = ["make_evaluator", "make_scorer", "make_predictor", "merge_evaluations", "add_scores"]
+__all__ = ["make_evaluator", "make_scorer", "merge_evaluations", "add_scores", "make_predict_fn", "predict_rows",
+           "predict_arrow", "list_column"]
+
+#: Rows of an RDD gathered into one ``predict`` call.
+ROWS_PER_CALL = 1024
 
 
 def _net(config_json: str, shipped):
@@ -69,28 +88,86 @@ def add_scores(a, b):
     return a[0] + b[0], a[1] + b[1]
 
 
-def _batches(rows: Iterable, batch_size: int):
+def make_predict_fn(config_json: str, shipped, batch_size: int) -> Callable[[], Callable]:
+    """The network's batch inference, as pyspark's ``predict_batch_udf`` takes it.
+
+    Returns ``make_predict``: called once inside a task, it loads the
+    network (``shipped.value``: ``(iteration, params, None)``) and returns
+    ``predict(x)``, which runs the network over ``x`` (``(n, *input_shape)``)
+    in chunks of ``batch_size`` and returns its outputs as one host array of
+    shape ``(n, k)``.  Plain values only: it ships to executors.
+    """
+
+    def make_predict() -> Callable[[np.ndarray], np.ndarray]:
+        net = _net(config_json, shipped)
+
+        def predict(x: np.ndarray) -> np.ndarray:
+            n = len(x)
+            if n == 0:
+                return np.zeros((0, 1), np.float32)
+            parts = [np.asarray(to_cpu(net.output(x[s:s + batch_size]))) for s in range(0, n, batch_size)]
+            return (parts[0] if len(parts) == 1 else np.concatenate(parts)).reshape(n, -1)
+
+        return predict
+
+    return make_predict
+
+
+def _row_matrices(rows: Iterable) -> Iterator[Tuple[list, np.ndarray]]:
     keys, xs = [], []
     for record in rows:
         key, x = split_features(record)
         keys.append(key)
         xs.append(np.asarray(x, dtype=np.float32))
-        if len(xs) == batch_size:
+        if len(xs) == ROWS_PER_CALL:
             yield keys, np.stack(xs)
             keys, xs = [], []
     if xs:
         yield keys, np.stack(xs)
 
 
-def make_predictor(config_json: str, shipped, batch_size: int):
-    """Executor function: network outputs for each row; ``(key, features)``
-    rows give ``(key, output)``, bare features give ``output``."""
+def predict_rows(make_predict: Callable[[], Callable]):
+    """``mapPartitions`` function: ``predict`` over an RDD's rows, gathered
+    into matrices; ``(key, features)`` rows give ``(key, output)``, bare
+    features give ``output`` (one row of ``(k,)``)."""
 
     def run(rows):
-        net = _net(config_json, shipped)
-        for keys, x in _batches(rows, batch_size):
-            out = np.asarray(net.output(x))
-            for key, row in zip(keys, out):
+        predict = make_predict()
+        for keys, x in _row_matrices(rows):
+            for key, row in zip(keys, predict(x)):
                 yield row if key is None else (key, row)
+
+    return run
+
+
+def list_column(out: np.ndarray):
+    """An ``(n, k)`` matrix as an Arrow ``list<float>`` column of ``n`` rows."""
+    import pyarrow as pa
+
+    n, k = out.shape
+    offsets = pa.array(np.arange(0, n * k + 1, k, dtype=np.int32))
+    return pa.ListArray.from_arrays(offsets, pa.array(np.ascontiguousarray(out, np.float32).reshape(-1), pa.float32()))
+
+
+def predict_arrow(make_predict: Callable[[], Callable], features_col: str, input_shape: Sequence[int],
+                  columns: Callable[[np.ndarray], List[tuple]]):
+    """``mapInArrow`` function: each record batch's ``features_col`` as one
+    validated ``(n, *input_shape)`` matrix (partition and row named on
+    error), ``predict`` over it, and the batch back with ``columns(outputs)``
+    -- ``[(name, pyarrow array of n rows), ...]`` -- appended."""
+    shape = tuple(int(s) for s in input_shape)
+    size, note = math.prod(shape), shape_note(shape)
+
+    def run(batches: Iterable) -> Iterator:
+        predict = make_predict()
+        partition = task_partition() or 0
+        row = 0
+        for batch in batches:
+            n = batch.num_rows
+            x = features_matrix(batch_column(batch, features_col), size, row_namer(partition, row), note=note)
+            for name, column in columns(predict(x.reshape((n,) + shape))):
+                batch = batch.append_column(name, column)
+            yield batch
+            row += n
 
     return run

@@ -2,7 +2,7 @@
 
 Peers find each other through Spark's ``BarrierTaskContext.allGather``,
 which polls for its answer once a second: every rank would wait about a
-second before its first step.  :class:`LateGroup` asks in a background
+second before its first step.  :class:`JoiningGroup` asks in a background
 thread instead; until the answer is there, the worker trains and its
 messages are held, then published in order.  Peers that learn the table
 sooner have their first datagrams rejected as ``unknown_peer`` and
@@ -17,7 +17,7 @@ import threading
 
 from ...transport import PeerGroup, PeerStalledError
 
-__all__ = ["LateGroup", "gather_peers"]
+__all__ = ["JoiningGroup", "gather_peers"]
 
 
 def gather_peers(ctx, address, rank: int) -> dict:
@@ -30,7 +30,7 @@ def gather_peers(ctx, address, rank: int) -> dict:
     return {r: a for r, a in peers.items() if r != rank}
 
 
-class LateGroup:
+class JoiningGroup:
     """A :class:`~sparkavg.transport.PeerGroup` once the peers are known
     (the module docstring); the same ``publish``/``poll``/``finish``/``leave``."""
 

@@ -3,7 +3,8 @@
 The algorithm (residual, threshold, encode, apply) is
 :mod:`sparkavg.sharing`; this module only connects it to a Spark barrier
 task: it builds the UDP endpoint, learns its peers (``allGather``, while it
-already trains: :mod:`.peers`), runs the loop with each phase recorded, flushes, leaves
+already trains: :mod:`.peers`), runs :func:`~sparkavg.sharing.sharing_step`
+each iteration with its phases recorded (its ``phase`` hook), flushes, leaves
 together with its peers (:meth:`~sparkavg.transport.PeerGroup.leave`) and
 returns its replica.  Every replica applies
 exactly the same messages, so replicas agree at the end of the epoch (up
@@ -14,7 +15,8 @@ from __future__ import annotations
 from typing import Iterator
 
 from ...backend import get_array_module
-from ...sharing import SharingState, apply_message, apply_received, encode_update, message_bytes
+from ...configurable import register
+from ...sharing import SharingState, apply_received, sharing_step
 from ...transport import PeerStalledError, ReliableEndpoint, select_address
 from ..errors import DivergenceError, register_error, task_failure_guard
 from ..stats import CounterName, Phase, PhaseRecorder, SeriesName, task_lane
@@ -22,7 +24,7 @@ from .averaging import check_finite
 from .context import LossSum, Record, cached_network, host_copy, load_state
 from .device import task_device
 from .minibatches import recorded_minibatches
-from .peers import LateGroup
+from .peers import JoiningGroup
 
 __all__ = ["SharingResult", "make_sharing_task", "replica_sample", "REPLICA_SAMPLE"]
 
@@ -47,31 +49,33 @@ def replica_sample(num_params: int):
     return np.linspace(0, num_params - 1, REPLICA_SAMPLE).astype(np.int64)
 
 
+@register("result")
 class SharingResult(Record):
     """What one sharing worker returns at the end of an epoch (plain arrays;
     ``params``: rank 0's whole replica, other ranks' values at
     :func:`replica_sample`; ``devices``: this worker's
     :meth:`~sparkavg.spark.executor.device.DeviceChoice.to_plain`, in a list)."""
 
-    __slots__ = ("rank", "params", "updater_state", "carry", "loss_sum", "examples", "iterations", "stats",
+    __slots__ = ("rank", "params", "updater_state", "sharing_state", "loss_sum", "examples", "iterations", "stats",
                  "devices", "buffers")
 
 
-def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: int, hooks=None):
+def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: int, device: str = "auto",
+                      hooks=None):
     """Executor function for ``rdd.barrier().mapPartitions``.
 
     ``shipped.value`` is ``{"state": network_state(...) (iteration and named vectors),
-    "carry": per-rank SharingState.to_plain() or None, "key": HMAC key}``;
+    "rank_states": per-rank SharingState.to_plain() or None, "key": HMAC key}``;
     ``master`` is the (frozen, plain) :class:`GradientSharing`.
 
-    On a GPU (``master.device``, :mod:`.device`) parameters, residual and
+    ``device`` is the master's ``device`` as a plain str (``"auto"``,
+    ``"gpu"``, ``"cpu"``; :mod:`.device`).  On a GPU parameters, residual and
     updates stay on the device: a message is encoded there and only its
     bytes cross to the host; received bytes are copied to the device and
     applied there.
     """
     rule, clipping = master.threshold, master.residual_post_processor
     prefetch, collect_stats = master.data.prefetch_depth, master.collect_stats
-    device = master.device.value
 
     def run(items) -> Iterator:
         from pyspark import BarrierTaskContext
@@ -92,14 +96,14 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
         rec = PhaseRecorder(task_lane(rank))
         with rec.phase(Phase.FETCH):
             value = shipped.value
-            carry = value["carry"][rank] if value["carry"] else None
+            saved = value["rank_states"][rank] if value["rank_states"] else None
         with rec.phase(Phase.MODEL_INIT):
             net = cached_network(config_json, choice)
             load_state(net, value["state"], True)  # host -> device for a GPU network
             n = net.num_params
             xp = get_array_module(net.params)
-            state = (SharingState(rule, clipping, n, xp=xp) if carry is None
-                     else SharingState.from_plain(rule, clipping, carry, xp=xp))
+            state = (SharingState(rule, clipping, n, xp=xp) if saved is None
+                     else SharingState.from_plain(rule, clipping, saved, xp=xp))
             state.reset_statistics()
             update = xp.zeros(n, xp.float32)
         spark_host = infos[rank].address.rsplit(":", 1)[0] if infos[rank].address else None
@@ -114,22 +118,19 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
                                     config=master.endpoint_config(rank, epoch))
         try:
             # The peers' addresses come in a thread (Spark's allGather polls once a second): train meanwhile.
-            group = LateGroup(ctx, endpoint, rank, world, master.topology, master.transport.stall_timeout)
+            group = JoiningGroup(ctx, endpoint, rank, world, master.topology, master.transport.stall_timeout)
             losses, examples, iterations = LossSum(), 0, 0
             start_iteration = net.iteration
             for x, y in recorded_minibatches(items, prefetch, rec):
                 with rec.phase(Phase.FIT):
                     losses.add(net.compute_update(x, y, update, sync=False), len(x))
                 tau = state.tau
-                with rec.phase(Phase.ENCODE):
-                    message = _encode_or_diverge(state, update, rank, net.iteration)
-                if message is not None:
-                    with rec.phase(Phase.SEND):
-                        group.publish(message_bytes(message))
-                    with rec.phase(Phase.APPLY):
-                        apply_message(message, net.params)
-                with rec.phase(Phase.APPLY):
-                    apply_received(state, [p for _, p in group.poll(0)], net.params)
+                try:
+                    sharing_step(state, update, net.params, group.publish,
+                                 lambda: [p for _, p in group.poll(0)], phase=rec.phase)
+                except ValueError as exc:
+                    _raise_if_diverged(state, exc, rank, net.iteration)
+                    raise
                 examples += len(x)
                 iterations += 1
                 if collect_stats:
@@ -163,16 +164,12 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
     return run
 
 
-def _encode_or_diverge(state: SharingState, update, rank: int, iteration: int):
-    """:func:`encode_update`, with a residual overflowed by huge updates named as divergence."""
-    try:
-        return encode_update(state, update)
-    except ValueError as exc:
-        xp = get_array_module(state.residual)
-        if not bool(xp.isfinite(state.residual).all()):
-            raise DivergenceError(f"training diverged: non-finite residual (update too large) on worker rank {rank} "
-                                  f"at iteration {iteration}; lower the learning rate") from exc
-        raise
+def _raise_if_diverged(state: SharingState, exc: ValueError, rank: int, iteration: int) -> None:
+    """Name a residual overflowed by huge updates (the encoder's ValueError) as divergence."""
+    xp = get_array_module(state.residual)
+    if not bool(xp.isfinite(state.residual).all()):
+        raise DivergenceError(f"training diverged: non-finite residual (update too large) on worker rank {rank} "
+                              f"at iteration {iteration}; lower the learning rate") from exc
 
 
 def _count(rec, state: SharingState, t: dict, examples: int, iterations: int, n: int, world: int) -> None:

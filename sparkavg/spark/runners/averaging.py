@@ -29,6 +29,7 @@ from ...backend import to_cpu
 from ..errors import raise_failures
 from ..executor.averaging import combine_results, make_round_task
 from ..masters import ParameterAveraging, Weighting
+from . import runs
 from .base import EpochRunner, Merged, network_state, set_state
 from .frequency import RoundCosts, busy_from_payloads, choose_frequency, round_costs, rounds_from_events
 
@@ -72,6 +73,7 @@ def block_momentum_step(model, averaged, delta, momentum: float, block_lr: float
     ops.accumulate(averaged, delta)
 
 
+@runs(ParameterAveraging)
 class AveragingRunner(EpochRunner):
     """Runs epochs of :class:`ParameterAveraging`."""
 

@@ -27,7 +27,8 @@ import numpy as np
 from ... import ops
 from ...backend import to_cpu
 from ...listeners.base import EventDispatcher, sample_points
-from ..data import EpochPlan, PreparedData, deal_choice
+from ..data import PreparedData
+from ..deal import EpochPlan, deal_choice
 from ..errors import raise_failures
 from ..executor.device import summarize_devices
 from ..masters import Repartition
@@ -162,7 +163,7 @@ class EpochRunner(abc.ABC):
 
     def deals_locally(self, prepared: PreparedData, workers: int, epoch: int, stats) -> bool:
         """Whether this epoch deals each worker's shard in place
-        (:func:`~sparkavg.spark.data.deal_choice`); the choice is recorded
+        (:func:`~sparkavg.spark.deal.deal_choice`); the choice is recorded
         (decision ``deal``, logged) once per fit, again only when it changes."""
         local, reason = deal_choice(self.master.data, prepared, workers)
         if self._deal is None or self._deal[0] is not stats or self._deal[1:] != (local, reason):

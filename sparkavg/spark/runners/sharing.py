@@ -1,11 +1,13 @@
 """Gradient sharing: how its epoch distributes work.
 
 One round per epoch: one barrier stage with one task per worker.  The
-driver ships the network state, each rank's carried sharing state
+driver ships the network state, each rank's sharing state
 (residual, threshold) and the per-job HMAC key; it gets back rank 0's
 replica (the others send a sample of theirs: they agree up to float
 rounding), averages the updater state, checks that the replicas agree and
-keeps the sharing states for the next epoch.
+keeps the sharing states for the next epoch (and its checkpoints:
+:meth:`SharingRunner.state_dict`, so a resumed fit continues with the
+residuals and thresholds it stopped at).
 Spark never retries a failed barrier stage, so the driver restarts the
 epoch -- unless the error is one retrying cannot fix.
 """
@@ -20,6 +22,7 @@ from ... import ops
 from ..errors import TaskFailure, is_permanent
 from ..executor.sharing import make_sharing_task, replica_sample
 from ..masters import GradientSharing
+from . import runs
 from .base import EpochRunner, Merged, network_state
 
 __all__ = ["SharingRunner"]
@@ -27,6 +30,7 @@ __all__ = ["SharingRunner"]
 logger = logging.getLogger(__name__)
 
 
+@runs(GradientSharing)
 class SharingRunner(EpochRunner):
     """Runs epochs of :class:`GradientSharing`."""
 
@@ -37,12 +41,12 @@ class SharingRunner(EpochRunner):
         super().__init__(seam, master)
         self.key = secrets.token_bytes(32)  # per-job HMAC key, shipped with the job only
         self.job_id = secrets.randbits(32)
-        self.carry = None  # per rank: SharingState.to_plain()
+        self.rank_states = None  # per rank: SharingState.to_plain()
 
     def minibatches_per_round(self, prepared, workers, network, epoch, stats) -> int:
-        if self.carry is not None and len(self.carry) != workers:
-            logger.warning("worker count changed (%d -> %d): residuals reset", len(self.carry), workers)
-            self.carry = None
+        if self.rank_states is not None and len(self.rank_states) != workers:
+            logger.warning("worker count changed (%d -> %d): residuals reset", len(self.rank_states), workers)
+            self.rank_states = None
         return -(-len(prepared.sizes) // workers)  # the whole epoch in one round
 
     def result_bytes(self, network) -> int:
@@ -50,11 +54,11 @@ class SharingRunner(EpochRunner):
         return 4 * (2 * live["params"].size + live["updater"].size + live["buffers"].size)
 
     def shipped(self, network, epoch):
-        return {"state": network_state(network, with_updater=True), "carry": self.carry, "key": self.key}
+        return {"state": network_state(network, with_updater=True), "rank_states": self.rank_states, "key": self.key}
 
     def launch(self, plan, r, config_json, shipped, epoch, stats):
         m = self.master
-        task = make_sharing_task(config_json, shipped, m, epoch=epoch, job_id=self.job_id,
+        task = make_sharing_task(config_json, shipped, m, epoch=epoch, job_id=self.job_id, device=m.device.value,
                                  hooks=self.seam.test_hooks())
         what = f"gradient-sharing epoch {epoch + 1}"
         for attempt in range(1, m.max_stage_attempts + 1):
@@ -67,6 +71,29 @@ class SharingRunner(EpochRunner):
                 stats.count("stage_restarts", 1)
                 logger.warning("%s, attempt %d of %d failed (%s); restarting the epoch", what, attempt,
                                m.max_stage_attempts, str(exc).splitlines()[0][:300])
+
+    # ------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict:
+        """Every rank's sharing state (:meth:`~sparkavg.sharing.SharingState.to_plain`),
+        one array per field with a row per rank: ``sharing_residual`` is
+        (workers, N) float32."""
+        if self.rank_states is None:
+            return {}
+        states = self.rank_states
+        return {f"sharing_{k}": np.asarray([plain[k] for plain in states]) for k in states[0]}
+
+    def load_state_dict(self, state: dict) -> None:
+        keys = {k for k in state if k.startswith("sharing_")}
+        if set(state) - keys:
+            raise ValueError(f"Expect gradient-sharing runner state (sharing_*), got unknown keys "
+                             f"{sorted(set(state) - keys)}")
+        if not keys:
+            self.rank_states = None
+            return
+        columns = {k[len("sharing_"):]: np.asarray(state[k]) for k in keys}
+        ranks = len(columns["residual"])
+        self.rank_states = [{k: (v[rank].copy() if v.ndim > 1 else v[rank].item()) for k, v in columns.items()}
+                      for rank in range(ranks)]
 
     def merge(self, network, results, epoch, r, stats) -> Merged:
         results = sorted((x for x in results if not isinstance(x, TaskFailure)), key=lambda x: x.rank)
@@ -92,9 +119,9 @@ class SharingRunner(EpochRunner):
                 ops.accumulate(mean_buffers, x.buffers, x.examples / max(total, 1))
             network.load_state({"buffers": mean_buffers})
         network.iteration = network.iteration + max(x.iterations for x in results)
-        self.carry = [x.carry for x in results]
+        self.rank_states = [x.sharing_state for x in results]
         stats.series("replica_max_abs_diff", epoch, diff)
         logger.info("epoch %d: replicas agree to %.3g (max |difference|), thresholds %s", epoch + 1, diff,
-                    ", ".join(f"{x.carry['tau']:.3g}" for x in results))
+                    ", ".join(f"{x.sharing_state['tau']:.3g}" for x in results))
         return Merged(sum(x.loss_sum for x in results), sum(x.examples for x in results),
                       [x.stats for x in results], {"replica_max_abs_diff": diff})

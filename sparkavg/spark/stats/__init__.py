@@ -21,8 +21,8 @@ Names are closed sets: :class:`Phase`, :class:`CounterName` and
 
 Modules, each using only those listed before it: :mod:`.names` (the
 vocabulary), :mod:`.recorder` (executor side, lane names), :mod:`.timeline`
-(events, tasks, clock alignment), :mod:`.recording` (the raw data),
-:mod:`.analysis` (time split, verdict, summary), :mod:`.export` (JSON, CSV),
+(events, tasks, clock alignment and the :class:`~.timeline.Recording` of
+them all), :mod:`.analysis` (time split, verdict, summary), :mod:`.export` (JSON, CSV),
 :mod:`.trace` (Chrome trace), :mod:`.markup` and :mod:`.html` (the page),
 :mod:`.training_stats` (the facade).
 """
@@ -30,7 +30,7 @@ from .analysis import (NEAR_LINEAR_SECONDS, SINGLE_MACHINE_SECONDS, WORTH_IT_SEC
                        format_bytes, format_seconds, iteration_verdict)
 from .names import (COMPUTE_PHASES, DRIVER_PHASES, NON_TRAINING_PHASES, SHARING_PHASES, SPAN_PHASES, WORKER_PHASES,
                     CounterName, Phase, SeriesName, phase_kind)
-from .recorder import DRIVER_LANE, PhaseRecorder, default_lane, task_lane
+from .recorder import DRIVER_LANE, PhaseRecorder, task_lane
 from .timeline import Event, Task
 from .training_stats import TrainingStats
 
@@ -54,7 +54,6 @@ __all__ = [
     "PhaseRecorder",
     "TrainingStats",
     "task_lane",
-    "default_lane",
     "iteration_verdict",
     "datagram_breakdown",
     "phase_kind",

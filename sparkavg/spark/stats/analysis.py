@@ -27,8 +27,7 @@ import numpy as np
 
 from .names import COMPUTE_PHASES, NON_TRAINING_PHASES, SHARING_PHASES, SPAN_PHASES, CounterName, Phase
 from .recorder import DRIVER_LANE
-from .recording import Recording
-from .timeline import extent, ordered_lanes, peak_concurrency
+from .timeline import Recording, extent, ordered_lanes, peak_concurrency
 
 __all__ = ["Analysis", "Regime", "iteration_verdict", "datagram_breakdown", "format_seconds", "format_bytes",
            "NEAR_LINEAR_SECONDS", "WORTH_IT_SECONDS", "SINGLE_MACHINE_SECONDS"]
@@ -126,7 +125,7 @@ def datagram_breakdown(counters: dict[str, float]) -> dict[str, Any] | None:
 
 
 class Analysis:
-    """Derived figures of one :class:`~.recording.Recording` (computed on demand, not updated).
+    """Derived figures of one :class:`~.timeline.Recording` (computed on demand, not updated).
 
     Parameters
     ----------

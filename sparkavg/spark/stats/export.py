@@ -1,4 +1,4 @@
-"""JSON and CSV export of a :class:`~.recording.Recording`, and JSON import.
+"""JSON and CSV export of a :class:`~.timeline.Recording`, and JSON import.
 
 The JSON is strict (non-finite numbers become ``null``; NaN series values
 come back as NaN) and carries a ``derived`` section (totals, verdict,
@@ -19,8 +19,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .analysis import Analysis, format_value
-from .recording import Recording
-from .timeline import Event, Task, ordered_lanes
+from .timeline import Event, Recording, Task, ordered_lanes
 
 __all__ = ["STATS_FORMAT", "strict_json", "to_dict", "from_dict", "to_json", "from_json", "to_csv"]
 

@@ -1,4 +1,4 @@
-"""One self-contained HTML page of a :class:`~.recording.Recording`.
+"""One self-contained HTML page of a :class:`~.timeline.Recording`.
 
 Everything is inline (SVG and CSS, no script, no external reference of any
 kind), every piece of recorded text is escaped (:mod:`.markup`), and the
@@ -24,8 +24,7 @@ from .analysis import Analysis, format_seconds, format_value
 from .markup import Markup, el, escape, legend, line, note, polyline, rect, svg, table, text
 from .names import SPAN_PHASES, Phase, phase_kind
 from .recorder import DRIVER_LANE
-from .recording import Recording
-from .timeline import Event, extent
+from .timeline import Event, Recording, extent
 
 __all__ = ["render_html", "phase_colour", "PHASE_COLOURS"]
 

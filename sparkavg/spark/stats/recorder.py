@@ -22,7 +22,7 @@ import numpy as np
 
 from .names import CounterName, Phase, SeriesName
 
-__all__ = ["PhaseRecorder", "DRIVER_LANE", "PAYLOAD_FORMAT", "task_lane", "default_lane", "plain_value",
+__all__ = ["PhaseRecorder", "DRIVER_LANE", "PAYLOAD_FORMAT", "task_lane", "json_value",
            "check_decision"]
 
 #: Lane of everything the driver records.
@@ -44,11 +44,7 @@ def task_lane(partition: int | None = None) -> str:
     return f"{socket.gethostname()}/{os.getpid()}/p{part}"
 
 
-#: The same function under its former name.
-default_lane = task_lane
-
-
-def plain_value(value: Any) -> Any:
+def json_value(value: Any) -> Any:
     """A JSON-ready copy of ``value``: numpy scalars unwrapped, ``str``/``int``/``float``
     subclasses (enums) reduced to their base type, tuples to lists, anything else ``str``."""
     if value is None or type(value) in (str, int, float, bool):
@@ -64,17 +60,17 @@ def plain_value(value: Any) -> Any:
     if isinstance(value, str):
         return str.__str__(value)
     if isinstance(value, (list, tuple)):
-        return [plain_value(v) for v in value]
+        return [json_value(v) for v in value]
     if isinstance(value, Mapping):
-        return {str(k): plain_value(v) for k, v in value.items()}
+        return {str(k): json_value(v) for k, v in value.items()}
     return str(value)
 
 
-def plain_fields(fields: Mapping[str, Any] | None) -> dict | None:
-    """:func:`plain_value` of each field; None for no fields."""
+def json_fields(fields: Mapping[str, Any] | None) -> dict | None:
+    """:func:`json_value` of each field; None for no fields."""
     if not fields:
         return None
-    return {str(k): plain_value(v) for k, v in fields.items()}
+    return {str(k): json_value(v) for k, v in fields.items()}
 
 
 def check_decision(name: str, value: Any, reason: str, epoch: int | None) -> dict:
@@ -91,7 +87,7 @@ def check_decision(name: str, value: Any, reason: str, epoch: int | None) -> dic
         raise ValueError(f"Expect a non-empty reason for decision {name!r}, got {reason!r}")
     if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0):
         raise ValueError(f"Expect epoch to be None or an int >= 0 for decision {name!r}, got {epoch!r}")
-    return {"name": str.__str__(name), "value": plain_value(value), "reason": str.__str__(reason),
+    return {"name": str.__str__(name), "value": json_value(value), "reason": str.__str__(reason),
             "epoch": None if epoch is None else int(epoch)}
 
 
@@ -217,7 +213,7 @@ class PhaseRecorder:
             seconds since creation], ...]``) and ``decisions`` (dicts).
         """
         elapsed = time.perf_counter() - self.perf_anchor
-        events = [[p, float(s), float(d), plain_fields(f)] for p, s, d, f in self._events]
+        events = [[p, float(s), float(d), json_fields(f)] for p, s, d, f in self._events]
         if events:
             elapsed = max(elapsed, max(s + d for _, s, d, _ in events))
         return {
@@ -226,8 +222,8 @@ class PhaseRecorder:
             "wall_anchor": float(self.wall_anchor),
             "elapsed": float(elapsed),
             "events": events,
-            "counters": {k: plain_value(v) for k, v in self._counters.items()},
-            "series": {k: [[plain_value(s), plain_value(v), float(t)] for s, v, t in pts]
+            "counters": {k: json_value(v) for k, v in self._counters.items()},
+            "series": {k: [[json_value(s), json_value(v), float(t)] for s, v, t in pts]
                        for k, pts in self._series.items()},
             "decisions": [dict(d) for d in self._decisions],
         }

@@ -1,4 +1,4 @@
-"""Chrome trace-event JSON of a :class:`~.recording.Recording`, for Perfetto or ``chrome://tracing``.
+"""Chrome trace-event JSON of a :class:`~.timeline.Recording`, for Perfetto or ``chrome://tracing``.
 
 The Trace Event Format (JSON object form, ``{"traceEvents": [...]}``):
 
@@ -25,8 +25,7 @@ from typing import Any
 from .analysis import Analysis
 from .export import strict_json
 from .names import phase_kind
-from .recording import Recording
-from .timeline import extent, lane_host, ordered_lanes
+from .timeline import Recording, extent, lane_host, ordered_lanes
 
 __all__ = ["to_trace", "write_trace", "TRACE_FORMAT"]
 

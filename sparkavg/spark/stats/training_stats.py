@@ -20,9 +20,8 @@ import numpy as np
 from . import export, html, trace
 from .analysis import Analysis, Regime
 from .names import CounterName, Phase, SeriesName
-from .recorder import DRIVER_LANE, check_decision, plain_fields
-from .recording import Recording
-from .timeline import Event, Task, place_payload
+from .recorder import DRIVER_LANE, check_decision, json_fields
+from .timeline import Event, Recording, Task, place_payload
 
 __all__ = ["TrainingStats"]
 
@@ -117,7 +116,7 @@ class TrainingStats:
         name = Phase.check(phase)
         if not end >= start:
             raise ValueError(f"Expect end >= start for phase {name!r}, got start={start}, end={end}")
-        event = Event(str(lane), name, start - self._rec.origin_perf, end - start, epoch, round, plain_fields(fields))
+        event = Event(str(lane), name, start - self._rec.origin_perf, end - start, epoch, round, json_fields(fields))
         with self._lock:
             self._rec.events.append(event)
             self._changed()

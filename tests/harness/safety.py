@@ -1,4 +1,4 @@
-"""The safety net under :class:`~sparkavg.testing.SimulatedCluster`: every
+"""The safety net under :class:`~tests.harness.SimulatedCluster`: every
 started cluster is registered until closed, and whatever is still
 registered is torn down at interpreter exit and on SIGTERM (before the
 previous SIGTERM handler, or the default action, runs)."""

@@ -39,7 +39,7 @@ def connect_server(master: str, log_path: str, conf: Optional[Dict[str, str]] = 
     """
     import pyspark
 
-    from ..spark import recommended_conf
+    from sparkavg.spark import recommended_conf
 
     home = os.path.dirname(pyspark.__file__)
     token, port = secrets.token_hex(16), _free_port()

@@ -1,11 +1,15 @@
-"""Task results as plain values: JSON text plus the raw bytes of arrays.
+"""The codec of Spark Connect jobs: values as JSON text plus the raw bytes of arrays.
 
 What a Spark Connect job returns travels as Arrow rows of
-:data:`RESULT_SCHEMA` -- never pickled: :func:`encode_plain` turns a
-result (round and sharing records, evaluations, failures, statistics
-payloads, numpy arrays) into JSON and a list of byte strings,
-:func:`decode_plain` rebuilds it.  The same encoding carries shipped
-values inside a Connect job's closure
+:data:`RESULT_SCHEMA` -- never pickled: :func:`encode_value` turns a
+result (records, evaluations, failures, statistics payloads, numpy
+arrays) into JSON and a list of byte strings, :func:`decode_value`
+rebuilds it.  Records and evaluations are found in the one registry
+(:func:`sparkavg.configurable.register`): a :class:`~.context.Record`
+class registered under the kind ``"result"`` travels as its fields, a
+class registered under ``"evaluation"`` as its ``to_dict()`` (rebuilt
+with ``from_dict``) -- a new one needs nothing here.  The same encoding
+carries shipped values inside a Connect job's closure
 (:class:`~sparkavg.spark.connect.ShippedValue`).
 """
 from __future__ import annotations
@@ -16,10 +20,11 @@ from typing import Iterable, List, Sequence, Tuple
 
 import numpy as np
 
+from ...configurable import registered
 from ..errors import TaskFailure
 from .context import Record
 
-__all__ = ["RESULT_SCHEMA", "encode_plain", "decode_plain", "results_batch", "results_from_table"]
+__all__ = ["RESULT_SCHEMA", "encode_value", "decode_value", "results_batch", "results_from_table"]
 
 #: One task result per row: JSON text and the raw bytes of its arrays.
 RESULT_SCHEMA = "json string, blobs array<binary>"
@@ -27,37 +32,34 @@ RESULT_SCHEMA = "json string, blobs array<binary>"
 _TAG = "__sparkavg__"
 
 
-def _record_classes() -> dict:
-    from .averaging import RoundResult
-    from .sharing import SharingResult
-
-    return {cls.__name__: cls for cls in (RoundResult, SharingResult)}
+def _kind(value) -> str:
+    return getattr(type(value), "_config_kind", "")
 
 
-def _evaluation_classes() -> dict:
-    from ...evaluation import Evaluation, RegressionEvaluation
+def _registered(kind: str, name: str) -> type:
+    cls = registered(kind).get(name)
+    if cls is None:
+        raise ValueError(f"Expect a {kind} class registered as {name!r} in a task result, got none "
+                         f"(registered: {sorted(registered(kind))})")
+    return cls
 
-    return {cls.__name__: cls for cls in (Evaluation, RegressionEvaluation)}
 
-
-def encode_plain(value) -> Tuple[str, List[bytes]]:
+def encode_value(value) -> Tuple[str, List[bytes]]:
     """``value`` as JSON text and the raw bytes of its arrays.
 
     Understands None, bool, int, float, str, bytes, numpy arrays and
-    scalars, lists, tuples, dicts, :class:`~.context.Record` results,
-    :class:`~sparkavg.spark.errors.TaskFailure` and the evaluations of
-    :mod:`sparkavg.evaluation`.  Anything else is a ``TypeError``: results
-    never travel pickled.
+    scalars, lists, tuples, dicts, registered :class:`~.context.Record`
+    results and evaluations (see the module docstring) and
+    :class:`~sparkavg.spark.errors.TaskFailure`.  Anything else is a
+    ``TypeError``: results never travel pickled.
     """
     blobs: List[bytes] = []
-    evaluations = None
 
     def blob(data: bytes, **meta) -> dict:
         blobs.append(data)
         return {_TAG: meta.pop("kind"), "i": len(blobs) - 1, **meta}
 
     def enc(v):
-        nonlocal evaluations
         if v is None or isinstance(v, (bool, str)):
             return v
         if isinstance(v, enum.Enum):
@@ -83,25 +85,22 @@ def encode_plain(value) -> Tuple[str, List[bytes]]:
             return {_TAG: "dict", "items": [[enc(k), enc(x)] for k, x in v.items()]}
         if isinstance(v, TaskFailure):
             return {_TAG: "failure", "kind": v.kind, "message": v.message, "where": v.where}
-        if isinstance(v, Record):
-            return {_TAG: "record", "class": type(v).__name__, "fields": [enc(getattr(v, s)) for s in v.__slots__]}
-        if evaluations is None:
-            evaluations = _evaluation_classes()
-        if type(v).__name__ in evaluations and isinstance(v, evaluations[type(v).__name__]):
-            return {_TAG: "evaluation", "value": v.to_dict()}
-        raise TypeError(f"Expect plain values in task results (numbers, str, numpy arrays, lists, dicts, sparkavg "
-                        f"records, Evaluation, RegressionEvaluation): they travel as JSON and bytes, never "
-                        f"pickled; got {type(v).__name__}")
+        if isinstance(v, Record) and _kind(v) == "result":
+            return {_TAG: "record", "class": type(v)._config_name,
+                    "fields": [enc(getattr(v, s)) for s in v.__slots__]}
+        if _kind(v) == "evaluation":
+            return {_TAG: "evaluation", "class": type(v)._config_name, "value": v.to_dict()}
+        raise TypeError(f"Expect plain values in task results (numbers, str, numpy arrays, lists, dicts, records "
+                        f"and evaluations registered as 'result' and 'evaluation'): they travel as JSON and "
+                        f"bytes, never pickled; got {type(v).__name__}")
 
     return json.dumps(enc(value), separators=(",", ":")), blobs
 
 
-def decode_plain(text: str, blobs: Sequence) -> object:
-    """The value of :func:`encode_plain` output; arrays come back writable."""
-    records = evaluations = None
+def decode_value(text: str, blobs: Sequence) -> object:
+    """The value of :func:`encode_value` output; arrays come back writable."""
 
     def dec(v):
-        nonlocal records, evaluations
         if isinstance(v, list):
             return [dec(x) for x in v]
         if not isinstance(v, dict):
@@ -123,11 +122,9 @@ def decode_plain(text: str, blobs: Sequence) -> object:
         if tag == "failure":
             return TaskFailure(v["kind"], v["message"], v["where"])
         if tag == "record":
-            records = records or _record_classes()
-            return records[v["class"]](*[dec(x) for x in v["fields"]])
+            return _registered("result", v["class"])(*[dec(x) for x in v["fields"]])
         if tag == "evaluation":
-            evaluations = evaluations or _evaluation_classes()
-            return evaluations[v["value"]["type"]].from_dict(v["value"])
+            return _registered("evaluation", v["class"]).from_dict(v["value"])
         raise ValueError(f"Expect a known tag in a task result, got {tag!r}")
 
     return dec(json.loads(text))
@@ -139,7 +136,7 @@ def results_batch(values: Iterable):
 
     texts, blob_lists = [], []
     for value in values:
-        text, blobs = encode_plain(value)
+        text, blobs = encode_value(value)
         texts.append(text)
         blob_lists.append(blobs)
     return pa.RecordBatch.from_pydict({"json": pa.array(texts, pa.string()),
@@ -152,7 +149,7 @@ def results_from_table(table) -> list:
     blobs = table.column("blobs")
     out = []
     for i, text in enumerate(texts):
-        out.append(decode_plain(text, list(blobs[i].values) if blobs[i].is_valid else []))
+        out.append(decode_value(text, list(blobs[i].values) if blobs[i].is_valid else []))
     return out
 
 

@@ -2,7 +2,7 @@
 bridge in a hub namespace, veth links shaped with ``tc tbf``, and the
 clean-up of namespaces whose owner died.
 
-Nothing here knows about Spark; :mod:`sparkavg.testing.hosts` builds the
+Nothing here knows about Spark; :mod:`tests.harness.hosts` builds the
 cluster on top.  Every address and interface exists only inside
 namespaces created here; the root namespace is never touched except for
 the ``/run/netns/<name>`` handles that ``ip netns add`` creates.

@@ -1,0 +1,201 @@
+"""Dealing a fit's prepared minibatches to rounds and workers, every epoch.
+
+Each epoch assigns minibatch ids (of :class:`~sparkavg.spark.data.PreparedData`)
+to ``rounds[r][w]``; every id appears exactly once, so every example
+trains exactly once per epoch (DL4J's oversized-partition flaw fixed).
+Two deals (:class:`~sparkavg.spark.masters.Repartition`):
+
+* :func:`deal` (``balanced``) shuffles all minibatches and deals them
+  round-robin: on a cluster about ``(workers - 1) / workers`` of the data
+  crosses the network every epoch;
+* :func:`deal_shards` (``local``, the default for Spark blocks) cuts the
+  minibatches once per fit into one shard per worker along where their
+  blocks live (:func:`local_shards`, by host, then partition) and shuffles
+  each shard in place every epoch: the epoch's shuffle reads and writes on
+  the shard's own host, so no minibatch crosses the network after the
+  first epoch.
+
+:func:`deal_choice` picks between them (a recorded decision);
+:class:`EpochPlan` holds an epoch's deal and, for Spark blocks, the epoch's
+RDD shuffled once into one partition per (round, worker), so a round's job
+runs on its own partitions only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import numpy as np
+
+from .data import PreparedData
+
+__all__ = ["deal", "local_shards", "deal_shards", "deal_epoch", "Dealt", "EpochPlan", "deal_choice",
+           "shard_label_skew", "MAX_SHARD_LABEL_SKEW"]
+
+
+def deal(num_batches: int, workers: int, per_round: int, seed: Optional[int]) -> List[List[List[int]]]:
+    """Assign minibatch ids to ``rounds[r][w]``.
+
+    Every id appears exactly once.  Each round holds ``workers * per_round``
+    minibatches except the last, whose leftovers are dealt round-robin so
+    shards differ by at most one minibatch (nothing is skipped, DL4J's flaw).
+    ``seed=None`` keeps the data's order.
+    """
+    order = np.arange(num_batches)
+    if seed is not None:
+        np.random.default_rng(seed).shuffle(order)
+    step = workers * per_round
+    rounds = []
+    for start in range(0, num_batches, step):
+        chunk = order[start:start + step].tolist()
+        rounds.append([chunk[w::workers] for w in range(workers)])
+    return rounds
+
+
+def local_shards(count: int, workers: int, layout: Optional[List[tuple]] = None) -> List[List[int]]:
+    """Minibatch ids ``0 .. count-1`` cut into one shard per worker along
+    where they live: ordered by ``layout[i]`` (``(host, partition)``; None:
+    by id, i.e. partition order), then cut into ``workers`` contiguous
+    shards whose sizes differ by at most one, listed by their smallest id.
+    With as many hosts' worth of equal data as workers, each shard lies on
+    one host."""
+    if layout is not None and len(layout) != count:
+        raise ValueError(f"Expect a layout entry per minibatch ({count}), got {len(layout)}")
+    order = list(range(count)) if layout is None else sorted(range(count), key=lambda i: (*layout[i], i))
+    q, extra = divmod(count, workers)
+    shards, start = [], 0
+    for w in range(workers):
+        size = q + (1 if w < extra else 0)
+        shards.append(order[start:start + size])
+        start += size
+    # Canonical order (by first id), not by host name: a fit that resumes on the same partition
+    # grouping deals exactly the same epochs whichever host got which partition.
+    return sorted(shards, key=lambda s: (not s, min(s) if s else 0))
+
+
+def deal_shards(shards: List[List[int]], per_round: int, seed: Optional[int]) -> List[List[List[int]]]:
+    """``rounds[r][w]``: worker ``w``'s shard, shuffled in place (``seed``;
+    None keeps its order), ``per_round`` minibatches per round.  Every id
+    appears exactly once; shards differing by at most one minibatch make
+    the last round's differ by at most one."""
+    rng = None if seed is None else np.random.default_rng(seed)
+    dealt = []
+    for shard in shards:
+        shard = np.asarray(shard, dtype=np.int64)
+        dealt.append((rng.permutation(shard) if rng is not None else shard).tolist())
+    longest = max((len(s) for s in dealt), default=0)
+    return [[s[start:start + per_round] for s in dealt] for start in range(0, longest, per_round)]
+
+
+def deal_epoch(count: int, workers: int, per_round: int, seed: Optional[int], local: bool,
+               layout: Optional[List[tuple]] = None) -> List[List[List[int]]]:
+    """The epoch's ``rounds[r][w]``: :func:`deal_shards` over :func:`local_shards`
+    when ``local``, else :func:`deal` (both Spark flavours)."""
+    if local:
+        return deal_shards(local_shards(count, workers, layout), per_round, seed)
+    return deal(count, workers, per_round, seed)
+
+
+@dataclass
+class Dealt:
+    """One epoch's deal of a fit's minibatches (what every seam's plan holds)."""
+
+    rounds: List[List[List[int]]]
+    prepared: PreparedData
+
+    @property
+    def workers(self) -> int:
+        return len(self.rounds[0]) if self.rounds else 0
+
+    def shard_paths(self, r: int) -> List[List[str]]:
+        """Shared-file plan: the paths of round ``r``, one list per worker."""
+        return [[self.prepared.paths[i] for i in shard] for shard in self.rounds[r]]
+
+
+@dataclass
+class EpochPlan(Dealt):
+    """One epoch's deal and, for Spark blocks, its shuffled RDD with one
+    partition per (round, worker)."""
+
+    rdd: object = None
+
+    def partitions(self, r: int) -> List[int]:
+        """Spark-block plan: the partitions of round ``r``, one per worker."""
+        return [r * self.workers + w for w in range(self.workers)]
+
+    def shards_for(self, r: int) -> list:
+        """What worker ``w`` of round ``r`` reads: its paths, or its block partition number."""
+        return self.shard_paths(r) if self.prepared.in_files else self.partitions(r)
+
+    @classmethod
+    def plan(cls, prepared: PreparedData, workers: int, per_round: int, seed: Optional[int],
+             local: bool = False) -> "EpochPlan":
+        """The epoch's deal: :func:`deal_shards` over :func:`local_shards` when
+        ``local``, else :func:`deal`; for Spark blocks also the shuffled RDD."""
+        rounds = deal_epoch(len(prepared.sizes), workers, per_round, seed, local, prepared.layout)
+        epoch = cls(rounds, prepared)
+        if not prepared.in_files and rounds:
+            # (partition, position in shard) per minibatch id; sorting keeps each shard's dealt order.
+            target = {}
+            for r, shards in enumerate(rounds):
+                for w, shard in enumerate(shards):
+                    for pos, i in enumerate(shard):
+                        target[i] = (r * workers + w, pos)
+            n = len(rounds) * workers
+            epoch.rdd = (prepared.rdd.map(lambda kv: (target[kv[0]], kv[1]))
+                         .repartitionAndSortWithinPartitions(n, partitionFunc=lambda key: key[0])
+                         .values().persist(prepared.rdd.getStorageLevel()))
+            prepared._epoch_rdds.append(epoch.rdd)
+        return epoch
+
+    def drop(self) -> None:
+        if self.rdd is not None:
+            self.rdd.unpersist()
+            if self.rdd in self.prepared._epoch_rdds:
+                self.prepared._epoch_rdds.remove(self.rdd)
+            self.rdd = None
+
+
+#: ``auto`` deals locally only while every shard's label mix is within this
+#: total-variation distance of the whole data's (IID shards measure ~0.01).
+MAX_SHARD_LABEL_SKEW = 0.1
+
+
+def shard_label_skew(shards: List[List[int]], labels: Optional[np.ndarray]) -> Optional[float]:
+    """Largest total-variation distance between a shard's class mix and the
+    whole data's (0: alike, 1: disjoint); None without labels."""
+    if labels is None or not len(labels):
+        return None
+    total = labels.sum(axis=0)
+    if total.sum() <= 0:
+        return None
+    whole = total / total.sum()
+    skew = 0.0
+    for shard in shards:
+        counts = labels[shard].sum(axis=0) if shard else None
+        if counts is not None and counts.sum() > 0:
+            skew = max(skew, 0.5 * float(np.abs(counts / counts.sum() - whole).sum()))
+    return skew
+
+
+def deal_choice(options, prepared, workers: int) -> Tuple[bool, str]:
+    """``(local, reason)``: whether epochs deal each worker's shard in place
+    (``local``) or reshuffle all minibatches (``balanced``/``never``).
+
+    ``auto`` is local for Spark blocks -- unless the shards' class mixes
+    differ (data partitioned by label, say; skew over
+    :data:`MAX_SHARD_LABEL_SKEW`), where fixed shards would average
+    models fitted to different classes -- and balanced for shared files
+    (see :class:`~sparkavg.spark.masters.Repartition`)."""
+    repartition = getattr(options.repartition, "value", options.repartition)
+    if repartition != "auto":
+        return repartition == "local", f"repartition={repartition!r}"
+    if prepared.in_files:
+        return False, "auto: shared files (every host reads them from the shared location): balanced"
+    skew = shard_label_skew(local_shards(len(prepared.sizes), workers, prepared.layout), prepared.labels)
+    if skew is not None and skew > MAX_SHARD_LABEL_SKEW:
+        return False, (f"auto: the per-host shards' class mixes differ from the data's by {skew:.2f} "
+                       f"(total variation, > {MAX_SHARD_LABEL_SKEW}): balanced, the data crosses hosts every "
+                       f"epoch; shuffle the input's partitions to keep it on its hosts")
+    what = "class mixes not counted" if skew is None else f"class mixes within {skew:.3f} of the data's"
+    return True, f"auto: Spark blocks, per-host shards' {what}: local, each worker keeps its host's minibatches"

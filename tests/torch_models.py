@@ -12,8 +12,9 @@ def mlp(inputs: int = 16, hidden: int = 8, outputs: int = 2) -> nn.Module:
 
 
 def conv_bn(classes: int = 2) -> nn.Module:
-    """A tiny conv net with BatchNorm2d (running statistics: buffers) for 1x4x4 inputs."""
-    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
+    """A tiny conv net with BatchNorm2d (running statistics: buffers) for 1x4x4 inputs (no conv
+    bias before the BatchNorm: its gradient is rounding noise, which Adam would amplify)."""
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
                          nn.Flatten(), nn.Linear(16, classes))
 
 

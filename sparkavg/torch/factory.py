@@ -13,12 +13,14 @@ import sys
 from typing import Callable
 
 from ..configurable import ConfigError
+from ..spark.errors import register_error
 
 __all__ = ["resolve", "reference_of", "FactoryError"]
 
 _HINT = "install the package that provides it on every executor (and the driver)"
 
 
+@register_error  # raised on an executor, rebuilt as itself on the driver
 class FactoryError(ConfigError):
     """A factory (or loss) name that cannot be imported here; the message says
     which name, on which host and interpreter, and what to install."""

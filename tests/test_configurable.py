@@ -77,7 +77,11 @@ def test_registries_hold_exactly_the_concrete_classes():
     assert set(registered("layer")) == {"Conv2D", "MaxPool2D", "AvgPool2D", "Dense", "Activation", "Dropout",
                                         "Output"}
     assert set(registered("updater")) == {"SGD", "Nesterov", "Adagrad", "RMSProp", "Adam", "Nadam"}
-    assert registered("network") == {"Network": Network}
+    # optional model types (Graph, TorchModel) register when their module is imported
+    from sparkavg.nn.model import OPTIONAL_TYPES
+
+    networks = registered("network")
+    assert networks["Network"] is Network and set(networks) <= {"Network", *OPTIONAL_TYPES}
     assert registered("no-such-kind") == {}
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 
 from threadpoolctl import threadpool_limits
 
@@ -20,13 +21,18 @@ _global_limiter = None
 
 
 def set_threads(n: int) -> None:
-    """Limit BLAS and OpenMP pools of this process to ``n`` threads (sticky)."""
+    """Limit BLAS and OpenMP pools of this process to ``n`` threads (sticky);
+    torch's intra-op pool too when torch is imported (a later import of
+    torch reads ``OMP_NUM_THREADS``)."""
     global _global_limiter
     if int(n) < 1:
         raise ValueError(f"Expect a thread count >= 1, got {n}")
     for var in _ENV_VARS:
         os.environ[var] = str(int(n))
     _global_limiter = threadpool_limits(limits=int(n))
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "set_num_threads"):
+        torch.set_num_threads(int(n))
     logger.debug("BLAS/OpenMP threads limited to %d", n)
 
 

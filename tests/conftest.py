@@ -23,6 +23,13 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 # Spark's Python workers must run the interpreter (and venv) the tests run in.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+# ... and import the tests' own modules (torch module factories named
+# "tests.torch_models:..."), as a user's executors import the user's package:
+# every JVM the tests start (local, standalone, Connect server) hands its
+# PYTHONPATH to its Python workers.
+_ROOT = str(Path(__file__).resolve().parent.parent)
+if _ROOT not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH", "")) if p)
 
 FASHION_DIR = Path(os.environ.get("SPARKAVG_FASHION_DIR", "/usr/share/datasets/fashion-mnist"))
 

@@ -78,7 +78,11 @@ def test_registries_hold_exactly_the_concrete_classes():
                                         "Output", "BatchNorm", "LayerNorm", "Flatten", "Reshape",
                                         "GlobalAvgPool", "GlobalMaxPool"}
     assert set(registered("updater")) == {"SGD", "Nesterov", "Adagrad", "RMSProp", "Adam", "Nadam"}
-    assert registered("network") == {"Network": Network}
+    # optional model types (Graph, TorchModel) register when their module is imported
+    from sparkavg.nn.model import OPTIONAL_TYPES
+
+    networks = registered("network")
+    assert networks["Network"] is Network and set(networks) <= {"Network", *OPTIONAL_TYPES}
     assert registered("no-such-kind") == {}
 
 

@@ -1,0 +1,458 @@
+"""A user's ``torch.nn.Module`` as a sparkavg model (the model contract).
+
+:class:`TorchModel` builds the module from an importable factory, then
+moves every trainable parameter into ONE flat tensor and every gradient
+into a second (FSDP's ``FlatParameter``): ``param.data`` and
+``param.grad`` are views of them, so ``loss.backward()`` accumulates into
+the flat gradient.  On the CPU the flat tensors are the memory of numpy
+arrays (``torch.from_numpy``: zero-copy), on a GPU of CuPy arrays (DLPack),
+so sparkavg's own updaters, averaging, block momentum and threshold
+encoding act on them unchanged: the model is a
+:class:`~sparkavg.nn.flat.FlatModel` whose layers are a torch module.
+Torch's optimizers are not used: their per-parameter state could not be
+averaged, shipped or checkpointed as one vector.
+
+Buffers (BatchNorm's running statistics) are views of the ``buffers``
+vector where their dtype is the model's; others (``num_batches_tracked``,
+an int64) are copied in before and out after each training step, so the
+flat vector is what counts.  Only persistent buffers (those in the
+module's ``state_dict``) are state; frozen parameters
+(``requires_grad=False``) stay as the factory built them.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import backend
+from ..configurable import ConfigError, register
+from ..nn.flat import FlatModel, Segment, check_updater
+from ..nn.model import InputSpec, ModelSpec, OutputSpec
+from ..nn.updaters import Updater
+from .factory import reference_of, resolve
+
+__all__ = ["TorchModel", "LOSSES"]
+
+logger = logging.getLogger(__name__)
+
+#: Built-in losses by name and the kind of targets each trains on.
+LOSSES = {"cross_entropy": "nll", "mse": "mse"}
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _check_shape(input_shape):
+    shape = input_shape.tolist() if isinstance(input_shape, np.ndarray) else input_shape
+    if not isinstance(shape, (tuple, list)) or not shape or not all(
+            isinstance(d, numbers.Integral) and not isinstance(d, bool) and d >= 1 for d in shape):
+        raise ValueError(f"Expect input_shape as a non-empty sequence of positive ints, got {input_shape!r}")
+    return tuple(int(d) for d in shape)
+
+
+def _callable_or_reference(value, what):
+    """``(reference or None, callable)`` for a factory or loss given either way."""
+    if isinstance(value, str):
+        return value, resolve(value, what)
+    if callable(value):
+        return reference_of(value), value
+    raise ValueError(f"Expect the {what} as a 'package.module:function' string or a callable, got "
+                     f"{type(value).__name__}")
+
+
+class _Plan:
+    """A built module and its layout (what the constructor and ``planned_sizes`` share)."""
+
+    def __init__(self, args: dict):
+        torch = _torch()
+        self.input_shape = _check_shape(args["input_shape"])
+        self.factory_ref, factory = _callable_or_reference(args["factory"], "module factory")
+        kwargs = args.get("factory_kwargs") or {}
+        if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+            raise ValueError(f"Expect factory_kwargs as a dict of keyword arguments, got {kwargs!r:.100}")
+        self.factory, self.kwargs = factory, dict(kwargs)
+        dtype = str(args.get("dtype", "float32"))
+        if dtype not in FlatModel.DTYPES:
+            raise ValueError(f"Expect dtype in {FlatModel.DTYPES}, got {dtype!r}")
+        self.dtype = np.dtype(dtype)
+        seed = args.get("seed", 123)
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"Expect seed as an int >= 0, got {seed!r}")
+        name = self.factory_ref or getattr(factory, "__qualname__", repr(factory))
+        with torch.random.fork_rng(devices=[]):  # the user's global RNG is left as it was
+            torch.manual_seed(int(seed))
+            module = factory(**self.kwargs)
+        if not isinstance(module, torch.nn.Module):
+            raise ValueError(f"Expect the factory {name!r} to return a torch.nn.Module, got "
+                             f"{type(module).__name__}")
+        self.module = module.to(getattr(torch, dtype))
+        self.params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        persistent = set(module.state_dict(keep_vars=True))
+        self.buffers = [(n, b) for n, b in module.named_buffers() if n in persistent]
+        self.segments, offset = [], 0
+        for i, (n, p) in enumerate(self.params):
+            self.segments.append(Segment(i, n, offset, offset + p.numel(), tuple(p.shape), p.dim() > 1))
+            offset += p.numel()
+        self.num_params = offset
+        self.buffer_segments, offset = [], 0
+        for i, (n, b) in enumerate(self.buffers):
+            self.buffer_segments.append(Segment(i, n, offset, offset + b.numel(), tuple(b.shape), False))
+            offset += b.numel()
+        self.num_buffers = offset
+
+
+@register("network", "TorchModel")
+class TorchModel(FlatModel):
+    """A ``torch.nn.Module`` trained by sparkavg (see the module doc).
+
+    Parameters
+    ----------
+    factory : str or callable
+        ``"package.module:function"`` returning the ``nn.Module`` (called
+        with ``factory_kwargs`` under ``torch.manual_seed(seed)``), or the
+        callable itself.  A callable is stored by that name when it is a
+        module-level function of an importable module; any other callable
+        (a lambda, a closure, a function of ``__main__`` or a notebook)
+        works in this process only: it cannot be saved, checkpointed or
+        shipped to Spark executors (:meth:`to_config` says so).
+    loss : str or callable, default "cross_entropy"
+        ``"cross_entropy"`` (targets are class indices or one-hot rows;
+        :meth:`output` gives softmax probabilities, as a
+        :class:`~sparkavg.nn.Network` does), ``"mse"`` (float targets;
+        raw outputs), or ``loss_fn(outputs, targets) -> mean loss`` as a
+        ``"package.module:function"`` name or callable, with ``targets``
+        saying what it trains on.
+    updater : Updater, default Adam(lr=1e-3)
+        A sparkavg updater (its state is one flat vector over the parameters).
+    input_shape : sequence of int
+        One example's shape without the batch axis, as the module takes it
+        ((C, H, W), (features,), (T, F)); inputs may also arrive flat.
+    factory_kwargs : dict, optional
+        JSON keyword arguments of the factory.
+    targets : {"classes", "values"}, default "classes"
+        For a custom ``loss`` only: class labels (softmax outputs, accuracy)
+        or regression values.
+    l2, l2_bias, weight_decay : float, default 0
+        As for :class:`~sparkavg.nn.Network`: weights are the parameters of
+        two or more dimensions, biases the others.
+    seed : int, default 123
+        Seeds the factory (same seed, same initial parameters).
+    dtype : {"float32", "float64"}
+
+    Notes
+    -----
+    The module's outputs must be ``(batch, units)``; ``units`` is found by
+    one forward pass of a zero batch at construction.  Dropout inside the
+    module draws from torch's global generator.
+    """
+
+    def __init__(self, factory: Any, loss: Any = "cross_entropy", updater: Updater | None = None,
+                 input_shape: Sequence[int] = (), factory_kwargs: dict | None = None,
+                 targets: str = "classes", l2: float = 0.0, l2_bias: float = 0.0, weight_decay: float = 0.0,
+                 seed: int = 123, dtype: str = "float32"):
+        torch = _torch()
+        plan = _Plan({"factory": factory, "factory_kwargs": factory_kwargs, "input_shape": input_shape,
+                      "seed": seed, "dtype": dtype})
+        self._factory_arg = factory
+        self.factory_ref, self.factory_kwargs = plan.factory_ref, plan.kwargs
+        self.input_shape = plan.input_shape
+        self.module = plan.module
+        self._loss_ref, self._loss_fn, self.loss_kind = self._loss(loss, targets)
+        self._loss_arg, self.targets = loss, targets
+        # FlatModel's attributes (the layer-built models' _init_flat, for a module)
+        self.layers = []
+        self.updater = check_updater(updater)
+        for name, value in (("l2", l2), ("l2_bias", l2_bias), ("weight_decay", weight_decay)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value >= 0 \
+                    or not math.isfinite(value):
+                raise ValueError(f"Expect {name} >= 0, got {value!r}")
+            setattr(self, name, float(value))
+        self.seed, self.dtype = int(seed), plan.dtype
+        self.iteration = self.epoch = 0
+        self.inference_batch_size = 256
+        self._xp, self._reg = np, None
+        self._torch_params = [p for _, p in plan.params]
+        self._torch_buffers = [(self._owner(n), n.rpartition(".")[2], b.dtype) for n, b in plan.buffers]
+        self._segments, self._num_params = plan.segments, plan.num_params
+        self._buffer_segments = plan.buffer_segments
+        n = self._num_params
+        self._params = np.empty(n, dtype=self.dtype)
+        self._grads = np.zeros(n, dtype=self.dtype)
+        self._update = np.zeros(n, dtype=self.dtype)
+        self._state = np.zeros(self.updater.state_size(n), dtype=self.dtype)
+        self._buffers = np.empty(plan.num_buffers, dtype=self.dtype)
+        with torch.no_grad():
+            for seg, p in zip(self._segments, self._torch_params):
+                self._params[seg.start:seg.stop] = p.detach().reshape(-1).cpu().numpy()
+            for seg, (_, b) in zip(self._buffer_segments, plan.buffers):
+                self._buffers[seg.start:seg.stop] = b.detach().reshape(-1).cpu().to(torch.float64).numpy()
+        self._training = None
+        self._bind()
+        self.units = self._dry_run()
+
+    # ------------------------------------------------------------ building
+    @staticmethod
+    def _loss(loss, targets):
+        """``(reference or None, callable or None, loss kind)``; None: a built-in."""
+        if isinstance(loss, str) and loss in LOSSES:
+            return loss, None, LOSSES[loss]
+        if targets not in ("classes", "values"):
+            raise ValueError(f"Expect targets in ['classes', 'values'], got {targets!r}")
+        if isinstance(loss, str) and ":" not in loss:
+            raise ValueError(f"Expect loss in {sorted(LOSSES)}, a 'package.module:function' or a callable, "
+                             f"got {loss!r}")
+        ref, fn = _callable_or_reference(loss, "loss function")
+        return ref, fn, "nll" if targets == "classes" else "mse"
+
+    def _owner(self, name):
+        module = self.module
+        for part in name.split(".")[:-1]:
+            module = getattr(module, part)
+        return module
+
+    @classmethod
+    def planned_sizes(cls, args: dict) -> dict:
+        """The state vectors' lengths for these constructor arguments (builds
+        the module once on the CPU, allocates no flat vector)."""
+        plan = _Plan(args)
+        return {"params": plan.num_params, "updater": int(check_updater(args.get("updater")).state_size(
+            plan.num_params)), "buffers": plan.num_buffers}
+
+    def _tensor(self, array):
+        """A torch tensor sharing ``array``'s memory (numpy or CuPy)."""
+        torch = _torch()
+        if self._xp is np:
+            return torch.from_numpy(array)
+        return torch.from_dlpack(array)
+
+    def _device(self):
+        torch = _torch()
+        if self._xp is np:
+            return torch.device("cpu")
+        return torch.device("cuda", backend.cupy().cuda.Device().id)
+
+    def _bind(self):
+        """Point every parameter, gradient and same-dtype buffer of the module
+        at its slice of the flat vectors (after construction and any move)."""
+        torch = _torch()
+        self.module.to(self._device())
+        flat, grads, buffers = self._tensor(self._params), self._tensor(self._grads), self._tensor(self._buffers)
+        self._flat, self._flat_grad = flat, grads
+        for seg, p in zip(self._segments, self._torch_params):
+            p.data = flat[seg.start:seg.stop].view(seg.shape)
+            p.grad = grads[seg.start:seg.stop].view(seg.shape)
+        self._copied = []
+        for seg, (owner, name, dtype) in zip(self._buffer_segments, self._torch_buffers):
+            view = buffers[seg.start:seg.stop].view(seg.shape)
+            if dtype == view.dtype:
+                owner._buffers[name] = view
+            else:  # e.g. BatchNorm's int64 num_batches_tracked: copied at step boundaries
+                self._copied.append((owner, name, view))
+        self._copy_in()
+
+    def _dry_run(self) -> int:
+        """Output units, from one inference forward of a zero batch."""
+        torch = _torch()
+        x = torch.zeros((2,) + self.input_shape, dtype=self._flat.dtype, device=self._flat.device)
+        dims = ", ".join(map(str, self.input_shape))
+        with torch.no_grad():
+            self._mode(False)
+            try:
+                y = self.module(x)
+            except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+                raise ValueError(f"Expect the module to take inputs of shape (batch, {dims}): a forward pass of "
+                                 f"a zero batch of 2 failed with {type(exc).__name__}: {exc}") from None
+        if not isinstance(y, torch.Tensor) or y.dim() != 2 or y.shape[0] != 2:
+            shape = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+            raise ValueError(f"Expect the module to return a (batch, units) tensor for inputs of shape "
+                             f"(batch, {dims}), got {shape} for a batch of 2")
+        return int(y.shape[1])
+
+    # ------------------------------------------------------------- steps
+    def _mode(self, training: bool):
+        if self._training is not training:
+            self.module.train(training)
+            self._training = training
+
+    def _inputs(self, x):
+        """A batch as a tensor (n, *input_shape) on the model's device, sharing memory where it can."""
+        shape = tuple(getattr(x, "shape", np.shape(x)))
+        flat = math.prod(self.input_shape)
+        if len(shape) < 1 or not (shape[1:] == self.input_shape or shape[1:] == (flat,)):
+            dims = ", ".join(str(d) for d in self.input_shape)
+            raise ValueError(f"Expect inputs of shape (batch, {dims})"
+                             + (f" or (batch, {flat})" if len(self.input_shape) > 1 else "") + f", got {shape}")
+        a = self._on_device(x)
+        if self._xp is np and not a.flags.writeable:
+            a = a.copy()  # torch.from_numpy warns on read-only memory
+        return self._tensor(self._xp.ascontiguousarray(a.reshape((shape[0],) + self.input_shape)))
+
+    def _targets(self, y, n):
+        """Labels as a tensor: int64 class indices, or float rows (one-hot or values)."""
+        shape = tuple(getattr(y, "shape", np.shape(y)))
+        k, xp = self.units, self._xp
+        if self.loss_kind == "nll":
+            if shape == (n, k):
+                return self._tensor(xp.ascontiguousarray(xp.asarray(self._on_device(y))))
+            if shape == (n,):
+                labels = backend.to_cpu(y) if xp is np else y
+                labels = xp.asarray(labels)
+                if labels.dtype.kind == "f":
+                    if n and not bool((labels == xp.floor(labels)).all()):
+                        raise ValueError("Expect integer class labels, got non-integral floats")
+                elif labels.dtype.kind not in "iu":
+                    raise ValueError(f"Expect integer class labels, got dtype {labels.dtype}")
+                labels = xp.ascontiguousarray(labels.astype(xp.int64, copy=False))
+                if n:
+                    lo, hi = int(labels.min()), int(labels.max())
+                    if lo < 0 or hi >= k:
+                        raise ValueError(f"Expect class labels in [0, {k}), got values from {lo} to {hi}")
+                if xp is not np and not backend.is_gpu_array(labels):
+                    labels = backend.to_gpu(labels)
+                return self._tensor(labels)
+            raise ValueError(f"Expect labels of shape ({n},) class indices or ({n}, {k}) one-hot rows, got {shape}")
+        if shape == (n, k) or (k == 1 and shape == (n,)):
+            return self._tensor(xp.ascontiguousarray(self._on_device(y).reshape(n, k)))
+        raise ValueError(f"Expect labels of shape ({n}, {k})" + (f" or ({n},)" if k == 1 else "") + f", got {shape}")
+
+    def _loss_of(self, out, target):
+        """Mean loss of outputs against prepared targets (a 0-d tensor)."""
+        functional = _torch().nn.functional
+        if self._loss_fn is not None:
+            return self._loss_fn(out, target)
+        if self.loss_kind == "nll":
+            return functional.cross_entropy(out, target)
+        return functional.mse_loss(out, target)
+
+    def _loss_and_grad(self, x, y):
+        """Forward + backward in training mode; fills the flat gradient (L2 included)."""
+        torch = _torch()
+        xt = self._inputs(x)
+        n = xt.shape[0]
+        if n == 0:
+            raise ValueError("Expect a non-empty batch, got 0 examples")
+        yt = self._targets(y, n)
+        self._grads.fill(0)
+        self._mode(True)
+        self._copy_in()
+        loss = self._loss_of(self.module(xt), yt)
+        loss.backward()
+        with torch.no_grad():
+            for owner, name, view in self._copied:
+                view.copy_(owner._buffers[name])
+        loss = loss.detach()
+        total = loss.item() if self._xp is np else backend.cupy().from_dlpack(loss)
+        return self._pending([(1.0, total, 1)])
+
+    def _copy_in(self):
+        """The buffers of another dtype than the model's, from the flat vector."""
+        if self._copied:
+            with _torch().no_grad():
+                for owner, name, view in self._copied:
+                    owner._buffers[name].copy_(view)
+
+    def load_state(self, state) -> None:
+        super().load_state(state)
+        self._copy_in()
+
+    # ----------------------------------------------------------- inference
+    @property
+    def spec(self) -> ModelSpec:
+        """One input ``"input"`` of :attr:`input_shape`; one output ``"output"``."""
+        return ModelSpec((InputSpec("input", tuple(self.input_shape)),),
+                         (OutputSpec("output", int(self.units), self.loss_kind),))
+
+    def _chunks(self, x):
+        torch = _torch()
+        xt = self._inputs(x)
+        step = max(1, int(self.inference_batch_size))
+        self._mode(False)
+        with torch.no_grad():
+            for start in range(0, xt.shape[0], step):
+                yield start, self.module(xt[start:start + step])
+
+    def _array(self, tensor):
+        """A tensor as a new array of the model's module (numpy or CuPy)."""
+        if self._xp is np:
+            return tensor.numpy().copy()
+        return backend.cupy().from_dlpack(tensor).copy()
+
+    def output(self, x):
+        """Inference-mode outputs, (N, units), a new array on the model's
+        device: softmax probabilities when trained on classes, raw outputs
+        for regression."""
+        n = int(getattr(x, "shape", np.shape(x))[0])
+        result = self._xp.empty((n, self.units), dtype=self.dtype)
+        for start, out in self._chunks(x):
+            if self.loss_kind == "nll":
+                out = _torch().softmax(out, dim=1)
+            result[start:start + out.shape[0]] = self._array(out)
+        return result
+
+    def score(self, x, y) -> float:
+        """Mean loss over all of ``x`` (inference mode, chunked) + L2 penalty."""
+        n = int(getattr(x, "shape", np.shape(x))[0])
+        if n == 0:
+            raise ValueError("Expect a non-empty batch, got 0 examples")
+        target = self._targets(y, n)
+        total = 0.0
+        for start, out in self._chunks(x):
+            total += float(self._loss_of(out, target[start:start + out.shape[0]])) * out.shape[0]
+        return total / n + self._penalty()
+
+    # ---------------------------------------------------------- config
+    def config_arguments(self) -> dict:
+        """The constructor arguments that rebuild this model, by name.
+
+        Raises
+        ------
+        ConfigError
+            The factory or loss is a callable that cannot be imported by
+            name: such a model cannot be saved, checkpointed or shipped.
+        """
+        for ref, value, what in ((self.factory_ref, self._factory_arg, "factory"),
+                                 (self._loss_ref, self._loss_arg, "loss")):
+            if ref is None:
+                raise ConfigError(
+                    f"Expect a TorchModel {what} importable by name to save, checkpoint or ship the model "
+                    f"to Spark executors, got the callable {getattr(value, '__qualname__', value)!r} of "
+                    f"module {getattr(value, '__module__', None)!r}: define it at module level in an "
+                    f"importable module (not __main__ or a notebook) and pass 'package.module:function'")
+        args = {"factory": self.factory_ref, "factory_kwargs": self.factory_kwargs, "loss": self._loss_ref,
+                "updater": self.updater, "input_shape": list(self.input_shape)}
+        if self._loss_fn is not None:
+            args["targets"] = self.targets
+        args.update({"l2": self.l2, "l2_bias": self.l2_bias, "weight_decay": self.weight_decay,
+                     "seed": self.seed, "dtype": str(self.dtype)})
+        return args
+
+    def clone(self):
+        """An independent copy (a fresh module from the same factory, the same
+        state and counters), also for a model of a plain callable."""
+        other = TorchModel(self._factory_arg, self._loss_arg, self.updater, self.input_shape,
+                           self.factory_kwargs, self.targets, self.l2, self.l2_bias, self.weight_decay,
+                           self.seed, str(self.dtype))
+        if self._xp is not np:
+            other.to_gpu()
+        other.load_state(self.state)
+        other.iteration, other.epoch = self.iteration, self.epoch
+        other.inference_batch_size = self.inference_batch_size
+        return other
+
+    def summary(self) -> str:
+        """The module's own text, its parameter and buffer counts and the training setup."""
+        return (f"{self.module}\ntotal params: {self.num_params:,} ({self.dtype}); buffers: "
+                f"{self._buffers.size:,}; outputs: {self.units} ({self.loss_kind}); updater: {self.updater!r}; "
+                f"l2={self.l2}, l2_bias={self.l2_bias}, weight_decay={self.weight_decay}; seed={self.seed}")
+
+    def __repr__(self):
+        name = self.factory_ref or getattr(self._factory_arg, "__qualname__", "?")
+        return (f"TorchModel(factory={name!r}, input_shape={self.input_shape}, units={self.units}, "
+                f"num_params={self._num_params}, updater={self.updater!r})")

@@ -32,3 +32,16 @@ def small_graph(seed: int = 0):
                   ("dense", Dense(8, activation="relu"), "sum"),
                   ("output", Output(2), "dense")],
                  ["output"], updater=Adam(lr=0.01), seed=seed)
+
+
+def fit_replicas(start, x, y, shards, size: int = 4) -> list:
+    """What each worker of an averaging round computes: a clone of ``start``
+    fitted on its shard of minibatch indices (minibatch b = examples
+    [size*b, size*b + size))."""
+    replicas = []
+    for shard in shards:
+        rep = start.clone()
+        for b in shard:
+            rep.fit_batch(x[size * b:size * b + size], y[size * b:size * b + size])
+        replicas.append(rep)
+    return replicas

@@ -16,7 +16,7 @@ from sparkavg.spark import (DataOptions, DivergenceError, GradientSharing, Param
 from sparkavg.spark.connect import ConnectSpark, ShippedValue
 from sparkavg.spark.seam import ClassicSpark, seam_for
 
-from .nets import blobs, small_net
+from .nets import blobs, fit_replicas, small_net
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -58,12 +58,7 @@ def _mode(flavour):
 
 
 def _replicas_mean(start, x, y, shards, size):
-    replicas = []
-    for shard in shards:
-        rep = start.clone()
-        for b in shard:
-            rep.fit_batch(x[size * b:size * b + size], y[size * b:size * b + size])
-        replicas.append(rep)
+    replicas = fit_replicas(start, x, y, shards, size)
     return sum(r.params for r in replicas) / len(replicas), sum(r.updater_state for r in replicas) / len(replicas)
 
 

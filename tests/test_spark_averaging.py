@@ -10,7 +10,7 @@ from sparkavg.data.validation import DataValidationError
 from sparkavg.evaluation import Evaluation
 from sparkavg.spark import DataOptions, ParameterAveraging, SparkTrainer
 
-from .nets import blobs, small_net
+from .nets import blobs, fit_replicas, small_net
 
 pytestmark = pytest.mark.spark
 
@@ -28,12 +28,7 @@ def test_one_round_is_the_weighted_mean_of_worker_replicas(sc):
                                 data=DataOptions(repartition="never"))
     SparkTrainer(sc, net, master).fit(rdd, epochs=1)
     # Minibatches 0..3 = examples [0:4], [4:8], [8:12], [12:16]; dealt [[0, 2], [1, 3]].
-    replicas = []
-    for shard in ([0, 2], [1, 3]):
-        rep = start.clone()
-        for b in shard:
-            rep.fit_batch(x[4 * b:4 * b + 4], y[4 * b:4 * b + 4])
-        replicas.append(rep)
+    replicas = fit_replicas(start, x, y, ([0, 2], [1, 3]))
     expected = (replicas[0].params + replicas[1].params) / 2
     np.testing.assert_allclose(net.params, expected, rtol=1e-5, atol=1e-6)
     expected_state = (replicas[0].updater_state + replicas[1].updater_state) / 2
@@ -63,12 +58,7 @@ def test_example_and_uniform_weighting_on_uneven_shards(sc):
     rdd = sc.parallelize(_pairs(x, y), 1)
     start = small_net(seed=6)
     # 3 minibatches of 4 over 2 workers, frequency 2, data order kept: worker 0 fits [0, 2], worker 1 fits [1].
-    replicas = []
-    for shard in ([0, 2], [1]):
-        rep = start.clone()
-        for b in shard:
-            rep.fit_batch(x[4 * b:4 * b + 4], y[4 * b:4 * b + 4])
-        replicas.append(rep)
+    replicas = fit_replicas(start, x, y, ([0, 2], [1]))
     expected = {"examples": (8 * replicas[0].params + 4 * replicas[1].params) / 12,
                 "uniform": (replicas[0].params + replicas[1].params) / 2}
     for weighting, want in expected.items():

@@ -7,7 +7,7 @@ import pytest
 from sparkavg.nn import Graph, load_model
 from sparkavg.spark import DataOptions, GradientSharing, ParameterAveraging, SparkTrainer
 
-from .nets import blobs, small_graph
+from .nets import blobs, fit_replicas, small_graph
 from .test_connect import _mode
 
 pytestmark = pytest.mark.spark
@@ -17,23 +17,13 @@ def _pairs(x, y):
     return list(zip(x, y.tolist()))
 
 
-def _replicas(start, x, y, shards, size=4):
-    replicas = []
-    for shard in shards:
-        rep = start.clone()
-        for b in shard:
-            rep.fit_batch(x[size * b:size * b + size], y[size * b:size * b + size])
-        replicas.append(rep)
-    return replicas
-
-
 def test_batchnorm_statistics_after_a_round_are_the_example_weighted_mean(sc):
     x, y = blobs(12, seed=5)
     rdd = sc.parallelize(_pairs(x, y), 1)
     start = small_graph(seed=6)
     assert start.buffers.size == 4  # BatchNorm's running mean and variance of 2 channels
     # 3 minibatches of 4 over 2 workers, frequency 2, data order kept: worker 0 fits [0, 2], worker 1 fits [1].
-    rep0, rep1 = _replicas(start, x, y, ([0, 2], [1]))
+    rep0, rep1 = fit_replicas(start, x, y, ([0, 2], [1]))
     assert not np.allclose(rep0.buffers, rep1.buffers)  # the workers saw different statistics
     net = start.clone()
     master = ParameterAveraging(batch_size_per_worker=4, averaging_frequency=2, workers=2,

@@ -17,7 +17,7 @@ from sparkavg.nn import Adam, load_model
 from sparkavg.spark import DataOptions, GradientSharing, ParameterAveraging, SparkTrainer
 from sparkavg.torch import TorchModel
 
-from .nets import blobs
+from .nets import blobs, fit_replicas
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -53,12 +53,7 @@ def test_averaging_round_is_the_mean_of_torch_replicas_and_inference_matches(req
     df = _frame(session, x, y)
     trainer.fit(df, epochs=1)
     # Minibatches 0..3 = examples [0:4], [4:8], [8:12], [12:16]; dealt [[0, 2], [1, 3]].
-    replicas = []
-    for shard in ([0, 2], [1, 3]):
-        rep = start.clone()
-        for b in shard:
-            rep.fit_batch(x[4 * b:4 * b + 4], y[4 * b:4 * b + 4])
-        replicas.append(rep)
+    replicas = fit_replicas(start, x, y, ([0, 2], [1, 3]))
     for key in ("params", "updater", "buffers"):
         expected = (replicas[0].state[key] + replicas[1].state[key]) / 2
         np.testing.assert_allclose(net.state[key], expected, rtol=1e-5, atol=1e-6, err_msg=key)

@@ -424,6 +424,19 @@ class FlatModel(Configurable):
         return self._move(backend.to_cpu, np)
 
     # ---------------------------------------------------------- config
+    def _training_arguments(self) -> dict:
+        """The constructor arguments every layer-built model shares (updater,
+        penalties, seed, dtype): the rest of its :meth:`config_arguments`."""
+        return {"updater": self.updater, "l2": self.l2, "l2_bias": self.l2_bias,
+                "weight_decay": self.weight_decay, "seed": self.seed, "dtype": str(self.dtype)}
+
+    def _layer_param_counts(self) -> list:
+        """Parameters per layer of :attr:`layers` (for summaries)."""
+        counts = [0] * len(self.layers)
+        for seg in self._segments:
+            counts[seg.layer] += seg.stop - seg.start
+        return counts
+
     def fingerprint(self) -> str:
         """SHA-256 of what fixes the state layout (inputs and layers, not the
         updater's hyper-parameters, penalties or seed)."""

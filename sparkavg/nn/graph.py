@@ -386,19 +386,12 @@ class Graph(FlatModel):
             "vertices": [Vertex(v.name, v.op, v.inputs) for v in self._order],
             "outputs": list(self.outputs),
             "loss_weights": dict(self.loss_weights),
-            "updater": self.updater,
-            "l2": self.l2,
-            "l2_bias": self.l2_bias,
-            "weight_decay": self.weight_decay,
-            "seed": self.seed,
-            "dtype": str(self.dtype),
+            **self._training_arguments(),
         }
 
     def summary(self) -> str:
         """A table of vertices (with their inputs), output shapes and parameter counts."""
-        counts = [0] * len(self.layers)
-        for seg in self._segments:
-            counts[seg.layer] += seg.stop - seg.start
+        counts = self._layer_param_counts()
         index = {id(layer): i for i, layer in enumerate(self.layers)}
         rows = [("name", "vertex <- inputs", "output shape", "params")]
         for name, shape in self.inputs.items():

@@ -257,19 +257,12 @@ class Network(FlatModel):
         return {
             "input_shape": self.input_shape,
             "layers": self.layers,
-            "updater": self.updater,
-            "l2": self.l2,
-            "l2_bias": self.l2_bias,
-            "weight_decay": self.weight_decay,
-            "seed": self.seed,
-            "dtype": str(self.dtype),
+            **self._training_arguments(),
         }
 
     def summary(self) -> str:
         """A table of layers, output shapes (NCHW convention) and parameter counts."""
-        counts = [0] * len(self.layers)
-        for seg in self._segments:
-            counts[seg.layer] += seg.stop - seg.start
+        counts = self._layer_param_counts()
         rows = [("#", "layer", "output shape", "params")]
         rows.append(("", "input", str(self.input_shape), ""))
         for i, layer in enumerate(self.layers):

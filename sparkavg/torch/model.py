@@ -241,7 +241,6 @@ class TorchModel(FlatModel):
     def _bind(self):
         """Point every parameter, gradient and same-dtype buffer of the module
         at its slice of the flat vectors (after construction and any move)."""
-        torch = _torch()
         self.module.to(self._device())
         flat, grads, buffers = self._tensor(self._params), self._tensor(self._grads), self._tensor(self._buffers)
         self._flat, self._flat_grad = flat, grads

@@ -98,7 +98,8 @@ class Embedding(Layer):
         xp = get_array_module(x)
         flat = x.reshape(-1)
         ids = self._buffer("ids", flat.shape, x, dtype=np.int64)
-        ids[...] = flat  # truncates; non-integral values are caught below
+        with np.errstate(invalid="ignore"):  # NaN / inf: caught below
+            ids[...] = flat  # truncates; non-integral values are caught below
         # One host sync (on CuPy) for the check, as Output.prepare_labels does.
         bad = (ids != flat) | (ids < 0) | (ids >= self.vocab_size)
         if bool(bad.any()):

@@ -41,6 +41,18 @@ cdef extern from *:
     #define SPARKAVG_VECTORISE
     #endif
 
+    /* The step kernels are compute-bound (five tanh per unit going forward),
+       so the row loops are compiled three times -- AVX-512, AVX2+FMA and the
+       SSE2 baseline -- and the loader picks the best the CPU runs (GCC's
+       function multi-versioning, an ifunc: x86-64 Linux only).  FMA makes
+       results differ from the baseline's in the last bits. */
+    #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && defined(__x86_64__) \
+        && defined(__linux__) && !defined(SPARKAVG_NO_CLONES)
+    #define SPARKAVG_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+    #else
+    #define SPARKAVG_CLONES
+    #endif
+
     SPARKAVG_VECTORISE static inline float sparkavg_tanhf(float a) {
         const float clamp = 7.90531110763549805f;
         float x = a > clamp ? clamp : a;   /* NaN: both compares false, NaN stays */
@@ -64,7 +76,7 @@ cdef extern from *:
         return 0.5f + 0.5f * sparkavg_tanhf(0.5f * a);
     }
 
-    SPARKAVG_VECTORISE static void sparkavg_lstm_fwd_row(float *restrict z, const float *restrict cp, float *restrict c,
+    SPARKAVG_CLONES SPARKAVG_VECTORISE static void sparkavg_lstm_fwd_row(float *restrict z, const float *restrict cp, float *restrict c,
                                       float *restrict tc, float *restrict h, Py_ssize_t u) {
         float *restrict zi = z, *restrict zf = z + u, *restrict zg = z + 2 * u, *restrict zo = z + 3 * u;
         for (Py_ssize_t j = 0; j < u; j++) {
@@ -79,7 +91,7 @@ cdef extern from *:
         }
     }
 
-    SPARKAVG_VECTORISE static void sparkavg_lstm_bwd_row(const float *restrict a, const float *restrict cp,
+    SPARKAVG_CLONES SPARKAVG_VECTORISE static void sparkavg_lstm_bwd_row(const float *restrict a, const float *restrict cp,
                                       const float *restrict tc, const float *restrict dh,
                                       float *restrict dc, float *restrict dz, Py_ssize_t u) {
         const float *restrict ai = a, *restrict af = a + u, *restrict ag = a + 2 * u, *restrict ao = a + 3 * u;
@@ -95,7 +107,7 @@ cdef extern from *:
         }
     }
 
-    SPARKAVG_VECTORISE static void sparkavg_gru_fwd_row(float *restrict z, const float *restrict rec, const float *restrict rb,
+    SPARKAVG_CLONES SPARKAVG_VECTORISE static void sparkavg_gru_fwd_row(float *restrict z, const float *restrict rec, const float *restrict rb,
                                      const float *restrict hp, float *restrict hn, float *restrict h,
                                      Py_ssize_t u) {
         float *restrict zr = z, *restrict zz = z + u, *restrict zn = z + 2 * u;
@@ -111,7 +123,7 @@ cdef extern from *:
         }
     }
 
-    SPARKAVG_VECTORISE static void sparkavg_gru_bwd_row(const float *restrict a, const float *restrict hn,
+    SPARKAVG_CLONES SPARKAVG_VECTORISE static void sparkavg_gru_bwd_row(const float *restrict a, const float *restrict hn,
                                      const float *restrict hp, float *restrict dh, float *restrict dz,
                                      float *restrict dzr, Py_ssize_t u) {
         const float *restrict ar = a, *restrict az = a + u, *restrict an = a + 2 * u;

@@ -17,6 +17,10 @@ needs_extension = pytest.mark.skipif(not ops.have_extension(), reason="sparkavg_
 # The Cython kernels' tanh is a rational approximation within ~4e-7 of tanh
 # (a few float ulps); a step's outputs are within a few of those.
 ATOL = 3e-6
+# Backward steps: the AVX2/AVX-512 builds contract a*b + c into FMAs, and
+# 1 - t*t of a t near +-1 (a saturated tanh) then differs relatively by up to
+# ~1e-4 from the twin's rounded product (the FMA's being the closer one).
+BACKWARD_RTOL = 2e-4
 
 
 @st.composite
@@ -50,8 +54,10 @@ def test_lstm_forward_matches_twin(case):
     z2, outs2 = z.copy(), [o.copy() for o in outs]
     ops.lstm_forward_step(z, c_prev, *outs)
     reference.lstm_forward_step(z2, c_prev, *outs2)
+    # c = f * c_prev + i * g may cancel: absolute error in units of |c_prev|
+    atol = ATOL * (1 + float(np.abs(c_prev).max(initial=0)))
     for got, want in zip([z, *outs], [z2, *outs2]):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=ATOL)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=atol)
 
 
 @needs_extension
@@ -64,8 +70,8 @@ def test_lstm_backward_matches_twin(case):
     ops.lstm_backward_step(a, c_prev, tc, dh, dc, dz)
     reference.lstm_backward_step(a, c_prev, tc, dh, dc2, dz2)
     tol = 1e-6 * (1 + float(np.abs(dh).max(initial=0) + np.abs(dc2).max(initial=0)) * (1 + np.abs(c_prev).max(initial=0)))
-    np.testing.assert_allclose(dz, dz2, rtol=1e-5, atol=tol)
-    np.testing.assert_allclose(dc, dc2, rtol=1e-5, atol=tol)
+    np.testing.assert_allclose(dz, dz2, rtol=BACKWARD_RTOL, atol=tol)
+    np.testing.assert_allclose(dc, dc2, rtol=BACKWARD_RTOL, atol=tol)
 
 
 @needs_extension
@@ -94,7 +100,7 @@ def test_gru_backward_matches_twin(case):
     ops.gru_backward_step(a, hn, h_prev, dh, dz, dzr)
     reference.gru_backward_step(a, hn, h_prev, dh2, dz2, dzr2)
     for got, want in ((dh, dh2), (dz, dz2), (dzr, dzr2)):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * (1 + float(np.abs(want).max(initial=0))))
+        np.testing.assert_allclose(got, want, rtol=BACKWARD_RTOL, atol=1e-6 * (1 + float(np.abs(want).max(initial=0))))
 
 
 @needs_extension

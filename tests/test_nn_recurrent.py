@@ -263,8 +263,8 @@ def test_initial_values():
         np.testing.assert_allclose(block.T @ block, np.eye(5), atol=1e-12)
     gru = GRU(4)
     gru.build((3, 2))
-    assert [s.name for s in gru.param_specs()] == ["W", "RW", "b", "rb"]
-    assert not gru.initial_value(gru.param_specs()[2], rng).any()
+    assert [s.name for s in gru.param_specs()] == ["W", "b", "RW", "rb"]
+    assert not gru.initial_value(gru.param_specs()[1], rng).any()
     emb = Embedding(6, 3, padding_id=2)
     emb.build((4,))
     w = emb.initial_value(emb.param_specs()[0], rng)

@@ -49,11 +49,11 @@ def _cython():
 def test_lstm_forward_matches_twin(case):
     _cython()
     n, u, arr = case
-    z, c_prev = arr(n, 4 * u), arr(n, u)
+    z, rec, c_prev = arr(n, 4 * u), arr(n, 4 * u), arr(n, u)
     outs = [np.full((n, u), np.nan, np.float32) for _ in range(3)]
     z2, outs2 = z.copy(), [o.copy() for o in outs]
-    ops.lstm_forward_step(z, c_prev, *outs)
-    reference.lstm_forward_step(z2, c_prev, *outs2)
+    ops.lstm_forward_step(z, rec, c_prev, *outs)
+    reference.lstm_forward_step(z2, rec, c_prev, *outs2)
     # c = f * c_prev + i * g may cancel: absolute error in units of |c_prev|
     atol = ATOL * (1 + float(np.abs(c_prev).max(initial=0)))
     for got, want in zip([z, *outs], [z2, *outs2]):
@@ -125,10 +125,11 @@ def _sig(a):
 def test_lstm_twin_is_the_lstm_formula():
     rng = np.random.default_rng(0)
     n, u = 3, 4
-    z, c_prev = rng.standard_normal((n, 4 * u)), rng.standard_normal((n, u))
-    i, f, g, o = _sig(z[:, :u]), _sig(z[:, u:2 * u]), np.tanh(z[:, 2 * u:3 * u]), _sig(z[:, 3 * u:])
+    z, rec, c_prev = rng.standard_normal((n, 4 * u)), rng.standard_normal((n, 4 * u)), rng.standard_normal((n, u))
+    a = z + rec
+    i, f, g, o = _sig(a[:, :u]), _sig(a[:, u:2 * u]), np.tanh(a[:, 2 * u:3 * u]), _sig(a[:, 3 * u:])
     c, tc, h = (np.empty((n, u)) for _ in range(3))
-    reference.lstm_forward_step(z, c_prev, c, tc, h)
+    reference.lstm_forward_step(z, rec, c_prev, c, tc, h)
     np.testing.assert_allclose(z, np.hstack([i, f, g, o]), rtol=1e-13)
     np.testing.assert_allclose(c, f * c_prev + i * g, rtol=1e-13)
     np.testing.assert_allclose(h, o * np.tanh(f * c_prev + i * g), rtol=1e-13)
@@ -167,7 +168,7 @@ def test_nan_in_a_gate_comes_out_nan():
     z = np.zeros((1, 4), np.float32)
     z[0, 2] = np.nan  # the cell candidate
     c, tc, h = (np.empty((1, 1), np.float32) for _ in range(3))
-    ops.lstm_forward_step(z, np.zeros((1, 1), np.float32), c, tc, h)
+    ops.lstm_forward_step(z, np.zeros_like(z), np.zeros((1, 1), np.float32), c, tc, h)
     assert np.isnan(c[0, 0]) and np.isnan(h[0, 0])
 
 
@@ -176,11 +177,13 @@ def test_nan_in_a_gate_comes_out_nan():
 def test_checks_name_the_bad_argument(dtype):
     z, s = np.zeros((2, 8), dtype), np.zeros((2, 2), dtype)
     with pytest.raises(ValueError, match=r"Expect z of shape \(N, 4\*units\)"):
-        ops.lstm_forward_step(np.zeros((2, 7), dtype), s, s.copy(), s.copy(), s.copy())
+        ops.lstm_forward_step(np.zeros((2, 7), dtype), z, s, s.copy(), s.copy(), s.copy())
     with pytest.raises(ValueError, match="Expect h of shape"):
-        ops.lstm_forward_step(z, s, s.copy(), s.copy(), np.zeros((3, 2), dtype))
+        ops.lstm_forward_step(z, z, s, s.copy(), s.copy(), np.zeros((3, 2), dtype))
     with pytest.raises(TypeError, match="Expect c_prev of dtype"):
-        ops.lstm_forward_step(z, s.astype(np.float16), s.copy(), s.copy(), s.copy())
+        ops.lstm_forward_step(z, z, s.astype(np.float16), s.copy(), s.copy(), s.copy())
+    with pytest.raises(ValueError, match="Expect rec of shape"):
+        ops.lstm_forward_step(z, s, s, s.copy(), s.copy(), s.copy())
     with pytest.raises(ValueError, match="C-contiguous"):
         ops.gru_backward_step(np.zeros((2, 6), dtype), s, s, np.zeros((2, 4), dtype)[:, ::2], np.zeros((2, 6), dtype),
                               np.zeros((2, 6), dtype))

@@ -99,7 +99,7 @@ class _Recurrent(Layer):
 
     def param_specs(self):
         f, u, g = self.input_shape[1], self.units, self.GATES
-        return [ParamSpec("W", (f, g * u), True), ParamSpec("RW", (u, g * u), True), ParamSpec("b", (g * u,), False)]
+        return [ParamSpec("W", (f, g * u), True), ParamSpec("b", (g * u,), False), ParamSpec("RW", (u, g * u), True)]
 
     def initial_value(self, spec, rng):
         f, u, g = self.input_shape[1], self.units, self.GATES
@@ -116,14 +116,21 @@ class _Recurrent(Layer):
         p, gr = self._split(params), self._split(grads)
         self.W, self.RW, self.b = p["W"], p["RW"], p["b"]
         self.dW, self.dRW, self.db = gr["W"], gr["RW"], gr["b"]
+        # W (F, G*U) is followed by b (G*U,) in the flat vector: the block is
+        # the (F+1, G*U) matrix [W; b], and with a ones column in the input
+        # one GEMM gives the projection with its bias, and one dW with db.
+        f, gu = self.W.shape
+        self._Wb = params[:(f + 1) * gu].reshape(f + 1, gu)
+        self._dWb = grads[:(f + 1) * gu].reshape(f + 1, gu)
         return p, gr
 
     # ------------------------------------------------------------ helpers
     def _time_major(self, x):
-        """(N, T, F) -> a (T, N, F) work copy."""
+        """(N, T, F) -> a (T, N, F+1) work copy, the last column ones."""
         n, t, f = x.shape
-        xt = self._buffer("xt", (t, n, f), x)
-        xt[...] = x.transpose(1, 0, 2)
+        xt = self._buffer("xt", (t, n, f + 1), x)
+        xt[:, :, :f] = x.transpose(1, 0, 2)
+        xt[:, :, f] = 1
         return xt
 
     def _keep(self, x):
@@ -135,10 +142,9 @@ class _Recurrent(Layer):
         return xp.ascontiguousarray(~masked.T)[:, :, None]
 
     def _projection(self, xt, out):
-        """out (T, N, G*U) = xt (T, N, F) @ W + b: every step's input part at once."""
-        t, n, f = xt.shape
-        get_array_module(xt).matmul(xt.reshape(t * n, f), self.W, out=out.reshape(t * n, -1))
-        out += self.b
+        """out (T, N, G*U) = [x 1] (T, N, F+1) @ [W; b]: every step's input part at once."""
+        t, n, f1 = xt.shape
+        get_array_module(xt).matmul(xt.reshape(t * n, f1), self._Wb, out=out.reshape(t * n, -1))
         return out
 
     def _output(self, states, keep):
@@ -166,12 +172,11 @@ class _Recurrent(Layer):
         gradient of the pre-activations, ``dz_rec`` the one the recurrent
         GEMM saw (the GRU's differs in its new-gate columns)."""
         xp = get_array_module(dz)
-        t, n, f = xt.shape
+        t, n, f1 = xt.shape
         dz2 = dz.reshape(t * n, -1)
         rec2 = dz2 if dz_rec is None else dz_rec.reshape(t * n, -1)
-        xp.matmul(xt.reshape(t * n, f).T, dz2, out=self.dW)
+        xp.matmul(xt.reshape(t * n, f1).T, dz2, out=self._dWb)
         xp.matmul(h_prev.reshape(t * n, -1).T, rec2, out=self.dRW)
-        xp.matmul(self._ones(t * n, dz), dz2, out=self.db)
 
     def _input_grad(self, dz, n):
         """dx (N, T, F) = dz (T, N, G*U) @ W^T, back in batch-first order."""
@@ -213,8 +218,8 @@ class LSTM(_Recurrent):
         Recurrent weights: an orthogonal (units, units) block per gate, or
         a weight init with fan_in = fan_out = units.
 
-    Parameters in the flat vector: W (F, 4*units), RW (units, 4*units),
-    b (4*units,); columns in gate order input, forget, cell, output.
+    Parameters in the flat vector: W (F, 4*units), b (4*units,), RW
+    (units, 4*units); columns in gate order input, forget, cell, output.
     """
 
     GATES = 4
@@ -253,11 +258,11 @@ class LSTM(_Recurrent):
         rec = self._buffer("rec", (n, 4 * u), x)
         h[0].fill(0)
         c[0].fill(0)
+        rec.fill(0)  # h[0] @ RW
         for s in range(t):
             if s:
                 xp.matmul(h[s], self.RW, out=rec)
-                gates[s] += rec
-            unchecked("lstm_forward_step", x, gates[s], c[s], c[s + 1], tc[s], h[s + 1])
+            unchecked("lstm_forward_step", x, gates[s], rec, c[s], c[s + 1], tc[s], h[s + 1])
             if keep is not None:
                 xp.copyto(c[s + 1], c[s], where=~keep[s])
                 xp.copyto(h[s + 1], h[s], where=~keep[s])
@@ -314,8 +319,8 @@ class GRU(_Recurrent):
     units, return_sequences, mask_value, weight_init, recurrent_init
         As :class:`LSTM`.
 
-    Parameters in the flat vector: W (F, 3*units), RW (units, 3*units),
-    b (3*units,), rb (units,) (the recurrent bias of the new gate, inside
+    Parameters in the flat vector: W (F, 3*units), b (3*units,), RW
+    (units, 3*units), rb (units,) (the recurrent bias of the new gate, inside
     the reset product: PyTorch's ``bias_hh_l0[2*units:]``; its other two
     thirds add to ``b``).  Columns in gate order reset, update, new; all
     biases start at 0.

@@ -160,8 +160,8 @@ def channel_blend(dy, x, center, a, b, shift, out=None):
 
 
 # -------------------------------------------------------------------- sequence
-def lstm_forward_step(z, c_prev, c, tc, h):
-    _sequence.lstm_forward_step(z, c_prev, c, tc, h)
+def lstm_forward_step(z, rec, c_prev, c, tc, h):
+    _sequence.lstm_forward_step(z, rec, c_prev, c, tc, h)
 
 
 def lstm_backward_step(a, c_prev, tc, dh, dc, dz):

@@ -28,16 +28,18 @@ def _sigmoid_(a):
     return a
 
 
-def lstm_forward_step(z, c_prev, c, tc, h):
+def lstm_forward_step(z, rec, c_prev, c, tc, h):
     """One LSTM step after the GEMMs.
 
-    z : (N, 4U) IN pre-activations (x W + h_prev RW + b), OUT the gates'
-        activations i, f, g, o (sigmoid, sigmoid, tanh, sigmoid)
+    z : (N, 4U) IN x W + b, OUT the gates' activations i, f, g, o
+        (sigmoid, sigmoid, tanh, sigmoid of z + rec)
+    rec : (N, 4U) IN h_prev @ RW
     c_prev : (N, U) IN the previous cell state
     c, tc, h : (N, U) OUT the cell state f*c_prev + i*g, tanh(c), and h = o*tanh(c)
     """
     xp = get_array_module(z)
     u = c.shape[1]
+    z += rec
     _sigmoid_(z[:, :2 * u])
     xp.tanh(z[:, 2 * u:3 * u], out=z[:, 2 * u:3 * u])
     _sigmoid_(z[:, 3 * u:])

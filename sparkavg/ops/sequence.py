@@ -47,25 +47,27 @@ def _gates(name, a, gates, inplace=True):
     return kind, a.shape[1] // gates
 
 
-def lstm_forward_step(z, c_prev, c, tc, h):
+def lstm_forward_step(z, rec, c_prev, c, tc, h):
     """One LSTM step after the GEMMs.
 
     Parameters
     ----------
     z : float32/float64 array (N, 4U), numpy or CuPy
-        IN the pre-activations ``x W + h_prev RW + b``; OUT the activations
-        of the gates input, forget, cell, output (sigmoid, sigmoid, tanh,
-        sigmoid).
+        IN ``x W + b``; OUT the activations of the gates input, forget,
+        cell, output (sigmoid, sigmoid, tanh, sigmoid of ``z + rec``).
+    rec : array (N, 4U)
+        IN ``h_prev @ RW``.
     c_prev : array (N, U)
         IN the previous cell state.
     c, tc, h : arrays (N, U)
         OUT ``c = f * c_prev + i * g``, ``tc = tanh(c)``, ``h = o * tc``.
     """
     kind, u = _gates("z", z, 4)
+    rec = check_operand("rec", rec, z, "z")
     c_prev = _state("c_prev", c_prev, z, "z", u)
     for name, a in (("c", c), ("tc", tc), ("h", h)):
         _out(name, a, z, "z", (z.shape[0], u))
-    call("lstm_forward_step", kind, z.dtype, z, c_prev, c, tc, h)
+    call("lstm_forward_step", kind, z.dtype, z, rec, c_prev, c, tc, h)
 
 
 def lstm_backward_step(a, c_prev, tc, dh, dc, dz):

@@ -7,7 +7,7 @@ layer (sparkavg/nn/recurrent.py) does the GEMMs around each call; each
 kernel here is one pass over its rows, where the numpy twins
 (sparkavg/ops/reference_sequence.py) take 10 to 20 passes:
 
-- ``lstm_forward_step``  : gates' activations, c = f*c_prev + i*g, tanh(c), h
+- ``lstm_forward_step``  : gates' activations of x W + b + h_prev RW, c = f*c_prev + i*g, tanh(c), h
 - ``lstm_backward_step`` : dL/d(pre-activations), and dc -> f * (total dc)
 - ``gru_forward_step``   : gates' activations, h_prev RW_n + rb, h
 - ``gru_backward_step``  : dL/d(x W + b), dL/d(h_prev RW), and dh -> z * dh
@@ -76,14 +76,16 @@ cdef extern from *:
         return 0.5f + 0.5f * sparkavg_tanhf(0.5f * a);
     }
 
-    SPARKAVG_CLONES SPARKAVG_VECTORISE static void sparkavg_lstm_fwd_row(float *restrict z, const float *restrict cp, float *restrict c,
-                                      float *restrict tc, float *restrict h, Py_ssize_t u) {
+    SPARKAVG_CLONES SPARKAVG_VECTORISE static void sparkavg_lstm_fwd_row(
+            float *restrict z, const float *restrict rec, const float *restrict cp, float *restrict c,
+            float *restrict tc, float *restrict h, Py_ssize_t u) {
         float *restrict zi = z, *restrict zf = z + u, *restrict zg = z + 2 * u, *restrict zo = z + 3 * u;
+        const float *restrict ri = rec, *restrict rf = rec + u, *restrict rg = rec + 2 * u, *restrict ro = rec + 3 * u;
         for (Py_ssize_t j = 0; j < u; j++) {
-            const float i = sparkavg_sigmoidf(zi[j]);
-            const float f = sparkavg_sigmoidf(zf[j]);
-            const float g = sparkavg_tanhf(zg[j]);
-            const float o = sparkavg_sigmoidf(zo[j]);
+            const float i = sparkavg_sigmoidf(zi[j] + ri[j]);
+            const float f = sparkavg_sigmoidf(zf[j] + rf[j]);
+            const float g = sparkavg_tanhf(zg[j] + rg[j]);
+            const float o = sparkavg_sigmoidf(zo[j] + ro[j]);
             const float cj = f * cp[j] + i * g;
             const float t = sparkavg_tanhf(cj);
             zi[j] = i; zf[j] = f; zg[j] = g; zo[j] = o;
@@ -138,7 +140,7 @@ cdef extern from *:
         }
     }
     """
-    void sparkavg_lstm_fwd_row(float* z, const float* cp, float* c, float* tc, float* h,
+    void sparkavg_lstm_fwd_row(float* z, const float* rec, const float* cp, float* c, float* tc, float* h,
                                Py_ssize_t u) noexcept nogil
     void sparkavg_lstm_bwd_row(const float* a, const float* cp, const float* tc, const float* dh,
                                float* dc, float* dz, Py_ssize_t u) noexcept nogil
@@ -171,10 +173,11 @@ def tanh(const float[::1] x, float[::1] out):
             out[j] = sparkavg_tanhf(x[j])
 
 
-def lstm_forward_step(float[:, ::1] z, const float[:, ::1] c_prev, float[:, ::1] c, float[:, ::1] tc,
-                      float[:, ::1] h):
-    """z (N, 4U) IN pre-activations, OUT activations; c_prev IN; c, tc, h OUT (N, U)."""
+def lstm_forward_step(float[:, ::1] z, const float[:, ::1] rec, const float[:, ::1] c_prev, float[:, ::1] c,
+                      float[:, ::1] tc, float[:, ::1] h):
+    """z (N, 4U) IN x W + b, OUT activations; rec (N, 4U) IN h_prev RW; c_prev IN; c, tc, h OUT (N, U)."""
     cdef Py_ssize_t n = z.shape[0], u = _units("z", z.shape[1], 4), i
+    _check("rec", rec.shape[0], rec.shape[1], n, 4 * u)
     _check("c_prev", c_prev.shape[0], c_prev.shape[1], n, u)
     _check("c", c.shape[0], c.shape[1], n, u)
     _check("tc", tc.shape[0], tc.shape[1], n, u)
@@ -183,7 +186,7 @@ def lstm_forward_step(float[:, ::1] z, const float[:, ::1] c_prev, float[:, ::1]
         return
     with nogil:
         for i in range(n):
-            sparkavg_lstm_fwd_row(&z[i, 0], &c_prev[i, 0], &c[i, 0], &tc[i, 0], &h[i, 0], u)
+            sparkavg_lstm_fwd_row(&z[i, 0], &rec[i, 0], &c_prev[i, 0], &c[i, 0], &tc[i, 0], &h[i, 0], u)
 
 
 def lstm_backward_step(const float[:, ::1] a, const float[:, ::1] c_prev, const float[:, ::1] tc,

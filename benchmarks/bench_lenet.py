@@ -1,9 +1,14 @@
 """Train-step time: sparkavg.nn against PyTorch (CPU, or CUDA with --gpu), same run.
 
-``--model lenet`` (default) or ``--model resnet`` (examples/mnist_resnet.py's
+``--model lenet`` (default), ``--model resnet`` (examples/mnist_resnet.py's
 Graph: two residual blocks with BatchNorm, 43,914 parameters; the same
 architecture written in PyTorch: conv 3x3 -> BatchNorm2d -> ReLU, two basic
-blocks with identity skips, max-pools, a linear output; CPU only).
+blocks with identity skips, max-pools, a linear output; CPU only) or
+``--model lstm`` (examples/mnist_lstm.py: the image rows as 28 steps into
+LSTM(128), the last output to a softmax layer, 81,674 parameters; in
+PyTorch ``nn.LSTM(28, 128, batch_first=True)`` and ``nn.Linear(128, 10)`` on
+its last output, 82,186 parameters: PyTorch keeps two bias vectors where
+one does; CPU only).
 
 One step = forward + backward + Adam(lr=1e-3) on a batch of 64 1x28x28
 inputs, for the seeds' LeNet (conv 5x5x20 -> max-pool 2 -> conv 5x5x50 ->
@@ -49,7 +54,7 @@ from report import emit
 
 def _parse(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", choices=["lenet", "resnet"], default="lenet")
+    p.add_argument("--model", choices=["lenet", "resnet", "lstm"], default="lenet")
     p.add_argument("--threads", type=int, default=2, help="BLAS/OpenMP threads for both (default 2)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--warmup", type=int, default=20, help="steps of each before timing")
@@ -103,6 +108,27 @@ def _torch_resnet(torch, seed, width=16):
     )
 
 
+def _torch_lstm(torch, seed, units=128):
+    """examples/mnist_lstm.py's network, in PyTorch: the rows of (N, 1, 28, 28) as 28 steps."""
+    torch.manual_seed(seed)
+    nn = torch.nn
+
+    class RowLSTM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm, self.out = nn.LSTM(28, units, batch_first=True), nn.Linear(units, 10)
+
+        def forward(self, x):
+            seq, _ = self.lstm(x.reshape(x.shape[0], 28, 28))
+            return self.out(seq[:, -1])
+
+    return RowLSTM()
+
+
+#: Parameters PyTorch has beyond sparkavg's for the same architecture.
+_TORCH_EXTRA_PARAMS = {"lstm": 4 * 128}  # nn.LSTM's second bias vector (bias_hh_l0)
+
+
 def _models(args, torch):
     """(sparkavg model, torch module) of ``--model``."""
     from sparkavg.nn import Adam, lenet
@@ -110,6 +136,10 @@ def _models(args, torch):
     if args.model == "lenet":
         return lenet(seed=args.seed, updater=Adam(lr=1e-3)), _torch_lenet(torch, args.seed)
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+    if args.model == "lstm":
+        from mnist_lstm import build
+
+        return build(seed=args.seed), _torch_lstm(torch, args.seed)
     from mnist_resnet import build
 
     return build(seed=args.seed), _torch_resnet(torch, args.seed)
@@ -278,7 +308,7 @@ def main(argv=None):
 
     net, model = _models(args, torch)
     n_torch = sum(p.numel() for p in model.parameters())
-    if n_torch != net.num_params:
+    if n_torch - _TORCH_EXTRA_PARAMS.get(args.model, 0) != net.num_params:
         raise SystemExit(f"architectures differ: torch {n_torch} vs sparkavg {net.num_params} parameters")
     txs = [torch.from_numpy(x) for x in xs]
     tys = [torch.from_numpy(y) for y in ys]

@@ -76,7 +76,7 @@ def test_every_layer_and_updater_round_trips_through_json(obj):
 def test_registries_hold_exactly_the_concrete_classes():
     assert set(registered("layer")) == {"Conv2D", "MaxPool2D", "AvgPool2D", "Dense", "Activation", "Dropout",
                                         "Output", "BatchNorm", "LayerNorm", "Flatten", "Reshape",
-                                        "GlobalAvgPool", "GlobalMaxPool"}
+                                        "GlobalAvgPool", "GlobalMaxPool", "LSTM", "GRU", "Embedding", "Conv1D"}
     assert set(registered("updater")) == {"SGD", "Nesterov", "Adagrad", "RMSProp", "Adam", "Nadam"}
     # optional model types (Graph, TorchModel) register when their module is imported
     from sparkavg.nn.model import OPTIONAL_TYPES

@@ -8,6 +8,7 @@ import pytest
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mnist_lenet.py"
 RESNET = EXAMPLE.with_name("mnist_resnet.py")
+LSTM = EXAMPLE.with_name("mnist_lstm.py")
 REPORT_KEYS = {"mode", "epochs", "workers", "test_accuracy", "train_seconds", "examples_per_second", "epochs_detail"}
 SHARING_KEYS = {"bytes_sent", "dense_bytes_equivalent", "compression_ratio", "replica_max_abs_diff",
                 "datagrams_retransmitted", "datagrams_rejected"}
@@ -85,3 +86,22 @@ def test_resnet_example_through_a_pipeline_saved_and_loaded(tmp_path, fashion_di
     assert (tmp_path / "work" / "pipeline-model" / "stages").is_dir()  # the fitted Pipeline was saved
     assert "loaded back" in log
     assert report["test_accuracy"] > 0.4  # from the loaded model's transform(); chance is 0.1
+
+
+@pytest.mark.slow
+def test_lstm_example_learns_locally(tmp_path, fashion_dir):
+    report, _ = run_example(tmp_path, "--mode", "local", "--data-dir", str(fashion_dir), "--epochs", "1",
+                            "--limit-train", "3000", "--limit-test", "1000", "--threads", "1", example=LSTM)
+    assert REPORT_KEYS <= report.keys() and report["train_examples"] == 3000
+    assert report["test_accuracy"] > 0.55  # 0.70 measured; chance is 0.1
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_lstm_example_averages_on_local2(tmp_path, fashion_dir):
+    """The recurrent layers travel to executors by their configs and train there."""
+    report, _ = run_example(tmp_path, "--mode", "averaging", "--data-dir", str(fashion_dir), "--epochs", "1",
+                            "--limit-train", "2000", "--limit-test", "500", "--master", "local[2]",
+                            "--workers", "2", example=LSTM)
+    assert REPORT_KEYS <= report.keys() and report["workers"] == 2
+    assert report["test_accuracy"] > 0.3  # chance is 0.1

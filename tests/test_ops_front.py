@@ -32,7 +32,7 @@ def test_kernels_are_the_public_fronts():
     assert set(ops.KERNELS) <= set(ops.__all__)
     for name in ops.__all__:
         assert hasattr(ops, name), f"ops.__all__ names {name}, which ops does not define"
-    modules = {"elementwise", "encoding", "conv", "norm"}
+    modules = {"elementwise", "encoding", "conv", "norm", "sequence"}
     for name in ops.KERNELS:
         assert getattr(ops, name).__module__.rsplit(".", 1)[-1] in modules
 
@@ -94,6 +94,12 @@ def samples(dtype):
 
     def chan():
         return rng.standard_normal(3).astype(dtype)
+
+    def gates(g):
+        return rng.standard_normal((5, g * 3)).astype(dtype)
+
+    def state():
+        return rng.standard_normal((5, 3)).astype(dtype)
     return {
         "accumulate": lambda: ops.accumulate(vec(), vec(), 0.5),
         "scale": lambda: ops.scale(vec(), 0.5),
@@ -120,6 +126,11 @@ def samples(dtype):
         "channel_affine": lambda: ops.channel_affine(rows(), chan(), chan()),
         "channel_sums": lambda: ops.channel_sums(rows(), rows(), chan()),
         "channel_blend": lambda: ops.channel_blend(rows(), rows(), chan(), chan(), chan(), chan()),
+        "lstm_forward_step": lambda: ops.lstm_forward_step(gates(4), gates(4), state(), state(), state(), state()),
+        "lstm_backward_step": lambda: ops.lstm_backward_step(gates(4), state(), state(), state(), state(), gates(4)),
+        "gru_forward_step": lambda: ops.gru_forward_step(gates(3), gates(3), chan(), state(), state(), state()),
+        "gru_backward_step": lambda: ops.gru_backward_step(gates(3), state(), state(), state(), gates(3), gates(3)),
+        "scatter_add_rows": lambda: ops.scatter_add_rows(np.array([0, 2, 0]), rows()[:3], rows()[:4]),
     }
 
 

@@ -7,7 +7,9 @@ the layer-built models), :mod:`.network` (``Network``), :mod:`.layers`, :mod:`.o
 (the loss layer), :mod:`.updaters`, :mod:`.regularization` (L2 and weight
 decay as fused passes over contiguous ranges of the flat vector),
 :mod:`.normalization` (``BatchNorm``, ``LayerNorm``), :mod:`.reshaping`
-(``Flatten``, ``Reshape``, global pooling), :mod:`.activations`, :mod:`.initializers`, :mod:`.serialization` (npz
+(``Flatten``, ``Reshape``, global pooling), :mod:`.recurrent` (``LSTM``,
+``GRU``), :mod:`.embedding` (``Embedding``), :mod:`.conv1d` (``Conv1D``),
+:mod:`.activations`, :mod:`.initializers`, :mod:`.serialization` (npz
 model files); im2col and pooling kernels are in :mod:`sparkavg.ops.conv`,
 :mod:`.zoo` (``lenet``).
 """
@@ -17,6 +19,9 @@ from .model import InputSpec, Model, ModelSpec, OutputSpec, load_model, model_fr
 from .normalization import BatchNorm, LayerNorm
 from .output import Output
 from .reshaping import Flatten, GlobalAvgPool, GlobalMaxPool, Reshape
+from .recurrent import GRU, LSTM
+from .embedding import Embedding
+from .conv1d import Conv1D
 from .network import Network
 from .graph import Graph, Vertex
 from .vertices import Add, Merge, Multiply
@@ -52,6 +57,10 @@ __all__ = [
     "Reshape",
     "GlobalAvgPool",
     "GlobalMaxPool",
+    "LSTM",
+    "GRU",
+    "Embedding",
+    "Conv1D",
     "Updater",
     "SGD",
     "Nesterov",

@@ -205,9 +205,11 @@ class Network(FlatModel):
         labels = out.prepare_labels(y, n, self._xp, self.dtype)
         self._forward(xi, training=True)
         total, count = out.loss_sum(labels)
-        d = out.backward_loss(labels, need_dx=len(self.layers) > 1)
-        for i in range(len(self.layers) - 2, -1, -1):
-            d = self.layers[i].backward(d, need_dx=i > 0)
+        # Layers below the first one with parameters (a Reshape in front) need no gradient.
+        first = self._segments[0].layer if self._segments else len(self.layers) - 1
+        d = out.backward_loss(labels, need_dx=len(self.layers) - 1 > first)
+        for i in range(len(self.layers) - 2, first - 1, -1):
+            d = self.layers[i].backward(d, need_dx=i > first)
         return self._pending([(1.0, total, count)])
 
     def fit(self, x, y, batch_size=64, epochs=1, shuffle=True) -> list:

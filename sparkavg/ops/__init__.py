@@ -30,6 +30,9 @@ Kernels:
 - Per-channel normalisation on (M, C) rows (BatchNorm, LayerNorm):
   :func:`channel_stats`, :func:`channel_affine`, :func:`channel_sums`,
   :func:`channel_blend`.
+- One LSTM / GRU time step's element-wise work (the GEMMs are the
+  layer's): :func:`lstm_forward_step`, :func:`lstm_backward_step`,
+  :func:`gru_forward_step`, :func:`gru_backward_step`.
 
 Convert or reject (details: :mod:`sparkavg.ops._checks`): arrays written
 in place (buffer, params, updater state, residual, decode target, a
@@ -45,13 +48,14 @@ the sparse cap defaults to ``max(N // 16, 2)``; indices are ascending.
 """
 from __future__ import annotations
 
-from . import conv, elementwise, encoding, norm, reference
+from . import conv, elementwise, encoding, norm, reference, sequence
 from ._dispatch import have_extension
 from ._kernels import KERNELS
 from .conv import *  # noqa: F401,F403 -- the names in conv.__all__
 from .elementwise import *  # noqa: F401,F403
 from .encoding import *  # noqa: F401,F403
 from .norm import *  # noqa: F401,F403
+from .sequence import *  # noqa: F401,F403
 
 __all__ = [
     "reference",
@@ -61,4 +65,5 @@ __all__ = [
     *encoding.__all__,
     *conv.__all__,
     *norm.__all__,
+    *sequence.__all__,
 ]

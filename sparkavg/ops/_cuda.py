@@ -54,6 +54,13 @@ from .reference_norm import (  # noqa: F401 -- CuPy runs the xp-generic normalis
     channel_stats,
     channel_sums,
 )
+from .reference_sequence import (  # noqa: F401 -- CuPy runs the xp-generic sequence twins
+    gru_backward_step,
+    gru_forward_step,
+    lstm_backward_step,
+    lstm_forward_step,
+    scatter_add_rows,
+)
 
 __all__ = ["kernels", "bitmap_count", *OPERATIONS]
 

@@ -25,9 +25,9 @@ __all__ = ["error", *OPERATIONS]
 #: The ImportError when ``sparkavg_ext`` is not built, else None.
 error: Exception | None = None
 try:
-    from sparkavg_ext import _conv, _elementwise, _norm, _threshold
+    from sparkavg_ext import _conv, _elementwise, _norm, _sequence, _threshold
 except ImportError as exc:  # not built: everything takes the numpy reference
-    _conv = _elementwise = _norm = _threshold = None
+    _conv = _elementwise = _norm = _sequence = _threshold = None
     error = exc
     logger.warning(
         "sparkavg_ext is not built (%s); numpy float32 arrays take the slow numpy "
@@ -157,3 +157,24 @@ def channel_blend(dy, x, center, a, b, shift, out=None):
     out = np.empty_like(dy) if out is None else out
     _norm.channel_blend(dy, x, center, a, b, shift, out)
     return out
+
+
+# -------------------------------------------------------------------- sequence
+def lstm_forward_step(z, rec, c_prev, c, tc, h):
+    _sequence.lstm_forward_step(z, rec, c_prev, c, tc, h)
+
+
+def lstm_backward_step(a, c_prev, tc, dh, dc, dz):
+    _sequence.lstm_backward_step(a, c_prev, tc, dh, dc, dz)
+
+
+def gru_forward_step(z, rec, rb, h_prev, hn, h):
+    _sequence.gru_forward_step(z, rec, rb, h_prev, hn, h)
+
+
+def gru_backward_step(a, hn, h_prev, dh, dz, dz_rec):
+    _sequence.gru_backward_step(a, hn, h_prev, dh, dz, dz_rec)
+
+
+def scatter_add_rows(index, rows, out):
+    _sequence.scatter_add_rows(index, rows, out)

@@ -14,7 +14,7 @@ tests/test_ops_front.py checks all of this.
 """
 from __future__ import annotations
 
-__all__ = ["ELEMENTWISE", "ENCODING", "CONV", "NORM", "KERNELS", "OPERATIONS", "operation"]
+__all__ = ["ELEMENTWISE", "ENCODING", "CONV", "NORM", "SEQUENCE", "KERNELS", "OPERATIONS", "operation"]
 
 #: The kernels of :mod:`sparkavg.ops.elementwise`: averaging and updater steps.
 ELEMENTWISE = ("accumulate", "scale", "sgd_step", "nesterov_step", "adagrad_step", "rmsprop_step", "adam_step")
@@ -24,8 +24,11 @@ ENCODING = ("threshold_encode", "threshold_decode", "bitmap_encode", "bitmap_dec
 CONV = ("im2col", "col2im", "maxpool_forward", "maxpool_backward", "avgpool_forward", "avgpool_backward")
 #: The kernels of :mod:`sparkavg.ops.norm`: per-channel sums and affine maps of (M, C) rows.
 NORM = ("channel_stats", "channel_affine", "channel_sums", "channel_blend")
+#: The kernels of :mod:`sparkavg.ops.sequence`: the element-wise work of one LSTM / GRU time step,
+#: and the embedding gradient's scatter-add.
+SEQUENCE = ("lstm_forward_step", "lstm_backward_step", "gru_forward_step", "gru_backward_step", "scatter_add_rows")
 #: Every kernel of the front, in the order the docs list them.
-KERNELS = ELEMENTWISE + ENCODING + CONV + NORM
+KERNELS = ELEMENTWISE + ENCODING + CONV + NORM + SEQUENCE
 
 _RENAMED = {
     "threshold_encode": "encode_sparse",   # -> (message or None, total qualifying)

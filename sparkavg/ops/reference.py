@@ -29,7 +29,9 @@ dtype, is what encoders subtract and decoders add):
 
 Convolution and pooling: the xp-generic twins of
 :mod:`sparkavg.ops.reference_conv`, re-exported here; the per-channel
-normalisation kernels likewise from :mod:`sparkavg.ops.reference_norm`.
+normalisation kernels likewise from :mod:`sparkavg.ops.reference_norm`,
+the recurrent step and scatter-add kernels from
+:mod:`sparkavg.ops.reference_sequence`.
 
 These functions check their data (NaN/inf in a residual, bad indices or
 words in a message) but not their arguments' types: :mod:`sparkavg.ops`
@@ -69,6 +71,13 @@ from .reference_norm import (  # noqa: F401 -- re-exported: the normalisation tw
     channel_blend,
     channel_stats,
     channel_sums,
+)
+from .reference_sequence import (  # noqa: F401 -- re-exported: the sequence twins
+    gru_backward_step,
+    gru_forward_step,
+    lstm_backward_step,
+    lstm_forward_step,
+    scatter_add_rows,
 )
 
 #: The twins of the kernels, and the backend operations.

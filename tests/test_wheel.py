@@ -5,6 +5,7 @@ package, declares the optional extras, and imports from where pip puts it
 with no compiler on the PATH."""
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -53,10 +54,11 @@ def test_the_wheel_holds_the_compiled_kernels_and_every_package(wheel):
     assert not any(n.startswith(("tests/", "benchmarks/", "examples/", "sparkavg/testing/")) for n in names)
     metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
     meta = Parser().parsestr(zipfile.ZipFile(wheel).read(metadata).decode())
-    assert {"mlflow", "tensorboard", "progress", "connect", "gpu", "test"} <= set(meta.get_all("Provides-Extra"))
+    assert {"mlflow", "tensorboard", "progress", "connect", "gpu", "torch", "test"} <= \
+        set(meta.get_all("Provides-Extra"))
 
 
-def test_the_wheel_imports_without_a_compiler(wheel, tmp_path):
+def test_the_wheel_imports_and_runs_the_example_without_a_compiler(wheel, tmp_path, fashion_dir):
     target = tmp_path / "site"
     done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(target),
                            str(wheel)], capture_output=True, text=True, timeout=300)
@@ -72,3 +74,13 @@ def test_the_wheel_imports_without_a_compiler(wheel, tmp_path):
     kernel, listeners, have = done.stdout.split()
     assert kernel.startswith(str(target)) and listeners.startswith(str(target)) and have == "True"
     assert shutil.which("cc", path=env["PATH"]) is None and shutil.which("gcc", path=env["PATH"]) is None
+    # The example, copied away from the source tree, trains with the installed wheel.
+    examples = tmp_path / "examples"
+    shutil.copytree(ROOT / "examples", examples)
+    report = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, str(examples / "mnist_lenet.py"), "--mode", "local", "--data-dir",
+                           str(fashion_dir), "--epochs", "1", "--limit-train", "512", "--limit-test", "256",
+                           "--threads", "1", "--report", str(report)], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(report.read_text())["train_examples"] == 512

@@ -296,18 +296,35 @@ class Conv2D(_Weighted):
     def _pointwise(self):
         return self.kernel_size == (1, 1) and self.stride == (1, 1) and self.padding == (0, 0)
 
-    #: Backward data takes the direct kernel from this many input channels
-    #: (fewer fill too little of a 16-lane vector: GEMM + col2im instead).
-    _DIRECT_DX_MIN_CHANNELS = 8
+    #: The direct kernels compute whole 16-lane vectors of output channels
+    #: and, for backward data, the full correlation over the padded output
+    #: gradient: they run where that costs at most this many times the
+    #: multiply-adds of im2col + GEMM (measured: ~3x faster at 1.0, at
+    #: par near 2 -- LeNet's conv2 backward data, 144/64 pixels x 32/20
+    #: lanes = 3.6, is 4x slower direct; benchmarks/RESULTS.md).
+    _DIRECT_MAX_WASTE = 2.0
+    _DIRECT_DX_MAX_WASTE = 1.5
+
+    @staticmethod
+    def _lane_waste(channels):
+        return 16 * -(-channels // 16) / channels
 
     def _direct(self, x):
         """Whether this step runs the direct (no im2col) kernels of
         :func:`sparkavg.ops.conv2d_forward`: numpy float32 where they run
         (:func:`sparkavg.ops.have_direct_conv`), stride 1, padding < kernel,
-        not 1x1.  Everything else keeps im2col (or the 1x1 GEMM) + GEMM."""
+        not 1x1, and few wasted vector lanes (see ``_DIRECT_MAX_WASTE``).
+        Everything else keeps im2col (or the 1x1 GEMM) + GEMM."""
         (kh, kw), (ph, pw) = self.kernel_size, self.padding
         return (self.stride == (1, 1) and ph < kh and pw < kw and (kh, kw) != (1, 1)
+                and self._lane_waste(self.filters) <= self._DIRECT_MAX_WASTE
                 and x.dtype == np.float32 and isinstance(x, np.ndarray) and ops.have_direct_conv())
+
+    def _direct_dx(self):
+        """Whether backward data runs direct too (else GEMM + col2im)."""
+        c, h, w = self.input_shape
+        _, oh, ow = self.output_shape
+        return h * w / (oh * ow) * self._lane_waste(c) <= self._DIRECT_DX_MAX_WASTE
 
     def _direct_backward(self, dz, need_dx):
         x = self._x
@@ -318,7 +335,7 @@ class Conv2D(_Weighted):
         if not need_dx:
             return None
         dx = self._buffer("dx", x.shape, dz)
-        if x.shape[3] >= self._DIRECT_DX_MIN_CHANNELS:
+        if self._direct_dx():
             return unchecked("conv2d_backward_data", dz, dz4, self.W, ph, pw, dx)
         dcols = self._buffer("dcols", (dz.shape[0], self._W2.shape[0]), dz)
         np.matmul(dz, self._W2.T, out=dcols)

@@ -374,3 +374,34 @@ def test_network_step_with_direct_convs_same_on_the_numpy_path(monkeypatch):
     np.testing.assert_allclose(fast_losses, slow_losses, rtol=1e-5)
     np.testing.assert_allclose(fast.params, slow.params, rtol=1e-4, atol=1e-6)
     assert not np.array_equal(fast.params, make().params)  # it did train
+
+
+@needs_extension
+@pytest.mark.skipif(not ops.have_direct_conv(), reason="the direct kernels need AVX-512")
+def test_openmp_threads_sleep_soon_after_a_kernel():
+    # sparkavg_ext loads libgomp with a short spin count (unless the user
+    # set one), so an idle pool does not hold a core the BLAS threads need.
+    # A fresh interpreter: libgomp reads it once.  Its CPU time while it
+    # sleeps 50 ms after a two-thread kernel stays near zero (libgomp's
+    # default spins for milliseconds of a core).
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import time, numpy as np\n"
+        "from sparkavg import ops\n"
+        "x = np.ones((8, 14, 14, 16), np.float32); w = np.ones((3, 3, 16, 16), np.float32)\n"
+        "burnt = []\n"
+        "for _ in range(10):\n"
+        "    ops.conv2d_forward(x, w, None, 1, 1, n_threads=2)\n"
+        "    t = time.process_time(); time.sleep(0.05); burnt.append(time.process_time() - t)\n"
+        "import os; print(sorted(burnt)[5], 'GOMP_SPINCOUNT' in os.environ)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                         check=True, timeout=120)
+    burnt, left_set = out.stdout.split()
+    assert float(burnt) < 1e-3, out.stdout
+    assert left_set == "False"  # the environment is left as it was

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 
 import numpy as np
 
@@ -28,6 +29,18 @@ error: Exception | None = None
 #: Whether the direct convolution kernels run on this CPU (AVX-512); see
 #: :func:`sparkavg.ops.have_direct_conv`.
 direct_conv = False
+#: libgomp's spin count while the extension loads, unless the user set one
+#: (or OMP_WAIT_POLICY).  libgomp reads it once, when it loads (with
+#: sparkavg_ext), and by default its idle threads spin 300,000 pause loops
+#: -- milliseconds of a core -- after every parallel region, on the core
+#: OpenBLAS's threads need for the GEMMs that a training step runs between
+#: the OpenMP kernels (the direct convolutions).  1000 is what libgomp itself
+#: uses on an oversubscribed machine: then idle threads sleep within
+#: microseconds, and a region wakes them with a futex call.
+GOMP_SPINCOUNT = "1000"
+_spin_default = not ({"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & set(os.environ))
+if _spin_default:
+    os.environ["GOMP_SPINCOUNT"] = GOMP_SPINCOUNT
 try:
     from sparkavg_ext import _conv, _elementwise, _norm, _threshold
     direct_conv = bool(_conv.DIRECT_CONV)
@@ -39,6 +52,9 @@ except ImportError as exc:  # not built: everything takes the numpy reference
         "reference path. Build it with: pip install -e . (or python setup.py "
         "build_ext --inplace)", exc
     )
+finally:  # only libgomp's start-up reads it: leave the environment as it was
+    if _spin_default:
+        del os.environ["GOMP_SPINCOUNT"]
 
 
 def _flat(a):

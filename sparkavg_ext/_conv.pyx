@@ -463,7 +463,7 @@ def conv2d_nhwc_backward_weights(const float[:, :, :, ::1] x, const float[:, :, 
                                  float[::1] db=None, int n_threads=0):
     """The gradients of :func:`conv2d_nhwc_forward` with respect to the
     weights and bias: ``dw`` (KH, KW, C, F) and ``db`` (F,) (or None) are
-    overwritten.  Per-thread partial sums are added in thread order."""
+    overwritten.  The same bits on any thread count."""
     cdef Py_ssize_t n = x.shape[0], h = x.shape[1], w = x.shape[2], c = x.shape[3]
     cdef Py_ssize_t kh = dw.shape[0], kw = dw.shape[1], f = dw.shape[3]
     oh, ow = _direct_geometry(h, w, kh, kw, ph, pw)

@@ -19,9 +19,11 @@
  *
  * Each thread copies one sample at a time into a zero-bordered buffer
  * (the padding), so the inner loops have no bounds checks.  F need not be
- * a multiple of 16: the last vector is masked.  OpenMP splits the batch;
- * backward weights sums per-thread partials in thread order (deterministic
- * for a given thread count).
+ * a multiple of 16: the last vector is masked.  OpenMP splits the batch,
+ * a sample (or, for backward weights, a group of SA_DW_GROUP samples with
+ * its own partial sum, added in group order) at a time to whichever thread
+ * is free -- a thread that the scheduler takes away on a loaded machine
+ * holds up little -- and the results are the same bits on any thread count.
  *
  * Portability: the AVX-512 code is compiled with a target attribute, so
  * the module needs no -march flag; sparkavg_conv_direct_available() asks
@@ -85,6 +87,12 @@ static int sa_threads(int n_threads, sa_idx n)
 #define SA_PMAX 14 /* pixels per forward tile */
 #define SA_CBMAX1 24 /* dW rows per tile with one vector of F */
 #define SA_CBMAX2 12 /* ... with two */
+#endif
+/* Backward weights sums the batch in groups of this many samples, each
+   into its own partial (threads take whole groups), then adds the
+   partials in group order: the same bits on any thread count. */
+#define SA_DW_GROUP 8
+#if SPARKAVG_HAVE_AVX512_CONV
 
 /* One forward tile: P pixels x V vectors of 16 channels.
    xs: the padded sample at the tile's first pixel, tap (0, 0); pixel p, tap
@@ -310,7 +318,7 @@ static int sparkavg_conv_direct_forward(const float *x, sa_idx n, sa_idx h, sa_i
         if (pad == NULL) {
             failed = 1;
         } else {
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)
             for (s = 0; s < n; ++s) {
                 sa_pad_sample(x + s * h * w * c, h, w, c, ph, pw, pad);
                 sa_fwd_sample(pad, wp, c, wt, bias, f, kh, kw, oh, ow, y + s * oh * ow * f);
@@ -363,45 +371,45 @@ static int sparkavg_conv_direct_backward_weights(const float *x, sa_idx n, sa_id
 {
 #if SPARKAVG_HAVE_AVX512_CONV
     sa_idx hp = h + 2 * ph, wp = w + 2 * pw, oh = hp - kh + 1, ow = wp - kw + 1;
-    sa_idx kf = kh * kw * c * f, t, k;
+    sa_idx kf = kh * kw * c * f, stride = kf + f, k, g;
+    sa_idx ngroups = (n + SA_DW_GROUP - 1) / SA_DW_GROUP;
     int failed = 0;
-    float *partial;
-    n_threads = sa_threads(n_threads, n);
-    /* Per thread: its dw (kf) then its db (f); thread 0's are dw and db. */
-    partial = n_threads > 1 ? (float *)calloc((size_t)((n_threads - 1) * (kf + f)), sizeof(float))
-                            : NULL;
-    if (n_threads > 1 && partial == NULL)
-        return -1;
-    memset(dw, 0, (size_t)kf * sizeof(float));
-    if (db != NULL)
-        memset(db, 0, (size_t)f * sizeof(float));
+    /* Group g's dw (kf) then db (f); group 0's are dw and db themselves. */
+    float *partial = NULL;
+    if (ngroups > 1) {
+        partial = (float *)malloc((size_t)((ngroups - 1) * stride) * sizeof(float));
+        if (partial == NULL)
+            return -1;
+    }
+    n_threads = sa_threads(n_threads, ngroups);
 #pragma omp parallel num_threads(n_threads) if (n_threads > 1) reduction(| : failed)
     {
-        int me = 0;
-        sa_idx s;
-        float *my_dw, *my_db;
+        sa_idx grp, s;
         float *pad = (float *)calloc((size_t)(hp * wp * c), sizeof(float));
-#ifdef _OPENMP
-        me = omp_get_thread_num();
-#endif
-        my_dw = me == 0 ? dw : partial + (me - 1) * (kf + f);
-        my_db = me == 0 ? db : partial + (me - 1) * (kf + f) + kf;
         if (pad == NULL) {
             failed = 1;
         } else {
-#pragma omp for schedule(static)
-            for (s = 0; s < n; ++s) {
-                const float *dys = dy + s * oh * ow * f;
-                sa_pad_sample(x + s * h * w * c, h, w, c, ph, pw, pad);
-                sa_dw_sample(pad, wp, c, dys, f, kh, kw, oh, ow, my_dw);
-                if (db != NULL)
-                    sa_db_sample(dys, oh * ow, f, my_db);
+#pragma omp for schedule(dynamic, 1)
+            for (grp = 0; grp < ngroups; ++grp) {
+                float *my_dw = grp == 0 ? dw : partial + (grp - 1) * stride;
+                float *my_db = grp == 0 ? db : partial + (grp - 1) * stride + kf;
+                sa_idx end = (grp + 1) * SA_DW_GROUP < n ? (grp + 1) * SA_DW_GROUP : n;
+                memset(my_dw, 0, (size_t)kf * sizeof(float));
+                if (my_db != NULL)
+                    memset(my_db, 0, (size_t)f * sizeof(float));
+                for (s = grp * SA_DW_GROUP; s < end; ++s) {
+                    const float *dys = dy + s * oh * ow * f;
+                    sa_pad_sample(x + s * h * w * c, h, w, c, ph, pw, pad);
+                    sa_dw_sample(pad, wp, c, dys, f, kh, kw, oh, ow, my_dw);
+                    if (db != NULL)
+                        sa_db_sample(dys, oh * ow, f, my_db);
+                }
             }
             free(pad);
         }
     }
-    for (t = 1; t < n_threads; ++t) {
-        const float *src = partial + (t - 1) * (kf + f);
+    for (g = 1; g < ngroups; ++g) {
+        const float *src = partial + (g - 1) * stride;
         for (k = 0; k < kf; ++k)
             dw[k] += src[k];
         if (db != NULL)

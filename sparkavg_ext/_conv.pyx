@@ -354,6 +354,7 @@ cdef void _avgpool_backward(const float[:, :, :, ::1] dout,  # IN  (N, OH, OW, C
 # ------------------------------------------------- direct convolution (C)
 cdef extern from "_conv_direct.h" nogil:
     int sparkavg_conv_direct_available()
+    int sparkavg_omp_max_threads()
     int sparkavg_conv_direct_forward(const float* x, Py_ssize_t n, Py_ssize_t h, Py_ssize_t w,
                                      Py_ssize_t c, const float* wt, const float* bias,
                                      Py_ssize_t f, Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t ph,
@@ -369,8 +370,6 @@ cdef extern from "_conv_direct.h" nogil:
                                               Py_ssize_t ph, Py_ssize_t pw, float* dw,
                                               float* db, int n_threads)
 
-cimport openmp
-
 #: Whether this CPU runs the direct convolution kernels (AVX-512); without
 #: them the conv2d_* functions raise and callers keep im2col + GEMM.
 DIRECT_CONV = bool(sparkavg_conv_direct_available())
@@ -378,7 +377,7 @@ DIRECT_CONV = bool(sparkavg_conv_direct_available())
 
 cdef int _omp_threads() noexcept nogil:
     # The OpenMP pool's limit (OMP_NUM_THREADS, threadpoolctl, sparkavg.threads).
-    return openmp.omp_get_max_threads()
+    return sparkavg_omp_max_threads()
 
 
 cdef _direct_geometry(Py_ssize_t h, Py_ssize_t w, Py_ssize_t kh, Py_ssize_t kw,

@@ -71,6 +71,16 @@ static void sa_pad_sample(const float *x, sa_idx h, sa_idx w, sa_idx c, sa_idx p
         memcpy(pad + ((r + ph) * wp + pw) * c, x + r * w * c, (size_t)(w * c) * sizeof(float));
 }
 
+/* The OpenMP pool's limit (OMP_NUM_THREADS, threadpoolctl), 1 without OpenMP. */
+static int sparkavg_omp_max_threads(void)
+{
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
 static int sa_threads(int n_threads, sa_idx n)
 {
     if (n_threads < 1)

@@ -15,6 +15,10 @@ Cases (``--cases``, all by default), each at 1 and 2 BLAS/OpenMP threads
     sparkavg.nn.zoo's LeNet (Adam) at batch 32 and 64.  Baseline:
     ``gemm_only``, the GEMMs of one step with LeNet's shapes (the part no
     engine can skip; im2col, pooling and Adam come on top).
+``resnet32``, ``resnet64``
+    examples/mnist_resnet.py's Graph (3x3 convs with BatchNorm, two
+    residual blocks; Adam) at batch 32 and 64; no baseline variant (use
+    ``--against`` for before/after, bench_lenet.py for PyTorch).
 
 For the engine both ``compute_update`` (into a caller's buffer, as the
 gradient-sharing worker calls it) and ``fit_batch`` (as parameter
@@ -51,7 +55,7 @@ from report import emit
 if "--serve" not in sys.argv:  # a --serve worker imports the tree its PYTHONPATH names
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-CASES = ("mlp16", "lenet32", "lenet64")
+CASES = ("mlp16", "lenet32", "lenet64", "resnet32", "resnet64")
 LEAKY = np.float32(0.01)
 
 
@@ -176,12 +180,23 @@ def _images(batch, shape, seed):
     return rng.random((batch,) + shape, dtype=np.float32), rng.integers(0, 10, batch)
 
 
+def mnist_resnet(seed: int):
+    """examples/mnist_resnet.py's Graph (this tree's file, on the sparkavg
+    that is imported: the same model in both workers of ``--against``)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+    from mnist_resnet import build
+
+    return build(seed=seed)
+
+
 def variants(case: str, seed: int) -> dict:
     """name -> zero-argument step function for one case."""
     from sparkavg.nn import lenet
 
     if case == "mlp16":
         batch, make, shape = 16, mnist_mlp, (784,)
+    elif case.startswith("resnet"):
+        batch, make, shape = int(case[len("resnet"):]), mnist_resnet, (1, 28, 28)
     else:
         batch, make, shape = int(case[len("lenet"):]), lenet, (1, 28, 28)
     x, y = _images(batch, shape, seed)
@@ -196,7 +211,7 @@ def variants(case: str, seed: int) -> dict:
         xf = x.reshape(batch, -1)
         steps["numpy_step"] = lambda: plain.step(xf, y)
         steps["gemm_only"] = lambda: plain.gemms(xf)
-    else:
+    elif case.startswith("lenet"):
         steps["gemm_only"] = lenet_gemms(batch)
     return steps
 

@@ -349,3 +349,141 @@ cdef void _avgpool_backward(const float[:, :, :, ::1] dout,  # IN  (N, OH, OW, C
                         dst = &out[n, r * sh + i, q * sw + j, 0]
                         for k in range(c):
                             dst[k] += scale * g[k]
+
+
+# ------------------------------------------------- direct convolution (C)
+cdef extern from "_conv_direct.h" nogil:
+    int sparkavg_conv_direct_available()
+    int sparkavg_omp_max_threads()
+    int sparkavg_conv_direct_forward(const float* x, Py_ssize_t n, Py_ssize_t h, Py_ssize_t w,
+                                     Py_ssize_t c, const float* wt, const float* bias,
+                                     Py_ssize_t f, Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t ph,
+                                     Py_ssize_t pw, float* y, int n_threads)
+    int sparkavg_conv_direct_backward_data(const float* dy, Py_ssize_t n, Py_ssize_t h,
+                                           Py_ssize_t w, Py_ssize_t c, const float* wt,
+                                           Py_ssize_t f, Py_ssize_t kh, Py_ssize_t kw,
+                                           Py_ssize_t ph, Py_ssize_t pw, float* dx,
+                                           int n_threads)
+    int sparkavg_conv_direct_backward_weights(const float* x, Py_ssize_t n, Py_ssize_t h,
+                                              Py_ssize_t w, Py_ssize_t c, const float* dy,
+                                              Py_ssize_t f, Py_ssize_t kh, Py_ssize_t kw,
+                                              Py_ssize_t ph, Py_ssize_t pw, float* dw,
+                                              float* db, int n_threads)
+
+#: Whether this CPU runs the direct convolution kernels (AVX-512); without
+#: them the conv2d_* functions raise and callers keep im2col + GEMM.
+DIRECT_CONV = bool(sparkavg_conv_direct_available())
+
+
+cdef int _omp_threads() noexcept nogil:
+    # The OpenMP pool's limit (OMP_NUM_THREADS, threadpoolctl, sparkavg.threads).
+    return sparkavg_omp_max_threads()
+
+
+cdef _direct_geometry(Py_ssize_t h, Py_ssize_t w, Py_ssize_t kh, Py_ssize_t kw,
+                      Py_ssize_t ph, Py_ssize_t pw):
+    if not DIRECT_CONV:
+        raise RuntimeError("Expect a CPU with AVX-512 for the direct convolution kernels, "
+                           "got one without (use im2col + GEMM)")
+    if kh < 1 or kw < 1 or ph < 0 or pw < 0 or ph >= kh or pw >= kw:
+        raise ValueError(f"Expect kernel >= 1 and 0 <= padding < kernel, got kernel=({kh}, "
+                         f"{kw}), padding=({ph}, {pw})")
+    cdef Py_ssize_t oh = h + 2 * ph - kh + 1, ow = w + 2 * pw - kw + 1
+    if oh < 1 or ow < 1:
+        raise ValueError(f"Expect a kernel that fits the padded input, got input {h}x{w}, "
+                         f"kernel {kh}x{kw}, padding ({ph}, {pw})")
+    return oh, ow
+
+
+def conv2d_nhwc_forward(const float[:, :, :, ::1] x, const float[:, :, :, ::1] weights,
+                        const float[::1] bias, Py_ssize_t ph, Py_ssize_t pw,
+                        float[:, :, :, ::1] out=None, int n_threads=0):
+    """Stride-1 convolution ``out = conv(x, weights) + bias`` (zero padding).
+
+    ``x`` (N, H, W, C), ``weights`` (KH, KW, C, F), ``bias`` (F,) or None;
+    returns ``out`` (N, OH, OW, F), allocated when None.  ``n_threads`` 0:
+    the OpenMP limit.  Needs 0 <= padding < kernel.
+    """
+    cdef Py_ssize_t n = x.shape[0], h = x.shape[1], w = x.shape[2], c = x.shape[3]
+    cdef Py_ssize_t kh = weights.shape[0], kw = weights.shape[1], f = weights.shape[3]
+    oh, ow = _direct_geometry(h, w, kh, kw, ph, pw)
+    if weights.shape[2] != c or (bias is not None and bias.shape[0] != f):
+        raise ValueError(f"Expect weights (KH, KW, {c}, F) and bias (F,), got weights "
+                         f"{_dims(weights.shape)}, bias "
+                         f"{None if bias is None else bias.shape[0]}")
+    shape = (n, oh, ow, f)
+    if out is None:
+        out = np.empty(shape, dtype=np.float32)
+    elif _dims(out.shape) != shape:
+        raise ValueError(f"Expect out of shape {shape}, got {_dims(out.shape)}")
+    cdef const float* b = NULL if bias is None else &bias[0]
+    cdef int status = 0
+    if n_threads <= 0:
+        n_threads = _omp_threads()
+    if n > 0 and f > 0 and c > 0:
+        with nogil:
+            status = sparkavg_conv_direct_forward(&x[0, 0, 0, 0], n, h, w, c,
+                                                  &weights[0, 0, 0, 0], b, f, kh, kw, ph, pw,
+                                                  &out[0, 0, 0, 0], n_threads)
+    if status != 0:
+        raise MemoryError("conv2d_nhwc_forward: out of memory")
+    return np.asarray(out)
+
+
+def conv2d_nhwc_backward_data(const float[:, :, :, ::1] dy, const float[:, :, :, ::1] weights,
+                              Py_ssize_t ph, Py_ssize_t pw, float[:, :, :, ::1] out,
+                              int n_threads=0):
+    """The gradient of :func:`conv2d_nhwc_forward` with respect to ``x``,
+    given ``dy`` (N, OH, OW, F); ``out`` (N, H, W, C) is overwritten."""
+    cdef Py_ssize_t n = out.shape[0], h = out.shape[1], w = out.shape[2], c = out.shape[3]
+    cdef Py_ssize_t kh = weights.shape[0], kw = weights.shape[1], f = weights.shape[3]
+    oh, ow = _direct_geometry(h, w, kh, kw, ph, pw)
+    if weights.shape[2] != c or _dims(dy.shape) != (n, oh, ow, f):
+        raise ValueError(f"Expect weights (KH, KW, {c}, F) and dy {(n, oh, ow, f)}, got "
+                         f"weights {_dims(weights.shape)}, dy {_dims(dy.shape)}")
+    cdef int status = 0
+    if n_threads <= 0:
+        n_threads = _omp_threads()
+    if n > 0 and c > 0:
+        if f == 0:
+            out[...] = 0
+        else:
+            with nogil:
+                status = sparkavg_conv_direct_backward_data(&dy[0, 0, 0, 0], n, h, w, c,
+                                                            &weights[0, 0, 0, 0], f, kh, kw,
+                                                            ph, pw, &out[0, 0, 0, 0], n_threads)
+    if status != 0:
+        raise MemoryError("conv2d_nhwc_backward_data: out of memory")
+    return np.asarray(out)
+
+
+def conv2d_nhwc_backward_weights(const float[:, :, :, ::1] x, const float[:, :, :, ::1] dy,
+                                 Py_ssize_t ph, Py_ssize_t pw, float[:, :, :, ::1] dw,
+                                 float[::1] db=None, int n_threads=0):
+    """The gradients of :func:`conv2d_nhwc_forward` with respect to the
+    weights and bias: ``dw`` (KH, KW, C, F) and ``db`` (F,) (or None) are
+    overwritten.  The same bits on any thread count."""
+    cdef Py_ssize_t n = x.shape[0], h = x.shape[1], w = x.shape[2], c = x.shape[3]
+    cdef Py_ssize_t kh = dw.shape[0], kw = dw.shape[1], f = dw.shape[3]
+    oh, ow = _direct_geometry(h, w, kh, kw, ph, pw)
+    if dw.shape[2] != c or _dims(dy.shape) != (n, oh, ow, f) \
+            or (db is not None and db.shape[0] != f):
+        raise ValueError(f"Expect dw (KH, KW, {c}, F), dy {(n, oh, ow, f)} and db (F,), got "
+                         f"dw {_dims(dw.shape)}, dy {_dims(dy.shape)}, db "
+                         f"{None if db is None else db.shape[0]}")
+    cdef float* pdb = NULL if db is None else &db[0]
+    cdef int status = 0
+    if n_threads <= 0:
+        n_threads = _omp_threads()
+    if n == 0 or f == 0 or c == 0:
+        np.asarray(dw)[...] = 0
+        if db is not None:
+            np.asarray(db)[...] = 0
+    else:
+        with nogil:
+            status = sparkavg_conv_direct_backward_weights(&x[0, 0, 0, 0], n, h, w, c,
+                                                           &dy[0, 0, 0, 0], f, kh, kw, ph, pw,
+                                                           &dw[0, 0, 0, 0], pdb, n_threads)
+    if status != 0:
+        raise MemoryError("conv2d_nhwc_backward_weights: out of memory")
+    return np.asarray(dw), (None if db is None else np.asarray(db))

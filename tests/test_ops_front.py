@@ -100,6 +100,12 @@ def samples(dtype):
 
     def state():
         return rng.standard_normal((5, 3)).astype(dtype)
+
+    def kernel():  # (KH, KW, C, F) for img()
+        return rng.standard_normal((3, 3, 3, 4)).astype(dtype)
+
+    def chan4():
+        return rng.standard_normal(4).astype(dtype)
     return {
         "accumulate": lambda: ops.accumulate(vec(), vec(), 0.5),
         "scale": lambda: ops.scale(vec(), 0.5),
@@ -116,6 +122,11 @@ def samples(dtype):
         "clip_residual": lambda: ops.clip_residual(vec(), 0.1),
         "im2col": lambda: ops.im2col(img(), 2, 2, 1, 1, 1, 1),
         "col2im": lambda: ops.col2im(np.ones((98, 12), dtype), 2, 2, 1, 1, 1, 1, out=img()),
+        "conv2d_forward": lambda: ops.conv2d_forward(img(), kernel(), chan4(), 1, 0),
+        "conv2d_backward_data": lambda: ops.conv2d_backward_data(
+            rng.standard_normal((2, 6, 4, 4)).astype(dtype), kernel(), 1, 0, out=img()),
+        "conv2d_backward_weights": lambda: ops.conv2d_backward_weights(
+            img(), rng.standard_normal((2, 6, 4, 4)).astype(dtype), 1, 0, kernel(), chan4()),
         "maxpool_forward": lambda: ops.maxpool_forward(img(), 2, 2, 2, 2),
         "maxpool_backward": lambda: ops.maxpool_backward(
             np.ones(pooled, dtype), np.zeros(pooled, np.int32), 2, 2, 2, 2, out=img()),

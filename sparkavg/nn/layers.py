@@ -296,6 +296,51 @@ class Conv2D(_Weighted):
     def _pointwise(self):
         return self.kernel_size == (1, 1) and self.stride == (1, 1) and self.padding == (0, 0)
 
+    #: The direct kernels compute whole 16-lane vectors of output channels
+    #: and, for backward data, the full correlation over the padded output
+    #: gradient: they run where that costs at most this many times the
+    #: multiply-adds of im2col + GEMM (benchmarks/RESULTS.md: 2-5x faster
+    #: at 1.0, still 2x for LeNet's F = 20, 1.6; LeNet's conv2 backward
+    #: data, 144/64 pixels x 32/20 lanes = 3.6, is 3-4x slower direct).
+    _DIRECT_MAX_WASTE = 2.0
+    _DIRECT_DX_MAX_WASTE = 1.5
+
+    @staticmethod
+    def _lane_waste(channels):
+        return 16 * -(-channels // 16) / channels
+
+    def _direct(self, x):
+        """Whether this step runs the direct (no im2col) kernels of
+        :func:`sparkavg.ops.conv2d_forward`: numpy float32 where they run
+        (:func:`sparkavg.ops.have_direct_conv`), stride 1, padding < kernel,
+        not 1x1, and few wasted vector lanes (see ``_DIRECT_MAX_WASTE``).
+        Everything else keeps im2col (or the 1x1 GEMM) + GEMM."""
+        (kh, kw), (ph, pw) = self.kernel_size, self.padding
+        return (self.stride == (1, 1) and ph < kh and pw < kw and (kh, kw) != (1, 1)
+                and self._lane_waste(self.filters) <= self._DIRECT_MAX_WASTE
+                and x.dtype == np.float32 and isinstance(x, np.ndarray) and ops.have_direct_conv())
+
+    def _direct_dx(self):
+        """Whether backward data runs direct too (else GEMM + col2im)."""
+        c, h, w = self.input_shape
+        _, oh, ow = self.output_shape
+        return h * w / (oh * ow) * self._lane_waste(c) <= self._DIRECT_DX_MAX_WASTE
+
+    def _direct_backward(self, dz, need_dx):
+        x = self._x
+        n, (f, oh, ow) = x.shape[0], self.output_shape
+        (kh, kw), (ph, pw) = self.kernel_size, self.padding
+        dz4 = dz.reshape(n, oh, ow, f)
+        unchecked("conv2d_backward_weights", dz, x, dz4, ph, pw, self.dW, self.db)
+        if not need_dx:
+            return None
+        dx = self._buffer("dx", x.shape, dz)
+        if self._direct_dx():
+            return unchecked("conv2d_backward_data", dz, dz4, self.W, ph, pw, dx)
+        dcols = self._buffer("dcols", (dz.shape[0], self._W2.shape[0]), dz)
+        np.matmul(dz, self._W2.T, out=dcols)
+        return unchecked("col2im", dz, dcols, kh, kw, 1, 1, ph, pw, dx)
+
     def forward(self, x, training):
         xp = get_array_module(x)
         n = x.shape[0]
@@ -303,7 +348,13 @@ class Conv2D(_Weighted):
         (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.padding
         rows = n * oh * ow
         y = self._buffer("y", (rows, f), x)
-        if self._pointwise():
+        self._x = None
+        if self._direct(x):
+            # No patch rows: x is kept (as Dense keeps its input) for backward.
+            x = _contiguous(x)
+            unchecked("conv2d_forward", x, x, self.W, self.b, ph, pw, y.reshape(n, oh, ow, f))
+            cols, self._x = None, x
+        elif self._pointwise():
             cols = x.reshape(rows, x.shape[3])
             xp.matmul(cols, self._W2, out=y)
             y += self.b
@@ -319,6 +370,8 @@ class Conv2D(_Weighted):
         xp = get_array_module(dy)
         cols, y = self._cols, self._y
         dz = activations.backward(self.activation, dy.reshape(y.shape), y, self._act_work(self.activation, y))
+        if self._x is not None:
+            return self._direct_backward(dz, need_dx)
         if self._pointwise():
             xp.matmul(cols.T, dz, out=self._dW2)
             xp.matmul(self._ones(dz.shape[0], dz), dz, out=self.db)  # GEMV: faster than sum(axis=0)

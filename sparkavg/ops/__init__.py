@@ -24,7 +24,9 @@ Kernels:
   :func:`encode` / :func:`decode` with :class:`EncodingState`, and
   :func:`encoded_count`, :func:`encoded_nbytes`, :func:`default_limit`.
 - Convolution and pooling on NHWC arrays: :func:`im2col` / :func:`col2im`,
-  :func:`maxpool_forward` / :func:`maxpool_backward`,
+  the direct stride-1 convolution :func:`conv2d_forward` /
+  :func:`conv2d_backward_data` / :func:`conv2d_backward_weights` (with
+  :func:`have_direct_conv`), :func:`maxpool_forward` / :func:`maxpool_backward`,
   :func:`avgpool_forward` / :func:`avgpool_backward`, with
   :func:`conv_output_size`.
 - Per-channel normalisation on (M, C) rows (BatchNorm, LayerNorm):
@@ -49,7 +51,7 @@ the sparse cap defaults to ``max(N // 16, 2)``; indices are ascending.
 from __future__ import annotations
 
 from . import conv, elementwise, encoding, norm, reference, sequence
-from ._dispatch import have_extension
+from ._dispatch import have_direct_conv, have_extension
 from ._kernels import KERNELS
 from .conv import *  # noqa: F401,F403 -- the names in conv.__all__
 from .elementwise import *  # noqa: F401,F403
@@ -60,6 +62,7 @@ from .sequence import *  # noqa: F401,F403
 __all__ = [
     "reference",
     "have_extension",
+    "have_direct_conv",
     "KERNELS",
     *elementwise.__all__,
     *encoding.__all__,

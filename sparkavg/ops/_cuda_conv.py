@@ -20,7 +20,12 @@ import numpy as np
 
 from ._kernels import CONV
 from .cuda_src import device, index_type
-from .reference_conv import conv_output_size
+from .reference_conv import (
+    _conv2d_backward_data,
+    _conv2d_backward_weights,
+    _conv2d_forward,
+    conv_output_size,
+)
 
 __all__ = list(CONV)
 
@@ -118,6 +123,21 @@ def im2col(x, kh, kw, sh, sw, ph, pw, out=None, ones_column=False):
 def col2im(cols, kh, kw, sh, sw, ph, pw, out):
     """See :func:`sparkavg.ops.conv.col2im`; CuPy arrays."""
     return _col2im(device(), cols, kh, kw, sh, sw, ph, pw, out)
+
+
+def conv2d_forward(x, weights, bias=None, ph=0, pw=0, out=None):
+    """See :func:`sparkavg.ops.conv.conv2d_forward`; CuPy arrays: im2col + GEMM."""
+    return _conv2d_forward(im2col, x, weights, bias, ph, pw, out)
+
+
+def conv2d_backward_data(dy, weights, ph, pw, out):
+    """See :func:`sparkavg.ops.conv.conv2d_backward_data`; CuPy arrays: GEMM + col2im."""
+    return _conv2d_backward_data(col2im, dy, weights, ph, pw, out)
+
+
+def conv2d_backward_weights(x, dy, ph, pw, dw, db=None):
+    """See :func:`sparkavg.ops.conv.conv2d_backward_weights`; CuPy arrays: im2col + GEMM."""
+    return _conv2d_backward_weights(im2col, x, dy, ph, pw, dw, db)
 
 
 def maxpool_forward(x, kh, kw, sh, sw, out=None, argmax=None):

@@ -12,20 +12,38 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 
 import numpy as np
 
+from . import reference_conv
 from ._checks import clip_bound
 from ._kernels import OPERATIONS
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["error", *OPERATIONS]
+__all__ = ["error", "direct_conv", *OPERATIONS]
 
 #: The ImportError when ``sparkavg_ext`` is not built, else None.
 error: Exception | None = None
+#: Whether the direct convolution kernels run on this CPU (AVX-512); see
+#: :func:`sparkavg.ops.have_direct_conv`.
+direct_conv = False
+#: libgomp's spin count while the extension loads, unless the user set one
+#: (or OMP_WAIT_POLICY).  libgomp reads it once, when it loads (with
+#: sparkavg_ext), and by default its idle threads spin 300,000 pause loops
+#: -- milliseconds of a core -- after every parallel region, on the core
+#: OpenBLAS's threads need for the GEMMs that a training step runs between
+#: the OpenMP kernels (the direct convolutions).  1000 is what libgomp itself
+#: uses on an oversubscribed machine: then idle threads sleep within
+#: microseconds, and a region wakes them with a futex call.
+GOMP_SPINCOUNT = "1000"
+_spin_default = not ({"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & set(os.environ))
+if _spin_default:
+    os.environ["GOMP_SPINCOUNT"] = GOMP_SPINCOUNT
 try:
     from sparkavg_ext import _conv, _elementwise, _norm, _sequence, _threshold
+    direct_conv = bool(_conv.DIRECT_CONV)
 except ImportError as exc:  # not built: everything takes the numpy reference
     _conv = _elementwise = _norm = _sequence = _threshold = None
     error = exc
@@ -34,6 +52,9 @@ except ImportError as exc:  # not built: everything takes the numpy reference
         "reference path. Build it with: pip install -e . (or python setup.py "
         "build_ext --inplace)", exc
     )
+finally:  # only libgomp's start-up reads it: leave the environment as it was
+    if _spin_default:
+        del os.environ["GOMP_SPINCOUNT"]
 
 
 def _flat(a):
@@ -110,6 +131,29 @@ def im2col(x, kh, kw, sh, sw, ph, pw, out=None, ones_column=False):
 
 def col2im(cols, kh, kw, sh, sw, ph, pw, out):
     return _conv.col2im_nhwc(cols, kh, kw, sh, sw, ph, pw, out)
+
+
+# The direct kernels need AVX-512; elsewhere the same results come from the
+# Cython im2col/col2im and numpy's GEMM (the twins' code).  n_threads None:
+# the OpenMP pool's limit, as the GEMMs beside them use the BLAS pool's.
+def conv2d_forward(x, weights, bias=None, ph=0, pw=0, out=None, n_threads=None):
+    if not direct_conv:
+        return reference_conv._conv2d_forward(im2col, x, weights, bias, ph, pw, out)
+    return _conv.conv2d_nhwc_forward(x, weights, bias, ph, pw, out, n_threads or 0)
+
+
+def conv2d_backward_data(dy, weights, ph, pw, out, n_threads=None):
+    if not direct_conv:
+        return reference_conv._conv2d_backward_data(col2im, dy, weights, ph, pw, out)
+    _conv.conv2d_nhwc_backward_data(dy, weights, ph, pw, out, n_threads or 0)
+    return out
+
+
+def conv2d_backward_weights(x, dy, ph, pw, dw, db=None, n_threads=None):
+    if not direct_conv:
+        return reference_conv._conv2d_backward_weights(im2col, x, dy, ph, pw, dw, db)
+    _conv.conv2d_nhwc_backward_weights(x, dy, ph, pw, dw, db, n_threads or 0)
+    return dw, db
 
 
 def maxpool_forward(x, kh, kw, sh, sw, out=None, argmax=None):

@@ -28,6 +28,7 @@ __all__ = [
     "CUDA",
     "REFERENCE",
     "have_extension",
+    "have_direct_conv",
     "route",
     "call",
 ]
@@ -44,6 +45,17 @@ def have_extension() -> bool:
     the numpy reference (a warning says so once, at import).
     """
     return _cython.error is None
+
+
+def have_direct_conv() -> bool:
+    """Whether numpy float32 convolutions run the direct kernels (the
+    extension is built and the CPU has AVX-512).
+
+    Without them :func:`sparkavg.ops.conv2d_forward` and its backward
+    kernels still give the same results (im2col + GEMM), and
+    :class:`sparkavg.nn.Conv2D` keeps its own im2col + GEMM path.
+    """
+    return _cython.error is None and _cython.direct_conv and not backend.pure_numpy()
 
 
 def route(kind: str, dtype) -> str:

@@ -21,7 +21,8 @@ ELEMENTWISE = ("accumulate", "scale", "sgd_step", "nesterov_step", "adagrad_step
 #: The kernels of :mod:`sparkavg.ops.encoding`: threshold encoding.
 ENCODING = ("threshold_encode", "threshold_decode", "bitmap_encode", "bitmap_decode", "count_above", "clip_residual")
 #: The kernels of :mod:`sparkavg.ops.conv`: convolution and pooling on NHWC arrays.
-CONV = ("im2col", "col2im", "maxpool_forward", "maxpool_backward", "avgpool_forward", "avgpool_backward")
+CONV = ("im2col", "col2im", "conv2d_forward", "conv2d_backward_data", "conv2d_backward_weights",
+        "maxpool_forward", "maxpool_backward", "avgpool_forward", "avgpool_backward")
 #: The kernels of :mod:`sparkavg.ops.norm`: per-channel sums and affine maps of (M, C) rows.
 NORM = ("channel_stats", "channel_affine", "channel_sums", "channel_blend")
 #: The kernels of :mod:`sparkavg.ops.sequence`: the element-wise work of one LSTM / GRU time step,

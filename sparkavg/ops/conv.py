@@ -31,7 +31,7 @@ import numbers
 
 import numpy as np
 
-from ._checks import check_inplace, check_operand, check_readonly
+from ._checks import check_inplace, check_operand, check_readonly, check_threads
 from ._dispatch import call
 from ._kernels import CONV
 from .reference_conv import conv_output_size
@@ -122,6 +122,99 @@ def col2im(cols, kh, kw, sh, sw, ph, pw, out):
     oh, ow = _output_hw(h, w, kh, kw, sh, sw, ph, pw, "kernel")
     cols = check_operand("cols", cols, out, "out", shape=(n * oh * ow, kh * kw * c))
     return call("col2im", kind, out.dtype, cols, kh, kw, sh, sw, ph, pw, out)
+
+
+# ------------------------------------------- stride-1 convolution (direct)
+def _direct_geometry(kh, kw, ph, pw) -> None:
+    _check_geometry(kh, kw, 1, 1, ph, pw)
+    if ph >= kh or pw >= kw:
+        raise ValueError(f"Expect padding < kernel, got kernel=({kh}, {kw}), padding=({ph}, {pw})")
+
+
+def _weights(name: str, a, like, like_name: str):
+    """A read-only (KH, KW, C, F) array of ``like``'s kind and dtype."""
+    a = check_operand(name, a, like, like_name, shape=getattr(a, "shape", None))
+    if a.ndim != 4:
+        raise ValueError(f"Expect {name} of shape (KH, KW, C, F), got shape {a.shape}")
+    return a
+
+
+def conv2d_forward(x, weights, bias=None, ph=0, pw=0, out=None, *, n_threads=None):
+    """Stride-1 convolution (cross-correlation) with zero padding:
+    ``out[n, r, q, :] = bias + sum_{i, j, c} xpad[n, r + i, q + j, c] * weights[i, j, c, :]``.
+
+    numpy float32 runs the direct kernels (no im2col; AVX-512, see
+    :func:`have_direct_conv`), everything else im2col + GEMM.
+
+    Parameters
+    ----------
+    x : float32/float64 array (N, H, W, C), numpy or CuPy
+    weights : array (KH, KW, C, F) of x's kind and dtype
+    bias : array (F,) or None
+    ph, pw : int
+        Zero padding, ``0 <= p < kernel``.
+    out : array (N, OH, OW, F) of x's dtype, or None
+        ``OH = H + 2*ph - KH + 1``.
+    n_threads : int or None, Cython path only
+        OpenMP threads over the batch; None: 1.
+
+    Returns
+    -------
+    out
+    """
+    kind, x = _images("x", x)
+    weights = _weights("weights", weights, x, "x")
+    kh, kw, c, f = weights.shape
+    _direct_geometry(kh, kw, ph, pw)
+    n, h, w, _ = x.shape
+    if c != x.shape[3]:
+        raise ValueError(f"Expect weights of shape (KH, KW, {x.shape[3]}, F) for x's "
+                         f"{x.shape[3]} channels, got shape {weights.shape}")
+    oh, ow = _output_hw(h, w, kh, kw, 1, 1, ph, pw, "kernel")
+    if bias is not None:
+        bias = check_operand("bias", bias, x, "x", shape=(f,))
+    if out is not None:
+        _out("out", out, x, "x", (n, oh, ow, f))
+    return call("conv2d_forward", kind, x.dtype, x, weights, bias, ph, pw, out,
+                n_threads=check_threads(n_threads))
+
+
+def conv2d_backward_data(dy, weights, ph, pw, out, *, n_threads=None):
+    """The gradient of :func:`conv2d_forward` with respect to ``x``, given
+    ``dy`` (N, OH, OW, F): ``out`` (N, H, W, C) is overwritten and returned."""
+    kind = _image_out("out", out)
+    weights = _weights("weights", weights, out, "out")
+    kh, kw, c, f = weights.shape
+    _direct_geometry(kh, kw, ph, pw)
+    n, h, w, _ = out.shape
+    if c != out.shape[3]:
+        raise ValueError(f"Expect weights of shape (KH, KW, {out.shape[3]}, F) for out's "
+                         f"{out.shape[3]} channels, got shape {weights.shape}")
+    oh, ow = _output_hw(h, w, kh, kw, 1, 1, ph, pw, "kernel")
+    dy = check_operand("dy", dy, out, "out", shape=(n, oh, ow, f))
+    return call("conv2d_backward_data", kind, out.dtype, dy, weights, ph, pw, out,
+                n_threads=check_threads(n_threads))
+
+
+def conv2d_backward_weights(x, dy, ph, pw, dw, db=None, *, n_threads=None):
+    """The gradients of :func:`conv2d_forward` with respect to the weights
+    and the bias, given ``x`` and ``dy``: ``dw`` (KH, KW, C, F) and ``db``
+    (F,) (when given) are overwritten; returns ``(dw, db)``."""
+    kind = check_inplace("dw", dw)
+    if dw.ndim != 4:
+        raise ValueError(f"Expect dw of shape (KH, KW, C, F), got shape {dw.shape}")
+    kh, kw, c, f = dw.shape
+    _direct_geometry(kh, kw, ph, pw)
+    x = check_operand("x", x, dw, "dw", shape=getattr(x, "shape", None))
+    if x.ndim != 4 or x.shape[3] != c:
+        raise ValueError(f"Expect x of shape (N, H, W, {c}), got shape {x.shape}")
+    n, h, w, _ = x.shape
+    oh, ow = _output_hw(h, w, kh, kw, 1, 1, ph, pw, "kernel")
+    dy = check_operand("dy", dy, dw, "dw", shape=(n, oh, ow, f))
+    if db is not None:
+        _out("db", db, dw, "dw", (f,))
+    return call("conv2d_backward_weights", kind, dw.dtype, x, dy, ph, pw, dw, db,
+                n_threads=check_threads(n_threads))
 
 
 # ---------------------------------------------------------------- max pool

@@ -82,6 +82,59 @@ def col2im(cols, kh, kw, sh, sw, ph, pw, out):
     return out
 
 
+# ------------------------------------------- stride-1 convolution (direct)
+# The oracle of the Cython direct kernels: im2col + GEMM, written once with
+# the unfold/fold functions as arguments so that the CuPy backend runs the
+# same code on its own im2col/col2im.
+def _conv2d_forward(unfold, x, weights, bias, ph, pw, out):
+    kh, kw, c, f = weights.shape
+    n, h, w, _ = x.shape
+    oh, ow = conv_output_size(h, kh, 1, ph), conv_output_size(w, kw, 1, pw)
+    y = unfold(x, kh, kw, 1, 1, ph, pw) @ weights.reshape(kh * kw * c, f)
+    if bias is not None:
+        y += bias
+    y = y.reshape(n, oh, ow, f)
+    if out is None:
+        return y
+    out[...] = y
+    return out
+
+
+def _conv2d_backward_data(fold, dy, weights, ph, pw, out):
+    kh, kw, c, f = weights.shape
+    dcols = dy.reshape(-1, f) @ weights.reshape(kh * kw * c, f).T
+    return fold(dcols, kh, kw, 1, 1, ph, pw, out)
+
+
+def _conv2d_backward_weights(unfold, x, dy, ph, pw, dw, db):
+    kh, kw, c, f = dw.shape
+    d = dy.reshape(-1, f)
+    dw[...] = (unfold(x, kh, kw, 1, 1, ph, pw).T @ d).reshape(dw.shape)
+    if db is not None:
+        db[...] = d.sum(axis=0)
+    return dw, db
+
+
+def conv2d_forward(x, weights, bias=None, ph=0, pw=0, out=None):
+    """Stride-1 convolution ``conv(x, weights) + bias`` with zero padding:
+    x (N, H, W, C), weights (KH, KW, C, F), bias (F,) or None -> ``out``
+    (N, OH, OW, F), allocated when None.  im2col + GEMM."""
+    return _conv2d_forward(im2col, x, weights, bias, ph, pw, out)
+
+
+def conv2d_backward_data(dy, weights, ph, pw, out):
+    """The gradient of :func:`conv2d_forward` with respect to x, given dy
+    (N, OH, OW, F): ``out`` (N, H, W, C) is overwritten and returned."""
+    return _conv2d_backward_data(col2im, dy, weights, ph, pw, out)
+
+
+def conv2d_backward_weights(x, dy, ph, pw, dw, db=None):
+    """The gradients of :func:`conv2d_forward` with respect to the weights
+    and the bias: ``dw`` (KH, KW, C, F) and ``db`` (F,) (when given) are
+    overwritten; returns ``(dw, db)``."""
+    return _conv2d_backward_weights(im2col, x, dy, ph, pw, dw, db)
+
+
 # ---------------------------------------------------------------- max pool
 def maxpool_forward(x, kh, kw, sh, sw, out=None, argmax=None):
     """Max over windows (no padding) -> ``(out, argmax)``; see module doc.

@@ -188,6 +188,12 @@ class Layer(Configurable):
         """Write parameter gradients; return dL/dx (or None when not needed)."""
         return dy if need_dx else None
 
+    def multiply_adds(self) -> tuple:
+        """``(in OpenMP kernels, in BLAS GEMMs)``: this layer's multiply-adds
+        per example of a training step (forward + backward), for the model's
+        choice of thread pools (:meth:`sparkavg.nn.flat.FlatModel.step_threads`)."""
+        return 0, 0
+
 
 def _contiguous(a):
     """``a`` itself when C-contiguous (always, inside a network), else a contiguous copy."""
@@ -315,10 +321,19 @@ class Conv2D(_Weighted):
         (:func:`sparkavg.ops.have_direct_conv`), stride 1, padding < kernel,
         not 1x1, and few wasted vector lanes (see ``_DIRECT_MAX_WASTE``).
         Everything else keeps im2col (or the 1x1 GEMM) + GEMM."""
+        return x.dtype == np.float32 and isinstance(x, np.ndarray) and self._direct_shape()
+
+    def _direct_shape(self):
+        """The part of :meth:`_direct` that the layer's shape decides."""
         (kh, kw), (ph, pw) = self.kernel_size, self.padding
         return (self.stride == (1, 1) and ph < kh and pw < kw and (kh, kw) != (1, 1)
-                and self._lane_waste(self.filters) <= self._DIRECT_MAX_WASTE
-                and x.dtype == np.float32 and isinstance(x, np.ndarray) and ops.have_direct_conv())
+                and self._lane_waste(self.filters) <= self._DIRECT_MAX_WASTE and ops.have_direct_conv())
+
+    def multiply_adds(self):
+        f, oh, ow = self.output_shape
+        (kh, kw), c = self.kernel_size, self.input_shape[0]
+        macs = 3 * oh * ow * kh * kw * c * f
+        return (macs, 0) if self._direct_shape() else (0, macs)
 
     def _direct_dx(self):
         """Whether backward data runs direct too (else GEMM + col2im)."""
@@ -490,6 +505,9 @@ class Dense(_Weighted):
 
     def _fans(self):
         return self.n_in, self.units
+
+    def multiply_adds(self):
+        return 0, 3 * self.n_in * self.units
 
     def _affine(self, x):
         xp = get_array_module(x)

@@ -223,3 +223,30 @@ def test_a_network_with_batchnorm_saves_its_buffers(tmp_path):
     np.testing.assert_array_equal(loaded.buffers, net.buffers)
     x = rng.standard_normal((7, 6)).astype(np.float32)
     np.testing.assert_array_equal(loaded.output(x), net.output(x))  # inference uses the saved statistics
+
+
+def test_steps_dominated_by_openmp_kernels_run_blas_on_one_thread():
+    from threadpoolctl import threadpool_info
+
+    from sparkavg import ops
+    from sparkavg.nn import lenet
+    from sparkavg.threads import limit_threads
+
+    if not ops.have_direct_conv():
+        pytest.skip("the direct convolution kernels need AVX-512 on this CPU")
+
+    def blas_width():
+        return max(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
+
+    convs = Graph({"x": (1, 12, 12)}, [("c1", Conv2D(16, 3, padding=1), "x"), ("c2", Conv2D(16, 3, padding=1), "c1"),
+                                       ("out", Output(3), "c2")], ["out"])
+    rng = np.random.default_rng(0)
+    with limit_threads(2):
+        # the convolutions carry > 90% of this graph's multiply-adds; LeNet's dense layers ~18% of its
+        for model, inside in ((convs, 1), (lenet(), 2)):
+            with model.step_threads():
+                assert blas_width() == inside, type(model).__name__
+            assert blas_width() == 2  # restored
+            x = rng.random((4, *model.spec.single_input().shape), dtype=np.float32)
+            assert np.isfinite(model.fit_batch(x, rng.integers(0, 3, 4)))
+            assert blas_width() == 2

@@ -222,3 +222,62 @@ def test_a_trainer_refuses_a_non_network_and_a_non_path_checkpoint_dir_at_constr
     with pytest.raises(TypeError, match=r"Expect checkpoint_dir as a folder path \(str or os.PathLike\) or None, "
                                         r"got int 123"):
         SparkTrainer(sc, small_net(seed=58), checkpoint_dir=123)
+
+
+def _checkpoints(folder, net, master, epochs, runner_state=None):
+    """``epochs`` checkpoints of one run of ``net`` (as a fit writes them), without a fit."""
+    from sparkavg.spark.checkpoint import save_checkpoint
+
+    for done in range(1, epochs + 1):
+        net.epoch = done
+        save_checkpoint(folder, net, run_id="oldrun", epochs_done=done, target_epochs=epochs,
+                        master=master.to_config(), extra={"history": [{"epoch": e} for e in range(1, done + 1)]},
+                        runner_state=runner_state)
+
+
+def _untouched(trainer, params, run_id):
+    np.testing.assert_array_equal(trainer.network.params, params)
+    assert trainer.epochs_done == 0 and trainer.network.iteration == 0
+    assert trainer.run_id == run_id and trainer.history == []
+    assert trainer._runner.state_dict() == {}
+
+
+def test_a_resume_that_cannot_restore_everything_restores_nothing_and_names_the_file(sc, tmp_path):
+    from sparkavg.nn import SGD, Dense, Network, Output
+    from sparkavg.spark.checkpoint import CheckpointError
+
+    master = ParameterAveraging(workers=2, batch_size_per_worker=10)
+    folder = str(tmp_path / "bad-runner")
+    _checkpoints(folder, small_net(seed=60), master, 1, runner_state={"bogus": np.zeros(3, np.float32)})
+    trainer = SparkTrainer(sc, small_net(seed=61), master)
+    params, run_id = trainer.network.params.copy(), trainer.run_id
+    with pytest.raises(CheckpointError, match=r"no loadable checkpoint .*epoch-00001/runner\.npz: .*unknown keys "
+                                              r"\['bogus'\]"):
+        trainer.fit(_rdd(sc), epochs=2, resume_from=folder)
+    _untouched(trainer, params, run_id)
+
+    # The same architecture with another updater: Adam's state (2 x params) does not fit SGD's (none).
+    folder = str(tmp_path / "other-updater")
+    _checkpoints(folder, small_net(seed=62), master, 1)
+    sgd = Network((1, 4, 4), [Dense(8, activation="relu"), Output(2)], updater=SGD(lr=0.1), seed=63)
+    trainer = SparkTrainer(sc, sgd, master)
+    params, run_id = sgd.params.copy(), trainer.run_id
+    with pytest.raises(CheckpointError, match=r"epoch-00001/network\.npz: .*updater state of 2?\d+ values.*"
+                                              r"the trainer's model has 0 \(another updater"):
+        trainer.fit(_rdd(sc), epochs=2, resume_from=folder)
+    _untouched(trainer, params, run_id)
+
+
+def test_a_resume_falls_back_past_a_checkpoint_with_a_damaged_runner_state(sc, tmp_path, caplog):
+    master = ParameterAveraging(workers=2, batch_size_per_worker=10)
+    folder = str(tmp_path / "ckpt")
+    saved = small_net(seed=64)
+    _checkpoints(folder, saved, master, 2, runner_state={"block_momentum_delta": np.zeros(saved.num_params,
+                                                                                          np.float32)})
+    with open(os.path.join(folder, "epoch-00002", "runner.npz"), "r+b") as fh:
+        fh.truncate(64)  # a crash while writing it
+    trainer = SparkTrainer(sc, small_net(seed=65), master)
+    with caplog.at_level("WARNING", logger="sparkavg.spark.checkpoint"):
+        trainer.fit(_rdd(sc), epochs=3, resume_from=folder)
+    assert re.search(r"cannot resume .*epoch-00002/runner\.npz.*trying an older checkpoint", caplog.text), caplog.text
+    assert trainer.run_id == "oldrun" and [h["epoch"] for h in trainer.history] == [1, 2, 3]

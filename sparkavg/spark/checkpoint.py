@@ -9,7 +9,9 @@ configuration, a fingerprint of the network's architecture and the
 history.  Folders are written atomically (tmp folder + rename).
 
 Resuming (:func:`find_resumable`) takes the newest *complete* checkpoint
-(an unreadable newer one is skipped with a warning), and refuses -- with a
+that loads whole -- network, runner state -- and fits the trainer's model
+(a newer one that does not is skipped with a warning naming the file), so
+that the trainer restores all of it or nothing; it refuses -- with a
 :class:`CheckpointError` that says which run it found -- a checkpoint of
 another architecture or master configuration, or a run that already has
 the epochs asked for.  A fresh fit refuses a folder that holds another
@@ -155,25 +157,63 @@ def _differences(saved: dict, current: dict) -> list:
     return [f"{k}: checkpoint {saved.get(k)!r}, now {current.get(k)!r}" for k in keys if saved.get(k) != current.get(k)]
 
 
-def find_resumable(path: str, *, network, master: dict, epochs: int, run_id: Optional[str] = None):
-    """The checkpoint to resume ``epochs`` epochs from, with its loaded network.
+_STATE_NAMES = {"params": "parameters", "updater": "updater state", "buffers": "buffers"}
+
+
+def _check_state(path: str, saved, model) -> None:
+    """Refuse (:class:`CheckpointError` naming ``path``) a saved model whose
+    state vectors do not fit the trainer's ``model`` (e.g. another updater:
+    the architecture's fingerprint leaves the updater out)."""
+    from ..nn.model import STATE_VECTORS
+
+    live, got = model.state, saved.state
+    for name in STATE_VECTORS:
+        want, have = int(getattr(live.get(name), "size", 0)), int(getattr(got.get(name), "size", 0))
+        if want != have:
+            hint = ""
+            if name == "updater":
+                hint = (f" (another updater: the checkpoint's {type(saved.updater).__name__}, the trainer's "
+                        f"{type(model.updater).__name__}; build the model with the checkpoint's updater to resume)")
+            raise CheckpointError(f"{path}: {_STATE_NAMES.get(name, name)} of {have} values, the trainer's model "
+                                  f"has {want}{hint}")
+
+
+def _named(exc: BaseException, path: str) -> str:
+    text = f"{type(exc).__name__}: {exc}" if not isinstance(exc, ValueError) else str(exc)
+    return text if path in text else f"{path}: {text}"
+
+
+def find_resumable(path: str, *, network, master: dict, epochs: int, run_id: Optional[str] = None, check=None):
+    """The checkpoint to resume ``epochs`` epochs from, loaded whole and
+    checked against the trainer's model before anything is restored.
+
+    A checkpoint that cannot be loaded or checked (a damaged network or
+    ``runner.npz``, state vectors of another size) is skipped with a
+    warning naming the file, and the next older one is tried; when none is
+    left, a :class:`CheckpointError` lists every file and why.
 
     Parameters
     ----------
     path : str
         A checkpoint folder, or a checkpoint_dir (its newest complete checkpoint).
-    network : sparkavg.nn.Network
-        The trainer's network: the checkpoint must have its architecture.
+    network : sparkavg.nn.Model
+        The trainer's model: the checkpoint must have its architecture and
+        state vectors of its sizes.  It is not changed.
     master : dict
         The trainer's master configuration: the checkpoint's must equal it.
     epochs : int
         The total epochs asked for.
     run_id : str, optional
         Resume only this run.
+    check : callable, optional
+        ``check(runner_state, model)`` raises ``ValueError`` when the runner
+        state (name -> array, as read from ``runner.npz``) cannot be restored
+        for the loaded ``model``; it must change nothing.
 
     Returns
     -------
-    (Checkpoint, Network)
+    (Checkpoint, Model, dict)
+        The checkpoint, its loaded model and its runner state.
     """
     if os.path.exists(os.path.join(path, "trainer.json")):
         candidates = [_read(path)]
@@ -195,17 +235,23 @@ def find_resumable(path: str, *, network, master: dict, epochs: int, run_id: Opt
         if diff:
             raise CheckpointError(f"{ckpt.describe()} was trained with another master configuration "
                                   f"({'; '.join(diff)}); resume with the same master")
+        at = os.path.join(ckpt.directory, "network.npz")
         try:
             net = ckpt.load_network()
-        except Exception as exc:  # a damaged newest checkpoint: fall back to an older one
-            logger.warning("cannot load %s (%s); trying an older checkpoint", ckpt.directory, exc)
-            errors.append(f"{ckpt.directory}: {exc}")
+            _check_state(at, net, network)
+            at = os.path.join(ckpt.directory, _RUNNER_FILE)
+            runner_state = ckpt.load_runner_state()
+            if check is not None:
+                check(runner_state, net)
+        except Exception as exc:  # a damaged or unfitting checkpoint: fall back to an older one
+            errors.append(_named(exc, at))
+            logger.warning("cannot resume %s (%s); trying an older checkpoint", ckpt.directory, errors[-1])
             continue
         if ckpt.epochs_done >= epochs:
             raise CheckpointError(f"{ckpt.describe()} already has {ckpt.epochs_done} epoch(s) and "
                                   f"{epochs} were asked for: nothing to resume. Ask for more epochs to continue "
                                   "that run, or start a new run with a new checkpoint_dir")
-        return ckpt, net
+        return ckpt, net, runner_state
     raise CheckpointError(f"no loadable checkpoint in {path!r}: {'; '.join(errors)}")
 
 

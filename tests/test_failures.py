@@ -7,8 +7,12 @@ import glob
 import os
 import re
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -281,3 +285,49 @@ def test_a_resume_falls_back_past_a_checkpoint_with_a_damaged_runner_state(sc, t
         trainer.fit(_rdd(sc), epochs=3, resume_from=folder)
     assert re.search(r"cannot resume .*epoch-00002/runner\.npz.*trying an older checkpoint", caplog.text), caplog.text
     assert trainer.run_id == "oldrun" and [h["epoch"] for h in trainer.history] == [1, 2, 3]
+
+
+_SIGTERMED_FIT = textwrap.dedent("""
+    import signal, sys
+    from pyspark import SparkConf, SparkContext
+    from sparkavg.spark import DataOptions, ParameterAveraging, SparkTrainer
+    from sparkavg.spark.executor.hooks import HOLD_MARKER
+    from tests.nets import blobs, small_net
+
+    shared, marker = sys.argv[1], sys.argv[2]
+    sc = SparkContext(conf=SparkConf().setMaster("local[2]").setAppName("sigterm")
+                      .set("spark.ui.enabled", "false").set("spark.driver.host", "127.0.0.1"))
+    x, y = blobs(40, seed=66)
+    rdd = sc.parallelize(list(zip(x, y.tolist())), 2)
+    master = ParameterAveraging(workers=2, batch_size_per_worker=10, data=DataOptions(shared_dir=shared))
+    SparkTrainer(sc, small_net(seed=66), master).fit(rdd, epochs=1).close()
+    print("handler after a fit:", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, flush=True)
+    sc.setLocalProperty(HOLD_MARKER, marker)  # the round's tasks hold until the process ends
+    SparkTrainer(sc, small_net(seed=66), master).fit(rdd, epochs=1)
+    print("the held fit returned", flush=True)
+""")
+
+
+def test_sigterm_during_a_fit_removes_its_exported_files_and_still_terminates(tmp_path):
+    shared, marker = tmp_path / "shared", tmp_path / "held"
+    shared.mkdir()
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+               PYTHONPATH=os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, "-c", _SIGTERMED_FIT, str(shared), str(marker)], cwd=repo, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not glob.glob(f"{marker}.*") and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # polls until the held round runs
+        exported = glob.glob(str(shared / "sparkavg-*" / "*.minibatch"))
+        assert exported, f"no minibatch file while the fit runs (rc {proc.poll()})"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == -signal.SIGTERM, (proc.returncode, err[-3000:])
+    assert "handler after a fit: True" in out and "the held fit returned" not in out
+    assert os.listdir(shared) == []  # before the fix: the fit's folder and its minibatch files

@@ -29,6 +29,8 @@ from .runners import runner_for
 from .runners.base import network_state
 from .seam import seam_for
 from .stats import Phase, TrainingStats
+from .storage import release_live_locations
+from .termination import release_on_sigterm
 
 __all__ = ["SparkTrainer"]
 
@@ -80,7 +82,9 @@ class SparkTrainer:
         rounds' progress goes to periodic log lines.
 
     The trainer holds exported minibatches; :meth:`close` (or leaving
-    ``with SparkTrainer(...)``, or interpreter exit) releases them.  The
+    ``with SparkTrainer(...)``, or interpreter exit) releases them, and so
+    does a SIGTERM during a fit in the main thread (which then still ends
+    the process, :mod:`~sparkavg.spark.termination`).  The
     parameters ``predict`` ships live as long as the RDD it returns (and
     RDDs derived from it): released when it is garbage-collected, by
     :meth:`close`, or at interpreter exit -- never when only the trainer
@@ -262,7 +266,8 @@ class SparkTrainer:
             self._fitting_thread = threading.current_thread().name
             self._epoch_running = None
             try:
-                return self._fit(data, epochs, resume_from=resume_from, validation_data=validation_data)
+                with release_on_sigterm(release_live_locations):
+                    return self._fit(data, epochs, resume_from=resume_from, validation_data=validation_data)
             except BaseException as exc:
                 self._emit_failure(exc, recovered=False)
                 raise

@@ -331,3 +331,30 @@ def test_sigterm_during_a_fit_removes_its_exported_files_and_still_terminates(tm
     assert proc.returncode == -signal.SIGTERM, (proc.returncode, err[-3000:])
     assert "handler after a fit: True" in out and "the held fit returned" not in out
     assert os.listdir(shared) == []  # before the fix: the fit's folder and its minibatch files
+
+
+def test_ragged_rows_and_nan_features_are_named_on_every_classic_route(sc):
+    from sparkavg.data.validation import DataValidationError
+
+    x, y = blobs(8, seed=67)
+    trainer = SparkTrainer(sc, small_net(seed=67), ParameterAveraging(workers=1, batch_size_per_worker=4))
+    rows = [(x[i], int(y[i])) for i in range(8)]
+    rows[3] = ([[0.0] * 8, [0.0] * 7], 1)  # 15 values as rows of 8 and 7
+    for call in (trainer.evaluate, trainer.fit):
+        with pytest.raises(DataValidationError, match=r"Bad features at partition 0, row 3: expected 16 values "
+                                                      r"\(input shape \(1, 4, 4\)\), got a ragged nested sequence"):
+            call(sc.parallelize(rows, 1))
+    rows[3] = (x[3], [[1.0], [0.0, 1.0]])
+    for call in (trainer.evaluate, trainer.fit):
+        with pytest.raises(DataValidationError, match=r"Bad label at partition 0, row 3: expected a class index in "
+                                                      r"\[0, 2\) or a one-hot row of length 2, got a ragged"):
+            call(sc.parallelize(rows, 1))
+    bad = x.copy()
+    bad[5, 0, 1, 1] = np.nan
+    for data in (list(bad), [(i, bad[i]) for i in range(8)]):  # bare features, (key, features)
+        with pytest.raises(Exception, match=r"DataValidationError: Bad features at partition 0, row 5: 1 NaN/inf "
+                                            r"value\(s\); expected finite numbers"):
+            trainer.predict(sc.parallelize(data, 1)).collect()  # before: [nan, nan], silently
+    with pytest.raises(Exception, match=r"DataValidationError: Bad features at partition 0, row 2: expected 16 "
+                                        r"values \(input shape \(1, 4, 4\)\), got shape \(15,\)"):
+        trainer.predict(sc.parallelize([x[0], x[1], x[2].ravel()[:15]], 1)).collect()

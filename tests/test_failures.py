@@ -358,3 +358,54 @@ def test_ragged_rows_and_nan_features_are_named_on_every_classic_route(sc):
     with pytest.raises(Exception, match=r"DataValidationError: Bad features at partition 0, row 2: expected 16 "
                                         r"values \(input shape \(1, 4, 4\)\), got shape \(15,\)"):
         trainer.predict(sc.parallelize([x[0], x[1], x[2].ravel()[:15]], 1)).collect()
+
+
+def test_a_damaged_or_oversized_sparkavg_json_is_named(spark, tmp_path):
+    from sparkavg.ml import NetworkEstimator, NetworkModel
+
+    path = str(tmp_path / "model")
+    NetworkModel(network=small_net(seed=68)).write().save(path)
+    extra = os.path.join(path, "sparkavg.json")
+    saved = open(extra).read()
+    for text, expected in [
+        ("{not json", r"sparkavg\.json: expected JSON text, got unreadable data \(JSONDecodeError: "),
+        ("[1, 2]", r"sparkavg\.json: expected a JSON object, got list '\[1, 2\]'"),
+        (saved.replace('"history": []', '"history": 5'), r"sparkavg\.json: expected 'history' as a list of "
+                                                          r"per-epoch summaries, got int 5"),
+        ("[" * 100_000 + "]" * 100_000, r"sparkavg\.json: expected JSON text, got unreadable data \(RecursionError"),
+        ('{"format": "sparkavg.ml/1", "pad": "' + "x" * (9 << 20) + '"}',
+         r"sparkavg\.json: more than 8,388,608 bytes; expected a JSON record of at most"),
+    ]:
+        with open(extra, "w") as fh:
+            fh.write(text)
+        with pytest.raises(ValueError, match=re.escape(path) + "/" + expected):
+            NetworkModel.load(path)
+    est = str(tmp_path / "estimator")
+    NetworkEstimator(network=small_net(seed=68)).write().save(est)
+    extra = os.path.join(est, "sparkavg.json")
+    with open(extra) as fh:
+        text = fh.read().replace('"master": {', '"master": 7, "was": {', 1)
+    with open(extra, "w") as fh:
+        fh.write(text)
+    with pytest.raises(ValueError, match=re.escape(extra) + r": expected 'master' as a master configuration "
+                                                            r"\(a JSON object\), got int 7"):
+        NetworkEstimator.load(est)
+
+
+def test_a_damaged_or_oversized_trainer_json_is_named_and_skipped(tmp_path, caplog):
+    from sparkavg.spark.checkpoint import CheckpointError, find_resumable, list_checkpoints
+
+    master = ParameterAveraging(workers=2, batch_size_per_worker=10)
+    folder = str(tmp_path / "ckpt")
+    _checkpoints(folder, small_net(seed=69), master, 3)
+    meta = os.path.join(folder, "epoch-00003", "trainer.json")
+    with open(meta, "w") as fh:
+        fh.write('{"pad": "' + "x" * (9 << 20) + '"}')
+    with open(os.path.join(folder, "epoch-00002", "trainer.json"), "w") as fh:
+        fh.write('{"run_id": "oldrun", "epochs_done": [2], "master": {}, "architecture": "x"}')
+    with caplog.at_level("WARNING", logger="sparkavg.spark.checkpoint"):
+        assert [c.epochs_done for c in list_checkpoints(folder)] == [1]
+    assert re.search(r"epoch-00003/trainer\.json: more than 8,388,608 bytes", caplog.text), caplog.text
+    assert re.search(r"epoch-00002/trainer\.json: expected epochs_done as an int >= 0, got list \[2\]", caplog.text)
+    with pytest.raises(CheckpointError, match=re.escape(meta) + ": more than 8,388,608 bytes"):
+        find_resumable(os.path.dirname(meta), network=small_net(seed=69), master=master.to_config(), epochs=4)

@@ -27,6 +27,8 @@ import tempfile
 
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
 
+from ..jsonfile import MAX_JSON_BYTES, parse_json
+
 __all__ = ["NetworkWriter", "NetworkReader", "FORMAT"]
 
 FORMAT = "sparkavg.ml/1"
@@ -83,13 +85,14 @@ def _write_bytes(path: str, data: bytes) -> None:
         fh.write(data)
 
 
-def _read_bytes(path: str) -> bytes:
+def _read_bytes(path: str, limit: int = -1) -> bytes:
+    """The file's bytes (at most ``limit`` of them when >= 0)."""
     if _is_url(path):
         fs, p = _fs(path)
         with fs.open(p, "rb") as fh:
-            return fh.read()
+            return fh.read(limit)
     with open(_local(path), "rb") as fh:
-        return fh.read()
+        return fh.read(limit)
 
 
 def _save_network(network, path: str) -> None:
@@ -167,6 +170,22 @@ def _plain(value):
     raise TypeError(f"Expect JSON values in a model's history, got {type(value).__name__}")
 
 
+_EXTRA_FIELDS = {"history": (list, "a list of per-epoch summaries"),
+                 "master": (dict, "a master configuration (a JSON object)"),
+                 "network": ((str, type(None)), f"the name {_NETWORK!r} or null")}
+
+
+def _read_extra(name: str) -> dict:
+    """``sparkavg.json`` read in bounded memory, its fields' types checked;
+    a ``ValueError`` naming the file otherwise."""
+    extra = parse_json(_read_bytes(name, MAX_JSON_BYTES + 1), name)
+    for key, (kind, want) in _EXTRA_FIELDS.items():
+        if key in extra and not isinstance(extra[key], kind):
+            raise ValueError(f"{name}: expected {key!r} as {want}, got {type(extra[key]).__name__} "
+                             f"{extra[key]!r:.80}")
+    return extra
+
+
 class NetworkReader(MLReader):
     """Reads what :class:`NetworkWriter` wrote, as ``cls``."""
 
@@ -181,7 +200,7 @@ class NetworkReader(MLReader):
         expected = f"{self.cls.__module__}.{self.cls.__name__}"
         if metadata.get("class") != expected:
             raise ValueError(f"Expect a saved {expected} at {path}, got {metadata.get('class')!r}")
-        extra = json.loads(_read_bytes(_join(path, _EXTRA)))
+        extra = _read_extra(_join(path, _EXTRA))
         if extra.get("format") != FORMAT:
             raise ValueError(f"Expect {_EXTRA} of format {FORMAT!r} at {path}, got {extra.get('format')!r}")
         instance = self.cls()
@@ -189,7 +208,11 @@ class NetworkReader(MLReader):
         DefaultParamsReader.getAndSetParams(instance, metadata)
         network = _load_network(_join(path, _NETWORK)) if extra.get("network") else None
         if "master" in extra:
-            instance._set(master=master_from_config(extra["master"]))
+            try:
+                master = master_from_config(extra["master"])
+            except (ValueError, TypeError) as exc:  # ConfigError is a ValueError
+                raise ValueError(f"{_join(path, _EXTRA)}: its master: {exc}") from exc
+            instance._set(master=master)
             if network is not None:
                 instance._set(network=network)
         else:

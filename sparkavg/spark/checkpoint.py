@@ -30,6 +30,7 @@ from typing import List, Optional
 
 import numpy as np
 
+from ..jsonfile import read_json
 from ..npzfile import load_npz
 
 __all__ = ["Checkpoint", "CheckpointError", "save_checkpoint", "list_checkpoints", "find_resumable",
@@ -115,16 +116,29 @@ def save_checkpoint(directory: str, network, *, run_id: str, epochs_done: int, t
 
 def _read(folder: str) -> Checkpoint:
     path = os.path.join(folder, "trainer.json")
-    with open(path) as fh:
-        meta = json.load(fh)
+    meta = read_json(path, error=CheckpointError)
     missing = [k for k in ("run_id", "epochs_done", "master", "architecture") if k not in meta]
     if missing:
-        raise ValueError(f"{path} lacks {missing}; expected a {_FORMAT} record")
+        raise CheckpointError(f"{path} lacks {missing}; expected a {_FORMAT} record")
+    done, target = meta["epochs_done"], meta.get("target_epochs")
+    for name, ok, want in [
+        ("epochs_done", isinstance(done, int) and not isinstance(done, bool) and done >= 0, "an int >= 0"),
+        ("target_epochs", target is None or (isinstance(target, int) and not isinstance(target, bool)),
+         "an int or null"),
+        ("run_id", isinstance(meta["run_id"], str), "a str"),
+        ("architecture", isinstance(meta["architecture"], str), "a str"),
+        ("master", isinstance(meta["master"], dict), "a JSON object"),
+        ("extra", isinstance(meta.get("extra", {}), dict), "a JSON object"),
+        ("extra.history", isinstance(meta.get("extra", {}).get("history", []), list)
+         if isinstance(meta.get("extra", {}), dict) else True, "a list"),
+    ]:
+        if not ok:
+            value = meta["extra"]["history"] if name == "extra.history" else meta.get(name)
+            raise CheckpointError(f"{path}: expected {name} as {want}, got {type(value).__name__} {value!r:.80}")
     if not os.path.exists(os.path.join(folder, "network.npz")):
         raise ValueError(f"{folder} has no network.npz")
-    return Checkpoint(folder, str(meta["run_id"]), int(meta["epochs_done"]), meta.get("target_epochs"),
-                      meta["master"], str(meta["architecture"]), str(meta.get("written_at", "")),
-                      meta.get("extra", {}))
+    return Checkpoint(folder, meta["run_id"], done, target, meta["master"], meta["architecture"],
+                      str(meta.get("written_at", "")), meta.get("extra", {}))
 
 
 def list_checkpoints(directory: str) -> List[Checkpoint]:

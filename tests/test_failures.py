@@ -409,3 +409,24 @@ def test_a_damaged_or_oversized_trainer_json_is_named_and_skipped(tmp_path, capl
     assert re.search(r"epoch-00002/trainer\.json: expected epochs_done as an int >= 0, got list \[2\]", caplog.text)
     with pytest.raises(CheckpointError, match=re.escape(meta) + ": more than 8,388,608 bytes"):
         find_resumable(os.path.dirname(meta), network=small_net(seed=69), master=master.to_config(), epochs=4)
+
+
+def test_a_model_folder_whose_network_file_was_swapped_is_refused(spark, tmp_path):
+    import shutil
+
+    from sparkavg.ml import NetworkModel
+    from sparkavg.nn import Adam, Dense, Network, Output
+
+    relu, tanh = small_net(seed=70), Network((1, 4, 4), [Dense(8, activation="tanh"), Output(2)],
+                                             updater=Adam(lr=0.01), seed=70)
+    assert relu.num_params == tanh.num_params and relu.fingerprint() != tanh.fingerprint()
+    path, other = str(tmp_path / "model"), str(tmp_path / "other")
+    NetworkModel(network=relu).write().save(path)
+    NetworkModel(network=tanh).write().save(other)
+    shutil.copyfile(os.path.join(other, "network.npz"), os.path.join(path, "network.npz"))
+    with pytest.raises(ValueError, match=re.escape(os.path.join(path, "network.npz")) +
+                       rf" holds a model of fingerprint {tanh.fingerprint()}, but "
+                       + re.escape(os.path.join(path, "sparkavg.json")) +
+                       rf" records {relu.fingerprint()}: the file was replaced"):
+        NetworkModel.load(path)  # before: loaded silently, with tanh units
+    assert NetworkModel.load(other).network.fingerprint() == tanh.fingerprint()

@@ -10,7 +10,9 @@ A saved stage is a folder:
   updater state, counters, JSON configuration, SHA-256);
 - ``sparkavg.json`` -- what is neither: the estimator's master
   (``Master.to_config()``, rebuilt by ``from_config``) or the model's
-  training history.
+  training history, and the network's fingerprint
+  (:meth:`sparkavg.nn.Model.fingerprint`), compared on load: a
+  ``network.npz`` swapped for another architecture's is refused.
 
 The metadata goes where Spark writes; the other two files are written by
 the driver (this Python process): ``path`` must name a place both reach --
@@ -158,6 +160,8 @@ class NetworkWriter(MLWriter):
             network = instance.network
             extra["history"] = instance.history
         extra["network"] = _NETWORK if isinstance(network, Model) else None
+        if isinstance(network, Model):  # checked on load: a swapped network file is refused
+            extra["fingerprint"] = network.fingerprint()
         if network is not None:
             _save_network(network, _join(path, _NETWORK))
         _write_bytes(_join(path, _EXTRA), json.dumps(extra, indent=1, default=_plain).encode())
@@ -172,7 +176,8 @@ def _plain(value):
 
 _EXTRA_FIELDS = {"history": (list, "a list of per-epoch summaries"),
                  "master": (dict, "a master configuration (a JSON object)"),
-                 "network": ((str, type(None)), f"the name {_NETWORK!r} or null")}
+                 "network": ((str, type(None)), f"the name {_NETWORK!r} or null"),
+                 "fingerprint": (str, "the network's fingerprint (a str)")}
 
 
 def _read_extra(name: str) -> dict:
@@ -207,6 +212,11 @@ class NetworkReader(MLReader):
         instance._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(instance, metadata)
         network = _load_network(_join(path, _NETWORK)) if extra.get("network") else None
+        recorded = extra.get("fingerprint")
+        if network is not None and recorded is not None and network.fingerprint() != recorded:
+            raise ValueError(f"{_join(path, _NETWORK)} holds a model of fingerprint {network.fingerprint()}, but "
+                             f"{_join(path, _EXTRA)} records {recorded}: the file was replaced by another "
+                             "architecture's (save the stage again rather than swapping its network file)")
         if "master" in extra:
             try:
                 master = master_from_config(extra["master"])

@@ -430,3 +430,41 @@ def test_a_model_folder_whose_network_file_was_swapped_is_refused(spark, tmp_pat
                        rf" records {relu.fingerprint()}: the file was replaced"):
         NetworkModel.load(path)  # before: loaded silently, with tanh units
     assert NetworkModel.load(other).network.fingerprint() == tanh.fingerprint()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 64 KiB filesystem (tmpfs; mounting needs root), unmounted afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a 64 KiB tmpfs needs root")
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)], check=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_a_full_disk_during_a_checkpoint_names_the_checkpoint_and_keeps_the_older_ones(small_disk):
+    import errno
+
+    from sparkavg.spark.checkpoint import list_checkpoints, save_checkpoint
+
+    master = ParameterAveraging(workers=2, batch_size_per_worker=10).to_config()
+    net = small_net(seed=71)
+    folder = str(small_disk / "ckpt")
+    save_checkpoint(folder, net, run_id="r", epochs_done=1, target_epochs=2, master=master)
+    with open(small_disk / "filler", "wb", buffering=0) as fh:  # what else filled the disk
+        try:
+            while True:
+                fh.write(b"\0" * 1024)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+    with pytest.raises(OSError, match=r"\[Errno 28\] cannot write the checkpoint of epoch 2 \(run r\) to "
+                       + re.escape(os.path.join(folder, "epoch-00002")) + r": No space left on device "
+                       r"\(writing .*epoch-00002\.tmp.*\); the checkpoints written before are intact") as info:
+        save_checkpoint(folder, net, run_id="r", epochs_done=2, target_epochs=2, master=master)
+    assert info.value.errno == errno.ENOSPC
+    assert sorted(os.listdir(folder)) == ["epoch-00001"]  # the partial folder is removed
+    assert [c.epochs_done for c in list_checkpoints(folder)] == [1]

@@ -93,23 +93,35 @@ def save_checkpoint(directory: str, network, *, run_id: str, epochs_done: int, t
     ``runner_state`` (name -> array or plain number/string, see
     :meth:`~sparkavg.spark.runners.base.EpochRunner.state_dict`) goes to
     ``runner.npz`` when not empty."""
-    os.makedirs(directory, exist_ok=True)
     final = os.path.join(directory, f"epoch-{epochs_done:05d}")
     tmp = final + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    network.save(os.path.join(tmp, "network.npz"))
-    if runner_state:
-        np.savez(os.path.join(tmp, _RUNNER_FILE), **{k: np.asarray(v) for k, v in runner_state.items()})
     meta = {"format": _FORMAT, "run_id": run_id, "epochs_done": epochs_done, "target_epochs": target_epochs,
             "master": master, "architecture": architecture_fingerprint(network),
             "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "extra": extra or {}}
-    with open(os.path.join(tmp, "trainer.json"), "w") as fh:
-        json.dump(meta, fh, indent=2)
-    if os.path.exists(final):
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    step = directory
+    try:
+        os.makedirs(directory, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        step = tmp
+        os.makedirs(tmp)
+        step = os.path.join(tmp, "network.npz")
+        network.save(step)
+        if runner_state:
+            step = os.path.join(tmp, _RUNNER_FILE)
+            np.savez(step, **{k: np.asarray(v) for k, v in runner_state.items()})
+        step = os.path.join(tmp, "trainer.json")
+        with open(step, "w") as fh:
+            json.dump(meta, fh, indent=2)
+        step = final
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except OSError as exc:  # a full disk, a read-only or vanished folder: say which checkpoint, where
+        shutil.rmtree(tmp, ignore_errors=True)  # a partial folder would only fill the disk further
+        raise OSError(exc.errno, f"cannot write the checkpoint of epoch {epochs_done} (run {run_id}) to {final}: "
+                                 f"{exc.strerror or exc} (writing {exc.filename or step}); the checkpoints written "
+                                 "before are intact") from exc
     logger.info("checkpoint written: %s", final)
     return final
 

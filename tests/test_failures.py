@@ -468,3 +468,18 @@ def test_a_full_disk_during_a_checkpoint_names_the_checkpoint_and_keeps_the_olde
     assert info.value.errno == errno.ENOSPC
     assert sorted(os.listdir(folder)) == ["epoch-00001"]  # the partial folder is removed
     assert [c.epochs_done for c in list_checkpoints(folder)] == [1]
+
+
+def test_a_minibatch_with_fewer_labels_than_examples_is_a_length_mismatch():
+    from sparkavg.data.validation import DataSpec, DataValidationError, rebatch_partition
+
+    x, y = blobs(12, seed=72)
+    rebatch = rebatch_partition(DataSpec.of(small_net().spec), 4)
+    assert [len(b[0]) for b in rebatch(0, iter([(x[:8], y[:8])]))] == [4, 4]
+    for bx, by, got in [(x[:8], y[:7], "8 examples and 7 labels"),
+                        (x[:8], np.eye(2, dtype=np.float32)[y[:9]], "8 examples and 9 labels"),
+                        (x[:8].reshape(8, 16), y[:1], "8 examples and 1 labels")]:
+        with pytest.raises(DataValidationError, match=r"Bad minibatch at partition 3, row 4: expected one label per "
+                                                      rf"example, got {got} \(x of shape \(8, "):
+            list(rebatch(3, iter([(x[8], int(y[8])), (x[9], int(y[9])), (x[10], int(y[10])), (x[11], int(y[11])),
+                                   (bx, by)])))

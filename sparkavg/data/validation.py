@@ -248,15 +248,26 @@ def split_features(record):
     return None, record
 
 
-def _is_minibatch(record, spec: DataSpec) -> bool:
+def _is_minibatch(record, spec: DataSpec, where: Callable[[], str]) -> bool:
+    """Whether a record is an ``(x, y)`` minibatch rather than a
+    ``(features, label)`` pair.  A pair whose ``x`` holds several examples
+    (a whole number of them, more values than one example has) and whose
+    ``y`` holds another number of labels is refused as a length mismatch,
+    not as one example of the wrong size."""
     if not (isinstance(record, tuple) and len(record) == 2):
         return False
     try:
         x, y = np.asarray(record[0]), np.asarray(record[1])
     except ValueError:  # ragged: a pair, whose check names it
         return False
-    return x.ndim >= 1 and y.ndim >= 1 and x.size == x.shape[0] * spec.input_size and x.shape[0] == y.shape[0] \
-        and not (x.shape[0] == spec.input_size and y.ndim == 1 and y.size == spec.num_outputs and x.ndim == 1)
+    if not (x.ndim >= 1 and y.ndim >= 1 and x.size == x.shape[0] * spec.input_size):
+        return False
+    if x.shape[0] == y.shape[0]:
+        return not (x.shape[0] == spec.input_size and y.ndim == 1 and y.size == spec.num_outputs and x.ndim == 1)
+    if x.shape[0] >= 2:
+        raise DataValidationError(f"Bad minibatch at {where()}: expected one label per example, got {x.shape[0]} "
+                                  f"examples and {y.shape[0]} labels (x of shape {x.shape}, y of shape {y.shape})")
+    return False
 
 
 def _pair_chunk(spec: DataSpec, pairs: List[tuple], where: Where) -> Tuple[np.ndarray, np.ndarray]:
@@ -298,7 +309,7 @@ def _checked_chunks(spec: DataSpec, index: int, rows: Iterable) -> Iterator[Tupl
         return chunk
 
     for record in rows:
-        if _is_minibatch(record, spec):
+        if _is_minibatch(record, spec, lambda: f"partition {index}, row {row_no + len(pairs)}"):
             if pairs:
                 yield pair_chunk()
             bx, by = np.asarray(record[0]), np.asarray(record[1])

@@ -483,3 +483,21 @@ def test_a_minibatch_with_fewer_labels_than_examples_is_a_length_mismatch():
                                                       rf"example, got {got} \(x of shape \(8, "):
             list(rebatch(3, iter([(x[8], int(y[8])), (x[9], int(y[9])), (x[10], int(y[10])), (x[11], int(y[11])),
                                    (bx, by)])))
+
+
+@pytest.mark.parametrize("flavour", ["classic", "connect"])
+def test_a_pandas_frame_is_named_as_pandas(request, flavour):
+    import pandas as pd
+
+    session = request.getfixturevalue("spark" if flavour == "classic" else "connect")
+    x, y = blobs(4, seed=73)
+    pdf = pd.DataFrame({"features": [row.reshape(-1).tolist() for row in x], "label": y})
+    trainer = SparkTrainer(session, small_net(seed=73), ParameterAveraging(workers=2))
+    expected = (r"Expect a Spark Connect DataFrame \(pyspark\.sql\.connect\.dataframe\.DataFrame\) on a Spark Connect "
+                r"session \(Connect has no RDDs\)" if flavour == "connect" else
+                r"Expect an RDD of .*, or a Spark DataFrame")
+    for call in (trainer.fit, trainer.evaluate, trainer.predict):
+        with pytest.raises(TypeError, match=expected + r", got pandas\.core\.frame\.DataFrame: a pandas DataFrame "
+                                                       r"lives in this process only; make it a Spark DataFrame with "
+                                                       r"spark\.createDataFrame\(pdf\)"):
+            call(pdf)

@@ -16,7 +16,7 @@ import time
 from typing import Callable, Optional
 
 from ..data.validation import DataSpec
-from .data import PreparedData, as_example_rdd, feature_rows, is_dataframe, placement_for, prepare
+from .data import PreparedData, as_example_rdd, check_rdd, feature_rows, is_dataframe, placement_for, prepare
 from .deal import EpochPlan
 from .errors import executor_errors
 from .executor.hooks import TestHooks
@@ -149,7 +149,8 @@ class ClassicSpark:
         Python object per row)."""
         if is_dataframe(data):
             data = feature_rows(data, features_col)
-        return data.mapPartitionsWithIndex(predict_rows(make_predict, input_shape))
+        rows = check_rdd(data, "features or (key, features) rows")
+        return rows.mapPartitionsWithIndex(predict_rows(make_predict, input_shape))
 
 
 def seam_for(spark_or_sc):

@@ -351,10 +351,9 @@ def test_ragged_rows_and_nan_features_are_named_on_every_classic_route(sc):
             call(sc.parallelize(rows, 1))
     bad = x.copy()
     bad[5, 0, 1, 1] = np.nan
-    for data in (list(bad), [(i, bad[i]) for i in range(8)]):  # bare features, (key, features)
-        with pytest.raises(Exception, match=r"DataValidationError: Bad features at partition 0, row 5: 1 NaN/inf "
-                                            r"value\(s\); expected finite numbers"):
-            trainer.predict(sc.parallelize(data, 1)).collect()  # before: [nan, nan], silently
+    with pytest.raises(Exception, match=r"DataValidationError: Bad features at partition 0, row 5: 1 NaN/inf "
+                                        r"value\(s\); expected finite numbers"):
+        trainer.predict(sc.parallelize([(i, bad[i]) for i in range(8)], 1)).collect()  # before: (5, [nan, nan])
     with pytest.raises(Exception, match=r"DataValidationError: Bad features at partition 0, row 2: expected 16 "
                                         r"values \(input shape \(1, 4, 4\)\), got shape \(15,\)"):
         trainer.predict(sc.parallelize([x[0], x[1], x[2].ravel()[:15]], 1)).collect()

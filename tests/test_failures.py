@@ -7,8 +7,12 @@ import glob
 import os
 import re
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -222,3 +226,277 @@ def test_a_trainer_refuses_a_non_network_and_a_non_path_checkpoint_dir_at_constr
     with pytest.raises(TypeError, match=r"Expect checkpoint_dir as a folder path \(str or os.PathLike\) or None, "
                                         r"got int 123"):
         SparkTrainer(sc, small_net(seed=58), checkpoint_dir=123)
+
+
+def _checkpoints(folder, net, master, epochs, runner_state=None):
+    """``epochs`` checkpoints of one run of ``net`` (as a fit writes them), without a fit."""
+    from sparkavg.spark.checkpoint import save_checkpoint
+
+    for done in range(1, epochs + 1):
+        net.epoch = done
+        save_checkpoint(folder, net, run_id="oldrun", epochs_done=done, target_epochs=epochs,
+                        master=master.to_config(), extra={"history": [{"epoch": e} for e in range(1, done + 1)]},
+                        runner_state=runner_state)
+
+
+def _untouched(trainer, params, run_id):
+    np.testing.assert_array_equal(trainer.network.params, params)
+    assert trainer.epochs_done == 0 and trainer.network.iteration == 0
+    assert trainer.run_id == run_id and trainer.history == []
+    assert trainer._runner.state_dict() == {}
+
+
+def test_a_resume_that_cannot_restore_everything_restores_nothing_and_names_the_file(sc, tmp_path):
+    from sparkavg.nn import SGD, Dense, Network, Output
+    from sparkavg.spark.checkpoint import CheckpointError
+
+    master = ParameterAveraging(workers=2, batch_size_per_worker=10)
+    folder = str(tmp_path / "bad-runner")
+    _checkpoints(folder, small_net(seed=60), master, 1, runner_state={"bogus": np.zeros(3, np.float32)})
+    trainer = SparkTrainer(sc, small_net(seed=61), master)
+    params, run_id = trainer.network.params.copy(), trainer.run_id
+    with pytest.raises(CheckpointError, match=r"no loadable checkpoint .*epoch-00001/runner\.npz: .*unknown keys "
+                                              r"\['bogus'\]"):
+        trainer.fit(_rdd(sc), epochs=2, resume_from=folder)
+    _untouched(trainer, params, run_id)
+
+    # The same architecture with another updater: Adam's state (2 x params) does not fit SGD's (none).
+    folder = str(tmp_path / "other-updater")
+    _checkpoints(folder, small_net(seed=62), master, 1)
+    sgd = Network((1, 4, 4), [Dense(8, activation="relu"), Output(2)], updater=SGD(lr=0.1), seed=63)
+    trainer = SparkTrainer(sc, sgd, master)
+    params, run_id = sgd.params.copy(), trainer.run_id
+    with pytest.raises(CheckpointError, match=r"epoch-00001/network\.npz: .*updater state of 2?\d+ values.*"
+                                              r"the trainer's model has 0 \(another updater"):
+        trainer.fit(_rdd(sc), epochs=2, resume_from=folder)
+    _untouched(trainer, params, run_id)
+
+
+def test_a_resume_falls_back_past_a_checkpoint_with_a_damaged_runner_state(sc, tmp_path, caplog):
+    master = ParameterAveraging(workers=2, batch_size_per_worker=10)
+    folder = str(tmp_path / "ckpt")
+    saved = small_net(seed=64)
+    _checkpoints(folder, saved, master, 2, runner_state={"block_momentum_delta": np.zeros(saved.num_params,
+                                                                                          np.float32)})
+    with open(os.path.join(folder, "epoch-00002", "runner.npz"), "r+b") as fh:
+        fh.truncate(64)  # a crash while writing it
+    trainer = SparkTrainer(sc, small_net(seed=65), master)
+    with caplog.at_level("WARNING", logger="sparkavg.spark.checkpoint"):
+        trainer.fit(_rdd(sc), epochs=3, resume_from=folder)
+    assert re.search(r"cannot resume .*epoch-00002/runner\.npz.*trying an older checkpoint", caplog.text), caplog.text
+    assert trainer.run_id == "oldrun" and [h["epoch"] for h in trainer.history] == [1, 2, 3]
+
+
+_SIGTERMED_FIT = textwrap.dedent("""
+    import signal, sys
+    from pyspark import SparkConf, SparkContext
+    from sparkavg.spark import DataOptions, ParameterAveraging, SparkTrainer
+    from sparkavg.spark.executor.hooks import HOLD_MARKER
+    from tests.nets import blobs, small_net
+
+    shared, marker = sys.argv[1], sys.argv[2]
+    sc = SparkContext(conf=SparkConf().setMaster("local[2]").setAppName("sigterm")
+                      .set("spark.ui.enabled", "false").set("spark.driver.host", "127.0.0.1"))
+    x, y = blobs(40, seed=66)
+    rdd = sc.parallelize(list(zip(x, y.tolist())), 2)
+    master = ParameterAveraging(workers=2, batch_size_per_worker=10, data=DataOptions(shared_dir=shared))
+    SparkTrainer(sc, small_net(seed=66), master).fit(rdd, epochs=1).close()
+    print("handler after a fit:", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, flush=True)
+    sc.setLocalProperty(HOLD_MARKER, marker)  # the round's tasks hold until the process ends
+    SparkTrainer(sc, small_net(seed=66), master).fit(rdd, epochs=1)
+    print("the held fit returned", flush=True)
+""")
+
+
+def test_sigterm_during_a_fit_removes_its_exported_files_and_still_terminates(tmp_path):
+    shared, marker = tmp_path / "shared", tmp_path / "held"
+    shared.mkdir()
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+               PYTHONPATH=os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, "-c", _SIGTERMED_FIT, str(shared), str(marker)], cwd=repo, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not glob.glob(f"{marker}.*") and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # polls until the held round runs
+        exported = glob.glob(str(shared / "sparkavg-*" / "*.minibatch"))
+        assert exported, f"no minibatch file while the fit runs (rc {proc.poll()})"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == -signal.SIGTERM, (proc.returncode, err[-3000:])
+    assert "handler after a fit: True" in out and "the held fit returned" not in out
+    assert os.listdir(shared) == []  # before the fix: the fit's folder and its minibatch files
+
+
+def test_ragged_rows_and_nan_features_are_named_on_every_classic_route(sc):
+    from sparkavg.data.validation import DataValidationError
+
+    x, y = blobs(8, seed=67)
+    trainer = SparkTrainer(sc, small_net(seed=67), ParameterAveraging(workers=1, batch_size_per_worker=4))
+    rows = [(x[i], int(y[i])) for i in range(8)]
+    rows[3] = ([[0.0] * 8, [0.0] * 7], 1)  # 15 values as rows of 8 and 7
+    for call in (trainer.evaluate, trainer.fit):
+        with pytest.raises(DataValidationError, match=r"Bad features at partition 0, row 3: expected 16 values "
+                                                      r"\(input shape \(1, 4, 4\)\), got a ragged nested sequence"):
+            call(sc.parallelize(rows, 1))
+    rows[3] = (x[3], [[1.0], [0.0, 1.0]])
+    for call in (trainer.evaluate, trainer.fit):
+        with pytest.raises(DataValidationError, match=r"Bad label at partition 0, row 3: expected a class index in "
+                                                      r"\[0, 2\) or a one-hot row of length 2, got a ragged"):
+            call(sc.parallelize(rows, 1))
+    bad = x.copy()
+    bad[5, 0, 1, 1] = np.nan
+    with pytest.raises(Exception, match=r"DataValidationError: Bad features at partition 0, row 5: 1 NaN/inf "
+                                        r"value\(s\); expected finite numbers"):
+        trainer.predict(sc.parallelize([(i, bad[i]) for i in range(8)], 1)).collect()  # before: (5, [nan, nan])
+    with pytest.raises(Exception, match=r"DataValidationError: Bad features at partition 0, row 2: expected 16 "
+                                        r"values \(input shape \(1, 4, 4\)\), got shape \(15,\)"):
+        trainer.predict(sc.parallelize([x[0], x[1], x[2].ravel()[:15]], 1)).collect()
+
+
+def test_a_damaged_or_oversized_sparkavg_json_is_named(spark, tmp_path):
+    from sparkavg.ml import NetworkEstimator, NetworkModel
+
+    path = str(tmp_path / "model")
+    NetworkModel(network=small_net(seed=68)).write().save(path)
+    extra = os.path.join(path, "sparkavg.json")
+    saved = open(extra).read()
+    for text, expected in [
+        ("{not json", r"sparkavg\.json: expected JSON text, got unreadable data \(JSONDecodeError: "),
+        ("[1, 2]", r"sparkavg\.json: expected a JSON object, got list '\[1, 2\]'"),
+        (saved.replace('"history": []', '"history": 5'), r"sparkavg\.json: expected 'history' as a list of "
+                                                          r"per-epoch summaries, got int 5"),
+        ("[" * 100_000 + "]" * 100_000, r"sparkavg\.json: expected JSON text, got unreadable data \(RecursionError"),
+        ('{"format": "sparkavg.ml/1", "pad": "' + "x" * (9 << 20) + '"}',
+         r"sparkavg\.json: more than 8,388,608 bytes; expected a JSON record of at most"),
+    ]:
+        with open(extra, "w") as fh:
+            fh.write(text)
+        with pytest.raises(ValueError, match=re.escape(path) + "/" + expected):
+            NetworkModel.load(path)
+    est = str(tmp_path / "estimator")
+    NetworkEstimator(network=small_net(seed=68)).write().save(est)
+    extra = os.path.join(est, "sparkavg.json")
+    with open(extra) as fh:
+        text = fh.read().replace('"master": {', '"master": 7, "was": {', 1)
+    with open(extra, "w") as fh:
+        fh.write(text)
+    with pytest.raises(ValueError, match=re.escape(extra) + r": expected 'master' as a master configuration "
+                                                            r"\(a JSON object\), got int 7"):
+        NetworkEstimator.load(est)
+
+
+def test_a_damaged_or_oversized_trainer_json_is_named_and_skipped(tmp_path, caplog):
+    from sparkavg.spark.checkpoint import CheckpointError, find_resumable, list_checkpoints
+
+    master = ParameterAveraging(workers=2, batch_size_per_worker=10)
+    folder = str(tmp_path / "ckpt")
+    _checkpoints(folder, small_net(seed=69), master, 3)
+    meta = os.path.join(folder, "epoch-00003", "trainer.json")
+    with open(meta, "w") as fh:
+        fh.write('{"pad": "' + "x" * (9 << 20) + '"}')
+    with open(os.path.join(folder, "epoch-00002", "trainer.json"), "w") as fh:
+        fh.write('{"run_id": "oldrun", "epochs_done": [2], "master": {}, "architecture": "x"}')
+    with caplog.at_level("WARNING", logger="sparkavg.spark.checkpoint"):
+        assert [c.epochs_done for c in list_checkpoints(folder)] == [1]
+    assert re.search(r"epoch-00003/trainer\.json: more than 8,388,608 bytes", caplog.text), caplog.text
+    assert re.search(r"epoch-00002/trainer\.json: expected epochs_done as an int >= 0, got list \[2\]", caplog.text)
+    with pytest.raises(CheckpointError, match=re.escape(meta) + ": more than 8,388,608 bytes"):
+        find_resumable(os.path.dirname(meta), network=small_net(seed=69), master=master.to_config(), epochs=4)
+
+
+def test_a_model_folder_whose_network_file_was_swapped_is_refused(spark, tmp_path):
+    import shutil
+
+    from sparkavg.ml import NetworkModel
+    from sparkavg.nn import Adam, Dense, Network, Output
+
+    relu, tanh = small_net(seed=70), Network((1, 4, 4), [Dense(8, activation="tanh"), Output(2)],
+                                             updater=Adam(lr=0.01), seed=70)
+    assert relu.num_params == tanh.num_params and relu.fingerprint() != tanh.fingerprint()
+    path, other = str(tmp_path / "model"), str(tmp_path / "other")
+    NetworkModel(network=relu).write().save(path)
+    NetworkModel(network=tanh).write().save(other)
+    shutil.copyfile(os.path.join(other, "network.npz"), os.path.join(path, "network.npz"))
+    with pytest.raises(ValueError, match=re.escape(os.path.join(path, "network.npz")) +
+                       rf" holds a model of fingerprint {tanh.fingerprint()}, but "
+                       + re.escape(os.path.join(path, "sparkavg.json")) +
+                       rf" records {relu.fingerprint()}: the file was replaced"):
+        NetworkModel.load(path)  # before: loaded silently, with tanh units
+    assert NetworkModel.load(other).network.fingerprint() == tanh.fingerprint()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 64 KiB filesystem (tmpfs; mounting needs root), unmounted afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a 64 KiB tmpfs needs root")
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)], check=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_a_full_disk_during_a_checkpoint_names_the_checkpoint_and_keeps_the_older_ones(small_disk):
+    import errno
+
+    from sparkavg.spark.checkpoint import list_checkpoints, save_checkpoint
+
+    master = ParameterAveraging(workers=2, batch_size_per_worker=10).to_config()
+    net = small_net(seed=71)
+    folder = str(small_disk / "ckpt")
+    save_checkpoint(folder, net, run_id="r", epochs_done=1, target_epochs=2, master=master)
+    with open(small_disk / "filler", "wb", buffering=0) as fh:  # what else filled the disk
+        try:
+            while True:
+                fh.write(b"\0" * 1024)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+    with pytest.raises(OSError, match=r"\[Errno 28\] cannot write the checkpoint of epoch 2 \(run r\) to "
+                       + re.escape(os.path.join(folder, "epoch-00002")) + r": No space left on device "
+                       r"\(writing .*epoch-00002\.tmp.*\); the checkpoints written before are intact") as info:
+        save_checkpoint(folder, net, run_id="r", epochs_done=2, target_epochs=2, master=master)
+    assert info.value.errno == errno.ENOSPC
+    assert sorted(os.listdir(folder)) == ["epoch-00001"]  # the partial folder is removed
+    assert [c.epochs_done for c in list_checkpoints(folder)] == [1]
+
+
+def test_a_minibatch_with_fewer_labels_than_examples_is_a_length_mismatch():
+    from sparkavg.data.validation import DataSpec, DataValidationError, rebatch_partition
+
+    x, y = blobs(12, seed=72)
+    rebatch = rebatch_partition(DataSpec.of(small_net().spec), 4)
+    assert [len(b[0]) for b in rebatch(0, iter([(x[:8], y[:8])]))] == [4, 4]
+    for bx, by, got in [(x[:8], y[:7], "8 examples and 7 labels"),
+                        (x[:8], np.eye(2, dtype=np.float32)[y[:9]], "8 examples and 9 labels"),
+                        (x[:8].reshape(8, 16), y[:1], "8 examples and 1 labels")]:
+        with pytest.raises(DataValidationError, match=r"Bad minibatch at partition 3, row 4: expected one label per "
+                                                      rf"example, got {got} \(x of shape \(8, "):
+            list(rebatch(3, iter([(x[8], int(y[8])), (x[9], int(y[9])), (x[10], int(y[10])), (x[11], int(y[11])),
+                                   (bx, by)])))
+
+
+@pytest.mark.parametrize("flavour", ["classic", "connect"])
+def test_a_pandas_frame_is_named_as_pandas(request, flavour):
+    import pandas as pd
+
+    session = request.getfixturevalue("spark" if flavour == "classic" else "connect")
+    x, y = blobs(4, seed=73)
+    pdf = pd.DataFrame({"features": [row.reshape(-1).tolist() for row in x], "label": y})
+    trainer = SparkTrainer(session, small_net(seed=73), ParameterAveraging(workers=2))
+    expected = (r"Expect a Spark Connect DataFrame \(pyspark\.sql\.connect\.dataframe\.DataFrame\) on a Spark Connect "
+                r"session \(Connect has no RDDs\)" if flavour == "connect" else
+                r"Expect an RDD of .*, or a Spark DataFrame")
+    for call in (trainer.fit, trainer.evaluate, trainer.predict):
+        with pytest.raises(TypeError, match=expected + r", got pandas\.core\.frame\.DataFrame: a pandas DataFrame "
+                                                       r"lives in this process only; make it a Spark DataFrame with "
+                                                       r"spark\.createDataFrame\(pdf\)"):
+            call(pdf)

@@ -1,6 +1,7 @@
 """IDX reader/writer: round trips for every type code, and every kind of bad file."""
 import gzip
 import pickle
+import re
 import struct
 
 import numpy as np
@@ -195,3 +196,16 @@ def test_garbage_after_gzip_stream(tmp_path):
     with open(path, "ab") as f:
         f.write(b"garbage!")
     _expect_error(path, "corrupt or truncated gzip")
+
+
+@pytest.mark.parametrize("limit", [True, False, 2.0, "3"])
+def test_limit_refuses_what_is_not_an_int(tmp_path, limit):
+    from sparkavg.data.mnist import load_mnist
+
+    path = tmp_path / "a"
+    write_idx(path, np.arange(10, dtype=np.int32))
+    expected = f"Expect limit to be None or an int >= 0, got {type(limit).__name__} {limit!r}"
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        read_idx(path, limit=limit)  # before: True read one item, False none
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        load_mnist(tmp_path, limit=limit)

@@ -190,8 +190,9 @@ def read_idx(path, limit: int | None = None) -> np.ndarray:
     FileNotFoundError
         The file does not exist.
     """
-    if limit is not None and (not isinstance(limit, (int, np.integer)) or limit < 0):
-        raise ValueError(f"Expect limit to be None or an int >= 0, got {limit!r}")
+    if limit is not None and (not isinstance(limit, (int, np.integer)) or isinstance(limit, (bool, np.bool_))
+                              or limit < 0):
+        raise ValueError(f"Expect limit to be None or an int >= 0, got {type(limit).__name__} {limit!r}")
     path = os.fspath(path)
     try:
         f, gz = _open(path)

@@ -169,8 +169,9 @@ def load_mnist(
     sparkavg.data.idx.IdxFormatError
         A file is not well-formed IDX.
     """
-    if limit is not None and (not isinstance(limit, (int, np.integer)) or limit < 0):
-        raise ValueError(f"Expect limit to be None or an int >= 0, got {limit!r}")
+    if limit is not None and (not isinstance(limit, (int, np.integer)) or isinstance(limit, (bool, np.bool_))
+                              or limit < 0):
+        raise ValueError(f"Expect limit to be None or an int >= 0, got {type(limit).__name__} {limit!r}")
     dtype = np.dtype(dtype)
     if dtype.kind != "f":
         raise ValueError(f"Expect a floating dtype for images, got {dtype}")

@@ -30,7 +30,9 @@ __all__ = [
     "check_widths",
     "check_finite",
     "check_label_values",
+    "as_arrays",
     "check_features",
+    "check_feature_rows",
     "check_labels",
     "cut_minibatches",
     "rebatch_partition",
@@ -152,6 +154,33 @@ def check_finite(x: np.ndarray, where: Where, what: str = "features") -> None:
                                   "value(s); expected finite numbers")
 
 
+def as_arrays(values: Iterable, where: Where, what: str, want: str) -> List[np.ndarray]:
+    """Each row's value as an array; a ragged nested sequence (rows of
+    different lengths, which numpy refuses) is named by its row."""
+    out = []
+    for value in values:
+        try:
+            out.append(np.asarray(value))
+        except ValueError as exc:
+            raise DataValidationError(f"Bad {what} at {where(len(out))}: expected {want}, got a ragged nested "
+                                      f"sequence ({str(exc).split('. ')[-1].rstrip('.')})") from None
+    return out
+
+
+def check_feature_rows(values: Sequence, input_shape, where: Where) -> np.ndarray:
+    """Rows of features (one array-like each) as one float32
+    ``(n, *input_shape)`` matrix: numbers, the input's size each, finite."""
+    shape = tuple(int(s) for s in input_shape)
+    size, note = int(np.prod(shape, dtype=np.int64)), shape_note(shape)
+    xs = as_arrays(values, where, "features", f"{size} values{note}")
+    check_numbers([a.dtype for a in xs], where)
+    check_widths(np.fromiter((a.size for a in xs), np.int64, len(xs)), size, where,
+                 lambda i: f"shape {xs[i].shape}", note=note)
+    flat = np.stack([a.reshape(-1) for a in xs]) if xs else np.zeros((0, size), np.float32)
+    check_finite(flat, where)
+    return flat.astype(np.float32, copy=False).reshape((len(xs),) + shape)
+
+
 def _label_error(spec: DataSpec, where: str, value) -> DataValidationError:
     value = np.asarray(value)
     shown = repr(value.item()) if value.ndim == 0 else repr(value)
@@ -219,22 +248,32 @@ def split_features(record):
     return None, record
 
 
-def _is_minibatch(record, spec: DataSpec) -> bool:
+def _is_minibatch(record, spec: DataSpec, where: Callable[[], str]) -> bool:
+    """Whether a record is an ``(x, y)`` minibatch rather than a
+    ``(features, label)`` pair.  A pair whose ``x`` holds several examples
+    (a whole number of them, more values than one example has) and whose
+    ``y`` holds another number of labels is refused as a length mismatch,
+    not as one example of the wrong size."""
     if not (isinstance(record, tuple) and len(record) == 2):
         return False
-    x, y = np.asarray(record[0]), np.asarray(record[1])
-    return x.ndim >= 1 and y.ndim >= 1 and x.size == x.shape[0] * spec.input_size and x.shape[0] == y.shape[0] \
-        and not (x.shape[0] == spec.input_size and y.ndim == 1 and y.size == spec.num_outputs and x.ndim == 1)
+    try:
+        x, y = np.asarray(record[0]), np.asarray(record[1])
+    except ValueError:  # ragged: a pair, whose check names it
+        return False
+    if not (x.ndim >= 1 and y.ndim >= 1 and x.size == x.shape[0] * spec.input_size):
+        return False
+    if x.shape[0] == y.shape[0]:
+        return not (x.shape[0] == spec.input_size and y.ndim == 1 and y.size == spec.num_outputs and x.ndim == 1)
+    if x.shape[0] >= 2:
+        raise DataValidationError(f"Bad minibatch at {where()}: expected one label per example, got {x.shape[0]} "
+                                  f"examples and {y.shape[0]} labels (x of shape {x.shape}, y of shape {y.shape})")
+    return False
 
 
 def _pair_chunk(spec: DataSpec, pairs: List[tuple], where: Where) -> Tuple[np.ndarray, np.ndarray]:
     """``(features, label)`` pairs as one checked ``(x, y)`` chunk."""
-    xs = [np.asarray(f) for f, _ in pairs]
-    check_numbers([a.dtype for a in xs], where)
-    check_widths(np.fromiter((a.size for a in xs), np.int64, len(xs)), spec.input_size, where,
-                 lambda i: f"shape {xs[i].shape}", note=spec.shape_note)
-    x = check_features(np.stack([a.reshape(-1) for a in xs]), spec, where)
-    labels = [np.asarray(label) for _, label in pairs]
+    x = check_feature_rows([f for f, _ in pairs], spec.input_shape, where)
+    labels = as_arrays((label for _, label in pairs), where, "label", spec.label_want)
     i = _first_non_numeric(a.dtype for a in labels)
     if i is not None:
         raise _label_error(spec, where(i), labels[i])
@@ -270,7 +309,7 @@ def _checked_chunks(spec: DataSpec, index: int, rows: Iterable) -> Iterator[Tupl
         return chunk
 
     for record in rows:
-        if _is_minibatch(record, spec):
+        if _is_minibatch(record, spec, lambda: f"partition {index}, row {row_no + len(pairs)}"):
             if pairs:
                 yield pair_chunk()
             bx, by = np.asarray(record[0]), np.asarray(record[1])

@@ -10,7 +10,9 @@ A saved stage is a folder:
   updater state, counters, JSON configuration, SHA-256);
 - ``sparkavg.json`` -- what is neither: the estimator's master
   (``Master.to_config()``, rebuilt by ``from_config``) or the model's
-  training history.
+  training history, and the network's fingerprint
+  (:meth:`sparkavg.nn.Model.fingerprint`), compared on load: a
+  ``network.npz`` swapped for another architecture's is refused.
 
 The metadata goes where Spark writes; the other two files are written by
 the driver (this Python process): ``path`` must name a place both reach --
@@ -26,6 +28,8 @@ import shutil
 import tempfile
 
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
+
+from ..jsonfile import MAX_JSON_BYTES, parse_json
 
 __all__ = ["NetworkWriter", "NetworkReader", "FORMAT"]
 
@@ -83,13 +87,14 @@ def _write_bytes(path: str, data: bytes) -> None:
         fh.write(data)
 
 
-def _read_bytes(path: str) -> bytes:
+def _read_bytes(path: str, limit: int = -1) -> bytes:
+    """The file's bytes (at most ``limit`` of them when >= 0)."""
     if _is_url(path):
         fs, p = _fs(path)
         with fs.open(p, "rb") as fh:
-            return fh.read()
+            return fh.read(limit)
     with open(_local(path), "rb") as fh:
-        return fh.read()
+        return fh.read(limit)
 
 
 def _save_network(network, path: str) -> None:
@@ -155,6 +160,8 @@ class NetworkWriter(MLWriter):
             network = instance.network
             extra["history"] = instance.history
         extra["network"] = _NETWORK if isinstance(network, Model) else None
+        if isinstance(network, Model):  # checked on load: a swapped network file is refused
+            extra["fingerprint"] = network.fingerprint()
         if network is not None:
             _save_network(network, _join(path, _NETWORK))
         _write_bytes(_join(path, _EXTRA), json.dumps(extra, indent=1, default=_plain).encode())
@@ -165,6 +172,23 @@ def _plain(value):
     if hasattr(value, "item"):
         return value.item()
     raise TypeError(f"Expect JSON values in a model's history, got {type(value).__name__}")
+
+
+_EXTRA_FIELDS = {"history": (list, "a list of per-epoch summaries"),
+                 "master": (dict, "a master configuration (a JSON object)"),
+                 "network": ((str, type(None)), f"the name {_NETWORK!r} or null"),
+                 "fingerprint": (str, "the network's fingerprint (a str)")}
+
+
+def _read_extra(name: str) -> dict:
+    """``sparkavg.json`` read in bounded memory, its fields' types checked;
+    a ``ValueError`` naming the file otherwise."""
+    extra = parse_json(_read_bytes(name, MAX_JSON_BYTES + 1), name)
+    for key, (kind, want) in _EXTRA_FIELDS.items():
+        if key in extra and not isinstance(extra[key], kind):
+            raise ValueError(f"{name}: expected {key!r} as {want}, got {type(extra[key]).__name__} "
+                             f"{extra[key]!r:.80}")
+    return extra
 
 
 class NetworkReader(MLReader):
@@ -181,15 +205,24 @@ class NetworkReader(MLReader):
         expected = f"{self.cls.__module__}.{self.cls.__name__}"
         if metadata.get("class") != expected:
             raise ValueError(f"Expect a saved {expected} at {path}, got {metadata.get('class')!r}")
-        extra = json.loads(_read_bytes(_join(path, _EXTRA)))
+        extra = _read_extra(_join(path, _EXTRA))
         if extra.get("format") != FORMAT:
             raise ValueError(f"Expect {_EXTRA} of format {FORMAT!r} at {path}, got {extra.get('format')!r}")
         instance = self.cls()
         instance._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(instance, metadata)
         network = _load_network(_join(path, _NETWORK)) if extra.get("network") else None
+        recorded = extra.get("fingerprint")
+        if network is not None and recorded is not None and network.fingerprint() != recorded:
+            raise ValueError(f"{_join(path, _NETWORK)} holds a model of fingerprint {network.fingerprint()}, but "
+                             f"{_join(path, _EXTRA)} records {recorded}: the file was replaced by another "
+                             "architecture's (save the stage again rather than swapping its network file)")
         if "master" in extra:
-            instance._set(master=master_from_config(extra["master"]))
+            try:
+                master = master_from_config(extra["master"])
+            except (ValueError, TypeError) as exc:  # ConfigError is a ValueError
+                raise ValueError(f"{_join(path, _EXTRA)}: its master: {exc}") from exc
+            instance._set(master=master)
             if network is not None:
                 instance._set(network=network)
         else:

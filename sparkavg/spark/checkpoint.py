@@ -9,7 +9,9 @@ configuration, a fingerprint of the network's architecture and the
 history.  Folders are written atomically (tmp folder + rename).
 
 Resuming (:func:`find_resumable`) takes the newest *complete* checkpoint
-(an unreadable newer one is skipped with a warning), and refuses -- with a
+that loads whole -- network, runner state -- and fits the trainer's model
+(a newer one that does not is skipped with a warning naming the file), so
+that the trainer restores all of it or nothing; it refuses -- with a
 :class:`CheckpointError` that says which run it found -- a checkpoint of
 another architecture or master configuration, or a run that already has
 the epochs asked for.  A fresh fit refuses a folder that holds another
@@ -28,6 +30,7 @@ from typing import List, Optional
 
 import numpy as np
 
+from ..jsonfile import read_json
 from ..npzfile import load_npz
 
 __all__ = ["Checkpoint", "CheckpointError", "save_checkpoint", "list_checkpoints", "find_resumable",
@@ -90,39 +93,64 @@ def save_checkpoint(directory: str, network, *, run_id: str, epochs_done: int, t
     ``runner_state`` (name -> array or plain number/string, see
     :meth:`~sparkavg.spark.runners.base.EpochRunner.state_dict`) goes to
     ``runner.npz`` when not empty."""
-    os.makedirs(directory, exist_ok=True)
     final = os.path.join(directory, f"epoch-{epochs_done:05d}")
     tmp = final + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    network.save(os.path.join(tmp, "network.npz"))
-    if runner_state:
-        np.savez(os.path.join(tmp, _RUNNER_FILE), **{k: np.asarray(v) for k, v in runner_state.items()})
     meta = {"format": _FORMAT, "run_id": run_id, "epochs_done": epochs_done, "target_epochs": target_epochs,
             "master": master, "architecture": architecture_fingerprint(network),
             "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "extra": extra or {}}
-    with open(os.path.join(tmp, "trainer.json"), "w") as fh:
-        json.dump(meta, fh, indent=2)
-    if os.path.exists(final):
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    step = directory
+    try:
+        os.makedirs(directory, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        step = tmp
+        os.makedirs(tmp)
+        step = os.path.join(tmp, "network.npz")
+        network.save(step)
+        if runner_state:
+            step = os.path.join(tmp, _RUNNER_FILE)
+            np.savez(step, **{k: np.asarray(v) for k, v in runner_state.items()})
+        step = os.path.join(tmp, "trainer.json")
+        with open(step, "w") as fh:
+            json.dump(meta, fh, indent=2)
+        step = final
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except OSError as exc:  # a full disk, a read-only or vanished folder: say which checkpoint, where
+        shutil.rmtree(tmp, ignore_errors=True)  # a partial folder would only fill the disk further
+        raise OSError(exc.errno, f"cannot write the checkpoint of epoch {epochs_done} (run {run_id}) to {final}: "
+                                 f"{exc.strerror or exc} (writing {exc.filename or step}); the checkpoints written "
+                                 "before are intact") from exc
     logger.info("checkpoint written: %s", final)
     return final
 
 
 def _read(folder: str) -> Checkpoint:
     path = os.path.join(folder, "trainer.json")
-    with open(path) as fh:
-        meta = json.load(fh)
+    meta = read_json(path, error=CheckpointError)
     missing = [k for k in ("run_id", "epochs_done", "master", "architecture") if k not in meta]
     if missing:
-        raise ValueError(f"{path} lacks {missing}; expected a {_FORMAT} record")
+        raise CheckpointError(f"{path} lacks {missing}; expected a {_FORMAT} record")
+    done, target = meta["epochs_done"], meta.get("target_epochs")
+    for name, ok, want in [
+        ("epochs_done", isinstance(done, int) and not isinstance(done, bool) and done >= 0, "an int >= 0"),
+        ("target_epochs", target is None or (isinstance(target, int) and not isinstance(target, bool)),
+         "an int or null"),
+        ("run_id", isinstance(meta["run_id"], str), "a str"),
+        ("architecture", isinstance(meta["architecture"], str), "a str"),
+        ("master", isinstance(meta["master"], dict), "a JSON object"),
+        ("extra", isinstance(meta.get("extra", {}), dict), "a JSON object"),
+        ("extra.history", isinstance(meta.get("extra", {}).get("history", []), list)
+         if isinstance(meta.get("extra", {}), dict) else True, "a list"),
+    ]:
+        if not ok:
+            value = meta["extra"]["history"] if name == "extra.history" else meta.get(name)
+            raise CheckpointError(f"{path}: expected {name} as {want}, got {type(value).__name__} {value!r:.80}")
     if not os.path.exists(os.path.join(folder, "network.npz")):
         raise ValueError(f"{folder} has no network.npz")
-    return Checkpoint(folder, str(meta["run_id"]), int(meta["epochs_done"]), meta.get("target_epochs"),
-                      meta["master"], str(meta["architecture"]), str(meta.get("written_at", "")),
-                      meta.get("extra", {}))
+    return Checkpoint(folder, meta["run_id"], done, target, meta["master"], meta["architecture"],
+                      str(meta.get("written_at", "")), meta.get("extra", {}))
 
 
 def list_checkpoints(directory: str) -> List[Checkpoint]:
@@ -155,25 +183,63 @@ def _differences(saved: dict, current: dict) -> list:
     return [f"{k}: checkpoint {saved.get(k)!r}, now {current.get(k)!r}" for k in keys if saved.get(k) != current.get(k)]
 
 
-def find_resumable(path: str, *, network, master: dict, epochs: int, run_id: Optional[str] = None):
-    """The checkpoint to resume ``epochs`` epochs from, with its loaded network.
+_STATE_NAMES = {"params": "parameters", "updater": "updater state", "buffers": "buffers"}
+
+
+def _check_state(path: str, saved, model) -> None:
+    """Refuse (:class:`CheckpointError` naming ``path``) a saved model whose
+    state vectors do not fit the trainer's ``model`` (e.g. another updater:
+    the architecture's fingerprint leaves the updater out)."""
+    from ..nn.model import STATE_VECTORS
+
+    live, got = model.state, saved.state
+    for name in STATE_VECTORS:
+        want, have = int(getattr(live.get(name), "size", 0)), int(getattr(got.get(name), "size", 0))
+        if want != have:
+            hint = ""
+            if name == "updater":
+                hint = (f" (another updater: the checkpoint's {type(saved.updater).__name__}, the trainer's "
+                        f"{type(model.updater).__name__}; build the model with the checkpoint's updater to resume)")
+            raise CheckpointError(f"{path}: {_STATE_NAMES.get(name, name)} of {have} values, the trainer's model "
+                                  f"has {want}{hint}")
+
+
+def _named(exc: BaseException, path: str) -> str:
+    text = f"{type(exc).__name__}: {exc}" if not isinstance(exc, ValueError) else str(exc)
+    return text if path in text else f"{path}: {text}"
+
+
+def find_resumable(path: str, *, network, master: dict, epochs: int, run_id: Optional[str] = None, check=None):
+    """The checkpoint to resume ``epochs`` epochs from, loaded whole and
+    checked against the trainer's model before anything is restored.
+
+    A checkpoint that cannot be loaded or checked (a damaged network or
+    ``runner.npz``, state vectors of another size) is skipped with a
+    warning naming the file, and the next older one is tried; when none is
+    left, a :class:`CheckpointError` lists every file and why.
 
     Parameters
     ----------
     path : str
         A checkpoint folder, or a checkpoint_dir (its newest complete checkpoint).
-    network : sparkavg.nn.Network
-        The trainer's network: the checkpoint must have its architecture.
+    network : sparkavg.nn.Model
+        The trainer's model: the checkpoint must have its architecture and
+        state vectors of its sizes.  It is not changed.
     master : dict
         The trainer's master configuration: the checkpoint's must equal it.
     epochs : int
         The total epochs asked for.
     run_id : str, optional
         Resume only this run.
+    check : callable, optional
+        ``check(runner_state, model)`` raises ``ValueError`` when the runner
+        state (name -> array, as read from ``runner.npz``) cannot be restored
+        for the loaded ``model``; it must change nothing.
 
     Returns
     -------
-    (Checkpoint, Network)
+    (Checkpoint, Model, dict)
+        The checkpoint, its loaded model and its runner state.
     """
     if os.path.exists(os.path.join(path, "trainer.json")):
         candidates = [_read(path)]
@@ -195,17 +261,23 @@ def find_resumable(path: str, *, network, master: dict, epochs: int, run_id: Opt
         if diff:
             raise CheckpointError(f"{ckpt.describe()} was trained with another master configuration "
                                   f"({'; '.join(diff)}); resume with the same master")
+        at = os.path.join(ckpt.directory, "network.npz")
         try:
             net = ckpt.load_network()
-        except Exception as exc:  # a damaged newest checkpoint: fall back to an older one
-            logger.warning("cannot load %s (%s); trying an older checkpoint", ckpt.directory, exc)
-            errors.append(f"{ckpt.directory}: {exc}")
+            _check_state(at, net, network)
+            at = os.path.join(ckpt.directory, _RUNNER_FILE)
+            runner_state = ckpt.load_runner_state()
+            if check is not None:
+                check(runner_state, net)
+        except Exception as exc:  # a damaged or unfitting checkpoint: fall back to an older one
+            errors.append(_named(exc, at))
+            logger.warning("cannot resume %s (%s); trying an older checkpoint", ckpt.directory, errors[-1])
             continue
         if ckpt.epochs_done >= epochs:
             raise CheckpointError(f"{ckpt.describe()} already has {ckpt.epochs_done} epoch(s) and "
                                   f"{epochs} were asked for: nothing to resume. Ask for more epochs to continue "
                                   "that run, or start a new run with a new checkpoint_dir")
-        return ckpt, net
+        return ckpt, net, runner_state
     raise CheckpointError(f"no loadable checkpoint in {path!r}: {'; '.join(errors)}")
 
 

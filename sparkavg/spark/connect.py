@@ -41,7 +41,8 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from ..data.validation import DataSpec
-from .data import PreparedData, check_columns, frame_failures, is_dataframe, minibatch_frame, placement_for
+from .data import (PreparedData, check_columns, describe_data, frame_failures, is_dataframe, minibatch_frame,
+                   placement_for)
 from .deal import Dealt, deal_epoch
 from .errors import executor_errors
 from .executor.adapters import examples_adapter, round_adapter
@@ -197,9 +198,9 @@ class ConnectSpark:
     # ---------------------------------------------------------------- data
     @staticmethod
     def _frame(data):
-        if not is_dataframe(data):
-            raise TypeError(f"Expect a DataFrame on a Spark Connect session (Connect has no RDDs), "
-                            f"got {type(data).__name__}")
+        if not (is_dataframe(data) and type(data).__module__.startswith("pyspark.sql.connect")):
+            raise TypeError(f"Expect a Spark Connect DataFrame (pyspark.sql.connect.dataframe.DataFrame) on a Spark "
+                            f"Connect session (Connect has no RDDs), got {describe_data(data)}")
         return data
 
     def prepare(self, data, spec: DataSpec, batch_size: int, options, features_col: str,

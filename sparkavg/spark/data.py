@@ -42,6 +42,25 @@ def is_dataframe(data) -> bool:
     return hasattr(data, "columns") and hasattr(data, "select")
 
 
+def describe_data(data) -> str:
+    """What ``data`` is, for messages: its module and type (a pandas
+    DataFrame and a pyspark one share a class name), and what to do with a
+    pandas frame."""
+    kind = type(data)
+    name = f"{kind.__module__}.{kind.__qualname__}"
+    if kind.__module__.split(".")[0] == "pandas":
+        return (f"{name}: a pandas DataFrame lives in this process only; make it a Spark DataFrame with "
+                "spark.createDataFrame(pdf)")
+    return name
+
+
+def check_rdd(data, what: str):
+    """``data`` when it is an RDD, else a TypeError saying what ``what`` may be."""
+    if hasattr(data, "mapPartitions"):
+        return data
+    raise TypeError(f"Expect an RDD of {what}, or a Spark DataFrame, got {describe_data(data)}")
+
+
 def check_columns(df, features_col: str, label_col: Optional[str]) -> None:
     """Raise :class:`DataValidationError` naming the columns ``df`` lacks."""
     wanted = [c for c in (features_col, label_col) if c is not None]
@@ -148,10 +167,7 @@ def as_example_rdd(data, features_col: str = "features", label_col: str = "label
     """
     if is_dataframe(data):
         return ExampleFrame(data, features_col, label_col)
-    if hasattr(data, "mapPartitions"):
-        return data
-    raise TypeError(f"Expect an RDD of (features, label) pairs or minibatches, or a DataFrame, "
-                    f"got {type(data).__name__}")
+    return check_rdd(data, "(features, label) pairs or minibatches")
 
 
 def frame_failures(rows, what: str) -> None:

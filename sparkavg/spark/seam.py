@@ -16,7 +16,7 @@ import time
 from typing import Callable, Optional
 
 from ..data.validation import DataSpec
-from .data import PreparedData, as_example_rdd, feature_rows, is_dataframe, placement_for, prepare
+from .data import PreparedData, as_example_rdd, check_rdd, feature_rows, is_dataframe, placement_for, prepare
 from .deal import EpochPlan
 from .errors import executor_errors
 from .executor.hooks import TestHooks
@@ -143,12 +143,14 @@ class ClassicSpark:
 
     def map_features(self, data, make_predict: Callable, features_col: str, input_shape):
         """An RDD of outputs, lazily: ``make_predict``'s ``predict`` over
-        ``data``'s rows gathered into matrices (:func:`~.executor.inference.predict_rows`;
+        ``data``'s rows gathered into matrices of ``input_shape`` examples,
+        checked as training features are (:func:`~.executor.inference.predict_rows`;
         an RDD, or a DataFrame's ``features_col`` read as Arrow batches: no
-        Python object per row).  ``input_shape`` is the Connect seam's."""
+        Python object per row)."""
         if is_dataframe(data):
             data = feature_rows(data, features_col)
-        return data.mapPartitions(predict_rows(make_predict))
+        rows = check_rdd(data, "features or (key, features) rows")
+        return rows.mapPartitionsWithIndex(predict_rows(make_predict, input_shape))
 
 
 def seam_for(spark_or_sc):

@@ -33,7 +33,7 @@ import numpy as np
 from ..data.validation import DataValidationError
 
 __all__ = ["SharedLocation", "save_minibatch", "load_minibatch", "is_url", "is_remote", "SUFFIX", "encode_minibatch",
-           "decode_minibatch"]
+           "decode_minibatch", "release_live_locations"]
 
 #: File name suffix of a minibatch file.
 SUFFIX = ".minibatch"
@@ -203,6 +203,7 @@ class SharedLocation:
         return cls(tempfile.mkdtemp(prefix="sparkavg-export-"), owned=True)
 
     def make(self) -> str:
+        _LIVE.add(self)
         if is_url(self.folder):
             import fsspec
 
@@ -215,6 +216,7 @@ class SharedLocation:
 
     def release(self) -> None:
         """Remove what this fit wrote (idempotent, never raises)."""
+        _LIVE.discard(self)
         target = self.root if self.owned else self.folder
         try:
             if is_url(target):
@@ -229,3 +231,14 @@ class SharedLocation:
                 shutil.rmtree(target, ignore_errors=True)
         except Exception:  # cleanup must not hide the error that got us here
             pass
+
+
+#: Every location made and not yet released in this process (what a SIGTERM removes).
+_LIVE: "set[SharedLocation]" = set()
+
+
+def release_live_locations() -> None:
+    """Release every location this process made and has not released
+    (:mod:`sparkavg.spark.termination`: the process is about to end)."""
+    for location in list(_LIVE):
+        location.release()

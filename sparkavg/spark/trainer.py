@@ -29,6 +29,8 @@ from .runners import runner_for
 from .runners.base import network_state
 from .seam import seam_for
 from .stats import Phase, TrainingStats
+from .storage import release_live_locations
+from .termination import release_on_sigterm
 
 __all__ = ["SparkTrainer"]
 
@@ -80,7 +82,9 @@ class SparkTrainer:
         rounds' progress goes to periodic log lines.
 
     The trainer holds exported minibatches; :meth:`close` (or leaving
-    ``with SparkTrainer(...)``, or interpreter exit) releases them.  The
+    ``with SparkTrainer(...)``, or interpreter exit) releases them, and so
+    does a SIGTERM during a fit in the main thread (which then still ends
+    the process, :mod:`~sparkavg.spark.termination`).  The
     parameters ``predict`` ships live as long as the RDD it returns (and
     RDDs derived from it): released when it is garbage-collected, by
     :meth:`close`, or at interpreter exit -- never when only the trainer
@@ -262,7 +266,8 @@ class SparkTrainer:
             self._fitting_thread = threading.current_thread().name
             self._epoch_running = None
             try:
-                return self._fit(data, epochs, resume_from=resume_from, validation_data=validation_data)
+                with release_on_sigterm(release_live_locations):
+                    return self._fit(data, epochs, resume_from=resume_from, validation_data=validation_data)
             except BaseException as exc:
                 self._emit_failure(exc, recovered=False)
                 raise
@@ -281,9 +286,10 @@ class SparkTrainer:
             raise ValueError(f"Expect epochs >= 1 (an int), got {epochs!r}")
         self.master.validate_for(self.workers)
         if resume_from is not None:
-            found, saved = ckpt_io.find_resumable(resume_from, network=self.network, master=self.master.to_config(),
-                                                  epochs=epochs)
-            self._restore(found, saved)
+            found, saved, runner_state = ckpt_io.find_resumable(
+                resume_from, network=self.network, master=self.master.to_config(), epochs=epochs,
+                check=self._runner.check_state_dict)
+            self._restore(found, saved, runner_state)
             logger.info("resuming %s; %d epoch(s) to go", found.describe(), epochs - self.epochs_done)
         elif self.checkpoint_dir and not self.overwrite_checkpoints:
             ckpt_io.check_fresh(self.checkpoint_dir, self.run_id)
@@ -369,13 +375,25 @@ class SparkTrainer:
         logger.warning("epoch %d diverged (%s): restored its starting state, learning rate %.3g -> %.3g, "
                        "training it again", epoch + 1, exc, old, new)
 
-    def _restore(self, found, saved) -> None:
-        """Load a checkpoint INTO the trainer's own network object."""
+    def _restore(self, found, saved, runner_state: dict) -> None:
+        """Load a checkpoint (loaded and checked whole by ``find_resumable``)
+        INTO the trainer's own network object and runner: all of it, or --
+        when something still fails -- nothing."""
         net = self.network
-        net.load_state(saved.state)
-        net.iteration = saved.iteration
-        net.epoch = found.epochs_done
-        self._runner.load_state_dict(found.load_runner_state())
+        state = network_state(net, with_updater=True)
+        before = ({k: v.copy() if hasattr(v, "copy") else v for k, v in state.items()}, net.epoch,
+                  self._runner.state_dict())
+        try:
+            net.load_state({k: saved.state[k] for k in ("params", "updater", "buffers")})
+            net.iteration = saved.iteration
+            net.epoch = found.epochs_done
+            self._runner.load_state_dict(runner_state)
+        except BaseException:
+            kept, net.epoch, runner_before = before
+            net.load_state({k: kept[k] for k in ("params", "updater", "buffers")})
+            net.iteration = kept["iteration"]
+            self._runner.load_state_dict(runner_before)
+            raise
         self.run_id = found.run_id
         self.history = list(found.extra.get("history", []))
 

@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Iterator, List, Sequence, Tuple
 import numpy as np
 
 from ...backend import to_cpu
-from ...data.validation import row_namer, shape_note, split_features
+from ...data.validation import check_feature_rows, row_namer, shape_note, split_features
 from ..errors import failure_aware, task_failure_guard
 from .arrow import batch_column, features_matrix
 from .context import cached_network, load_state, task_partition
@@ -113,27 +113,33 @@ def make_predict_fn(config_json: str, shipped, batch_size: int) -> Callable[[], 
     return make_predict
 
 
-def _row_matrices(rows: Iterable) -> Iterator[Tuple[list, np.ndarray]]:
-    keys, xs = [], []
+def _row_matrices(rows: Iterable, input_shape, partition: int) -> Iterator[Tuple[list, np.ndarray]]:
+    """Rows gathered into validated matrices (the rules of training data:
+    numbers, the input's size, finite; partition and row named)."""
+    keys, xs, first = [], [], 0
     for record in rows:
         key, x = split_features(record)
         keys.append(key)
-        xs.append(np.asarray(x, dtype=np.float32))
+        xs.append(x)
         if len(xs) == ROWS_PER_CALL:
-            yield keys, np.stack(xs)
+            yield keys, check_feature_rows(xs, input_shape, row_namer(partition, first))
+            first += len(xs)
             keys, xs = [], []
     if xs:
-        yield keys, np.stack(xs)
+        yield keys, check_feature_rows(xs, input_shape, row_namer(partition, first))
 
 
-def predict_rows(make_predict: Callable[[], Callable]):
-    """``mapPartitions`` function: ``predict`` over an RDD's rows, gathered
-    into matrices; ``(key, features)`` rows give ``(key, output)``, bare
-    features give ``output`` (one row of ``(k,)``)."""
+def predict_rows(make_predict: Callable[[], Callable], input_shape: Sequence[int]):
+    """``mapPartitionsWithIndex`` function: ``predict`` over an RDD's rows,
+    gathered into matrices of ``input_shape`` examples (features checked as
+    for training: a NaN or a row of another size raises
+    ``DataValidationError`` naming partition and row); ``(key, features)``
+    rows give ``(key, output)``, bare features give ``output`` (one row of
+    ``(k,)``)."""
 
-    def run(rows):
+    def run(index, rows):
         predict = make_predict()
-        for keys, x in _row_matrices(rows):
+        for keys, x in _row_matrices(rows, input_shape, index):
             for key, row in zip(keys, predict(x)):
                 yield row if key is None else (key, row)
 

@@ -218,3 +218,10 @@ class AveragingRunner(EpochRunner):
                                                  for k in ("overhead", "iteration", "rounds", "source")})
         else:
             self._costs = None
+
+    def check_state_dict(self, state: dict, network) -> None:
+        super().check_state_dict(state, network)
+        delta = state.get("block_momentum_delta")
+        if delta is not None and np.shape(delta) != (network.num_params,):
+            raise ValueError(f"Expect block_momentum_delta of shape ({network.num_params},) (one value per "
+                             f"parameter), got {np.shape(delta)}")

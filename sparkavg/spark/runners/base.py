@@ -141,6 +141,13 @@ class EpochRunner(abc.ABC):
         if state:
             raise ValueError(f"Expect no runner state for {type(self).__name__}, got keys {sorted(state)}")
 
+    def check_state_dict(self, state: dict, network) -> None:
+        """Raise ``ValueError`` when :meth:`load_state_dict` would refuse
+        ``state`` or it does not fit ``network``; changes nothing (a resume
+        checks everything before it restores anything).  Default: a fresh
+        runner of the same master loads it."""
+        type(self)(self.seam, self.master).load_state_dict(state)
+
     def record_devices(self, results, epoch: int, stats) -> None:
         """Record where the round's workers trained and why (decision
         ``device``, logged): once per fit, again only when it changes.

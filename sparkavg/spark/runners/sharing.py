@@ -95,6 +95,13 @@ class SharingRunner(EpochRunner):
         self.rank_states = [{k: (v[rank].copy() if v.ndim > 1 else v[rank].item()) for k, v in columns.items()}
                       for rank in range(ranks)]
 
+    def check_state_dict(self, state: dict, network) -> None:
+        super().check_state_dict(state, network)
+        residual = state.get("sharing_residual")
+        if residual is not None and (np.ndim(residual) != 2 or np.shape(residual)[1] != network.num_params):
+            raise ValueError(f"Expect sharing_residual of shape (ranks, {network.num_params}) (a residual per "
+                             f"rank and parameter), got {np.shape(residual)}")
+
     def merge(self, network, results, epoch, r, stats) -> Merged:
         results = sorted((x for x in results if not isinstance(x, TaskFailure)), key=lambda x: x.rank)
         reference = results[0].params

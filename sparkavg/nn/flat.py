@@ -243,7 +243,7 @@ class FlatModel(Configurable):
         at one thread inside (:func:`sparkavg.threads.single_threaded_blas`:
         its spinning idle threads would take the cores OpenMP's threads
         need; a ResNet step on 2 threads 37 -> 26 ms), else the pools as set."""
-        if self._single_blas is None:
+        if getattr(self, "_single_blas", None) is None:  # a subclass may build its state without _init_flat
             work = [layer.multiply_adds() for layer in self.layers]
             openmp, blas = sum(w[0] for w in work), sum(w[1] for w in work)
             self._single_blas = openmp > 0 and openmp >= self.OPENMP_SHARE_FOR_SINGLE_BLAS * (openmp + blas)

@@ -45,3 +45,24 @@ def fit_replicas(start, x, y, shards, size: int = 4) -> list:
             rep.fit_batch(x[size * b:size * b + size], y[size * b:size * b + size])
         replicas.append(rep)
     return replicas
+
+
+def straight_and_resumed(session, make_model, master, data, ckpt: str, seed: int = 14, stop_after: int = 2,
+                         epochs: int = 3):
+    """The resume pattern every flavour's checkpoint test checks: a model
+    trained ``epochs`` straight, and one trained ``stop_after`` epochs with
+    checkpoints under ``ckpt`` then resumed to ``epochs`` from a model built
+    with another seed (so everything must come from the checkpoint).
+
+    Returns ``(straight, resumed, trainer)``, the resumed fit's trainer
+    left open; the caller compares the two models."""
+    from sparkavg.spark import SparkTrainer
+
+    straight = make_model(seed=seed)
+    SparkTrainer(session, straight, master).fit(data, epochs=epochs)
+    SparkTrainer(session, make_model(seed=seed), master, checkpoint_dir=ckpt).fit(data, epochs=stop_after)
+    resumed = make_model(seed=seed + 85)
+    trainer = SparkTrainer(session, resumed, master, checkpoint_dir=ckpt)
+    trainer.fit(data, epochs=epochs, resume_from=ckpt)
+    assert trainer.epochs_done == epochs and len(trainer.history) == epochs
+    return straight, resumed, trainer

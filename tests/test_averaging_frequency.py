@@ -21,7 +21,7 @@ from sparkavg.spark.runners.frequency import (RoundCosts, busy_from_payloads, ch
                                               rounds_from_events)
 from sparkavg.spark.stats import Event
 
-from .nets import blobs, small_net
+from .nets import blobs, small_net, straight_and_resumed
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mnist_lenet.py"
 
@@ -256,16 +256,12 @@ def test_checkpoint_resume_with_block_momentum_continues_exactly(sc, tmp_path):
     rdd = sc.parallelize(_pairs(x, y), 2)
     master = ParameterAveraging(batch_size_per_worker=6, averaging_frequency=2, workers=2)
     assert master.block_momentum is not None
-    straight = small_net(seed=24)
-    SparkTrainer(sc, straight, master).fit(rdd, epochs=3)
     ckpt = str(tmp_path / "ckpt")
-    SparkTrainer(sc, small_net(seed=24), master, checkpoint_dir=ckpt).fit(rdd, epochs=2)
+    straight, resumed, _ = straight_and_resumed(sc, small_net, master, rdd, ckpt, seed=24)
     with np.load(os.path.join(ckpt, "epoch-00002", "runner.npz"), allow_pickle=False) as saved:
         assert np.abs(saved["block_momentum_delta"]).max() > 0
-    resumed = SparkTrainer(sc, small_net(seed=99), master, checkpoint_dir=ckpt)
-    resumed.fit(rdd, epochs=3, resume_from=ckpt)
-    np.testing.assert_allclose(resumed.network.params, straight.params, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(resumed.network.updater_state, straight.updater_state, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(resumed.params, straight.params, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(resumed.updater_state, straight.updater_state, rtol=1e-5, atol=1e-7)
 
 
 # ------------------------------------------------------------------ "auto" on Spark

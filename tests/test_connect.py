@@ -16,7 +16,7 @@ from sparkavg.spark import (DataOptions, DivergenceError, GradientSharing, Param
 from sparkavg.spark.connect import ConnectSpark, ShippedValue
 from sparkavg.spark.seam import ClassicSpark, seam_for
 
-from .nets import blobs, fit_replicas, small_net
+from .nets import blobs, fit_replicas, small_net, straight_and_resumed
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -146,14 +146,7 @@ def test_checkpoint_resume_on_connect(connect, tmp_path):
     x, y = blobs(60, seed=13)
     df = _frame(connect, x, y)
     master = ParameterAveraging(batch_size_per_worker=6, averaging_frequency=2, workers=2)
-    straight = small_net(seed=14)
-    SparkTrainer(connect, straight, master).fit(df, epochs=3)
-    ckpt = str(tmp_path / "ckpt")
-    SparkTrainer(connect, small_net(seed=14), master, checkpoint_dir=ckpt).fit(df, epochs=2)
-    resumed = small_net(seed=99)
-    trainer = SparkTrainer(connect, resumed, master, checkpoint_dir=ckpt)
-    trainer.fit(df, epochs=3, resume_from=ckpt)
-    assert trainer.epochs_done == 3 and len(trainer.history) == 3
+    straight, resumed, _ = straight_and_resumed(connect, small_net, master, df, str(tmp_path / "ckpt"))
     np.testing.assert_allclose(resumed.params, straight.params, rtol=1e-5, atol=1e-6)
 
 

@@ -250,6 +250,9 @@ def test_direct_conv_bad_arguments_are_rejected_alike(monkeypatch, dtype, pure_n
         ops.conv2d_forward(x, weights, out=np.zeros((2, 5, 5, 4), dtype))
     with pytest.raises(TypeError, match="Expect weights of dtype"):
         ops.conv2d_forward(x, weights.astype(np.float16))
+    with pytest.raises(ValueError, match=r"Expect weights of shape \(KH, KW, 3, F\) for out's 3 channels"):
+        ops.conv2d_backward_data(np.zeros((2, 3, 3, 4), dtype), np.zeros((3, 3, 2, 4), dtype), 0, 0,
+                                 np.empty_like(x))
     with pytest.raises(ValueError, match=r"Expect dy of shape \(2, 5, 5, 4\) like out"):
         ops.conv2d_backward_data(np.zeros((2, 3, 3, 4), dtype), weights, 1, 1, np.empty_like(x))
     with pytest.raises(ValueError, match=r"Expect x of shape \(N, H, W, 3\)"):

@@ -17,7 +17,7 @@ from sparkavg.nn import Adam, load_model
 from sparkavg.spark import DataOptions, GradientSharing, ParameterAveraging, SparkTrainer
 from sparkavg.torch import TorchModel
 
-from .nets import blobs, fit_replicas
+from .nets import blobs, fit_replicas, straight_and_resumed
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -89,14 +89,8 @@ def test_checkpoint_resume_and_model_files_on_connect(connect, tmp_path):
     x, y = blobs(60, seed=5)
     df = _frame(connect, x, y)
     master = ParameterAveraging(batch_size_per_worker=6, averaging_frequency=2, workers=2)
-    straight = _mlp(seed=6)
-    SparkTrainer(connect, straight, master).fit(df, epochs=3)
     ckpt = str(tmp_path / "ckpt")
-    SparkTrainer(connect, _mlp(seed=6), master, checkpoint_dir=ckpt).fit(df, epochs=2)
-    resumed = _mlp(seed=99)
-    trainer = SparkTrainer(connect, resumed, master, checkpoint_dir=ckpt)
-    trainer.fit(df, epochs=3, resume_from=ckpt)
-    assert trainer.epochs_done == 3 and len(trainer.history) == 3
+    straight, resumed, _ = straight_and_resumed(connect, _mlp, master, df, ckpt, seed=6)
     np.testing.assert_allclose(resumed.params, straight.params, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(resumed.updater_state, straight.updater_state, rtol=1e-5, atol=1e-7)
     saved = load_model(os.path.join(ckpt, sorted(d for d in os.listdir(ckpt) if d.startswith("epoch-"))[-1],

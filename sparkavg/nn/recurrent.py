@@ -141,6 +141,19 @@ class _Recurrent(Layer):
         masked = xp.all(x == x.dtype.type(self.mask_value), axis=2)  # (N, T)
         return xp.ascontiguousarray(~masked.T)[:, :, None]
 
+    def _start(self, x, gate_blocks):
+        """What both cells' forward passes begin with: ``x`` contiguous, its
+        mask, the time-major work copy, every step's input projection into
+        ``gate_blocks * units`` columns, and the states' buffer (T+1, N, U)
+        with the initial zeros."""
+        x = _contiguous(x)
+        n, t, _ = x.shape
+        xt = self._time_major(x)
+        gates = self._projection(xt, self._buffer("gates", (t, n, gate_blocks * self.units), x))
+        h = self._buffer("h", (t + 1, n, self.units), x)
+        h[0].fill(0)
+        return x, self._keep(x), xt, gates, h
+
     def _projection(self, xt, out):
         """out (T, N, G*U) = [x 1] (T, N, F+1) @ [W; b]: every step's input part at once."""
         t, n, f1 = xt.shape
@@ -254,17 +267,12 @@ class LSTM(_Recurrent):
 
     def forward(self, x, training):
         xp = get_array_module(x)
-        x = _contiguous(x)
+        x, keep, xt, gates, h = self._start(x, 4)
         n, t, _ = x.shape
         u = self.units
-        keep = self._keep(x)
-        xt = self._time_major(x)
-        gates = self._projection(xt, self._buffer("gates", (t, n, 4 * u), x))
-        h = self._buffer("h", (t + 1, n, u), x)
         c = self._buffer("c", (t + 1, n, u), x)
         tc = self._buffer("tc", (t, n, u), x)
         rec = self._buffer("rec", (n, 4 * u), x)
-        h[0].fill(0)
         c[0].fill(0)
         rec.fill(0)  # h[0] @ RW
         for s in range(t):
@@ -351,16 +359,11 @@ class GRU(_Recurrent):
 
     def forward(self, x, training):
         xp = get_array_module(x)
-        x = _contiguous(x)
+        x, keep, xt, gates, h = self._start(x, 3)
         n, t, _ = x.shape
         u = self.units
-        keep = self._keep(x)
-        xt = self._time_major(x)
-        gates = self._projection(xt, self._buffer("gates", (t, n, 3 * u), x))
-        h = self._buffer("h", (t + 1, n, u), x)
         hn = self._buffer("hn", (t, n, u), x)
         rec = self._buffer("rec", (n, 3 * u), x)
-        h[0].fill(0)
         for s in range(t):
             if s:
                 xp.matmul(h[s], self.RW, out=rec)

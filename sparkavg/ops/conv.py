@@ -139,6 +139,21 @@ def _weights(name: str, a, like, like_name: str):
     return a
 
 
+def _direct_shapes(weights, images, images_name: str, ph, pw):
+    """Check ``weights`` (KH, KW, C, F) and the padding against the images
+    (N, H, W, C) named ``images_name``; returns ``(weights, (n, oh, ow, f))``,
+    the shape of the convolution's output."""
+    weights = _weights("weights", weights, images, images_name)
+    kh, kw, c, f = weights.shape
+    _direct_geometry(kh, kw, ph, pw)
+    n, h, w, channels = images.shape
+    if c != channels:
+        raise ValueError(f"Expect weights of shape (KH, KW, {channels}, F) for {images_name}'s "
+                         f"{channels} channels, got shape {weights.shape}")
+    oh, ow = _output_hw(h, w, kh, kw, 1, 1, ph, pw, "kernel")
+    return weights, (n, oh, ow, f)
+
+
 def conv2d_forward(x, weights, bias=None, ph=0, pw=0, out=None, *, n_threads=None):
     """Stride-1 convolution (cross-correlation) with zero padding:
     ``out[n, r, q, :] = bias + sum_{i, j, c} xpad[n, r + i, q + j, c] * weights[i, j, c, :]``.
@@ -163,18 +178,11 @@ def conv2d_forward(x, weights, bias=None, ph=0, pw=0, out=None, *, n_threads=Non
     out
     """
     kind, x = _images("x", x)
-    weights = _weights("weights", weights, x, "x")
-    kh, kw, c, f = weights.shape
-    _direct_geometry(kh, kw, ph, pw)
-    n, h, w, _ = x.shape
-    if c != x.shape[3]:
-        raise ValueError(f"Expect weights of shape (KH, KW, {x.shape[3]}, F) for x's "
-                         f"{x.shape[3]} channels, got shape {weights.shape}")
-    oh, ow = _output_hw(h, w, kh, kw, 1, 1, ph, pw, "kernel")
+    weights, out_shape = _direct_shapes(weights, x, "x", ph, pw)
     if bias is not None:
-        bias = check_operand("bias", bias, x, "x", shape=(f,))
+        bias = check_operand("bias", bias, x, "x", shape=(out_shape[3],))
     if out is not None:
-        _out("out", out, x, "x", (n, oh, ow, f))
+        _out("out", out, x, "x", out_shape)
     return call("conv2d_forward", kind, x.dtype, x, weights, bias, ph, pw, out,
                 n_threads=check_threads(n_threads))
 
@@ -183,15 +191,8 @@ def conv2d_backward_data(dy, weights, ph, pw, out, *, n_threads=None):
     """The gradient of :func:`conv2d_forward` with respect to ``x``, given
     ``dy`` (N, OH, OW, F): ``out`` (N, H, W, C) is overwritten and returned."""
     kind = _image_out("out", out)
-    weights = _weights("weights", weights, out, "out")
-    kh, kw, c, f = weights.shape
-    _direct_geometry(kh, kw, ph, pw)
-    n, h, w, _ = out.shape
-    if c != out.shape[3]:
-        raise ValueError(f"Expect weights of shape (KH, KW, {out.shape[3]}, F) for out's "
-                         f"{out.shape[3]} channels, got shape {weights.shape}")
-    oh, ow = _output_hw(h, w, kh, kw, 1, 1, ph, pw, "kernel")
-    dy = check_operand("dy", dy, out, "out", shape=(n, oh, ow, f))
+    weights, dy_shape = _direct_shapes(weights, out, "out", ph, pw)
+    dy = check_operand("dy", dy, out, "out", shape=dy_shape)
     return call("conv2d_backward_data", kind, out.dtype, dy, weights, ph, pw, out,
                 n_threads=check_threads(n_threads))
 

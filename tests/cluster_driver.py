@@ -322,9 +322,44 @@ def data_stays_on_hosts(ctx: Context) -> dict:
     return out
 
 
+def models_across_hosts(ctx: Context) -> dict:
+    """Models other than a sequential Network, each master at its defaults: a
+    residual Graph with BatchNorm (its buffers averaged across hosts) and, when
+    torch is installed, a torch module with BatchNorm rebuilt on each host from
+    its factory name (tests.torch_models:conv_bn)."""
+    from nets import small_graph
+
+    x, y = blobs(400, seed=31)
+    rdd = ctx.pairs(x, y, 4)
+    makers = {"graph": small_graph}
+    try:
+        from sparkavg.nn import Adam
+        from sparkavg.torch import TorchModel
+    except ImportError:
+        pass
+    else:
+        makers["torch"] = lambda seed: TorchModel("tests.torch_models:conv_bn", updater=Adam(lr=0.01),
+                                                  input_shape=(1, 4, 4), seed=seed)
+    out = {}
+    for name, make in makers.items():
+        for master in (ParameterAveraging(), GradientSharing()):
+            model = make(seed=32)
+            before = np.array(model.buffers, copy=True)
+            trainer = SparkTrainer(ctx.spark, model, master)
+            trainer.fit(rdd, epochs=2)
+            trainer.close()
+            key = f"{name}_{type(master).__name__}"
+            out[key] = {"examples": [h["examples"] for h in trainer.history], "accuracy": accuracy(model, x, y),
+                        "lane_hosts": lane_hosts(trainer.stats),
+                        "buffers_moved": max_abs_diff(model.buffers, before) if before.size else None,
+                        "replica_max_abs_diff": max((h.get("replica_max_abs_diff") or 0.0)
+                                                    for h in trainer.history)}
+    return out
+
+
 SCENARIOS = {f.__name__: f for f in (averaging_defaults, sharing_defaults, inference, checkpoint_resume, stats_page,
                                      kill_averaging, kill_sharing, shared_dir, private_dir, mesh,
-                                     data_stays_on_hosts)}
+                                     data_stays_on_hosts, models_across_hosts)}
 
 
 def main(argv=None) -> int:

@@ -27,7 +27,8 @@ DRIVER = REPO / "tests" / "cluster_driver.py"
 EXAMPLE = REPO / "examples" / "mnist_lenet.py"
 
 TWO_HOST_SCENARIOS = ["averaging_defaults", "sharing_defaults", "inference", "stats_page", "checkpoint_resume",
-                      "shared_dir", "private_dir", "kill_averaging", "kill_sharing", "data_stays_on_hosts"]
+                      "shared_dir", "private_dir", "kill_averaging", "kill_sharing", "data_stays_on_hosts",
+                      "models_across_hosts"]
 
 # The JVMs only schedule here: the quick JIT starts them sooner on a small machine.
 QUICK_JVMS = {"spark.ui.enabled": "false",
@@ -123,6 +124,18 @@ def test_each_sharing_worker_binds_its_hosts_cluster_address(two_hosts, sim_clus
     assert not any(d["value"].startswith("127.") for d in chosen)
     for d in chosen:  # no network_mask, no SPARKAVG_IP: the executor's Spark host
         assert f"Spark host '{d['value']}'" in d["reason"], d
+
+
+def test_graph_and_torch_models_train_across_hosts_with_both_masters(two_hosts, sim_cluster):
+    r = scenario(two_hosts, "models_across_hosts")
+    expected = {f"{m}_{s}" for m in ("graph", "torch") for s in ("ParameterAveraging", "GradientSharing")}
+    assert set(r) == expected, f"torch is a test dependency here; ran only {sorted(r)}"
+    for key, got in r.items():
+        assert got["examples"] == [400, 400], (key, got)
+        assert got["lane_hosts"] == worker_names(sim_cluster), (key, got)
+        assert got["accuracy"] > 0.9, (key, got)
+        assert got["buffers_moved"] > 0, (key, got)  # BatchNorm statistics came back from the hosts
+        assert got["replica_max_abs_diff"] <= 1e-4, (key, got)
 
 
 def test_evaluate_score_and_keyed_predict_match_the_network_on_the_driver(two_hosts):

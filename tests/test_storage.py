@@ -52,7 +52,7 @@ def _with_header(header: dict, payload: bytes = b"") -> bytes:
 @pytest.mark.parametrize("data, message", [
     (b"SPK", "shorter than a minibatch file's 13-byte prefix"),
     (b"PK\x03\x04" + b"\0" * 40, "expected a sparkavg minibatch file"),
-    (struct.pack("<8sBI", b"SPKAVGMB", 2, 2) + b"{}", "version 2"),
+    (struct.pack("<8sBI", b"SPKAVGMB", 3, 2) + b"{}", "version 3"),
     (struct.pack("<8sBI", b"SPKAVGMB", 1, 500) + b"{}", "runs past the file's 15 bytes"),
     (_with_header({"x": {"dtype": "|O", "shape": [1]}, "y": {"dtype": "<i8", "shape": [1]}}), "'x' with a dtype"),
     (_with_header({"x": {"dtype": "<f4", "shape": [-1]}, "y": {"dtype": "<i8", "shape": [1]}}), "non-negative"),

@@ -320,11 +320,11 @@ def check_ids(x: np.ndarray, where: Where, what: str = "features") -> np.ndarray
         if fractional.any():
             i = _first(fractional)
             raise DataValidationError(f"Bad {what} at {where(i)}: expected integer ids, got "
-                                      f"{flat[i][flat[i] != np.floor(flat[i])][0]!r}")
+                                      f"{flat[i][flat[i] != np.floor(flat[i])][0].item()!r}")
     negative = (flat < 0).any(axis=1)
     if negative.any():
         i = _first(negative)
-        raise DataValidationError(f"Bad {what} at {where(i)}: expected ids >= 0, got {flat[i][flat[i] < 0][0]!r}")
+        raise DataValidationError(f"Bad {what} at {where(i)}: expected ids >= 0, got {flat[i][flat[i] < 0][0].item()!r}")
     return x.astype(np.int64, copy=False)
 
 

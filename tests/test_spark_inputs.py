@@ -41,10 +41,9 @@ def test_features_col_names_the_inputs_by_dict_or_in_order():
         resolve_features(["c"], spec)
 
 
-@pytest.mark.parametrize("placement", ["files", "blocks"])
-def test_a_two_input_graph_trains_by_averaging_from_a_dataframe(spark, table, placement):
-    data = DataOptions() if placement == "files" else DataOptions(placement="spark")
-    master = ParameterAveraging(batch_size_per_worker=16, workers=2, data=data)
+def test_a_two_input_graph_trains_by_averaging_from_a_dataframe(spark, table):
+    """Spark blocks (the pipeline test below and gradient sharing use files)."""
+    master = ParameterAveraging(batch_size_per_worker=16, workers=2, data=DataOptions(placement="spark"))
     net = tabular_graph(seed=3)
     with SparkTrainer(spark, net, master, features_col=COLUMNS) as trainer:
         trainer.fit(table, epochs=6)
@@ -127,9 +126,12 @@ def test_a_two_input_graph_in_a_pipeline_with_save_and_load(spark, table, tmp_pa
 
 @pytest.mark.slow
 def test_a_two_input_graph_on_connect_equals_classic(spark, connect):
-    master = ParameterAveraging(batch_size_per_worker=16, averaging_frequency=2, workers=2)
+    """Classic with files, Connect with Spark blocks (its Arrow minibatch rows)."""
     models = {}
     for name, session in (("classic", spark), ("connect", connect)):
+        master = ParameterAveraging(batch_size_per_worker=16, averaging_frequency=2, workers=2,
+                                    data=DataOptions(repartition="never", placement="spark" if name == "connect"
+                                                     else "auto"))
         net = tabular_graph(seed=5)
         with _mode(name), SparkTrainer(session, net, master, features_col=COLUMNS) as trainer:
             df = _table(session, 96, seed=7, partitions=1)

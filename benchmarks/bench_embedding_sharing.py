@@ -12,7 +12,9 @@ parameter), and for the embedding model which sent entries fall in rows of
 ids the minibatch did not hold (``untouched_row_entries``).  SGD shows the
 threshold path alone; Adam (the examples' updater) shows what an updater
 with momentum does: its steps keep moving rows after their ids left the
-batch, so those rows' residuals fill up and are sent too.
+batch, so those rows' residuals fill up and are sent too;
+``adam_lazy_table`` is Adam with ``Embedding(lazy=True)`` (rows not in the
+batch get no step: TensorFlow's LazyAdam), which keeps the update sparse.
 
     python benchmarks/bench_embedding_sharing.py --iterations 300 --out benchmarks/results/embedding_sharing.json
 """
@@ -31,8 +33,8 @@ from sparkavg.sharing import FixedThreshold, ResidualClipping, SharingState, app
 from sparkavg.sharing import message_bytes
 
 
-def embedding_model(vocab: int, dim: int, length: int, updater, seed: int) -> Network:
-    return Network((length,), [Embedding(vocab, dim), Flatten(), Dense(32, activation="relu"), Output(2)],
+def embedding_model(vocab: int, dim: int, length: int, updater, seed: int, lazy: bool = False) -> Network:
+    return Network((length,), [Embedding(vocab, dim, lazy=lazy), Flatten(), Dense(32, activation="relu"), Output(2)],
                    updater=updater, seed=seed)
 
 
@@ -98,10 +100,11 @@ def main(argv=None):
     n = args.batch_size * args.iterations
     ids = rng.integers(0, args.vocab, (n, args.length))
     y_ids = (effect[ids].sum(axis=1) > 0).astype(np.int64)
-    updaters = {"sgd": lambda: SGD(lr=0.1), "adam": lambda: Adam(lr=1e-3)}
+    updaters = {"sgd": (lambda: SGD(lr=0.1), False), "adam": (lambda: Adam(lr=1e-3), False),
+                "adam_lazy_table": (lambda: Adam(lr=1e-3), True)}
     results = {"config": vars(args), "runs": {}}
-    for name, make in updaters.items():
-        emb = embedding_model(args.vocab, args.dim, args.length, make(), args.seed)
+    for name, (make, lazy) in updaters.items():
+        emb = embedding_model(args.vocab, args.dim, args.length, make(), args.seed, lazy)
         dense = dense_model(emb.num_params, make(), args.seed)
         width = dense.input_shape[0]
         xd = rng.standard_normal((n, width)).astype(np.float32)

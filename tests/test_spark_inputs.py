@@ -142,3 +142,21 @@ def test_a_two_input_graph_on_connect_equals_classic(spark, connect):
                 assert len(out) == 96
         models[name] = net
     np.testing.assert_allclose(models["connect"].params, models["classic"].params, rtol=1e-5, atol=1e-6)
+
+
+def test_a_one_input_id_model_evaluates_and_predicts_from_a_long_column(spark):
+    """One input of ids (a Network starting with an Embedding): the spec says int64, the column stays integer."""
+    from sparkavg.nn import SGD, Dense, Embedding, Flatten, Network, Output
+
+    net = Network((2,), [Embedding(8, 3), Flatten(), Dense(4, activation="tanh"), Output(2)], updater=SGD(0.1),
+                  seed=1)
+    assert DataSpec.of(net.spec).dtype == "int64"
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 8, (40, 2))
+    y = (ids[:, 0] >= 4).astype(int)
+    df = spark.createDataFrame([(r.tolist(), int(label)) for r, label in zip(ids, y)],
+                               "features array<long>, label long").coalesce(1)
+    with SparkTrainer(spark, net, ParameterAveraging(batch_size_per_worker=8, workers=2)) as trainer:
+        trainer.fit(df, epochs=2)
+        assert trainer.evaluate(df).count == 40
+        np.testing.assert_allclose(np.array(trainer.predict(df).collect()), net.output(ids), rtol=1e-5, atol=1e-6)

@@ -172,7 +172,7 @@ def _vector_matrix(column, width: Optional[int], where, what: str, note: str, na
 
 
 def features_matrix(column, width: Optional[int], where: Callable[[int], str], what: str = "features",
-                    note: str = "", ids: bool = False) -> Optional[np.ndarray]:
+                    note: str = "", ids: bool = False, native: bool = False) -> Optional[np.ndarray]:
     """An Arrow features column as a float32 ``(n, width)`` matrix (``ids``:
     int64 ids, never rounded through float32: integers, or integer-valued
     floats, none negative -- :func:`~sparkavg.data.validation.check_ids`).
@@ -191,6 +191,11 @@ def features_matrix(column, width: Optional[int], where: Callable[[int], str], w
     what, note : str
         The value's name in messages, and what follows the expected count
         (" (input shape (1, 28, 28))").
+    ids : bool
+        Integer ids: int64, checked (:func:`~sparkavg.data.validation.check_ids`).
+    native : bool
+        Keep the values' own dtype (integers stay integer), unchecked
+        beyond nulls and finiteness: the task's validation checks them.
 
     Raises
     ------
@@ -207,7 +212,7 @@ def features_matrix(column, width: Optional[int], where: Callable[[int], str], w
         raise DataValidationError(f"Bad {what} at {where(_first(nulls))}: expected numbers, got null")
     t = column.type
     if pa.types.is_struct(t) and [f.name for f in t] == ["type", "size", "indices", "values"]:
-        x = _vector_matrix(column, width, where, what, note, ids)
+        x = _vector_matrix(column, width, where, what, note, ids or native)
         if x is None:
             return None
     elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
@@ -215,19 +220,20 @@ def features_matrix(column, width: Optional[int], where: Callable[[int], str], w
         width = _common_width(lengths, width, where, what, note, lambda size: f"shape ({size},)")
         if width is None:
             return None
-        x = _numeric_values(flat, _element_rows(starts, where), what, ids).reshape(n, width)
+        x = _numeric_values(flat, _element_rows(starts, where), what, ids or native).reshape(n, width)
     elif pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_boolean(t):
         if width not in (None, 1):
             raise DataValidationError(f"Bad {what} at {where(0)}: expected {width} values{note}, got one number "
                                       f"(column type {t})")
-        x = _numeric_values(column, where, what, ids).reshape(n, 1)
+        x = _numeric_values(column, where, what, ids or native).reshape(n, 1)
     else:
         kinds = "array<int>, array<long> or a long" if ids else "array<float>, array<double> or an ml Vector"
         raise DataValidationError(f"Bad {what} column: expected {kinds}, got {t}")
     if ids:
         return check_ids(x, where, what)
-    check_finite(x, where, what)
-    return x
+    if x.dtype.kind == "f":
+        check_finite(x, where, what)
+    return x.astype(np.int64, copy=False) if x.dtype.kind in "iu" else x
 
 
 def read_features(batch, features_col, where: Callable[[int], str], spec: Optional[DataSpec] = None):
@@ -240,12 +246,20 @@ def read_features(batch, features_col, where: Callable[[int], str], spec: Option
     n = batch.num_rows
     if isinstance(features_col, str):
         column = batch_column(batch, features_col)
-        if spec is None:
-            return features_matrix(column, None, where)
+        if spec is None:  # integer columns stay integer (ids); the task's validation casts features
+            return features_matrix(column, None, where, native=_integers(column.type))
         x = features_matrix(column, spec.input_size, where, note=spec.shape_note, ids=spec.dtype == "int64")
         return x.reshape((n,) + tuple(spec.input_shape))
     return {i.name: features_matrix(batch_column(batch, i.column), i.size, where, i.what, shape_note(i.shape),
                                     i.dtype == "int64").reshape((n,) + tuple(i.shape)) for i in features_col}
+
+
+def _integers(t) -> bool:
+    """Whether an Arrow column type holds integers (a list of them, or one)."""
+    pa = _pa()
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        t = t.value_type
+    return pa.types.is_integer(t)
 
 
 def inputs_bytes(x) -> bytes:
@@ -456,8 +470,8 @@ def make_example_decoder(features_col, label_col: str):
         with task_failure_guard(failures, partition=partition):
             for x, y in examples_from_batches(batches, features_col, label_col, partition):
                 yield pa.RecordBatch.from_pydict({
-                    "x": pa.array([inputs_bytes(x if isinstance(x, Mapping) else np.asarray(x, np.float32))],
-                                  pa.binary()),
+                    "x": pa.array([inputs_bytes(x if isinstance(x, Mapping) or np.asarray(x).dtype.kind in "iu"
+                                                else np.asarray(x, np.float32))], pa.binary()),
                     "y": pa.array([npy_bytes(np.asarray(y))], pa.binary()),
                     "error": pa.array([None], pa.string())})
         if failures:

@@ -47,6 +47,7 @@ def test_a_two_input_graph_trains_by_averaging_from_a_dataframe(spark, table):
     net = tabular_graph(seed=3)
     with SparkTrainer(spark, net, master, features_col=COLUMNS) as trainer:
         trainer.fit(table, epochs=6)
+        assert trainer.history[-1]["examples"] == 256  # examples, not inputs, counted (the round weights)
         assert trainer.evaluate(table).accuracy() > 0.9
         out = np.array(trainer.predict(table).collect())
     cats, nums, _ = tabular(256, 1)
@@ -58,6 +59,7 @@ def test_a_two_input_graph_trains_by_gradient_sharing_from_a_dataframe(spark, ta
     with SparkTrainer(spark, net, GradientSharing(batch_size_per_worker=16, workers=2, threshold=0.01),
                       features_col=["c", "n"]) as trainer:
         trainer.fit(table, epochs=6)
+        assert trainer.history[-1]["examples"] == 256
         assert trainer.history[-1]["replica_max_abs_diff"] < 1e-4
         assert trainer.evaluate(table).accuracy() > 0.8
 

@@ -45,12 +45,13 @@ def test_a_two_input_graph_trains_by_averaging_from_a_dataframe(spark, table):
     """Spark blocks (the pipeline test below and gradient sharing use files)."""
     master = ParameterAveraging(batch_size_per_worker=16, workers=2, data=DataOptions(placement="spark"))
     net = tabular_graph(seed=3)
-    with SparkTrainer(spark, net, master, features_col=COLUMNS) as trainer:
+    with SparkTrainer(spark, net, master, features_col=COLUMNS, eval_batch_size=48) as trainer:  # uneven chunks
         trainer.fit(table, epochs=6)
         assert trainer.history[-1]["examples"] == 256  # examples, not inputs, counted (the round weights)
         assert trainer.evaluate(table).accuracy() > 0.9
+        cats, nums, y = tabular(256, 1)
+        assert trainer.score(table) == pytest.approx(net.score({"cats": cats, "nums": nums}, y), rel=1e-4)
         out = np.array(trainer.predict(table).collect())
-    cats, nums, _ = tabular(256, 1)
     np.testing.assert_allclose(out, net.output({"cats": cats, "nums": nums}), rtol=1e-5, atol=1e-6)
 
 

@@ -75,8 +75,8 @@ def make_scorer(config_json: str, shipped, rebatch_fn):
         with task_failure_guard(failures, partition=index):
             net = _net(config_json, shipped)
             for x, y in rebatch_fn(index, rows):
-                total += float(net.score(x, y)) * len(x)
-                n += len(x)
+                total += float(net.score(x, y)) * len(y)
+                n += len(y)
         yield failures[0] if failures else (total, n)
 
     return run

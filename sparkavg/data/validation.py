@@ -324,7 +324,8 @@ def check_ids(x: np.ndarray, where: Where, what: str = "features") -> np.ndarray
     negative = (flat < 0).any(axis=1)
     if negative.any():
         i = _first(negative)
-        raise DataValidationError(f"Bad {what} at {where(i)}: expected ids >= 0, got {flat[i][flat[i] < 0][0].item()!r}")
+        got = flat[i][flat[i] < 0][0].item()
+        raise DataValidationError(f"Bad {what} at {where(i)}: expected ids >= 0, got {got!r}")
     return x.astype(np.int64, copy=False)
 
 

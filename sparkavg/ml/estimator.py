@@ -240,8 +240,8 @@ class NetworkModel(Model, _NetworkParams, MLReadable, MLWritable):
     """
 
     @keyword_only
-    def __init__(self, *, network=None, featuresCol: str = "features", featuresCols=None, predictionCol: str = "prediction",
-                 probabilityCol: str = "probability", inferenceBatchSize: int = 256):
+    def __init__(self, *, network=None, featuresCol: str = "features", featuresCols=None,
+                 predictionCol: str = "prediction", probabilityCol: str = "probability", inferenceBatchSize: int = 256):
         super().__init__()
         kwargs = dict(self._input_kwargs)
         network = kwargs.pop("network", None)

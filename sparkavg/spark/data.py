@@ -19,6 +19,10 @@ A DataFrame travels as Arrow record batches on both Spark flavours
 (:func:`minibatch_frame`, :class:`ExampleFrame`; the executor side is
 :mod:`sparkavg.spark.executor.arrow`): features and labels are validated
 and reshaped per record batch, never row by row through Python objects.
+A model with several inputs reads one column per input
+(:func:`resolve_features`: ``features_col`` as ``{input: column}`` or a
+list in the order of the model's inputs); its features travel as a dict of
+arrays by input name, each in its own dtype (int64 ids stay integer).
 """
 from __future__ import annotations
 

@@ -66,3 +66,28 @@ def straight_and_resumed(session, make_model, master, data, ckpt: str, seed: int
     trainer.fit(data, epochs=epochs, resume_from=ckpt)
     assert trainer.epochs_done == epochs and len(trainer.history) == epochs
     return straight, resumed, trainer
+
+
+def tabular(n: int, seed: int = 0):
+    """A table of two categorical columns (ids in [0, 6)) and three numeric
+    ones; label 1 when the first category is odd XOR the numbers sum > 0."""
+    rng = np.random.default_rng(seed)
+    cats = rng.integers(0, 6, size=(n, 2))
+    nums = rng.standard_normal((n, 3)).astype(np.float32)
+    y = ((cats[:, 0] % 2 == 1) ^ (nums.sum(axis=1) > 0)).astype(np.int64)
+    return cats, nums, y
+
+
+def tabular_graph(seed: int = 0):
+    """Two inputs: embeddings of the categorical ids ("cats", (2,) int64)
+    merged with a dense layer of the numbers ("nums", (3,))."""
+    from sparkavg.nn import Embedding, Flatten, Graph, Merge
+
+    return Graph({"cats": (2,), "nums": (3,)},
+                 [("embed", Embedding(6, 4), "cats"),
+                  ("flat", Flatten(), "embed"),
+                  ("dense", Dense(8, activation="tanh"), "nums"),
+                  ("merge", Merge(), ["flat", "dense"]),
+                  ("hidden", Dense(16, activation="relu"), "merge"),
+                  ("output", Output(2), "hidden")],
+                 ["output"], updater=Adam(lr=0.02), seed=seed)

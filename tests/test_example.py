@@ -1,5 +1,6 @@
 """The example everyone runs, as a user runs it: a subprocess, real data."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -105,3 +106,24 @@ def test_lstm_example_averages_on_local2(tmp_path, fashion_dir):
                             "--workers", "2", example=LSTM)
     assert REPORT_KEYS <= report.keys() and report["workers"] == 2
     assert report["test_accuracy"] > 0.3  # chance is 0.1
+
+
+TABULAR = EXAMPLE.with_name("tabular_embeddings.py")
+
+
+def test_tabular_example_learns_in_one_process(tmp_path):
+    report, log = run_example(tmp_path, "--masters", "none", "--rows", "3000", "--test-rows", "1000", "--epochs", "3",
+                              example=TABULAR)
+    assert report["rows"] == 3000 and report["local"]["test_accuracy"] > 0.85  # chance is 0.5
+    assert "one process:" in log
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_tabular_example_with_both_masters_on_local2(tmp_path):
+    report, log = run_example(tmp_path, "--rows", "3000", "--test-rows", "1000", "--epochs", "3", "--master",
+                              "local[2]", example=TABULAR)
+    for kind in ("averaging", "sharing"):
+        assert report[kind]["test_accuracy"] > 0.75 and os.path.basename(report[kind]["saved_model"])
+    assert report["sharing"]["dense_bytes_equivalent"] > 10 * report["sharing"]["bytes_sent"]
+    assert "bytes on the wire" in log

@@ -52,7 +52,7 @@ def _with_header(header: dict, payload: bytes = b"") -> bytes:
 @pytest.mark.parametrize("data, message", [
     (b"SPK", "shorter than a minibatch file's 13-byte prefix"),
     (b"PK\x03\x04" + b"\0" * 40, "expected a sparkavg minibatch file"),
-    (struct.pack("<8sBI", b"SPKAVGMB", 2, 2) + b"{}", "version 2"),
+    (struct.pack("<8sBI", b"SPKAVGMB", 3, 2) + b"{}", "version 3"),
     (struct.pack("<8sBI", b"SPKAVGMB", 1, 500) + b"{}", "runs past the file's 15 bytes"),
     (_with_header({"x": {"dtype": "|O", "shape": [1]}, "y": {"dtype": "<i8", "shape": [1]}}), "'x' with a dtype"),
     (_with_header({"x": {"dtype": "<f4", "shape": [-1]}, "y": {"dtype": "<i8", "shape": [1]}}), "non-negative"),
@@ -75,4 +75,28 @@ def test_a_truncated_real_file_is_an_error(tmp_path):
     save_minibatch(str(path), np.ones((4, 3), np.float32), np.arange(4))
     path.write_bytes(path.read_bytes()[:-5])
     with pytest.raises(DataValidationError, match="truncated"):
+        load_minibatch(str(path))
+
+
+def test_named_inputs_round_trip_with_their_own_dtypes(tmp_path):
+    """Several inputs: version 2, each array 64-byte aligned; ids beyond float32's 2**24 stay exact."""
+    big = 2 ** 24 + 1
+    x = {"cats": np.array([[big, 1], [3, big + 2], [0, 5]], np.int64),
+         "nums": np.arange(12, dtype=np.float32).reshape(3, 4)}
+    path = str(tmp_path / f"named{SUFFIX}")
+    save_minibatch(path, x, np.array([0, 1, 1]))
+    got, y = load_minibatch(path)
+    assert list(got) == ["cats", "nums"] and y.tolist() == [0, 1, 1]
+    assert got["cats"].dtype == np.int64 and got["cats"].tolist() == x["cats"].tolist()
+    np.testing.assert_array_equal(got["nums"], x["nums"])
+    assert all(a.ctypes.data % 64 == got["cats"].ctypes.data % 64 for a in got.values())
+    data = open(path, "rb").read()
+    assert data[8] == 2 and len(encode_minibatch(x["nums"], y)) < len(data)  # one input: version 1 as before
+    assert encode_minibatch(x["nums"], y)[8] == 1
+
+
+def test_a_truncated_named_file_is_an_error_naming_it(tmp_path):
+    path = tmp_path / f"t{SUFFIX}"
+    path.write_bytes(encode_minibatch({"a": np.ones((4, 3), np.float32)}, np.arange(4))[:-5])
+    with pytest.raises(DataValidationError, match=f"Cannot read minibatch {path}.*truncated"):
         load_minibatch(str(path))

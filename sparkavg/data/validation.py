@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -37,6 +37,13 @@ __all__ = [
     "cut_minibatches",
     "rebatch_partition",
     "split_features",
+    "NamedInput",
+    "check_inputs",
+    "check_input_rows",
+    "check_ids",
+    "count_examples",
+    "take_examples",
+    "concat_examples",
 ]
 
 #: Rows of ``(features, label)`` pairs validated together.
@@ -48,6 +55,49 @@ Where = Callable[[int], str]
 class DataValidationError(ValueError):
     """Training data that does not fit the network: raised on executors
     before any training happens, re-raised on the driver with the same text."""
+
+
+#: Input dtypes a model may declare: features (any float or int values, cast) and integer ids (kept integer).
+INPUT_DTYPES = ("float32", "int64")
+
+
+@dataclass(frozen=True)
+class NamedInput:
+    """One named input of a several-input model, and where it is read from.
+
+    Parameters
+    ----------
+    name : str
+        The model's input name (:class:`sparkavg.nn.InputSpec`).
+    shape : tuple of int
+        One example's shape (``(F,)``, ``(T, F)``, ``(T,)`` ids, ...).
+    dtype : {"float32", "int64"}
+        ``"int64"`` for integer ids (an Embedding's input): kept integer
+        from the column to the minibatch, never rounded through float32.
+    column : str or None
+        The DataFrame column it is read from (None: data that is not a DataFrame).
+    """
+
+    name: str
+    shape: Tuple[int, ...]
+    dtype: str = "float32"
+    column: Optional[str] = None
+
+    @property
+    def size(self) -> int:
+        return int(math.prod(self.shape))
+
+    @property
+    def ids(self) -> bool:
+        """Whether this input holds integer ids."""
+        return self.dtype == "int64"
+
+    @property
+    def what(self) -> str:
+        """This input in messages: ``features column 'age' (input 'numeric')``."""
+        if self.column is not None:
+            return f"features column {self.column!r} (input {self.name!r})"
+        return f"features of input {self.name!r}"
 
 
 @dataclass(frozen=True)
@@ -63,19 +113,35 @@ class DataSpec:
         Classes (``loss='nll'``) or regression targets (``loss='mse'``).
     loss : str
         ``'nll'`` (labels are class indices or one-hot rows) or ``'mse'``.
+    dtype : {"float32", "int64"}
+        The one input's dtype: ``"int64"`` keeps integer ids integer.
+    inputs : tuple of NamedInput
+        Several named inputs (a :class:`sparkavg.nn.Graph`'s): examples'
+        features are then a dict of arrays by input name, and
+        ``input_shape`` is the first input's.  Empty for one input.
     """
 
     input_shape: Tuple[int, ...]
     num_outputs: int
     loss: str = "nll"
+    dtype: str = "float32"
+    inputs: Tuple[NamedInput, ...] = ()
 
     @classmethod
     def of(cls, model_spec) -> "DataSpec":
-        """The spec of a model with one input and one output (a
-        :class:`sparkavg.nn.ModelSpec`; several inputs or outputs are
-        refused, naming them)."""
-        inp, out = model_spec.single_input(), model_spec.single_output()
-        return cls(tuple(inp.shape), int(out.units), out.loss)
+        """The spec of a model with one output (a :class:`sparkavg.nn.ModelSpec`;
+        several outputs are refused, naming them): one input as a plain
+        array, several as :attr:`inputs` by name."""
+        out = model_spec.single_output()
+        ins = [NamedInput(i.name, tuple(int(d) for d in i.shape), _input_dtype(i)) for i in model_spec.inputs]
+        if len(ins) == 1:
+            return cls(ins[0].shape, int(out.units), out.loss, ins[0].dtype)
+        return cls(ins[0].shape, int(out.units), out.loss, inputs=tuple(ins))
+
+    @property
+    def named(self) -> bool:
+        """Whether examples' features are a dict of several named inputs."""
+        return bool(self.inputs)
 
     @property
     def input_size(self) -> int:
@@ -102,6 +168,11 @@ class DataSpec:
             return (f"a class index in [0, {self.num_outputs}) or a one-hot row of length "
                     f"{self.num_outputs}")
         return f"{self.num_outputs} finite regression target(s)"
+
+
+def _input_dtype(spec) -> str:
+    dtype = str(getattr(spec, "dtype", "float32"))
+    return "int64" if dtype.startswith(("int", "uint")) else "float32"
 
 
 def shape_note(input_shape) -> str:
@@ -167,18 +238,37 @@ def as_arrays(values: Iterable, where: Where, what: str, want: str) -> List[np.n
     return out
 
 
-def check_feature_rows(values: Sequence, input_shape, where: Where) -> np.ndarray:
+def check_feature_rows(values: Sequence, input_shape, where: Where, dtype: str = "float32",
+                       what: str = "features") -> np.ndarray:
     """Rows of features (one array-like each) as one float32
-    ``(n, *input_shape)`` matrix: numbers, the input's size each, finite."""
+    ``(n, *input_shape)`` matrix: numbers, the input's size each, finite
+    (``dtype="int64"``: integer ids, :func:`check_ids`)."""
     shape = tuple(int(s) for s in input_shape)
     size, note = int(np.prod(shape, dtype=np.int64)), shape_note(shape)
-    xs = as_arrays(values, where, "features", f"{size} values{note}")
-    check_numbers([a.dtype for a in xs], where)
+    xs = as_arrays(values, where, what, f"{size} values{note}")
+    check_numbers([a.dtype for a in xs], where, what)
     check_widths(np.fromiter((a.size for a in xs), np.int64, len(xs)), size, where,
-                 lambda i: f"shape {xs[i].shape}", note=note)
+                 lambda i: f"shape {xs[i].shape}", what, note)
     flat = np.stack([a.reshape(-1) for a in xs]) if xs else np.zeros((0, size), np.float32)
-    check_finite(flat, where)
+    if dtype == "int64":
+        return check_ids(flat, where, what).reshape((len(xs),) + shape)
+    check_finite(flat, where, what)
     return flat.astype(np.float32, copy=False).reshape((len(xs),) + shape)
+
+
+def check_input_rows(values: Sequence, spec: DataSpec, where: Where):
+    """Rows of one example's features each (arrays; dicts by input name for
+    several inputs) as one checked chunk (:func:`check_feature_rows` per input)."""
+    if not spec.named:
+        return check_feature_rows(values, spec.input_shape, where, spec.dtype)
+    names = [i.name for i in spec.inputs]
+    for r, value in enumerate(values):
+        if not isinstance(value, Mapping) or sorted(value) != sorted(names):
+            got = f"keys {list(value)}" if isinstance(value, Mapping) else type(value).__name__
+            raise DataValidationError(f"Bad features at {where(r)}: expected a dict keyed by the inputs {names}, "
+                                      f"got {got}")
+    return {i.name: check_feature_rows([v[i.name] for v in values], i.shape, where, i.dtype, i.what)
+            for i in spec.inputs}
 
 
 def _label_error(spec: DataSpec, where: str, value) -> DataValidationError:
@@ -218,16 +308,90 @@ def _label_rows(y: np.ndarray, spec: DataSpec, where: Where) -> np.ndarray:
     return rows.astype(np.float32, copy=False)
 
 
+def check_ids(x: np.ndarray, where: Where, what: str = "features") -> np.ndarray:
+    """Integer ids, ``(n, ...)``, as int64: integers, or integer-valued
+    floats (finite), none negative."""
+    x = np.asarray(x)
+    check_numbers([x.dtype], where, what)
+    flat = x.reshape(len(x), -1)
+    if x.dtype.kind == "f":
+        check_finite(flat, where, what)
+        fractional = (flat != np.floor(flat)).any(axis=1)
+        if fractional.any():
+            i = _first(fractional)
+            raise DataValidationError(f"Bad {what} at {where(i)}: expected integer ids, got "
+                                      f"{flat[i][flat[i] != np.floor(flat[i])][0].item()!r}")
+    negative = (flat < 0).any(axis=1)
+    if negative.any():
+        i = _first(negative)
+        got = flat[i][flat[i] < 0][0].item()
+        raise DataValidationError(f"Bad {what} at {where(i)}: expected ids >= 0, got {got!r}")
+    return x.astype(np.int64, copy=False)
+
+
+def _check_input(x, shape, dtype: str, where: Where, what: str) -> np.ndarray:
+    """One input's chunk as ``(n, *shape)`` float32 features or int64 ids."""
+    x = np.asarray(x)
+    check_numbers([x.dtype], where, what)
+    shape = tuple(int(s) for s in shape)
+    size = int(math.prod(shape))
+    flat = x.reshape(len(x), -1)
+    check_widths(np.full(len(x), flat.shape[1]), size, where, lambda i: f"shape {x.shape[1:]}", what,
+                 shape_note(shape))
+    if dtype == "int64":
+        return check_ids(flat, where, what).reshape((len(x),) + shape)
+    check_finite(flat, where, what)
+    return flat.astype(np.float32, copy=False).reshape((len(x),) + shape)
+
+
 def check_features(x: np.ndarray, spec: DataSpec, where: Where) -> np.ndarray:
     """A chunk of examples' features, ``(n, ...)``, as float32 ``(n, *input_shape)``:
-    numbers, ``input_size`` values each, all finite."""
-    x = np.asarray(x)
-    check_numbers([x.dtype], where)
-    flat = x.reshape(len(x), -1)
-    check_widths(np.full(len(x), flat.shape[1]), spec.input_size, where, lambda i: f"shape {x.shape[1:]}",
-                 note=spec.shape_note)
-    check_finite(flat, where)
-    return flat.astype(np.float32, copy=False).reshape((len(x),) + tuple(spec.input_shape))
+    numbers, ``input_size`` values each, all finite (``int64`` ids when the
+    spec's dtype says so).  Several named inputs: :func:`check_inputs`."""
+    if spec.named:
+        return check_inputs(x, spec, where)
+    return _check_input(x, spec.input_shape, spec.dtype, where, "features")
+
+
+def check_inputs(x, spec: DataSpec, where: Where) -> dict:
+    """A chunk of several named inputs (a dict by input name) checked each
+    as :func:`check_features` does, naming the input; one count of examples."""
+    if not isinstance(x, Mapping):
+        raise DataValidationError(f"Bad features at {where(0)}: expected a dict of arrays keyed by the inputs "
+                                  f"{[i.name for i in spec.inputs]}, got {type(x).__name__}")
+    names = [i.name for i in spec.inputs]
+    if sorted(x) != sorted(names):
+        raise DataValidationError(f"Bad features at {where(0)}: expected arrays keyed by the inputs {names}, "
+                                  f"got keys {list(x)}")
+    out = {i.name: _check_input(x[i.name], i.shape, i.dtype, where, i.what) for i in spec.inputs}
+    counts = {k: len(v) for k, v in out.items()}
+    if len(set(counts.values())) > 1:
+        raise DataValidationError(f"Bad features at {where(0)}: expected one count of examples for every input, "
+                                  f"got {counts}")
+    return out
+
+
+def count_examples(x) -> int:
+    """Examples in a chunk of features: an array or a dict of arrays by input name."""
+    if isinstance(x, Mapping):
+        return len(next(iter(x.values()))) if x else 0
+    return len(x)
+
+
+def take_examples(x, start: int, stop: int):
+    """Examples ``start:stop`` of an array or of each array of a dict."""
+    if isinstance(x, Mapping):
+        return {k: v[start:stop] for k, v in x.items()}
+    return x[start:stop]
+
+
+def concat_examples(xs: Sequence):
+    """Chunks of features (arrays, or dicts of arrays) as one."""
+    if len(xs) == 1:
+        return xs[0]
+    if isinstance(xs[0], Mapping):
+        return {k: np.concatenate([x[k] for x in xs]) for k in xs[0]}
+    return np.concatenate(xs)
 
 
 def check_labels(y: np.ndarray, spec: DataSpec, where: Where) -> np.ndarray:
@@ -270,9 +434,25 @@ def _is_minibatch(record, spec: DataSpec, where: Callable[[], str]) -> bool:
     return False
 
 
+def _is_named_minibatch(record, spec: DataSpec) -> bool:
+    """Whether a ``(dict, y)`` record holds several examples (an ``(x, y)``
+    minibatch of named inputs) rather than one example's features and label."""
+    try:
+        y = np.asarray(record[1])
+        xs = {i.name: np.asarray(record[0][i.name]) for i in spec.inputs}
+    except (KeyError, ValueError):  # missing inputs or ragged: a pair, whose check names it
+        return False
+    if y.ndim == 0:
+        return False
+    n = len(y)
+    batched = all(a.ndim >= 1 and a.shape[0] == n and a.size == n * i.size for i, a in zip(spec.inputs, xs.values()))
+    one = all(a.size == i.size for i, a in zip(spec.inputs, xs.values()))
+    return batched and not (one and y.ndim == 1 and y.size == spec.num_outputs and n != 1)
+
+
 def _pair_chunk(spec: DataSpec, pairs: List[tuple], where: Where) -> Tuple[np.ndarray, np.ndarray]:
     """``(features, label)`` pairs as one checked ``(x, y)`` chunk."""
-    x = check_feature_rows([f for f, _ in pairs], spec.input_shape, where)
+    x = check_input_rows([f for f, _ in pairs], spec, where)
     labels = as_arrays((label for _, label in pairs), where, "label", spec.label_want)
     i = _first_non_numeric(a.dtype for a in labels)
     if i is not None:
@@ -309,13 +489,16 @@ def _checked_chunks(spec: DataSpec, index: int, rows: Iterable) -> Iterator[Tupl
         return chunk
 
     for record in rows:
-        if _is_minibatch(record, spec, lambda: f"partition {index}, row {row_no + len(pairs)}"):
+        named = spec.named and isinstance(record, tuple) and len(record) == 2 and isinstance(record[0], Mapping)
+        if _is_named_minibatch(record, spec) if named else \
+                _is_minibatch(record, spec, lambda: f"partition {index}, row {row_no + len(pairs)}"):
             if pairs:
                 yield pair_chunk()
-            bx, by = np.asarray(record[0]), np.asarray(record[1])
+            bx = record[0] if named else np.asarray(record[0])
+            by = np.asarray(record[1])
             where = row_namer(index, row_no)
             yield check_features(bx, spec, where), check_labels(by, spec, where)
-            row_no += len(bx)
+            row_no += len(by)
         elif isinstance(record, tuple) and len(record) == 2:
             pairs.append(record)
             if len(pairs) == _PAIRS_PER_CHUNK:
@@ -349,20 +532,21 @@ def cut_minibatches(chunks: Iterable[Tuple[np.ndarray, np.ndarray]], batch_size:
     ys: List[np.ndarray] = []
     held = 0
     for x, y in chunks:
-        if not len(x):
+        n = count_examples(x)
+        if not n:
             continue
         xs.append(x)
         ys.append(y)
-        held += len(x)
+        held += n
         if held >= batch_size:
-            x_all, y_all = np.concatenate(xs) if len(xs) > 1 else xs[0], _concat_labels(ys, spec)
+            x_all, y_all = concat_examples(xs), _concat_labels(ys, spec)
             full = (held // batch_size) * batch_size
             for s in range(0, full, batch_size):
-                yield x_all[s:s + batch_size], y_all[s:s + batch_size]
-            xs, ys = ([x_all[full:]], [y_all[full:]]) if full < held else ([], [])
+                yield take_examples(x_all, s, s + batch_size), y_all[s:s + batch_size]
+            xs, ys = ([take_examples(x_all, full, held)], [y_all[full:]]) if full < held else ([], [])
             held -= full
     if held:
-        yield (np.concatenate(xs) if len(xs) > 1 else xs[0]), _concat_labels(ys, spec)
+        yield concat_examples(xs), _concat_labels(ys, spec)
 
 
 def rebatch_partition(spec: DataSpec, batch_size: int):

@@ -63,6 +63,20 @@ class _NetworkParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol):
     inferenceBatchSize: "Param[int]" = Param(
         Params._dummy(), "inferenceBatchSize", "examples per forward pass in transform (>= 1)",
         typeConverter=_positive_int("inferenceBatchSize"))
+    featuresCols: "Param[list]" = Param(
+        Params._dummy(), "featuresCols", "feature columns of a model with several inputs, one per input in the "
+        "order of the model's inputs (used instead of featuresCol when set)", typeConverter=TypeConverters.toListString)
+
+    def getFeaturesCols(self) -> Optional[list]:
+        return self.getOrDefault(self.featuresCols) if self.isDefined(self.featuresCols) else None
+
+    def setFeaturesCols(self, value):
+        return self._set(featuresCols=value)
+
+    def _features(self):
+        """What :class:`~sparkavg.spark.SparkTrainer` takes as ``features_col``."""
+        cols = self.getFeaturesCols()
+        return list(cols) if cols else self.getFeaturesCol()
 
     def __init__(self) -> None:
         super().__init__()
@@ -96,6 +110,11 @@ class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, MLReadable, MLWri
     featuresCol : str, default "features"
         ``array<float>``, ``array<double>`` or ml ``Vector``; flat features
         are reshaped to the network's input shape.
+    featuresCols : list of str, optional
+        A model with several inputs (a :class:`~sparkavg.nn.Graph`): one
+        column per input, in the order of the model's inputs
+        (``network.spec.inputs``); numeric array columns feed float inputs,
+        integer columns (``long``, ``array<long>``) feed id inputs.
     labelCol : str, default "label"
         Class indices (integers or integer-valued doubles), one-hot rows,
         or regression targets.
@@ -122,7 +141,7 @@ class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, MLReadable, MLWri
                                         typeConverter=TypeConverters.toString)
 
     @keyword_only
-    def __init__(self, *, network=None, master=None, epochs: int = 1, featuresCol: str = "features",
+    def __init__(self, *, network=None, master=None, epochs: int = 1, featuresCol: str = "features", featuresCols=None,
                  labelCol: str = "label", predictionCol: str = "prediction", probabilityCol: str = "probability",
                  inferenceBatchSize: int = 256, checkpointDir: Optional[str] = None, listeners=None):
         super().__init__()
@@ -131,7 +150,7 @@ class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, MLReadable, MLWri
         self.setParams(**self._input_kwargs)
 
     @keyword_only
-    def setParams(self, *, network=None, master=None, epochs: int = 1, featuresCol: str = "features",
+    def setParams(self, *, network=None, master=None, epochs: int = 1, featuresCol: str = "features", featuresCols=None,
                   labelCol: str = "label", predictionCol: str = "prediction", probabilityCol: str = "probability",
                   inferenceBatchSize: int = 256, checkpointDir: Optional[str] = None,
                   listeners=None) -> "NetworkEstimator":
@@ -183,7 +202,7 @@ class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, MLReadable, MLWri
         from ..spark.trainer import SparkTrainer
 
         trainer = SparkTrainer(dataset.sparkSession, self.getNetwork().clone(), self.getMaster(),
-                               features_col=self.getFeaturesCol(), label_col=self.getLabelCol(),
+                               features_col=self._features(), label_col=self.getLabelCol(),
                                checkpoint_dir=self.getCheckpointDir(), listeners=self.listeners)
         try:
             trainer.fit(dataset, epochs=self.getEpochs())
@@ -221,8 +240,8 @@ class NetworkModel(Model, _NetworkParams, MLReadable, MLWritable):
     """
 
     @keyword_only
-    def __init__(self, *, network=None, featuresCol: str = "features", predictionCol: str = "prediction",
-                 probabilityCol: str = "probability", inferenceBatchSize: int = 256):
+    def __init__(self, *, network=None, featuresCol: str = "features", featuresCols=None,
+                 predictionCol: str = "prediction", probabilityCol: str = "probability", inferenceBatchSize: int = 256):
         super().__init__()
         kwargs = dict(self._input_kwargs)
         network = kwargs.pop("network", None)
@@ -234,26 +253,29 @@ class NetworkModel(Model, _NetworkParams, MLReadable, MLWritable):
     def _transform(self, dataset):
         from pyspark.sql.types import ArrayType, DoubleType, FloatType, StructField, StructType
 
+        from ..data.validation import DataSpec
         from ..spark.connect import ShippedValue
-        from ..spark.data import check_columns
+        from ..spark.data import check_columns, resolve_features
         from ..spark.runners.base import network_state
         from .transform import make_transformer
 
         net = self.network
         if net is None:
             raise ValueError("Expect a NetworkModel with a network (fit one, or NetworkModel(network=...)), got none")
-        features, prediction, probability = self.getFeaturesCol(), self.getPredictionCol(), self.getProbabilityCol()
+        prediction, probability = self.getPredictionCol(), self.getProbabilityCol()
+        spec = DataSpec.of(net.spec)
+        features = resolve_features(self._features(), spec)
         check_columns(dataset, features, None)
         taken = [c for c in (prediction, probability) if c in dataset.columns]
         if taken:
             raise ValueError(f"Expect output columns {prediction!r} and {probability!r} not in the input, "
                              f"got {taken} among {dataset.columns}")
-        inp, out = net.spec.single_input(), net.spec.single_output()
+        out = net.spec.single_output()
         schema = StructType(list(dataset.schema.fields) + [StructField(prediction, DoubleType(), True),
                                                            StructField(probability, ArrayType(FloatType()), True)])
         # The parameters travel with the job (JSON + raw float32 bytes in the closure), on both flavours.
         fn = make_transformer(net.to_json(), ShippedValue(network_state(net, with_updater=False)), features,
-                              tuple(inp.shape), self.getInferenceBatchSize(), out.classification,
+                              tuple(spec.input_shape), self.getInferenceBatchSize(), out.classification,
                               prediction, probability)
         return dataset.mapInArrow(fn, schema)
 

@@ -19,7 +19,7 @@ from ..spark.executor.inference import list_column, make_predict_fn, predict_arr
 __all__ = ["make_transformer"]
 
 
-def make_transformer(config_json: str, shipped, features_col: str, input_shape: Sequence[int], batch_size: int,
+def make_transformer(config_json: str, shipped, features_col, input_shape: Sequence[int], batch_size: int,
                      classification: bool, prediction_col: str, probability_col: str):
     """The ``mapInArrow`` function of a model's ``transform``.
 
@@ -29,7 +29,9 @@ def make_transformer(config_json: str, shipped, features_col: str, input_shape: 
         The network's JSON configuration.
     shipped
         A handle whose ``value`` is ``(iteration, params, None)``.
-    features_col : str
+    features_col : str or tuple of NamedInput
+        The features column, or several named inputs with their columns
+        (:func:`~sparkavg.spark.data.resolve_features`).
     input_shape : sequence of int
         One example's shape; flat features are reshaped to it.
     batch_size : int

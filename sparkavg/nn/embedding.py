@@ -52,11 +52,20 @@ class Embedding(Layer):
     weight_init : str, default 'xavier'
         As DL4J's embedding layers (whose default is XAVIER): W as a dense
         layer's weights, fan_in = vocab_size, fan_out = dim.
+    lazy : bool, default False
+        Update only the rows of the ids in the minibatch (TensorFlow's
+        LazyAdam, PyTorch's ``SparseAdam``): the other rows get no updater
+        step -- their Adam moments or momentum keep their values -- and no
+        L2 or weight decay, so their update is exactly zero and gradient
+        sharing sends nothing for them.  Off, an updater with momentum
+        keeps moving every row an id ever touched, and the table's update
+        (and its share of sharing's traffic) becomes dense.
 
     Parameters in the flat vector: W (vocab_size, dim) (regularized).
     """
 
-    def __init__(self, vocab_size: int, dim: int, padding_id: int | None = None, weight_init: str = "xavier"):
+    def __init__(self, vocab_size: int, dim: int, padding_id: int | None = None, weight_init: str = "xavier",
+                 lazy: bool = False):
         super().__init__()
         self.vocab_size = _positive_int("vocab_size", vocab_size)
         self.dim = _positive_int("dim", dim)
@@ -65,11 +74,24 @@ class Embedding(Layer):
             raise ValueError(f"Expect padding_id as None or an int in [0, {self.vocab_size}), got {padding_id!r}")
         self.padding_id = None if padding_id is None else int(padding_id)
         self.weight_init = check_weight_init(weight_init)
+        if not isinstance(lazy, (bool, np.bool_)):
+            raise ValueError(f"Expect lazy as a bool, got {lazy!r}")
+        self.lazy = bool(lazy)
         self.W = self.dW = None
+        self._touched = None
 
     def config_arguments(self):
-        return {"vocab_size": self.vocab_size, "dim": self.dim, "padding_id": self.padding_id,
+        args = {"vocab_size": self.vocab_size, "dim": self.dim, "padding_id": self.padding_id,
                 "weight_init": self.weight_init}
+        if self.lazy:  # absent when off: configurations (and fingerprints) of eager tables are as before
+            args["lazy"] = True
+        return args
+
+    def touched_rows(self, name: str):
+        """With ``lazy``: the (vocab_size,) bool mask of the rows of W the
+        last backward pass touched (the model's updater step leaves the
+        others alone); None otherwise."""
+        return self._touched if self.lazy and name == "W" else None
 
     def build(self, input_shape):
         if len(input_shape) != 1:
@@ -129,6 +151,11 @@ class Embedding(Layer):
         unchecked("scatter_add_rows", dy, ids, _contiguous(dy).reshape(ids.shape[0], self.dim), self.dW)
         if pad is not None:
             self.dW[self.padding_id] = 0
+        if self.lazy:
+            touched = self._buffer("touched", (self.vocab_size,), dy, dtype=bool)
+            touched.fill(False)
+            touched[ids] = True
+            self._touched = touched
         if not need_dx:
             return None
         dx = self._buffer("dx", self._x_shape, dy)

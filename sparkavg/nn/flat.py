@@ -277,10 +277,50 @@ class FlatModel(Configurable):
         with self.step_threads():
             pending = self._loss_and_grad(x, y)
         out.fill(0)
+        kept = self._keep_untouched_rows()
         self.updater.apply(out, self._grads, self._state, self.iteration)
         self._regularization().decay(out, self._params, self.updater.lr)
+        if kept:
+            self._restore_untouched_rows(kept, out)
         self.iteration += 1
         return self._loss_value(pending, sync)
+
+    def _lazy_tables(self) -> list:
+        """``(segment, touched rows mask)`` of each layer whose last step
+        touched only some rows of a table (an ``Embedding(lazy=True)``)."""
+        tables = []
+        for seg in self._segments:
+            touched = getattr(self.layers[seg.layer], "touched_rows", None)
+            mask = touched(seg.name) if touched is not None else None
+            if mask is not None:
+                tables.append((seg, mask))
+        return tables
+
+    def _keep_untouched_rows(self) -> list:
+        """Before the updater's step: the updater state of the rows a lazy
+        table's step did not touch, to put back after it."""
+        tables = self._lazy_tables()
+        if not tables:
+            return []
+        n, size = self._num_params, self._state.shape[0]
+        if size % n:
+            raise ValueError(f"Expect an updater whose state is whole vectors of the parameters' length for "
+                             f"Embedding(lazy=True), got {self.updater!r} with {size} values for {n} parameters")
+        kept = []
+        for seg, mask in tables:
+            untouched = ~mask
+            saved = [self._state[j * n + seg.start:j * n + seg.stop].reshape(seg.shape)[untouched]
+                     for j in range(size // n)]
+            kept.append((seg, untouched, saved))
+        return kept
+
+    def _restore_untouched_rows(self, kept: list, out) -> None:
+        """After the updater's step: untouched rows get no update and keep their state."""
+        n = self._num_params
+        for seg, untouched, saved in kept:
+            out[seg.start:seg.stop].reshape(seg.shape)[untouched] = 0
+            for j, rows in enumerate(saved):
+                self._state[j * n + seg.start:j * n + seg.stop].reshape(seg.shape)[untouched] = rows
 
     def apply_update(self, update) -> None:
         """``params += update`` in place (``update`` flat, same dtype and device)."""
@@ -298,7 +338,8 @@ class FlatModel(Configurable):
         device instead of a float: on a GPU the step then ends without
         waiting for the device (the caller reads the loss when it needs it).
         """
-        if self._regularization().decay_ranges:  # decay reads the parameters before the step
+        if self._regularization().decay_ranges or any(getattr(layer, "lazy", False) for layer in self.layers):
+            # decay reads the parameters before the step; lazy tables zero their untouched rows' update
             loss = self.compute_update(x, y, self._update, sync=sync)
             self._params += self._update
             return loss

@@ -238,9 +238,16 @@ class Graph(FlatModel):
     @property
     def spec(self) -> ModelSpec:
         by_name = {v.name: v for v in self._order}
-        return ModelSpec(tuple(InputSpec(n, s) for n, s in self.inputs.items()),
+        return ModelSpec(tuple(InputSpec(n, s, self._input_dtype(n)) for n, s in self.inputs.items()),
                          tuple(OutputSpec(n, int(by_name[n].op.units), by_name[n].op.loss_name,
                                           self.loss_weights[n]) for n in self.outputs))
+
+    def _input_dtype(self, name: str) -> str:
+        """``"int64"`` for an input that only Embedding layers read (ids), else ``"float32"``."""
+        from .embedding import Embedding
+
+        readers = [v.op for v in self._order if name in v.inputs]
+        return "int64" if readers and all(isinstance(op, Embedding) for op in readers) else "float32"
 
     def fingerprint(self) -> str:
         return config_fingerprint(self.to_config(), drop=("updater", "l2", "l2_bias", "weight_decay", "seed",

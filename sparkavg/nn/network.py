@@ -170,8 +170,11 @@ class Network(FlatModel):
     def spec(self) -> ModelSpec:
         """One input ``"input"`` of :attr:`input_shape`; one output
         ``"output"`` with the Output layer's units and loss."""
+        from .embedding import Embedding
+
         out = self.layers[-1]
-        return ModelSpec((InputSpec("input", tuple(self.input_shape)),),
+        dtype = "int64" if isinstance(self.layers[0], Embedding) else "float32"
+        return ModelSpec((InputSpec("input", tuple(self.input_shape), dtype),),
                          (OutputSpec("output", int(out.units), out.loss_name),))
 
     def _prepare_input(self, x):

@@ -41,8 +41,8 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from ..data.validation import DataSpec
-from .data import (PreparedData, check_columns, describe_data, frame_failures, is_dataframe, minibatch_frame,
-                   placement_for)
+from .data import (PreparedData, check_columns, describe_data, feature_columns, frame_failures, is_dataframe,
+                   minibatch_frame, placement_for)
 from .deal import Dealt, deal_epoch
 from .errors import executor_errors
 from .executor.adapters import examples_adapter, round_adapter
@@ -312,7 +312,7 @@ class ConnectSpark:
         df = self._frame(data)
         check_columns(df, features_col, label_col)
         with executor_errors(what):
-            table = df.select(features_col, label_col).mapInArrow(
+            table = df.select(*feature_columns(features_col), label_col).mapInArrow(
                 examples_adapter(task, features_col, label_col), RESULT_SCHEMA).toArrow()
         return functools.reduce(combine, results_from_table(table), None)
 

@@ -19,20 +19,26 @@ A DataFrame travels as Arrow record batches on both Spark flavours
 (:func:`minibatch_frame`, :class:`ExampleFrame`; the executor side is
 :mod:`sparkavg.spark.executor.arrow`): features and labels are validated
 and reshaped per record batch, never row by row through Python objects.
+A model with several inputs reads one column per input
+(:func:`resolve_features`: ``features_col`` as ``{input: column}`` or a
+list in the order of the model's inputs); its features travel as a dict of
+arrays by input name, each in its own dtype (int64 ids stay integer).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Mapping, Optional
 
 import numpy as np
 
-from ..data.validation import DataSpec, DataValidationError, rebatch_partition
+from ..data.validation import DataSpec, DataValidationError, count_examples, rebatch_partition
 from .errors import TaskFailure, executor_errors, guarded_partitions, raise_failures
 from .storage import SUFFIX, SharedLocation, load_minibatch, save_minibatch
 
 __all__ = ["as_example_rdd", "feature_rows", "ExampleFrame", "minibatch_frame", "check_columns", "require_arrow",
+           "resolve_features", "feature_columns",
            "PreparedData", "prepare", "placement_for", "label_counts", "load_minibatch"]
 
 logger = logging.getLogger(__name__)
@@ -61,12 +67,70 @@ def check_rdd(data, what: str):
     raise TypeError(f"Expect an RDD of {what}, or a Spark DataFrame, got {describe_data(data)}")
 
 
-def check_columns(df, features_col: str, label_col: Optional[str]) -> None:
+def feature_columns(features_col) -> List[str]:
+    """The DataFrame columns ``features_col`` reads: a name, or the columns
+    of named inputs (:func:`resolve_features`)."""
+    if isinstance(features_col, str):
+        return [features_col]
+    return [i.column for i in features_col]
+
+
+def resolve_features(features_col, spec: DataSpec):
+    """Which DataFrame columns feed which model inputs.
+
+    Parameters
+    ----------
+    features_col : str, dict or list of str
+        One column (a model with one input: as always); a dict
+        ``{input name: column}``; or a list of columns, one per input in the
+        order of the model's inputs (``ModelSpec.inputs``).
+    spec : DataSpec
+        The model's (:meth:`DataSpec.of`).
+
+    Returns
+    -------
+    str or tuple of NamedInput
+        The one column's name (one input), or each input with its column
+        (several inputs: features travel as a dict by input name).
+    """
+    names = [i.name for i in spec.inputs] if spec.named else None
+    if isinstance(features_col, str):
+        if names is None:
+            return features_col
+        raise ValueError(f"Expect features_col as a dict {{input: column}} or a list of {len(names)} columns for "
+                         f"the model's inputs {names}, got one column {features_col!r}")
+    if isinstance(features_col, Mapping):
+        pairs = dict(features_col)
+    elif isinstance(features_col, (list, tuple)) and all(isinstance(c, str) for c in features_col):
+        if names is not None and len(features_col) != len(names):
+            raise ValueError(f"Expect {len(names)} feature columns, one per model input {names} in order, "
+                             f"got {len(features_col)}: {list(features_col)}")
+        if names is None and len(features_col) != 1:
+            raise ValueError(f"Expect one feature column for a model with one input, got {list(features_col)}")
+        pairs = dict(zip(names or [None], features_col))
+    else:
+        raise TypeError(f"Expect features_col as a column name, a dict {{input: column}} or a list of columns, "
+                        f"got {type(features_col).__name__} {features_col!r:.80}")
+    bad = [c for c in pairs.values() if not isinstance(c, str)]
+    if bad:
+        raise TypeError(f"Expect column names (str) in features_col, got {bad}")
+    if names is None:
+        if len(pairs) != 1:
+            raise ValueError(f"Expect one feature column for a model with one input, got {pairs}")
+        return next(iter(pairs.values()))
+    if sorted(pairs) != sorted(names):
+        raise ValueError(f"Expect features_col keyed by the model's inputs {names}, got keys {list(pairs)}")
+    return tuple(dataclasses.replace(i, column=pairs[i.name]) for i in spec.inputs)
+
+
+def check_columns(df, features_col, label_col: Optional[str]) -> None:
     """Raise :class:`DataValidationError` naming the columns ``df`` lacks."""
-    wanted = [c for c in (features_col, label_col) if c is not None]
+    wanted = feature_columns(features_col) + ([label_col] if label_col is not None else [])
     missing = [c for c in wanted if c not in df.columns]
     if missing:
-        what = f"{features_col!r} (features)" + (f" and {label_col!r} (label)" if label_col is not None else "")
+        what = (f"{features_col!r} (features)" if isinstance(features_col, str) else
+                ", ".join(f"{i.column!r} (input {i.name!r})" for i in features_col))
+        what += f" and {label_col!r} (label)" if label_col is not None else ""
         raise DataValidationError(f"Expect DataFrame columns {what}, missing {missing}; columns are {df.columns}")
 
 
@@ -80,7 +144,7 @@ def require_arrow() -> None:
                           f"pip install 'sparkavg[connect]'; got {exc}") from exc
 
 
-def minibatch_frame(df, spec: DataSpec, batch_size: int, features_col: str, label_col: str,
+def minibatch_frame(df, spec: DataSpec, batch_size: int, features_col, label_col: str,
                     folder: Optional[str] = None):
     """``df``'s examples validated and cut into minibatches by one ``mapInArrow``
     (both Spark flavours): rows ``(id, n, x, y, error)``, or with ``folder``
@@ -91,7 +155,7 @@ def minibatch_frame(df, spec: DataSpec, batch_size: int, features_col: str, labe
     check_columns(df, features_col, label_col)
     require_arrow()
     schema = MINIBATCH_FILE_SCHEMA if folder is not None else MINIBATCH_SCHEMA
-    return df.select(features_col, label_col).mapInArrow(
+    return df.select(*feature_columns(features_col), label_col).mapInArrow(
         make_minibatcher(spec, batch_size, features_col, label_col, folder), schema)
 
 
@@ -105,21 +169,21 @@ class ExampleFrame:
     :meth:`mapPartitionsWithIndex` -- never a Python object per row.
     """
 
-    def __init__(self, df, features_col: str, label_col: str):
+    def __init__(self, df, features_col, label_col: str):
         check_columns(df, features_col, label_col)
         require_arrow()
         self.df, self.features_col, self.label_col = df, features_col, label_col
 
     def example_rdd(self):
         """An RDD (classic sessions) of ``(x, y)`` chunks in partition order."""
-        from .executor.arrow import EXAMPLE_SCHEMA, from_npy, make_example_decoder
+        from .executor.arrow import EXAMPLE_SCHEMA, from_npy, inputs_from_bytes, make_example_decoder
 
-        frame = self.df.select(self.features_col, self.label_col).mapInArrow(
+        frame = self.df.select(*feature_columns(self.features_col), self.label_col).mapInArrow(
             make_example_decoder(self.features_col, self.label_col), EXAMPLE_SCHEMA)
 
         def decode(rows):
             for row in _decoded(rows):
-                yield from_npy(row[0]), from_npy(row[1])
+                yield inputs_from_bytes(row[0]), from_npy(row[1])
 
         return frame.rdd.mapPartitions(decode, preservesPartitioning=True)
 
@@ -142,23 +206,29 @@ def _decoded(rows):
         yield row
 
 
-def feature_rows(df, features_col: str):
+def feature_rows(df, features_col):
     """An RDD (classic sessions) of ``df``'s ``features_col`` rows as float32
-    arrays, read as Arrow batches (no Python object per row), in partition order."""
-    from .executor.arrow import FEATURE_SCHEMA, from_npy, make_feature_decoder
+    arrays (several named inputs: dicts of arrays by input name), read as
+    Arrow batches (no Python object per row), in partition order."""
+    from .executor.arrow import FEATURE_SCHEMA, inputs_from_bytes, make_feature_decoder
 
     check_columns(df, features_col, None)
     require_arrow()
 
     def rows(chunks):
         for chunk in _decoded(chunks):
-            yield from from_npy(chunk[0])
+            x = inputs_from_bytes(chunk[0])
+            if isinstance(x, Mapping):
+                for i in range(count_examples(x)):
+                    yield {k: v[i] for k, v in x.items()}
+            else:
+                yield from x
 
-    return (df.select(features_col).mapInArrow(make_feature_decoder(features_col), FEATURE_SCHEMA)
+    return (df.select(*feature_columns(features_col)).mapInArrow(make_feature_decoder(features_col), FEATURE_SCHEMA)
             .rdd.mapPartitions(rows, preservesPartitioning=True))
 
 
-def as_example_rdd(data, features_col: str = "features", label_col: str = "label"):
+def as_example_rdd(data, features_col="features", label_col: str = "label"):
     """Rows of ``(features, label)`` pairs or minibatches.
 
     A DataFrame becomes an :class:`ExampleFrame` (Arrow batches of its
@@ -218,7 +288,7 @@ def _write_partition(spec: DataSpec, batch_size: int, folder: str):
         for j, (x, y) in enumerate(rebatch(index, rows)):
             path = f"{folder}/p{index:05d}-b{j:06d}{SUFFIX}"
             save_minibatch(path, x, y)
-            yield path, int(x.shape[0])
+            yield path, count_examples(x)
 
     return guarded_partitions(run)
 
@@ -276,7 +346,7 @@ def _persist_blocks(mb, storage_level: str, classes: Optional[int]) -> PreparedD
         host = socket.gethostname()
         for kv in rows:
             yield kv[1] if isinstance(kv[1], TaskFailure) else (
-                kv[0], int(kv[1][0].shape[0]), host, partition, label_counts(kv[1][1], classes))
+                kv[0], count_examples(kv[1][0]), host, partition, label_counts(kv[1][1], classes))
 
     try:
         with executor_errors("minibatching"):
@@ -311,11 +381,11 @@ def _prepare_frame(examples: ExampleFrame, spec: DataSpec, batch_size: int, loca
     def decode(rows):
         for row in rows:
             failure = failure_from_row(row[4])
-            yield failure if failure is not None else (from_npy(row[2]), from_npy(row[3]))
+            yield failure if failure is not None else (inputs_from_bytes(row[2]), from_npy(row[3]))
 
     from pyspark import StorageLevel
 
-    from .executor.arrow import failure_from_row
+    from .executor.arrow import failure_from_row, inputs_from_bytes
 
     # The Arrow job runs once: zipWithIndex's counting pass and the blocks' own read its cached output.
     frame = minibatch_frame(*args).persist(getattr(StorageLevel, storage_level))

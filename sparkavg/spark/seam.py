@@ -150,6 +150,8 @@ class ClassicSpark:
         if is_dataframe(data):
             data = feature_rows(data, features_col)
         rows = check_rdd(data, "features or (key, features) rows")
+        if not isinstance(features_col, str):  # several named inputs: their shapes and dtypes
+            input_shape = features_col
         return rows.mapPartitionsWithIndex(predict_rows(make_predict, input_shape))
 
 

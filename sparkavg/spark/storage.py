@@ -10,6 +10,13 @@ the protocol's own package must be installed).  Each minibatch is one
     header: JSON {"x": {"dtype": "<f4", "shape": [16, 784]}, "y": {...}} |
     zero padding to a multiple of 64 bytes | x's bytes | y's bytes
 
+A minibatch of several named inputs (a :class:`~sparkavg.nn.Graph`'s)
+is version 2: ``x`` in the header is a list of ``{"name", "dtype",
+"shape"}``, one per input in the model's order, each array starting at a
+multiple of 64 bytes (zero padding between), then ``y`` likewise; each
+input keeps its own dtype (int64 ids stay integer).  Version 1 files are
+read as before.
+
 Reading it is a JSON parse and two ``frombuffer`` views: ~15x faster than
 an ``.npz`` (whose zip and header parsing cost ~0.3 ms per minibatch, as
 much as a small network's step); dtypes come from a short whitelist and
@@ -26,7 +33,7 @@ import posixpath
 import struct
 import tempfile
 import uuid
-from typing import Tuple
+from typing import Mapping, Tuple
 
 import numpy as np
 
@@ -37,7 +44,7 @@ __all__ = ["SharedLocation", "save_minibatch", "load_minibatch", "is_url", "is_r
 
 #: File name suffix of a minibatch file.
 SUFFIX = ".minibatch"
-_MAGIC, _VERSION = b"SPKAVGMB", 1
+_MAGIC, _VERSION, _NAMED_VERSION = b"SPKAVGMB", 1, 2
 _PREFIX = struct.Struct("<8sBI")
 _ALIGN = 64
 #: dtypes a minibatch file may hold (features, labels): plain numbers only.
@@ -54,8 +61,33 @@ def is_remote(location: str) -> bool:
     return is_url(location) and not location.startswith("file://")
 
 
-def encode_minibatch(x: np.ndarray, y: np.ndarray) -> bytes:
-    """One minibatch file's bytes (the format in the module docstring)."""
+def _plain(a: np.ndarray, name: str) -> np.ndarray:
+    a = np.ascontiguousarray(a)
+    if a.dtype.newbyteorder("<").str not in _DTYPES:
+        raise ValueError(f"Expect minibatch {name} of a plain numeric dtype ({', '.join(_DTYPES)}), got {a.dtype}")
+    return a.astype(a.dtype.newbyteorder("<"), copy=False)
+
+
+def _encode_named(x: Mapping, y: np.ndarray) -> bytes:
+    """Version 2: several named inputs, each array 64-byte aligned."""
+    arrays = [(str(k), _plain(np.asarray(v), f"x[{k!r}]")) for k, v in x.items()]
+    ya = _plain(np.asarray(y), "y")
+    header = json.dumps({"x": [{"name": k, "dtype": a.dtype.str, "shape": list(a.shape)} for k, a in arrays],
+                         "y": {"dtype": ya.dtype.str, "shape": list(ya.shape)}}, separators=(",", ":")).encode()
+    parts = [_PREFIX.pack(_MAGIC, _NAMED_VERSION, len(header)), header]
+    at = _PREFIX.size + len(header)
+    for a in [a for _, a in arrays] + [ya]:
+        pad = -at % _ALIGN
+        parts += [b"\0" * pad, a.tobytes()]
+        at += pad + a.nbytes
+    return b"".join(parts)
+
+
+def encode_minibatch(x, y: np.ndarray) -> bytes:
+    """One minibatch file's bytes (the format in the module docstring);
+    ``x`` is an array, or a dict of arrays by input name (version 2)."""
+    if isinstance(x, Mapping):
+        return _encode_named(x, y)
     arrays = [np.ascontiguousarray(a) for a in (x, y)]
     for name, a in zip("xy", arrays):
         if a.dtype.newbyteorder("<").str not in _DTYPES:
@@ -70,20 +102,23 @@ def encode_minibatch(x: np.ndarray, y: np.ndarray) -> bytes:
 
 
 def decode_minibatch(data, name: str = "minibatch") -> Tuple[np.ndarray, np.ndarray]:
-    """``(x, y)`` from :func:`encode_minibatch` bytes (views of ``data``:
+    """``(x, y)`` from :func:`encode_minibatch` bytes (``x`` a dict by input
+    name for a version-2 file) (views of ``data``:
     pass a ``bytearray`` for writeable arrays).  Raises ``ValueError``
     naming ``name`` and what was wrong."""
     view = memoryview(data)
     if len(view) < _PREFIX.size:
         raise ValueError(f"{name}: {len(view)} bytes, shorter than a minibatch file's {_PREFIX.size}-byte prefix")
     magic, version, length = _PREFIX.unpack_from(view)
-    if magic != _MAGIC or version != _VERSION:
-        raise ValueError(f"{name}: expected a sparkavg minibatch file ({_MAGIC!r} version {_VERSION}), "
-                         f"got {bytes(magic)!r} version {version}")
+    if magic != _MAGIC or version not in (_VERSION, _NAMED_VERSION):
+        raise ValueError(f"{name}: expected a sparkavg minibatch file ({_MAGIC!r} version {_VERSION} or "
+                         f"{_NAMED_VERSION}), got {bytes(magic)!r} version {version}")
     start = _PREFIX.size + length
     if start > len(view):
         raise ValueError(f"{name}: header of {length} bytes runs past the file's {len(view)} bytes (truncated)")
     header = bytes(view[_PREFIX.size:start])
+    if version == _NAMED_VERSION:
+        return _decode_named(view, header, start, name)
     layout = _LAYOUTS.get(header)
     if layout is None:
         layout = _parse_layout(header, start, name)
@@ -105,6 +140,50 @@ def decode_minibatch(data, name: str = "minibatch") -> Tuple[np.ndarray, np.ndar
 #: one of a few headers, and parsing JSON cold after a training step costs
 #: ~0.1 ms -- as much as reading the file.
 _LAYOUTS: dict = {}
+
+
+def _entry(entry, key: str, name: str):
+    """``(dtype, shape)`` of a header entry, or a ValueError naming it."""
+    dtype = _DTYPES.get(entry.get("dtype")) if isinstance(entry, dict) else None
+    shape = entry.get("shape") if isinstance(entry, dict) else None
+    if dtype is None or not isinstance(shape, list) or \
+            not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise ValueError(f"{name}: expected {key!r} with a dtype of {sorted(_DTYPES)} and a shape of "
+                         f"non-negative ints, got {entry!r}")
+    return dtype, tuple(shape)
+
+
+def _decode_named(view, header: bytes, start: int, name: str):
+    """``({input: array}, y)`` of a version-2 file."""
+    key = (_NAMED_VERSION, header)
+    layout = _LAYOUTS.get(key)
+    if layout is None:
+        try:
+            parsed = json.loads(header)
+        except ValueError as exc:
+            raise ValueError(f"{name}: header is not JSON ({exc})") from None
+        xs = parsed.get("x") if isinstance(parsed, dict) else None
+        if not isinstance(xs, list) or not xs or not all(isinstance(e, dict) and isinstance(e.get("name"), str)
+                                                         for e in xs):
+            raise ValueError(f"{name}: expected 'x' as a non-empty list of named arrays, got {xs!r:.200}")
+        entries = [(e["name"], *_entry(e, f"x[{e['name']!r}]", name)) for e in xs]
+        entries.append((None, *_entry(parsed.get("y"), "y", name)))
+        at, layout = start, []
+        for key_name, dtype, shape in entries:
+            at += -at % _ALIGN
+            end = at + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            layout.append((key_name, dtype, shape, at, end))
+            at = end
+        layout = tuple(layout)
+        if len(_LAYOUTS) < 64:
+            _LAYOUTS[key] = layout
+    end = layout[-1][4]
+    if end != len(view):
+        raise ValueError(f"{name}: expected exactly {end} bytes for its arrays, the file has {len(view)}"
+                         + (" (truncated)" if end > len(view) else ""))
+    arrays = [np.frombuffer(view, dtype, (e - o) // dtype.itemsize, o).reshape(shape)
+              for _, dtype, shape, o, e in layout]
+    return {k: a for (k, *_), a in zip(layout[:-1], arrays)}, arrays[-1]
 
 
 def _parse_layout(header: bytes, start: int, name: str):
@@ -129,7 +208,7 @@ def _parse_layout(header: bytes, start: int, name: str):
     return tuple(layout)
 
 
-def save_minibatch(location: str, x: np.ndarray, y: np.ndarray) -> None:
+def save_minibatch(location: str, x, y: np.ndarray) -> None:
     """Write one minibatch to ``location`` (a path or URL), atomically where the
     filesystem allows (tmp + rename)."""
     data = encode_minibatch(x, y)

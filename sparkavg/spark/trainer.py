@@ -22,6 +22,7 @@ from ..evaluation import Evaluation, RegressionEvaluation
 from ..listeners.base import EventDispatcher
 from ..listeners.progress import progress_listeners
 from . import checkpoint as ckpt_io
+from .data import is_dataframe, resolve_features
 from .errors import DivergenceError, TrainingCancelled, raise_failures
 from .executor.inference import add_scores, make_evaluator, make_predict_fn, make_scorer, merge_evaluations
 from .masters import ParameterAveraging
@@ -50,8 +51,15 @@ class SparkTrainer:
         :class:`sparkavg.nn.Graph`, ``sparkavg.torch.TorchModel``).
         Trained in place; ``trainer.network`` is always this object.
     master : ParameterAveraging or GradientSharing, default ParameterAveraging()
-    features_col, label_col : str
-        Column names when data is a DataFrame.
+    features_col : str, dict or list of str, default "features"
+        Feature column(s) when data is a DataFrame: one column for a model
+        with one input; for several inputs (a :class:`~sparkavg.nn.Graph`'s)
+        a dict ``{input name: column}`` or a list of columns in the order
+        of the model's inputs.  Numeric array (or ml Vector) columns feed
+        float inputs; integer columns feed id inputs (an Embedding's) and
+        stay integer.
+    label_col : str
+        The label column when data is a DataFrame.
     checkpoint_dir : str, optional
         When set, a checkpoint is written after every epoch (before the
         validation pass).  It holds one run: a fresh fit refuses a folder
@@ -201,14 +209,21 @@ class SparkTrainer:
         self.release_data()
         m = self.master
         with self.stats.timed(Phase.EXPORT):
-            prepared = self.seam.prepare(data, self.spec, m.batch_size_per_worker, m.data, self.features_col,
-                                         self.label_col)
+            prepared = self.seam.prepare(data, self.spec, m.batch_size_per_worker, m.data,
+                                         self._features_for(data), self.label_col)
         self._held["prepared"], self._prepared_for = prepared, data
         if not prepared.sizes:
             raise ValueError("Expect training data with at least one example, got an empty dataset")
         logger.info("prepared %d examples in %d minibatches (%s)", prepared.examples, len(prepared.sizes),
                     "shared files" if prepared.in_files else "Spark blocks")
         return prepared
+
+    def _features_for(self, data):
+        """``features_col`` resolved against the model's inputs for a DataFrame
+        (:func:`~sparkavg.spark.data.resolve_features`); as given otherwise."""
+        if is_dataframe(data):
+            return resolve_features(self.features_col, self.spec)
+        return self.features_col
 
     def release_data(self) -> None:
         """Drop the minibatches (files or blocks) of the last fitted data."""
@@ -407,7 +422,8 @@ class SparkTrainer:
         shipped = self.seam.ship(network_state(self.network, with_updater=False))
         try:
             task = make(shipped)
-            result = self.seam.aggregate_examples(data, task, combine, self.features_col, self.label_col, what)
+            result = self.seam.aggregate_examples(data, task, combine, self._features_for(data), self.label_col,
+                                                  what)
         finally:
             shipped.destroy()
         raise_failures(result, what)
@@ -459,9 +475,10 @@ class SparkTrainer:
         """
         shipped = self.seam.ship(network_state(self.network, with_updater=False))
         try:
+            spec = self.spec
             result = self.seam.map_features(
-                data, make_predict_fn(self.network.to_json(), shipped, self.eval_batch_size), self.features_col,
-                tuple(self.spec.input_shape))
+                data, make_predict_fn(self.network.to_json(), shipped, self.eval_batch_size),
+                self._features_for(data), spec.inputs if spec.named else tuple(spec.input_shape))
         except BaseException:
             SparkTrainer._destroy_shipped(shipped)
             raise

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Iterator, Optional, Sequence
 
-from .arrow import examples_from_batches, from_npy
+from .arrow import examples_from_batches, from_npy, inputs_from_bytes
 from .codec import results_batch
 from .context import task_partition
 
@@ -67,7 +67,7 @@ def _one_worker(rows: Iterator) -> Iterator[tuple]:
             raise RuntimeError(f"Expect one worker's minibatches per barrier partition, got workers {worker} "
                                f"and {w} in partition {_partition()}")
         worker = w
-        yield from_npy(x), from_npy(y)
+        yield inputs_from_bytes(x), from_npy(y)
 
 
 def _minibatch_rows(batches: Iterable) -> Iterator[tuple]:
@@ -95,7 +95,7 @@ class _Group:
         self.pending = next(self.rows, None)
         if self.pending is not None and self.pending[0] != self.worker:
             self.next_row, self.pending = self.pending, None
-        return from_npy(row[1]), from_npy(row[2])
+        return inputs_from_bytes(row[1]), from_npy(row[2])
 
     def drain(self) -> None:
         """Skip what the task left unread (it stopped early on an error)."""
@@ -105,7 +105,7 @@ class _Group:
                 self.next_row, self.pending = self.pending, None
 
 
-def examples_adapter(task: Callable, features_col: str, label_col: str):
+def examples_adapter(task: Callable, features_col, label_col: str):
     """``mapInArrow`` function running an evaluation task ``task(partition, rows)``."""
 
     def run(batches: Iterable) -> Iterator:

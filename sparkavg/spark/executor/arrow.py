@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Callable, Iterable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, Mapping, Optional
 
 import numpy as np
 
-from ...data.validation import (DataSpec, DataValidationError, check_finite, check_label_values, check_widths,
-                                cut_minibatches, row_namer)
+from ...data.validation import (DataSpec, DataValidationError, check_finite, check_ids, check_label_values,
+                                check_widths, count_examples, cut_minibatches, row_namer, shape_note)
 from ...npzfile import load_npy_bytes
 from ..errors import TaskFailure, task_failure_guard
 from .context import task_partition
@@ -43,6 +43,9 @@ __all__ = [
     "MINIBATCH_FILE_SCHEMA",
     "EXAMPLE_SCHEMA",
     "features_matrix",
+    "read_features",
+    "inputs_bytes",
+    "inputs_from_bytes",
     "label_array",
     "batch_column",
     "make_minibatcher",
@@ -88,8 +91,9 @@ def _null_rows(column) -> Optional[np.ndarray]:
     return ~np.asarray(column.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
 
 
-def _numeric_values(values, where: Callable[[int], str], what: str) -> np.ndarray:
-    """A flat numeric Arrow array as float32 numpy (nulls named by ``where``)."""
+def _numeric_values(values, where: Callable[[int], str], what: str, native: bool = False) -> np.ndarray:
+    """A flat numeric Arrow array as float32 numpy (nulls named by ``where``;
+    ``native``: in its own dtype, for ids)."""
     pa = _pa()
     if not (pa.types.is_floating(values.type) or pa.types.is_integer(values.type)
             or pa.types.is_boolean(values.type)):
@@ -97,7 +101,8 @@ def _numeric_values(values, where: Callable[[int], str], what: str) -> np.ndarra
     nulls = _null_rows(values)
     if nulls is not None:
         raise DataValidationError(f"Bad {what} at {where(_first(nulls))}: expected numbers, got a null element")
-    return np.asarray(values.to_numpy(zero_copy_only=False)).astype(np.float32, copy=False)
+    out = np.asarray(values.to_numpy(zero_copy_only=False))
+    return out if native else out.astype(np.float32, copy=False)
 
 
 def _list_parts(column):
@@ -130,19 +135,20 @@ def _common_width(sizes: np.ndarray, width: Optional[int], where, what: str, not
     return width
 
 
-def _vector_matrix(column, width: Optional[int], where, what: str, note: str):
-    """Rows of an ml Vector column (struct type/size/indices/values) as float32 (n, width)."""
+def _vector_matrix(column, width: Optional[int], where, what: str, note: str, native: bool = False):
+    """Rows of an ml Vector column (struct type/size/indices/values) as float32 (n, width)
+    (``native``: float64, for ids)."""
     kind_arr, size_arr, idx_arr, val_arr = column.flatten()
     n = len(column)
     kinds = np.asarray(kind_arr.to_numpy(zero_copy_only=False), dtype=np.int64)
     v_len, v_flat, v_starts = _list_parts(val_arr)
-    values = _numeric_values(v_flat, _element_rows(v_starts, where), what)
+    values = _numeric_values(v_flat, _element_rows(v_starts, where), what, native)
     dense = kinds == 1
     sizes = np.where(dense, v_len, np.asarray(size_arr.fill_null(-1).to_numpy(zero_copy_only=False), np.int64))
     width = _common_width(sizes, width, where, what, note, lambda size: f"a vector of size {size}")
     if width is None:
         return None
-    x = np.zeros((n, width), np.float32)
+    x = np.zeros((n, width), values.dtype if native else np.float32)
     row_of = np.repeat(np.arange(n), v_len)
     element_dense = dense[row_of]
     pos = np.arange(len(values)) - np.repeat(np.cumsum(v_len) - v_len, v_len)
@@ -166,8 +172,10 @@ def _vector_matrix(column, width: Optional[int], where, what: str, note: str):
 
 
 def features_matrix(column, width: Optional[int], where: Callable[[int], str], what: str = "features",
-                    note: str = "") -> Optional[np.ndarray]:
-    """An Arrow features column as a float32 ``(n, width)`` matrix.
+                    note: str = "", ids: bool = False, native: bool = False) -> Optional[np.ndarray]:
+    """An Arrow features column as a float32 ``(n, width)`` matrix (``ids``:
+    int64 ids, never rounded through float32: integers, or integer-valued
+    floats, none negative -- :func:`~sparkavg.data.validation.check_ids`).
 
     Parameters
     ----------
@@ -183,6 +191,11 @@ def features_matrix(column, width: Optional[int], where: Callable[[int], str], w
     what, note : str
         The value's name in messages, and what follows the expected count
         (" (input shape (1, 28, 28))").
+    ids : bool
+        Integer ids: int64, checked (:func:`~sparkavg.data.validation.check_ids`).
+    native : bool
+        Keep the values' own dtype (integers stay integer), unchecked
+        beyond nulls and finiteness: the task's validation checks them.
 
     Raises
     ------
@@ -199,7 +212,7 @@ def features_matrix(column, width: Optional[int], where: Callable[[int], str], w
         raise DataValidationError(f"Bad {what} at {where(_first(nulls))}: expected numbers, got null")
     t = column.type
     if pa.types.is_struct(t) and [f.name for f in t] == ["type", "size", "indices", "values"]:
-        x = _vector_matrix(column, width, where, what, note)
+        x = _vector_matrix(column, width, where, what, note, ids or native)
         if x is None:
             return None
     elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
@@ -207,17 +220,68 @@ def features_matrix(column, width: Optional[int], where: Callable[[int], str], w
         width = _common_width(lengths, width, where, what, note, lambda size: f"shape ({size},)")
         if width is None:
             return None
-        x = _numeric_values(flat, _element_rows(starts, where), what).reshape(n, width)
+        x = _numeric_values(flat, _element_rows(starts, where), what, ids or native).reshape(n, width)
     elif pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_boolean(t):
         if width not in (None, 1):
             raise DataValidationError(f"Bad {what} at {where(0)}: expected {width} values{note}, got one number "
                                       f"(column type {t})")
-        x = _numeric_values(column, where, what).reshape(n, 1)
+        x = _numeric_values(column, where, what, ids or native).reshape(n, 1)
     else:
-        raise DataValidationError(f"Bad {what} column: expected array<float>, array<double> or an ml Vector, "
-                                  f"got {t}")
-    check_finite(x, where, what)
-    return x
+        kinds = "array<int>, array<long> or a long" if ids else "array<float>, array<double> or an ml Vector"
+        raise DataValidationError(f"Bad {what} column: expected {kinds}, got {t}")
+    if ids:
+        return check_ids(x, where, what)
+    if x.dtype.kind == "f":
+        check_finite(x, where, what)
+    return x.astype(np.int64, copy=False) if x.dtype.kind in "iu" else x
+
+
+def read_features(batch, features_col, where: Callable[[int], str], spec: Optional[DataSpec] = None):
+    """A record batch's features: one column (``features_col`` a str) as
+    ``(n, *input_shape)`` (float32, or int64 ids when ``spec.dtype`` says
+    so; ``(n, width)`` and None for ragged rows without a spec), or several
+    (``features_col`` a tuple of :class:`~sparkavg.data.validation.NamedInput`
+    with columns) as a dict by input name, each checked against its
+    input's shape and dtype, errors naming the column."""
+    n = batch.num_rows
+    if isinstance(features_col, str):
+        column = batch_column(batch, features_col)
+        if spec is None:  # integer columns stay integer (ids); the task's validation casts features
+            return features_matrix(column, None, where, native=_integers(column.type))
+        x = features_matrix(column, spec.input_size, where, note=spec.shape_note, ids=spec.dtype == "int64")
+        return x.reshape((n,) + tuple(spec.input_shape))
+    return {i.name: features_matrix(batch_column(batch, i.column), i.size, where, i.what, shape_note(i.shape),
+                                    i.dtype == "int64").reshape((n,) + tuple(i.shape)) for i in features_col}
+
+
+def _integers(t) -> bool:
+    """Whether an Arrow column type holds integers (a list of them, or one)."""
+    pa = _pa()
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        t = t.value_type
+    return pa.types.is_integer(t)
+
+
+def inputs_bytes(x) -> bytes:
+    """Features as bytes in a binary column: ``.npy`` of an array, or a
+    dict of arrays by input name as a ``.minibatch`` blob (version 2, no
+    labels) -- each keeps its dtype; never pickle."""
+    if isinstance(x, Mapping):
+        from ..storage import encode_minibatch
+
+        return encode_minibatch(x, np.zeros(0, np.int8))
+    return npy_bytes(x)
+
+
+def inputs_from_bytes(data):
+    """The features of :func:`inputs_bytes` output (bytes, a buffer, an Arrow scalar)."""
+    if hasattr(data, "as_buffer"):
+        data = data.as_buffer()
+    if bytes(memoryview(data)[:6]) == b"\x93NUMPY":
+        return load_npy_bytes(data, what="a minibatch blob")
+    from ..storage import decode_minibatch
+
+    return decode_minibatch(bytearray(data), "a minibatch blob of named inputs")[0]
 
 
 def label_array(column, spec: Optional[DataSpec], where: Callable[[int], str]) -> Optional[np.ndarray]:
@@ -269,7 +333,7 @@ def batch_column(batch, name: str):
     return batch.column(index)
 
 
-def make_minibatcher(spec: DataSpec, batch_size: int, features_col: str, label_col: str,
+def make_minibatcher(spec: DataSpec, batch_size: int, features_col, label_col: str,
                      folder: Optional[str] = None):
     """The ``mapInArrow`` function that validates a partition's examples and
     cuts them into minibatches of ``batch_size`` (the last may be smaller).
@@ -279,8 +343,6 @@ def make_minibatcher(spec: DataSpec, batch_size: int, features_col: str, label_c
     :data:`MINIBATCH_FILE_SCHEMA` (one ``.minibatch`` file per minibatch written
     there, named as the RDD path names them).
     """
-    shape = tuple(spec.input_shape)
-
     def run(batches: Iterable) -> Iterator:
         partition = _partition()
         failures: list = []
@@ -299,13 +361,13 @@ def make_minibatcher(spec: DataSpec, batch_size: int, features_col: str, label_c
         def emit(x, y):
             nonlocal j
             out["id"].append((partition << 32) | j)
-            out["n"].append(int(x.shape[0]))
+            out["n"].append(count_examples(x))
             if folder is not None:
                 path = f"{folder}/p{partition:05d}-b{j:06d}{SUFFIX}"
                 save_minibatch(path, x, y)
                 out["path"].append(path)
             else:
-                out["x"].append(npy_bytes(x))
+                out["x"].append(inputs_bytes(x))
                 out["y"].append(npy_bytes(y))
             j += 1
 
@@ -330,8 +392,8 @@ def make_minibatcher(spec: DataSpec, batch_size: int, features_col: str, label_c
                 if n == 0:
                     continue
                 where = row_namer(partition, row)
-                x = features_matrix(batch_column(batch, features_col), spec.input_size, where, note=spec.shape_note)
-                yield x.reshape((n,) + shape), label_array(batch_column(batch, label_col), spec, where)
+                x = read_features(batch, features_col, where, spec)
+                yield x, label_array(batch_column(batch, label_col), spec, where)
                 row += n
 
         for x, y in cut_minibatches(chunks(), batch_size, spec):
@@ -365,37 +427,39 @@ def failure_from_row(error: Optional[str]) -> Optional[TaskFailure]:
     return TaskFailure(note["kind"], note["message"], note["where"])
 
 
-def _chunks(x: Optional[np.ndarray], y: Optional[np.ndarray], features, labels, where) -> Iterator[tuple]:
+def _chunks(x, y: Optional[np.ndarray], batch, features_col, labels, where) -> Iterator[tuple]:
     """A decoded batch as (x, y) minibatch records; rows the matrices could
     not hold (ragged lengths) as single (features, label) records, so that
     the task's validation names them."""
     if x is not None and y is not None:
         yield x, y
         return
-    for i in range(len(features)):
-        fx = features_matrix(features.slice(i, 1), None, lambda _: where(i))
+    for i in range(batch.num_rows):
+        one = batch.slice(i, 1)
+        fx = read_features(one, features_col, lambda _: where(i))
+        fx = {k: v[0] for k, v in fx.items()} if isinstance(fx, Mapping) else fx[0]
         fy = label_array(labels.slice(i, 1), None, lambda _: where(i))
-        yield fx[0], (fy[0] if fy.ndim > 1 else fy[0].item())
+        yield fx, (fy[0] if fy.ndim > 1 else fy[0].item())
 
 
-def examples_from_batches(batches: Iterable, features_col: str, label_col: str,
-                          partition: int) -> Iterator[tuple]:
+def examples_from_batches(batches: Iterable, features_col, label_col: str, partition: int) -> Iterator[tuple]:
     """A partition's Arrow batches as ``(x (n, width), y)`` records for the
-    evaluation tasks (their ``rebatch`` validates against the network)."""
+    evaluation tasks (their ``rebatch`` validates against the network);
+    several named inputs (``features_col`` a tuple of
+    :class:`~sparkavg.data.validation.NamedInput`): ``x`` a dict by input name."""
     row = 0
     for batch in batches:
         n = batch.num_rows
         if n == 0:
             continue
         where = row_namer(partition, row)
-        features, labels = batch_column(batch, features_col), batch_column(batch, label_col)
-        x = features_matrix(features, None, where)
-        y = label_array(labels, None, where)
-        yield from _chunks(x, y, features, labels, where)
+        x = read_features(batch, features_col, where)
+        y = label_array(batch_column(batch, label_col), None, where)
+        yield from _chunks(x, y, batch, features_col, batch_column(batch, label_col), where)
         row += n
 
 
-def make_example_decoder(features_col: str, label_col: str):
+def make_example_decoder(features_col, label_col: str):
     """The ``mapInArrow`` function giving :data:`EXAMPLE_SCHEMA` rows: one
     ``(x, y)`` chunk per record batch, for a classic RDD of examples."""
 
@@ -406,7 +470,8 @@ def make_example_decoder(features_col: str, label_col: str):
         with task_failure_guard(failures, partition=partition):
             for x, y in examples_from_batches(batches, features_col, label_col, partition):
                 yield pa.RecordBatch.from_pydict({
-                    "x": pa.array([npy_bytes(np.asarray(x, np.float32))], pa.binary()),
+                    "x": pa.array([inputs_bytes(x if isinstance(x, Mapping) or np.asarray(x).dtype.kind in "iu"
+                                                else np.asarray(x, np.float32))], pa.binary()),
                     "y": pa.array([npy_bytes(np.asarray(y))], pa.binary()),
                     "error": pa.array([None], pa.string())})
         if failures:
@@ -415,7 +480,7 @@ def make_example_decoder(features_col: str, label_col: str):
     return run
 
 
-def make_feature_decoder(features_col: str):
+def make_feature_decoder(features_col):
     """The ``mapInArrow`` function giving :data:`FEATURE_SCHEMA` rows: each
     record batch's features as one float32 ``(n, width)`` matrix (rows of
     different lengths: one row each, for the task to name), for a classic
@@ -432,11 +497,10 @@ def make_feature_decoder(features_col: str):
                 if n == 0:
                     continue
                 where = row_namer(partition, row)
-                column = batch_column(batch, features_col)
-                x = features_matrix(column, None, where)
-                chunks = [x] if x is not None else [features_matrix(column.slice(i, 1), None, where)
+                x = read_features(batch, features_col, where)
+                chunks = [x] if x is not None else [read_features(batch.slice(i, 1), features_col, where)
                                                     for i in range(n)]
-                yield pa.RecordBatch.from_pydict({"x": pa.array([npy_bytes(c) for c in chunks], pa.binary()),
+                yield pa.RecordBatch.from_pydict({"x": pa.array([inputs_bytes(c) for c in chunks], pa.binary()),
                                                   "error": pa.array([None] * len(chunks), pa.string())})
                 row += n
         if failures:

@@ -96,8 +96,8 @@ def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: b
         losses, examples, batches = LossSum(), 0, 0
         for x, y in recorded_minibatches(items, prefetch, rec):
             with rec.phase(Phase.FIT):
-                losses.add(net.fit_batch(x, y, sync=False), len(x))  # a GPU step does not wait for the device
-            examples += len(x)
+                losses.add(net.fit_batch(x, y, sync=False), len(y))  # a GPU step does not wait for the device
+            examples += len(y)  # x may be a dict of inputs by name
             batches += 1
         if examples == 0:
             return None

@@ -14,15 +14,15 @@ matrix of examples.  Every inference path feeds it matrices:
 from __future__ import annotations
 
 import copy
-import math
 from typing import Callable, Iterable, Iterator, List, Sequence, Tuple
 
 import numpy as np
 
 from ...backend import to_cpu
-from ...data.validation import check_feature_rows, row_namer, shape_note, split_features
+from ...data.validation import (DataSpec, NamedInput, check_feature_rows, check_input_rows, count_examples,
+                                row_namer, split_features, take_examples)
 from ..errors import failure_aware, task_failure_guard
-from .arrow import batch_column, features_matrix
+from .arrow import read_features
 from .context import cached_network, load_state, task_partition
 
 __all__ = ["make_evaluator", "make_scorer", "merge_evaluations", "add_scores", "make_predict_fn", "predict_rows",
@@ -75,8 +75,8 @@ def make_scorer(config_json: str, shipped, rebatch_fn):
         with task_failure_guard(failures, partition=index):
             net = _net(config_json, shipped)
             for x, y in rebatch_fn(index, rows):
-                total += float(net.score(x, y)) * len(x)
-                n += len(x)
+                total += float(net.score(x, y)) * len(y)
+                n += len(y)
         yield failures[0] if failures else (total, n)
 
     return run
@@ -102,15 +102,29 @@ def make_predict_fn(config_json: str, shipped, batch_size: int) -> Callable[[], 
         net = _net(config_json, shipped)
 
         def predict(x: np.ndarray) -> np.ndarray:
-            n = len(x)
+            n = count_examples(x)
             if n == 0:
                 return np.zeros((0, 1), np.float32)
-            parts = [np.asarray(to_cpu(net.output(x[s:s + batch_size]))) for s in range(0, n, batch_size)]
+            parts = [np.asarray(to_cpu(net.output(take_examples(x, s, s + batch_size))))
+                     for s in range(0, n, batch_size)]
             return (parts[0] if len(parts) == 1 else np.concatenate(parts)).reshape(n, -1)
 
         return predict
 
     return make_predict
+
+
+def _named_inputs(input_shape) -> bool:
+    """Whether ``input_shape`` is several named inputs (a tuple of
+    :class:`~sparkavg.data.validation.NamedInput`) rather than one shape."""
+    return bool(input_shape) and isinstance(input_shape[0], NamedInput)
+
+
+def _check_rows(xs: list, input_shape, where):
+    if not _named_inputs(input_shape):
+        return check_feature_rows(xs, input_shape, where)
+    spec = DataSpec(tuple(input_shape[0].shape), 1, inputs=tuple(input_shape))
+    return check_input_rows(xs, spec, where)
 
 
 def _row_matrices(rows: Iterable, input_shape, partition: int) -> Iterator[Tuple[list, np.ndarray]]:
@@ -122,20 +136,22 @@ def _row_matrices(rows: Iterable, input_shape, partition: int) -> Iterator[Tuple
         keys.append(key)
         xs.append(x)
         if len(xs) == ROWS_PER_CALL:
-            yield keys, check_feature_rows(xs, input_shape, row_namer(partition, first))
+            yield keys, _check_rows(xs, input_shape, row_namer(partition, first))
             first += len(xs)
             keys, xs = [], []
     if xs:
-        yield keys, check_feature_rows(xs, input_shape, row_namer(partition, first))
+        yield keys, _check_rows(xs, input_shape, row_namer(partition, first))
 
 
-def predict_rows(make_predict: Callable[[], Callable], input_shape: Sequence[int]):
+def predict_rows(make_predict: Callable[[], Callable], input_shape: Sequence):
     """``mapPartitionsWithIndex`` function: ``predict`` over an RDD's rows,
     gathered into matrices of ``input_shape`` examples (features checked as
     for training: a NaN or a row of another size raises
     ``DataValidationError`` naming partition and row); ``(key, features)``
     rows give ``(key, output)``, bare features give ``output`` (one row of
-    ``(k,)``)."""
+    ``(k,)``).  Several named inputs: ``input_shape`` is a tuple of
+    :class:`~sparkavg.data.validation.NamedInput` and each row's features a
+    dict by input name."""
 
     def run(index, rows):
         predict = make_predict()
@@ -155,14 +171,17 @@ def list_column(out: np.ndarray):
     return pa.ListArray.from_arrays(offsets, pa.array(np.ascontiguousarray(out, np.float32).reshape(-1), pa.float32()))
 
 
-def predict_arrow(make_predict: Callable[[], Callable], features_col: str, input_shape: Sequence[int],
+def predict_arrow(make_predict: Callable[[], Callable], features_col, input_shape: Sequence[int],
                   columns: Callable[[np.ndarray], List[tuple]]):
     """``mapInArrow`` function: each record batch's ``features_col`` as one
     validated ``(n, *input_shape)`` matrix (partition and row named on
     error), ``predict`` over it, and the batch back with ``columns(outputs)``
-    -- ``[(name, pyarrow array of n rows), ...]`` -- appended."""
-    shape = tuple(int(s) for s in input_shape)
-    size, note = math.prod(shape), shape_note(shape)
+    -- ``[(name, pyarrow array of n rows), ...]`` -- appended.  Several named
+    inputs: ``features_col`` is a tuple of
+    :class:`~sparkavg.data.validation.NamedInput` with their columns (each
+    read at its own shape and dtype; ``input_shape`` unused)."""
+    spec = None if not isinstance(features_col, str) else \
+        DataSpec(tuple(int(s) for s in input_shape), 1)
 
     def run(batches: Iterable) -> Iterator:
         predict = make_predict()
@@ -170,8 +189,8 @@ def predict_arrow(make_predict: Callable[[], Callable], features_col: str, input
         row = 0
         for batch in batches:
             n = batch.num_rows
-            x = features_matrix(batch_column(batch, features_col), size, row_namer(partition, row), note=note)
-            for name, column in columns(predict(x.reshape((n,) + shape))):
+            x = read_features(batch, features_col, row_namer(partition, row), spec)
+            for name, column in columns(predict(x)):
                 batch = batch.append_column(name, column)
             yield batch
             row += n

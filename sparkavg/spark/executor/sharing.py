@@ -123,7 +123,7 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
             start_iteration = net.iteration
             for x, y in recorded_minibatches(items, prefetch, rec):
                 with rec.phase(Phase.FIT):
-                    losses.add(net.compute_update(x, y, update, sync=False), len(x))
+                    losses.add(net.compute_update(x, y, update, sync=False), len(y))
                 tau = state.tau
                 try:
                     sharing_step(state, update, net.params, group.publish,
@@ -131,7 +131,7 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
                 except ValueError as exc:
                     _raise_if_diverged(state, exc, rank, net.iteration)
                     raise
-                examples += len(x)
+                examples += len(y)  # x may be a dict of inputs by name
                 iterations += 1
                 if collect_stats:
                     step = start_iteration + iterations - 1  # global iteration: series continue across epochs

@@ -191,6 +191,8 @@ def convergence_bound(minibatches_per_worker: int, workers: int, epoch: int,
     owed = after - before
     rounds = min(n, max(owed, min_rounds))
     bound = math.ceil(n / rounds)
+    while bound > 1 and math.ceil(n / bound) < rounds:  # 5 minibatches in 4 rounds: 1, not 2 (3 rounds)
+        bound -= 1
     steps = (epoch + 1) * n
     why = (f"convergence bound {bound}: local SGD wants >= {constant:g} x ({workers} workers x {steps} steps)^(1/3) "
            f"= {after} rounds by the end of epoch {epoch + 1}")

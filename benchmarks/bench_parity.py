@@ -157,7 +157,7 @@ def spark_run(spark, model, spec, rdd, xt, yt, epochs, batch, workers, seed):
             "epoch_seconds": [h["seconds"] for h in history],
             "averaging_frequency": [h.get("averaging_frequency") for h in history],
             "rounds": [h.get("rounds") for h in history], "decisions": decisions,
-            "master": master.to_config()}
+            "master_config": master.to_config()}
 
 
 def cell_key(c):

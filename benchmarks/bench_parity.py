@@ -44,7 +44,6 @@ import statistics
 import sys
 import time
 
-import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 
@@ -96,7 +95,7 @@ def make_master(spec: str, batch: int, workers: int, seed: int):
     """The master a ``--masters`` entry names."""
     from sparkavg.spark import GradientSharing, ParameterAveraging
 
-    common = dict(batch_size_per_worker=batch, workers=workers, seed=seed)
+    common = {"batch_size_per_worker": batch, "workers": workers, "seed": seed}
     if spec == "defaults":
         return ParameterAveraging(**common)
     if spec == "sharing":

@@ -44,7 +44,6 @@ import statistics
 import sys
 import time
 
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 
 MODELS = ("lenet", "mlp", "sgd", "resnet", "lstm")

@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 
 from sparkavg.configurable import ConfigError
+from sparkavg.nn import SGD, Adam, Nesterov
 from sparkavg.spark import DataOptions, ParameterAveraging, SparkTrainer
 from sparkavg.spark.masters import BlockMomentum, master_from_config
 from sparkavg.spark.runners.averaging import block_momentum_step
-from sparkavg.spark.runners.frequency import (RoundCosts, busy_from_payloads, choose_frequency, even_rounds,
-                                              round_costs,
-                                              rounds_from_events)
+from sparkavg.spark.runners.frequency import (MIN_ROUNDS_PER_EPOCH, RoundCosts, busy_from_payloads,
+                                              choose_frequency, convergence_bound, even_rounds, round_costs,
+                                              rounds_from_events, rounds_needed)
 from sparkavg.spark.stats import Event
 
 from .nets import blobs, small_net, straight_and_resumed
@@ -113,6 +114,91 @@ def test_rounds_from_events_and_payloads():
     assert busy_from_payloads([payload, {"events": []}]) == [(pytest.approx(0.11), 2), (0.0, 0)]
 
 
+# ------------------------------------------------------------------ the convergence bound (pure)
+def test_convergence_bound_stops_one_round_per_epoch_on_small_data():
+    # Issue 22: LeNet on 12,000 images, 1 epoch, 2 workers x 32 = 375 minibatches each; overhead alone chose
+    # 279 (one round per epoch).  The bound asks ceil(0.75 x (2 x 375)^(1/3)) = 7 rounds: F <= 54.
+    bound = convergence_bound(375, 2, 0)
+    assert bound[0] == 54 and "= 7 rounds by the end of epoch 1" in bound[1]
+    costs = RoundCosts(overhead=0.0869, iteration=0.0099, rounds=1, source="probe round 2")
+    alone, _ = choose_frequency(costs, 0.03, 400, 375)
+    assert alone == 375, "overhead alone: the whole epoch in one round"
+    f, reason = choose_frequency(costs, 0.03, 400, 375, bound)
+    assert f == 54 and -(-375 // f) == 7
+    assert "capped by the convergence bound 54" in reason and "(2 workers x 375 steps)^(1/3)" in reason
+    assert "one round per epoch" not in reason
+
+
+def test_convergence_bound_front_loads_rounds_like_post_local_sgd():
+    # All 60,000 images: 937 minibatches per worker.  10 rounds in the first epoch, then what the bound still
+    # owes (2) -- at least MIN_ROUNDS_PER_EPOCH, where the overhead rule's 235 (4 even rounds) is within it.
+    bounds = [convergence_bound(937, 2, e)[0] for e in range(4)]
+    assert bounds == [94, 235, 235, 235]
+    assert "2 in this epoch; at least 4 rounds an epoch" in convergence_bound(937, 2, 1)[1]
+    costs = RoundCosts(0.069, 0.0099, 3, "epoch 1")
+    assert choose_frequency(costs, 0.03, 400, 937, convergence_bound(937, 2, 0))[0] == 94
+    f, reason = choose_frequency(costs, 0.03, 400, 937, convergence_bound(937, 2, 1))
+    assert f == 235 and "under the convergence bound 235" in reason and "capped" not in reason
+
+
+@pytest.mark.parametrize("workers", [1, 2, 8])
+def test_convergence_bound_meets_the_theory_at_every_epoch_end(workers):
+    rng = np.random.default_rng(7)
+    for n in [1, 2, 3, 5, 40, 375, 937, 5000, *rng.integers(1, 3000, 20).tolist()]:
+        done = 0
+        for epoch in range(12):
+            f, _ = convergence_bound(int(n), workers, epoch)
+            rounds = -(-n // f)
+            assert rounds >= min(n, MIN_ROUNDS_PER_EPOCH), (n, epoch, f)  # never one round an epoch (n > 1)
+            done += rounds
+            assert done >= min(rounds_needed((epoch + 1) * n, workers), (epoch + 1) * n), (n, epoch, f)
+    # More workers want more rounds: (p T)^(1/3).
+    assert convergence_bound(5000, 8, 0)[0] < convergence_bound(5000, 2, 0)[0]
+    assert rounds_needed(0, 2) == 0 and rounds_needed(1000, 2) == 10  # 0.75 x 2000^(1/3) = 9.45
+
+
+def test_convergence_bound_validation():
+    for args, message in [((0, 2, 0), "Expect minibatches_per_worker >= 1 (an int), got 0"),
+                          ((10, 0, 0), "Expect workers >= 1 (an int), got 0"),
+                          ((10, 2, -1), "Expect epoch >= 0 (an int), got -1"),
+                          ((10, 2, 0, 0.0), "Expect constant > 0 (a finite float), got 0.0"),
+                          ((10, 2, 0, 0.75, 0), "Expect min_rounds >= 1 (an int), got 0")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            convergence_bound(*args)
+    with pytest.raises(ValueError, match=re.escape("Expect a convergence bound >= 1 (an int), got 0")):
+        choose_frequency(RoundCosts(0.1, 0.01, 1, "x"), 0.03, 400, 100, (0, "bad"))
+
+
+# ------------------------------------------------------------------ block momentum's decision (pure)
+def test_block_momentum_off_with_a_momentum_updater_and_at_small_frequency():
+    bm = BlockMomentum()
+    on, why = bm.applies(400, Nesterov(lr=0.05, momentum=0.9))
+    assert not on and "Nesterov has its own momentum 0.9" in why and "with_momentum_updaters=False" in why
+    on, why = bm.applies(5, Adam())
+    assert not on and "every 5 minibatches (< min_frequency 32)" in why
+    assert bm.applies(31, SGD())[0] is False
+    on, why = bm.applies(32, Adam())
+    assert on and "with Adam" in why
+    assert bm.applies(235, SGD())[0] and bm.applies(100, None)[0]
+    assert bm.applies(400, Nesterov(momentum=0.0))[0], "a Nesterov without momentum has none of its own"
+    forced = BlockMomentum(min_frequency=1, with_momentum_updaters=True)
+    on, why = forced.applies(1, Nesterov())
+    assert on and "with_momentum_updaters=True" in why
+    with pytest.raises(ValueError, match=re.escape("Expect min_frequency >= 1 (an int), got 0")):
+        BlockMomentum(min_frequency=0)
+    with pytest.raises(ValueError, match="Expect with_momentum_updaters to be a bool, got 1"):
+        BlockMomentum(with_momentum_updaters=1)
+    with pytest.raises(ValueError, match=re.escape("Expect frequency >= 1 (an int), got 0")):
+        bm.applies(0, Adam())
+
+
+def test_block_momentum_config_without_the_new_fields_still_loads():
+    config = ParameterAveraging().to_config()  # a checkpoint written before min_frequency existed
+    for key in ("min_frequency", "with_momentum_updaters"):
+        config["block_momentum"].pop(key)
+    assert master_from_config(config) == ParameterAveraging()
+
+
 # ------------------------------------------------------------------ configuration
 def test_defaults_and_validation():
     m = ParameterAveraging()
@@ -142,6 +228,7 @@ def test_defaults_and_validation():
     ParameterAveraging(averaging_frequency=12, block_momentum=None, target_overhead=0.05),
     ParameterAveraging(block_momentum=BlockMomentum(momentum=0.7, block_lr=0.9, nesterov=False),
                        max_averaging_frequency=64),
+    ParameterAveraging(block_momentum=BlockMomentum(min_frequency=1, with_momentum_updaters=True)),
 ])
 def test_config_round_trip(master):
     assert master_from_config(json.loads(json.dumps(master.to_config()))) == master
@@ -237,7 +324,8 @@ def test_block_momentum_over_spark_rounds_matches_numpy(sc, nesterov, zeta):
     net = start.clone()
     master = ParameterAveraging(batch_size_per_worker=4, averaging_frequency=2, workers=2,
                                 data=DataOptions(repartition="never"),
-                                block_momentum=BlockMomentum(momentum=0.5, block_lr=zeta, nesterov=nesterov))
+                                block_momentum=BlockMomentum(momentum=0.5, block_lr=zeta, nesterov=nesterov,
+                                                             min_frequency=1))
     trainer = SparkTrainer(sc, net, master)
     trainer.fit(rdd, epochs=1)
     # 12 minibatches of 4 in data order, 2 per worker per round: 3 rounds dealt round-robin.
@@ -254,8 +342,8 @@ def test_block_momentum_over_spark_rounds_matches_numpy(sc, nesterov, zeta):
 def test_checkpoint_resume_with_block_momentum_continues_exactly(sc, tmp_path):
     x, y = blobs(60, seed=23)
     rdd = sc.parallelize(_pairs(x, y), 2)
-    master = ParameterAveraging(batch_size_per_worker=6, averaging_frequency=2, workers=2)
-    assert master.block_momentum is not None
+    master = ParameterAveraging(batch_size_per_worker=6, averaging_frequency=2, workers=2,
+                                block_momentum=BlockMomentum(min_frequency=1))
     ckpt = str(tmp_path / "ckpt")
     straight, resumed, _ = straight_and_resumed(sc, small_net, master, rdd, ckpt, seed=24)
     with np.load(os.path.join(ckpt, "epoch-00002", "runner.npz"), allow_pickle=False) as saved:
@@ -285,6 +373,11 @@ def test_auto_frequency_decision_in_stats_history_and_page(sc, tmp_path):
     assert [d["value"] for d in saved["decisions"] if d["name"] == "averaging_frequency"] == [3, 3]
     page = trainer.stats.to_html()
     assert "averaging_frequency" in page and "capped at max_averaging_frequency 3" in page
+    # Block momentum at the defaults: off at F=3 (< min_frequency 32), said once in the stats, JSON and page.
+    bm = [d for d in trainer.stats.decisions if d["name"] == "block_momentum"]
+    assert [(d["epoch"], d["value"]) for d in bm] == [(0, 0.0)] and "(< min_frequency 32)" in bm[0]["reason"]
+    assert [d["value"] for d in saved["decisions"] if d["name"] == "block_momentum"] == [0.0]
+    assert "min_frequency 32" in page
     # The probe left no trace on the model: the same fit with the frequency pinned to 3 is identical.
     pinned = small_net(seed=26)
     SparkTrainer(sc, pinned, ParameterAveraging(batch_size_per_worker=4, workers=2,

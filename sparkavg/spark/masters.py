@@ -245,6 +245,24 @@ class BlockMomentum(Configurable):
     whole block (the paper's rule).  The updater state is averaged as
     without it.  ``Delta`` is checkpointed with the network.
 
+    Block momentum multiplies the step of the averaged model by about
+    ``block_lr / (1 - momentum)`` (2 with 2 workers).  At a small frequency a
+    round's average is about one process's step at ``workers x`` the batch,
+    so that is a doubled learning rate, and on top of an updater's own
+    momentum it overshoots.  Measured at F=5 against one process at the
+    same examples per update (benchmarks/RESULTS.md, issue 22): DL4J's
+    MnistMLP with Nesterov(0.9) -2.19 points with it, +1.68 without (12k
+    images, 2 seeds); LeNet (Adam) after 3 epochs on 60k -0.81 with, +0.23
+    without; the ResNet (Adam, BatchNorm) -3.04 with, +1.12 without (12k).
+    From F=100 to 400 it measured 0.16-0.47 points better than plain
+    averaging (LeNet, 60k, 3 epochs).
+    So it applies only in epochs whose averaging frequency is at least
+    ``min_frequency`` and, unless ``with_momentum_updaters``, only when the
+    workers' updater carries no momentum of its own (Adam, SGD, ... yes;
+    Nesterov no).  Each epoch's choice and its reason are recorded
+    (decision ``block_momentum``); an epoch without it averages plainly and
+    drops the block velocity.
+
     Parameters
     ----------
     momentum : float or None, default None
@@ -253,11 +271,19 @@ class BlockMomentum(Configurable):
         Block learning rate (> 0).
     nesterov : bool, default True
         Start every round from the Nesterov look-ahead.
+    min_frequency : int, default 32
+        Apply block momentum only in epochs averaging every
+        ``min_frequency`` minibatches or more (1: at every frequency).
+    with_momentum_updaters : bool, default False
+        Apply it also when the updater has a momentum of its own (an
+        updater with a ``momentum`` above 0, e.g. ``Nesterov``).
     """
 
     momentum: Optional[float] = None
     block_lr: float = 1.0
     nesterov: bool = True
+    min_frequency: int = 32
+    with_momentum_updaters: bool = False
 
     def __post_init__(self):
         m = self.momentum
@@ -267,10 +293,38 @@ class BlockMomentum(Configurable):
         check(isinstance(lr, (int, float)) and not isinstance(lr, bool) and math.isfinite(lr) and lr > 0,
               f"Expect block_lr > 0 (a finite float), got {lr!r}")
         check(isinstance(self.nesterov, bool), f"Expect nesterov to be a bool, got {self.nesterov!r}")
+        check_int("min_frequency", self.min_frequency)
+        check(isinstance(self.with_momentum_updaters, bool),
+              f"Expect with_momentum_updaters to be a bool, got {self.with_momentum_updaters!r}")
 
     def momentum_for(self, workers: int) -> float:
         """The block momentum used with ``workers`` workers."""
         return float(self.momentum) if self.momentum is not None else 1.0 - 1.0 / workers
+
+    def applies(self, frequency: int, updater=None) -> "tuple[bool, str]":
+        """Whether block momentum runs in an epoch at ``frequency`` with the
+        workers' ``updater``, and why (one phrase).
+
+        Parameters
+        ----------
+        frequency : int
+            The epoch's averaging frequency, >= 1.
+        updater : object, optional
+            The network's updater; one with a ``momentum`` above 0 has a
+            momentum of its own.
+        """
+        check_int("frequency", frequency)
+        own = float(getattr(updater, "momentum", 0.0) or 0.0)
+        name = type(updater).__name__
+        if own > 0.0 and not self.with_momentum_updaters:
+            return False, (f"off: the updater {name} has its own momentum {own:g}, and block momentum on top "
+                           f"overshoots (with_momentum_updaters=False)")
+        if frequency < self.min_frequency:
+            return False, (f"off: averaging every {frequency} minibatches (< min_frequency {self.min_frequency}) "
+                           f"is close to one process at the workers' combined batch, where block momentum only "
+                           f"doubles the step")
+        return True, (f"on: averaging every {frequency} minibatches (>= min_frequency {self.min_frequency}) "
+                      f"with {name}" + (f" (momentum {own:g}; with_momentum_updaters=True)" if own > 0 else ""))
 
 
 @register("master")
@@ -293,7 +347,16 @@ class ParameterAveraging(Master):
         path; from probe rounds before the first epoch, then from the
         previous epoch's rounds) against what one minibatch costs, so that
         the overhead stays at or under ``target_overhead`` of a round,
-        at most ``max_averaging_frequency``.  The choice and its reason are
+        at most ``max_averaging_frequency`` and at most the convergence
+        bound: local SGD wants ``0.75 x (workers x steps) ** (1/3)`` rounds
+        by the end of every epoch (Haddadpour et al. 2019; ``steps`` the
+        minibatches per worker since the first epoch) and never fewer than
+        4 rounds an epoch, so small data and short runs average more often
+        (LeNet on 12,000 images, 32 per worker: 6 rounds of 32 in its one
+        epoch instead of one of 188)
+        and the first epoch more often than later ones
+        (:func:`~sparkavg.spark.runners.frequency.convergence_bound`).
+        The choice and its reason are
         logged and recorded in ``trainer.stats`` (decision
         ``averaging_frequency``); every epoch's summary in
         ``trainer.history`` carries the frequency it used.  An int pins it.
@@ -309,7 +372,8 @@ class ParameterAveraging(Master):
         Block momentum keeps the accuracy at the larger frequency this
         asks for (measured: benchmarks/RESULTS.md).
     max_averaging_frequency : int, default 400
-        With ``"auto"``: the bound that protects convergence.  DL4J warns
+        With ``"auto"``: an absolute upper bound (the convergence bound
+        above binds first on small data).  DL4J warns
         that plain averaging far above 20 hurts convergence (with plain
         SGD); measured on Fashion-MNIST with 2 workers and block momentum
         (benchmarks/RESULTS.md), LeNet with Adam at 400 minibatches per
@@ -324,7 +388,12 @@ class ParameterAveraging(Master):
         None averages plainly (DL4J).  On by default because it measured
         better at no measurable cost: LeNet gained 0.5-1.2 points of
         accuracy after the first epoch and 0.2-0.5 after the third at
-        frequency auto, 100, 200 and 400 (benchmarks/RESULTS.md).
+        frequency auto, 100, 200 and 400 (benchmarks/RESULTS.md).  It
+        applies only where it measured safe: in epochs averaging every
+        ``BlockMomentum.min_frequency`` (32) minibatches or more, and not
+        with an updater that has its own momentum (Nesterov) -- there it
+        cost up to 3.2 points (issue 22); each epoch's choice is recorded
+        (decision ``block_momentum``).
     aggregation_depth : int, default 2
         ``treeAggregate`` depth.
     save_updater : bool, default True

@@ -31,7 +31,8 @@ from ..executor.averaging import combine_results, make_round_task
 from ..masters import ParameterAveraging, Weighting
 from . import runs
 from .base import EpochRunner, Merged, network_state, set_state
-from .frequency import RoundCosts, busy_from_payloads, choose_frequency, round_costs, rounds_from_events
+from .frequency import (RoundCosts, busy_from_payloads, choose_frequency, convergence_bound, round_costs,
+                        rounds_from_events)
 
 __all__ = ["AveragingRunner", "block_momentum_step", "PROBE_MINIBATCHES", "PROBE_ROUNDS"]
 
@@ -86,32 +87,56 @@ class AveragingRunner(EpochRunner):
         self._costs: Optional[RoundCosts] = None  # the last measurement ("auto")
         self._frequency: Optional[int] = None  # the frequency of the running epoch
         self._epoch: Optional[int] = None  # the running epoch
+        self._bm_on = False  # block momentum applies in the running epoch
+        self._bm_recorded = None  # (stats id, on) last recorded
 
     # ------------------------------------------------------------ frequency
     def minibatches_per_round(self, prepared, workers, network, epoch, stats) -> int:
         m = self.master
         self._epoch = epoch
-        if m.block_momentum is not None and self._momentum is None:
-            self._momentum = m.block_momentum.momentum_for(workers)
-            why = ("BlockMomentum(momentum=...)" if m.block_momentum.momentum is not None
-                   else f"1 - 1/workers with {workers} workers (Chen & Huo 2016)")
-            stats.decision("block_momentum", self._momentum, f"{why}; block_lr {m.block_momentum.block_lr}, "
-                           f"{'Nesterov look-ahead' if m.block_momentum.nesterov else 'classic'}", epoch=epoch)
         if not m.auto_frequency:
-            self._frequency = int(m.averaging_frequency)
-            return self._frequency
-        if self._costs is None:
-            self._costs = self._probe(prepared, workers, network, epoch, stats)
-        per_worker = math.ceil(len(prepared.sizes) / workers)
-        if self._costs is None:  # the probe saw no minibatch fitted: nothing to measure
-            frequency, reason = m.max_averaging_frequency, "no probe round fitted a minibatch: the bound"
+            frequency = int(m.averaging_frequency)
         else:
-            frequency, reason = choose_frequency(self._costs, m.target_overhead, m.max_averaging_frequency,
-                                                 per_worker)
-        stats.decision("averaging_frequency", frequency, reason, epoch=epoch)
-        logger.info("epoch %d: averaging_frequency %d: %s", epoch + 1, frequency, reason)
+            if self._costs is None:
+                self._costs = self._probe(prepared, workers, network, epoch, stats)
+            per_worker = max(1, math.ceil(len(prepared.sizes) / workers))
+            bound = convergence_bound(per_worker, workers, epoch)
+            if self._costs is None:  # the probe saw no minibatch fitted: nothing to measure
+                frequency = min(m.max_averaging_frequency, bound[0])
+                reason = f"no probe round fitted a minibatch: the bound; {bound[1]}"
+            else:
+                frequency, reason = choose_frequency(self._costs, m.target_overhead, m.max_averaging_frequency,
+                                                     per_worker, bound)
+            stats.decision("averaging_frequency", frequency, reason, epoch=epoch)
+            logger.info("epoch %d: averaging_frequency %d: %s", epoch + 1, frequency, reason)
         self._frequency = frequency
+        self._decide_block_momentum(frequency, workers, network, epoch, stats)
         return frequency
+
+    def _decide_block_momentum(self, frequency, workers, network, epoch, stats) -> None:
+        """Whether block momentum runs this epoch (:meth:`BlockMomentum.applies`);
+        recorded (decision ``block_momentum``: the momentum, 0.0 when off)
+        and logged when it changes.  Off drops the block velocity."""
+        bm = self.master.block_momentum
+        if bm is None:
+            self._bm_on = False
+            return
+        on, why = bm.applies(frequency, getattr(network, "updater", None))
+        if on:
+            if self._momentum is None:
+                self._momentum = bm.momentum_for(workers)
+            source = ("BlockMomentum(momentum=...)" if bm.momentum is not None
+                      else f"1 - 1/workers with {workers} workers (Chen & Huo 2016)")
+            why = (f"{why}; momentum {self._momentum:g} from {source}; block_lr {bm.block_lr}, "
+                   f"{'Nesterov look-ahead' if bm.nesterov else 'classic'}")
+        else:
+            self._delta = None
+        self._bm_on = on
+        key = (id(stats), on)
+        if key != self._bm_recorded:
+            self._bm_recorded = key
+            stats.decision("block_momentum", self._momentum if on else 0.0, why, epoch=epoch)
+            logger.info("epoch %d: block momentum %s", epoch + 1, why)
 
     def _probe(self, prepared, workers, network, epoch, stats) -> Optional[RoundCosts]:
         """Run :data:`PROBE_ROUNDS` throw-away rounds of :data:`PROBE_MINIBATCHES`
@@ -160,7 +185,7 @@ class AveragingRunner(EpochRunner):
     def shipped(self, network, epoch):
         state = network_state(network, self.master.save_updater)
         bm = self.master.block_momentum
-        if bm is not None and bm.nesterov and self._delta is not None:
+        if self._bm_on and bm.nesterov and self._delta is not None:
             params = state["params"].copy()  # the look-ahead W + mu * Delta; the network keeps W
             ops.accumulate(params, self._delta, self._momentum)
             state["params"] = params
@@ -178,7 +203,7 @@ class AveragingRunner(EpochRunner):
 
     def merge(self, network, result, epoch, r, stats) -> Merged:
         bm = self.master.block_momentum
-        if bm is None:
+        if not self._bm_on:
             set_state(network, result.weight, result.max_iterations, params=result.params, updater=result.state,
                       buffers=result.buffers)
         else:

@@ -10,9 +10,19 @@ plus waiting for the data).  :func:`choose_frequency` picks the smallest
     overhead / (overhead + F * iteration) <= target
     F = ceil(overhead * (1 - target) / (target * iteration))
 
-clamped to ``[1, max_frequency]`` (the bound that protects convergence),
-then evened out over the epoch (:func:`even_rounds`): no more rounds, and
-none left short.
+clamped to ``[1, max_frequency]`` and to the convergence bound of the
+epoch (:func:`convergence_bound`), then evened out over the epoch
+(:func:`even_rounds`): no more rounds, and none left short.
+
+Overhead alone ignores statistical efficiency: LeNet on 12,000 images for
+one epoch chose F=279, one round per epoch, and lost 1.45 points against one
+process.  Local SGD needs a number of rounds that grows with the local steps:
+``R >= c * (p * T) ** (1/3)`` rounds suffice for ``T`` local steps on ``p``
+workers (Haddadpour et al., NeurIPS 2019).  :func:`convergence_bound`
+applies it at every epoch's end (``T`` the steps since the fit's first
+epoch), so the first epoch gets the most rounds and later ones fewer
+(post-local SGD's schedule, Lin et al. 2020), and never fewer than
+:data:`MIN_ROUNDS_PER_EPOCH` rounds an epoch.
 
 The costs come from rounds already run -- the previous epoch's, read off
 the training statistics (:func:`rounds_from_events`) -- or, before the
@@ -29,7 +39,14 @@ from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
 from ..stats import DRIVER_LANE, Phase
 
 __all__ = ["RoundCosts", "WorkerBusy", "RoundTiming", "round_costs", "rounds_from_events", "busy_from_payloads",
-           "choose_frequency", "even_rounds"]
+           "choose_frequency", "even_rounds", "convergence_bound", "rounds_needed", "CONVERGENCE_CONSTANT",
+           "MIN_ROUNDS_PER_EPOCH"]
+
+#: ``c`` of the local-SGD bound ``R >= c * (p * T) ** (1/3)`` (rounds over ``T``
+#: local steps per worker on ``p`` workers); measured: benchmarks/RESULTS.md, issue 22.
+CONVERGENCE_CONSTANT = 0.75
+#: Fewest rounds ``"auto"`` splits an epoch into (tiny data never runs one round an epoch).
+MIN_ROUNDS_PER_EPOCH = 4
 
 #: Worker phases whose time grows with the minibatches of a round.
 _PER_MINIBATCH = (Phase.FIT, Phase.DATA_LOAD)
@@ -125,8 +142,70 @@ def busy_from_payloads(payloads: Iterable[Mapping]) -> List[WorkerBusy]:
     return out
 
 
+def rounds_needed(steps: int, workers: int, constant: float = CONVERGENCE_CONSTANT) -> int:
+    """Rounds the local-SGD bound asks for over ``steps`` local steps per
+    worker on ``workers`` workers: ``ceil(constant * (workers * steps) ** (1/3))``
+    (0 for no steps)."""
+    if steps <= 0:
+        return 0
+    return max(1, math.ceil(constant * (workers * steps) ** (1.0 / 3.0) - 1e-9))
+
+
+def convergence_bound(minibatches_per_worker: int, workers: int, epoch: int,
+                      constant: float = CONVERGENCE_CONSTANT,
+                      min_rounds: int = MIN_ROUNDS_PER_EPOCH) -> Tuple[int, str]:
+    """The largest frequency convergence allows in ``epoch`` (0-based), and why.
+
+    By the end of epoch ``e`` a fit has run ``T = (e + 1) * n`` local steps
+    per worker (``n`` = ``minibatches_per_worker``); the epoch runs the
+    rounds the bound still owes, ``rounds_needed((e + 1) n) - rounds_needed(e n)``,
+    at least ``min_rounds`` (and at most ``n``).  The frequency that splits
+    ``n`` into that many rounds is the bound.
+
+    Parameters
+    ----------
+    minibatches_per_worker : int
+        Minibatches each worker fits per epoch, >= 1.
+    workers : int
+        Workers averaged, >= 1.
+    epoch : int
+        The epoch (0-based) counted from the fit's first.
+    constant : float
+        ``c`` of the bound, > 0.
+    min_rounds : int
+        Fewest rounds an epoch runs, >= 1.
+
+    Returns
+    -------
+    (int, str)
+        The bound and a phrase saying how it was reached.
+    """
+    n = minibatches_per_worker
+    for name, value, low in (("minibatches_per_worker", n, 1), ("workers", workers, 1), ("epoch", epoch, 0),
+                             ("min_rounds", min_rounds, 1)):
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
+            raise ValueError(f"Expect {name} >= {low} (an int), got {value!r}")
+    if not (isinstance(constant, (int, float)) and math.isfinite(constant) and constant > 0):
+        raise ValueError(f"Expect constant > 0 (a finite float), got {constant!r}")
+    before, after = rounds_needed(epoch * n, workers, constant), rounds_needed((epoch + 1) * n, workers, constant)
+    owed = after - before
+    rounds = min(n, max(owed, min_rounds))
+    bound = math.ceil(n / rounds)
+    while bound > 1 and math.ceil(n / bound) < rounds:  # 5 minibatches in 4 rounds: 1, not 2 (3 rounds)
+        bound -= 1
+    steps = (epoch + 1) * n
+    why = (f"convergence bound {bound}: local SGD wants >= {constant:g} x ({workers} workers x {steps} steps)^(1/3) "
+           f"= {after} rounds by the end of epoch {epoch + 1}")
+    if epoch:
+        why += f", {before} by its start: {owed} in this epoch"
+    if owed < rounds:
+        why += f"; at least {rounds} rounds an epoch"
+    return bound, why
+
+
 def choose_frequency(costs: RoundCosts, target: float, max_frequency: int,
-                     minibatches_per_worker: Optional[int] = None) -> Tuple[int, str]:
+                     minibatches_per_worker: Optional[int] = None,
+                     bound: Optional[Tuple[int, str]] = None) -> Tuple[int, str]:
     """The averaging frequency for ``costs`` and why.
 
     Parameters
@@ -139,6 +218,9 @@ def choose_frequency(costs: RoundCosts, target: float, max_frequency: int,
     minibatches_per_worker : int, optional
         Minibatches each worker fits per epoch; only mentioned in the reason
         when the frequency covers the whole epoch.
+    bound : (int, str), optional
+        The convergence bound (:func:`convergence_bound`) and its reason:
+        the frequency is at most this too.
 
     Returns
     -------
@@ -152,23 +234,32 @@ def choose_frequency(costs: RoundCosts, target: float, max_frequency: int,
     o, t = costs.overhead, costs.iteration
     measured = (f"round overhead {o * 1000:.1f} ms and {t * 1000:.2f} ms per minibatch "
                 f"(median of {costs.rounds} round(s), {costs.source})")
+    if bound is not None and not (isinstance(bound[0], int) and bound[0] >= 1):
+        raise ValueError(f"Expect a convergence bound >= 1 (an int), got {bound[0]!r}")
+    cap = max_frequency if bound is None else min(max_frequency, bound[0])
     if t <= 0.0 or not math.isfinite(t) or not math.isfinite(o):
-        return max_frequency, f"{measured}: no usable iteration time, so the bound {max_frequency}"
+        reason = f"{measured}: no usable iteration time, so the bound {cap}"
+        return cap, reason if bound is None else f"{reason}; {bound[1]}"
     exact = o * (1.0 - target) / (target * t)
     wanted = max(1, math.ceil(exact - 1e-9))
     rule = f"ceil({o * 1000:.1f} x {1 - target:.2f} / ({target:.2f} x {t * 1000:.2f})) = {wanted}"
-    frequency = min(wanted, max_frequency)
+    frequency = min(wanted, cap)
     evened = None
     if minibatches_per_worker is not None and frequency < minibatches_per_worker:
-        frequency, evened = even_rounds(minibatches_per_worker, frequency, max_frequency)
+        frequency, evened = even_rounds(minibatches_per_worker, frequency, cap)
     whole_epoch = minibatches_per_worker is not None and frequency >= minibatches_per_worker
     length = min(frequency, minibatches_per_worker) if whole_epoch else frequency
     share = o / (o + length * t) if o + length * t > 0 else 0.0
-    if wanted > max_frequency:
+    if bound is not None and wanted > bound[0] and bound[0] < max_frequency:
+        reason = (f"{measured}: {rule} would keep overhead at {100 * target:.0f}% of a round; capped by the "
+                  f"{bound[1]}")
+    elif wanted > max_frequency:
         reason = (f"{measured}: {rule} would keep overhead at {100 * target:.0f}% of a round; capped at "
-                  f"max_averaging_frequency {max_frequency} (convergence bound)")
+                  f"max_averaging_frequency {max_frequency}")
     else:
         reason = f"{measured}: {rule} (target {100 * target:.0f}%)"
+    if bound is not None and not reason.endswith(bound[1]):
+        reason += f"; under the convergence bound {bound[0]}"
     if whole_epoch:
         reason += f"; an epoch has {minibatches_per_worker} minibatches per worker: one round per epoch"
     elif evened is not None:

@@ -1,6 +1,7 @@
 """Executor side of parameter averaging: one task per worker per round."""
 from __future__ import annotations
 
+import time
 from typing import Iterator, Optional
 
 import numpy as np
@@ -24,10 +25,13 @@ class RoundResult(Record):
     ``params``, ``state`` (the updater's) and ``buffers`` hold ``weight *
     value``; the driver divides the aggregated sums by the aggregated ``weight``.  ``devices`` lists each
     worker's :meth:`~sparkavg.spark.executor.device.DeviceChoice.to_plain`.
+    ``speeds`` lists each worker's ``[partition, examples, seconds]``: the
+    examples it fitted and the wall time from its first minibatch's wait to
+    its last step (what the runner's shares by speed are cut from).
     """
 
     __slots__ = ("weight", "params", "state", "buffers", "loss_sum", "examples", "batches", "max_iterations",
-                 "stats", "devices")
+                 "stats", "devices", "speeds")
 
 
 @failure_aware
@@ -46,6 +50,7 @@ def combine_results(a, b):
     a.max_iterations = max(a.max_iterations, b.max_iterations)
     a.stats = a.stats + b.stats
     a.devices = a.devices + b.devices
+    a.speeds = a.speeds + b.speeds
     return a
 
 
@@ -94,14 +99,19 @@ def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: b
             load_state(net, state, save_updater)  # host -> device for a GPU network
         start_iteration = net.iteration
         losses, examples, batches = LossSum(), 0, 0
+        delay = hooks.minibatch_delay(partition) if hooks is not None else 0.0
+        began = time.perf_counter()
         for x, y in recorded_minibatches(items, prefetch, rec):
             with rec.phase(Phase.FIT):
                 losses.add(net.fit_batch(x, y, sync=False), len(x))  # a GPU step does not wait for the device
+                if delay:
+                    time.sleep(delay)
             examples += len(x)
             batches += 1
         if examples == 0:
             return None
-        loss_sum = losses.value()
+        loss_sum = losses.value()  # (a GPU step's loss: the wait for the device ends the fitting time)
+        seconds = time.perf_counter() - began
         check_finite(net, loss_sum, f"worker {partition}, round {round_no}")
         weight = 1.0 if uniform else float(examples)
         params = host_copy(net.params)  # the round's one device -> host copy (GPU)
@@ -116,6 +126,6 @@ def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: b
             ops.scale(buffers, weight)
         return RoundResult(weight, params, updater_state, buffers, loss_sum, examples, batches,
                            net.iteration - start_iteration, [rec.to_payload()] if collect_stats else [],
-                           [choice.to_plain(partition)])
+                           [choice.to_plain(partition)], [[int(partition), int(examples), float(seconds)]])
 
     return run

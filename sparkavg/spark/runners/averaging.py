@@ -28,6 +28,7 @@ from ... import ops
 from ...backend import to_cpu
 from ..errors import raise_failures
 from ..executor.averaging import combine_results, make_round_task
+from ..deal import share_choice
 from ..masters import ParameterAveraging, Weighting
 from . import runs
 from .base import EpochRunner, Merged, network_state, set_state
@@ -86,6 +87,10 @@ class AveragingRunner(EpochRunner):
         self._costs: Optional[RoundCosts] = None  # the last measurement ("auto")
         self._frequency: Optional[int] = None  # the frequency of the running epoch
         self._epoch: Optional[int] = None  # the running epoch
+        self._speed_log: dict = {}  # worker -> [examples, seconds] fitted since the last plan (worker_shares)
+        self._speeds: Optional[list] = None  # the speeds the last shares were cut from
+        self._shares = None  # (stats, key) of the last recorded worker_shares decision
+        self._weights: Optional[list] = None  # the running epoch's shares (None: equal)
 
     # ------------------------------------------------------------ frequency
     def minibatches_per_round(self, prepared, workers, network, epoch, stats) -> int:
@@ -143,7 +148,35 @@ class AveragingRunner(EpochRunner):
         return round_costs(measured[-1:], f"probe round {len(measured)} of {PROBE_MINIBATCHES} minibatches "
                                           f"before epoch {epoch + 1}")
 
+    # ------------------------------------------------------ worker shares
+    def plan_weights(self, prepared, workers, local, epoch, stats):
+        """Shares by measured speed (:func:`~sparkavg.spark.deal.share_choice`),
+        from the rounds since the last plan (the probe rounds before the
+        first epoch); recorded (decision ``worker_shares``) when it changes."""
+        if self._speed_log:
+            logged = [self._speed_log.get(w) for w in range(workers)]
+            self._speeds = [e / s if e and s > 0 else None for e, s in (v or (0, 0.0) for v in logged)]
+            self._speed_log = {}
+        speeds = self._speeds if self._speeds is not None and len(self._speeds) == workers else [None] * workers
+        weights, reason = share_choice(speeds, local, self.master.worker_shares == "auto")
+        key = (None if weights is None else tuple(round(w / sum(weights), 2) for w in weights), reason.split(":")[0])
+        if self._shares is None or self._shares[0] is not stats or self._shares[1] != key:
+            self._shares = (stats, key)
+            value = "equal" if weights is None else "by speed"
+            stats.decision("worker_shares", value, reason, epoch=epoch)
+            logger.info("epoch %d: worker shares %s: %s", epoch + 1, value, reason)
+        self._weights = weights
+        return weights
+
+    def _log_speeds(self, result, workers: int) -> None:
+        for partition, examples, seconds in getattr(result, "speeds", None) or ():
+            entry = self._speed_log.setdefault(int(partition) % workers, [0, 0.0])
+            entry[0] += examples
+            entry[1] += seconds
+
     def epoch_done(self, summary, stats) -> None:
+        weights = self._weights
+        summary["worker_shares"] = None if weights is None else [round(w / sum(weights), 4) for w in weights]
         summary["averaging_frequency"] = self._frequency
         if self.master.auto_frequency:
             epoch = self._epoch
@@ -171,7 +204,9 @@ class AveragingRunner(EpochRunner):
         task = make_round_task(config_json, shipped, round_no=r + 1, save_updater=m.save_updater,
                                uniform=m.weighting is Weighting.UNIFORM, collect_stats=m.collect_stats,
                                prefetch=m.data.prefetch_depth, device=m.device.value, hooks=self.seam.test_hooks())
-        return self.seam.aggregate_round(plan, r, task, combine_results, m.aggregation_depth, what)
+        result = self.seam.aggregate_round(plan, r, task, combine_results, m.aggregation_depth, what)
+        self._log_speeds(result, plan.workers)
+        return result
 
     def launch(self, plan, r, config_json, shipped, epoch, stats):
         return self._run_round(plan, r, config_json, shipped, f"averaging round {r + 1} of epoch {epoch + 1}")
@@ -203,16 +238,21 @@ class AveragingRunner(EpochRunner):
             state["block_momentum_delta"] = self._delta.copy()
         if self._costs is not None:
             state.update({f"round_costs_{k}": v for k, v in self._costs.to_plain().items()})
+        if self._speeds is not None and all(v is not None for v in self._speeds):
+            state["worker_speeds"] = np.asarray(self._speeds, dtype=np.float64)
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        unknown = set(state) - {"block_momentum_delta"} - {f"round_costs_{k}" for k in
+        unknown = set(state) - {"block_momentum_delta", "worker_speeds"} - {f"round_costs_{k}" for k in
                                                            ("overhead", "iteration", "rounds", "source")}
         if unknown:
             raise ValueError(f"Expect averaging runner state (block_momentum_delta, round_costs_*), "
                              f"got unknown keys {sorted(unknown)}")
         delta = state.get("block_momentum_delta")
         self._delta = None if delta is None else np.array(delta, dtype=np.float32)
+        speeds = state.get("worker_speeds")
+        self._speeds = None if speeds is None else [float(v) for v in np.asarray(speeds).ravel()]
+        self._speed_log = {}
         if "round_costs_overhead" in state:
             self._costs = RoundCosts.from_plain({k: np.asarray(state[f"round_costs_{k}"]).item()
                                                  for k in ("overhead", "iteration", "rounds", "source")})

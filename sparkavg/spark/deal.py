@@ -38,7 +38,7 @@ from .data import PreparedData
 
 __all__ = ["deal", "local_shards", "deal_shards", "deal_epoch", "Dealt", "EpochPlan", "deal_choice",
            "shard_label_skew", "MAX_SHARD_LABEL_SKEW", "apportion", "weighted_shards", "split_rounds",
-           "share_choice", "MIN_SPEED_RATIO"]
+           "share_choice", "MIN_SPEED_RATIO", "MIN_MEASURED_SECONDS"]
 
 
 def deal(num_batches: int, workers: int, per_round: int, seed: Optional[int]) -> List[List[List[int]]]:
@@ -280,21 +280,29 @@ def deal_choice(options, prepared, workers: int) -> Tuple[bool, str]:
 #: Shares follow the workers' speeds only when the fastest fits at least
 #: this many times as many examples per second as the slowest: below it,
 #: the difference is within what one run's timings vary (equal workers).
-MIN_SPEED_RATIO = 1.15
+MIN_SPEED_RATIO = 1.25
+#: Speeds from less fitting than this (seconds, per worker, since the last
+#: deal) are not trusted: a few milliseconds of steps vary by more than a
+#: straggler's factor from one task to the next.
+MIN_MEASURED_SECONDS = 0.25
 
 
-def share_choice(speeds: Sequence[Optional[float]], local: bool, enabled: bool = True
-                 ) -> Tuple[Optional[List[float]], str]:
+def share_choice(speeds: Sequence[Optional[float]], local: bool, enabled: bool = True,
+                 measured: Optional[Sequence[float]] = None) -> Tuple[Optional[List[float]], str]:
     """``(weights, reason)``: each worker's share of the epoch's minibatches
     (None: equal shares, as always before) from its measured speed
-    (examples per second of fitting, ``None`` when not measured).
+    (examples per second of fitting, ``None`` when not measured) over
+    ``measured`` seconds of fitting each (None: enough).
 
     A synchronous round ends when its slowest worker does: with equal
-    shares, one worker at half speed doubles every round.  Cut in
+    shares, one worker at half speed doubles every round (a persistent
+    straggler: a smaller or busier host; a transient one within an epoch
+    is not what this answers).  Cut in
     proportion to speed, every worker finishes its round at about the same
     time; every example still trains exactly once per epoch, and averaging
     still weights each worker by the examples it fitted.  Off (equal
-    shares) with one worker, without a measurement of every worker, when
+    shares) with one worker, without a measurement of every worker (or one
+    shorter than :data:`MIN_MEASURED_SECONDS`), when
     the speeds are within :data:`MIN_SPEED_RATIO` (equal workers: re-cutting
     would only chase noise), and when minibatches are not dealt locally
     (a balanced deal binds a worker's index to no host, so a speed measured
@@ -310,6 +318,10 @@ def share_choice(speeds: Sequence[Optional[float]], local: bool, enabled: bool =
     missing = [w for w, s in enumerate(speeds) if s is None or not np.isfinite(s) or s <= 0]
     if missing:
         return None, f"no speed measured yet for worker(s) {missing}: equal shares"
+    short = [w for w, s in enumerate(measured or ()) if s < MIN_MEASURED_SECONDS]
+    if short:
+        return None, (f"worker(s) {short} measured over less than {MIN_MEASURED_SECONDS} s of fitting: too little "
+                      f"to tell a slow worker from noise: equal shares")
     ratio = max(speeds) / min(speeds)
     if ratio < MIN_SPEED_RATIO:
         return None, (f"workers' speeds within {ratio:.2f}x of each other (< {MIN_SPEED_RATIO}): equal shares")

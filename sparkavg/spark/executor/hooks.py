@@ -16,8 +16,8 @@ __all__ = ["TestHooks", "KILL_MARKER", "STALL_RANK", "HOLD_MARKER", "SLOW_WORKER
 KILL_MARKER = "sparkavg.test.kill_marker"
 STALL_RANK = "sparkavg.test.stall_rank"
 HOLD_MARKER = "sparkavg.test.hold_marker"
-#: ``"modulus:index:seconds"``: an averaging task whose partition ``% modulus == index`` sleeps
-#: ``seconds`` after each minibatch (a slow worker).
+#: ``"s0,s1,..."``: the averaging task of worker ``w`` (its partition modulo the list's length)
+#: sleeps ``s_w`` seconds after each minibatch (slow workers).
 SLOW_WORKER = "sparkavg.test.slow_worker"
 
 
@@ -46,8 +46,8 @@ class TestHooks:
         """Seconds the averaging task of ``partition`` sleeps after each minibatch (0: none)."""
         if not self.slow_worker:
             return 0.0
-        modulus, index, seconds = self.slow_worker.split(":")
-        return float(seconds) if partition % int(modulus) == int(index) else 0.0
+        seconds = [float(s) for s in self.slow_worker.split(",")]
+        return seconds[partition % len(seconds)]
 
     def on_task_start(self) -> None:
         """The first task to claim the marker file kills its Python worker; Spark must retry it."""

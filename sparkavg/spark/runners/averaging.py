@@ -88,7 +88,7 @@ class AveragingRunner(EpochRunner):
         self._frequency: Optional[int] = None  # the frequency of the running epoch
         self._epoch: Optional[int] = None  # the running epoch
         self._speed_log: dict = {}  # worker -> [examples, seconds] fitted since the last plan (worker_shares)
-        self._speeds: Optional[list] = None  # the speeds the last shares were cut from
+        self._speeds: Optional[list] = None  # [(examples/s, seconds measured) or None] per worker, for the next plan
         self._shares = None  # (stats, key) of the last recorded worker_shares decision
         self._weights: Optional[list] = None  # the running epoch's shares (None: equal)
 
@@ -153,12 +153,11 @@ class AveragingRunner(EpochRunner):
         """Shares by measured speed (:func:`~sparkavg.spark.deal.share_choice`),
         from the rounds since the last plan (the probe rounds before the
         first epoch); recorded (decision ``worker_shares``) when it changes."""
-        if self._speed_log:
-            logged = [self._speed_log.get(w) for w in range(workers)]
-            self._speeds = [e / s if e and s > 0 else None for e, s in (v or (0, 0.0) for v in logged)]
-            self._speed_log = {}
-        speeds = self._speeds if self._speeds is not None and len(self._speeds) == workers else [None] * workers
-        weights, reason = share_choice(speeds, local, self.master.worker_shares == "auto")
+        self._take_speeds()
+        entries = self._speeds if self._speeds is not None and len(self._speeds) == workers else [None] * workers
+        speeds = [None if e is None else e[0] for e in entries]
+        measured = [0.0 if e is None else e[1] for e in entries]
+        weights, reason = share_choice(speeds, local, self.master.worker_shares == "auto", measured)
         key = (None if weights is None else tuple(round(w / sum(weights), 2) for w in weights), reason.split(":")[0])
         if self._shares is None or self._shares[0] is not stats or self._shares[1] != key:
             self._shares = (stats, key)
@@ -167,6 +166,15 @@ class AveragingRunner(EpochRunner):
             logger.info("epoch %d: worker shares %s: %s", epoch + 1, value, reason)
         self._weights = weights
         return weights
+
+    def _take_speeds(self) -> None:
+        """Fold the rounds logged since the last plan into ``_speeds``."""
+        if self._speed_log:
+            size = max(self._speed_log) + 1
+            self._speeds = [None if w not in self._speed_log or self._speed_log[w][1] <= 0 else
+                            (self._speed_log[w][0] / self._speed_log[w][1], self._speed_log[w][1])
+                            for w in range(size)]
+            self._speed_log = {}
 
     def _log_speeds(self, result, workers: int) -> None:
         for partition, examples, seconds in getattr(result, "speeds", None) or ():
@@ -238,8 +246,10 @@ class AveragingRunner(EpochRunner):
             state["block_momentum_delta"] = self._delta.copy()
         if self._costs is not None:
             state.update({f"round_costs_{k}": v for k, v in self._costs.to_plain().items()})
-        if self._speeds is not None and all(v is not None for v in self._speeds):
-            state["worker_speeds"] = np.asarray(self._speeds, dtype=np.float64)
+        self._take_speeds()  # what the next epoch's shares are cut from, so a resume cuts the same
+        if self._speeds is not None:
+            state["worker_speeds"] = np.asarray([(np.nan, 0.0) if e is None else e for e in self._speeds],
+                                                dtype=np.float64)
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -251,7 +261,8 @@ class AveragingRunner(EpochRunner):
         delta = state.get("block_momentum_delta")
         self._delta = None if delta is None else np.array(delta, dtype=np.float32)
         speeds = state.get("worker_speeds")
-        self._speeds = None if speeds is None else [float(v) for v in np.asarray(speeds).ravel()]
+        self._speeds = None if speeds is None else [
+            None if not np.isfinite(v) else (float(v), float(t)) for v, t in np.asarray(speeds).reshape(-1, 2)]
         self._speed_log = {}
         if "round_costs_overhead" in state:
             self._costs = RoundCosts.from_plain({k: np.asarray(state[f"round_costs_{k}"]).item()

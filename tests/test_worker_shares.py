@@ -139,3 +139,18 @@ def test_a_slow_worker_gets_a_smaller_share_and_every_example_still_trains_once(
     shares = trainer.history[-1]["worker_shares"]
     assert shares[1] < 0.35 < 0.65 < shares[0], shares  # the slow worker fits ~1/5 (4x slower)
     assert trainer.evaluate(rdd).accuracy() > 0.9
+
+
+def test_equal_finish_shares_make_every_worker_end_the_round_together():
+    from sparkavg.spark.deal import equal_finish_shares
+
+    speeds, fixed = [100.0, 100.0, 50.0], [0.2, 0.2, 0.4]  # the slow host is slow at everything
+    n = equal_finish_shares(speeds, fixed, 300)
+    assert sum(n) == pytest.approx(300)
+    ends = [a + k / s for a, k, s in zip(fixed, n, speeds)]
+    assert max(ends) - min(ends) < 1e-9
+    assert n[2] < 0.5 * n[0]  # less than its speed alone would give: its fixed part is longer too
+    # Without a fixed part, shares are proportional to speed.
+    assert equal_finish_shares(speeds, [0, 0, 0], 250) == pytest.approx([100, 100, 50])
+    # A worker whose fixed part alone outlasts the round still gets a floor share.
+    assert equal_finish_shares([100.0, 100.0], [0.0, 10.0], 100)[1] == pytest.approx(0.05 * 50)

@@ -38,7 +38,7 @@ from .data import PreparedData
 
 __all__ = ["deal", "local_shards", "deal_shards", "deal_epoch", "Dealt", "EpochPlan", "deal_choice",
            "shard_label_skew", "MAX_SHARD_LABEL_SKEW", "apportion", "weighted_shards", "split_rounds",
-           "share_choice", "MIN_SPEED_RATIO", "MIN_MEASURED_SECONDS"]
+           "share_choice", "MIN_SPEED_RATIO", "MIN_MEASURED_SECONDS", "equal_finish_shares"]
 
 
 def deal(num_batches: int, workers: int, per_round: int, seed: Optional[int]) -> List[List[List[int]]]:
@@ -287,12 +287,30 @@ MIN_SPEED_RATIO = 1.25
 MIN_MEASURED_SECONDS = 0.25
 
 
+def equal_finish_shares(speeds: Sequence[float], fixed: Sequence[float], round_examples: float,
+                        floor: float = 0.05) -> List[float]:
+    """Examples per round for each worker so that all finish a round
+    together: worker ``w`` takes ``fixed[w]`` seconds whatever its share (its
+    task's start, the state, the result) plus ``n_w / speeds[w]``; with
+    ``sum(n_w) = round_examples`` every ``fixed[w] + n_w / speeds[w]`` is the
+    same ``T``.  A worker whose fixed part alone exceeds ``T`` still gets
+    ``floor`` of an equal share (never nothing: its speed stays measured)."""
+    s = np.asarray(speeds, dtype=np.float64)
+    a = np.asarray(fixed, dtype=np.float64)
+    t = (round_examples + float(np.sum(a * s))) / float(np.sum(s))
+    n = (t - a) * s
+    return np.maximum(n, floor * round_examples / len(s)).tolist()
+
+
 def share_choice(speeds: Sequence[Optional[float]], local: bool, enabled: bool = True,
-                 measured: Optional[Sequence[float]] = None) -> Tuple[Optional[List[float]], str]:
+                 measured: Optional[Sequence[float]] = None, fixed: Optional[Sequence[float]] = None,
+                 round_examples: Optional[float] = None) -> Tuple[Optional[List[float]], str]:
     """``(weights, reason)``: each worker's share of the epoch's minibatches
     (None: equal shares, as always before) from its measured speed
     (examples per second of fitting, ``None`` when not measured) over
-    ``measured`` seconds of fitting each (None: enough).
+    ``measured`` seconds of fitting each (None: enough); with ``fixed``
+    (each worker's seconds per task besides fitting) and ``round_examples``
+    the shares are :func:`equal_finish_shares`, else proportional to speed.
 
     A synchronous round ends when its slowest worker does: with equal
     shares, one worker at half speed doubles every round (a persistent
@@ -327,6 +345,8 @@ def share_choice(speeds: Sequence[Optional[float]], local: bool, enabled: bool =
         return None, (f"workers' speeds within {ratio:.2f}x of each other (< {MIN_SPEED_RATIO}): equal shares")
     slowest = int(np.argmin(speeds))
     weights = [float(s) for s in speeds]
+    if fixed is not None and round_examples:
+        weights = equal_finish_shares(speeds, fixed, round_examples)
     share = weights[slowest] * workers / sum(weights)
     return weights, (f"worker {slowest} fits {speeds[slowest]:.0f} examples/s, the fastest {max(speeds):.0f} "
                      f"({ratio:.2f}x): shares by measured speed (worker {slowest} gets {share:.2f} of an equal "

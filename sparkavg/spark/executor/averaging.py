@@ -25,9 +25,10 @@ class RoundResult(Record):
     ``params``, ``state`` (the updater's) and ``buffers`` hold ``weight *
     value``; the driver divides the aggregated sums by the aggregated ``weight``.  ``devices`` lists each
     worker's :meth:`~sparkavg.spark.executor.device.DeviceChoice.to_plain`.
-    ``speeds`` lists each worker's ``[partition, examples, seconds]``: the
-    examples it fitted and the wall time from its first minibatch's wait to
-    its last step (what the runner's shares by speed are cut from).
+    ``speeds`` lists each worker's ``[partition, examples, fit_seconds,
+    task_seconds]``: the examples it fitted, the wall time from its first
+    minibatch's wait to its last step, and from the task's start to its
+    result (what the runner's shares by speed are cut from).
     """
 
     __slots__ = ("weight", "params", "state", "buffers", "loss_sum", "examples", "batches", "max_iterations",
@@ -90,6 +91,7 @@ def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: b
             yield result
 
     def _fit_shard(items, partition) -> Optional[RoundResult]:
+        task_began = time.perf_counter()
         rec = PhaseRecorder(task_lane(partition))
         with rec.phase(Phase.FETCH):
             state = shipped.value
@@ -126,6 +128,7 @@ def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: b
             ops.scale(buffers, weight)
         return RoundResult(weight, params, updater_state, buffers, loss_sum, examples, batches,
                            net.iteration - start_iteration, [rec.to_payload()] if collect_stats else [],
-                           [choice.to_plain(partition)], [[int(partition), int(examples), float(seconds)]])
+                           [choice.to_plain(partition)],
+                           [[int(partition), int(examples), float(seconds), float(time.perf_counter() - task_began)]])
 
     return run

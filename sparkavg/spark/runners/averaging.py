@@ -88,7 +88,8 @@ class AveragingRunner(EpochRunner):
         self._frequency: Optional[int] = None  # the frequency of the running epoch
         self._epoch: Optional[int] = None  # the running epoch
         self._speed_log: dict = {}  # worker -> [examples, seconds] fitted since the last plan (worker_shares)
-        self._speeds: Optional[list] = None  # [(examples/s, seconds measured) or None] per worker, for the next plan
+        # [(examples/s, seconds measured, fixed seconds per task) or None] per worker, for the next plan
+        self._speeds: Optional[list] = None
         self._shares = None  # (stats, key) of the last recorded worker_shares decision
         self._weights: Optional[list] = None  # the running epoch's shares (None: equal)
 
@@ -149,7 +150,7 @@ class AveragingRunner(EpochRunner):
                                           f"before epoch {epoch + 1}")
 
     # ------------------------------------------------------ worker shares
-    def plan_weights(self, prepared, workers, local, epoch, stats):
+    def plan_weights(self, prepared, workers, local, epoch, stats, per_round=None):
         """Shares by measured speed (:func:`~sparkavg.spark.deal.share_choice`),
         from the rounds since the last plan (the probe rounds before the
         first epoch); recorded (decision ``worker_shares``) when it changes."""
@@ -157,7 +158,10 @@ class AveragingRunner(EpochRunner):
         entries = self._speeds if self._speeds is not None and len(self._speeds) == workers else [None] * workers
         speeds = [None if e is None else e[0] for e in entries]
         measured = [0.0 if e is None else e[1] for e in entries]
-        weights, reason = share_choice(speeds, local, self.master.worker_shares == "auto", measured)
+        fixed = None if any(e is None for e in entries) else [e[2] for e in entries]
+        examples = sum(prepared.sizes) / max(len(prepared.sizes), 1) * (per_round or 0) * workers
+        weights, reason = share_choice(speeds, local, self.master.worker_shares == "auto", measured, fixed,
+                                       examples or None)
         key = (None if weights is None else tuple(round(w / sum(weights), 2) for w in weights), reason.split(":")[0])
         if self._shares is None or self._shares[0] is not stats or self._shares[1] != key:
             self._shares = (stats, key)
@@ -170,17 +174,18 @@ class AveragingRunner(EpochRunner):
     def _take_speeds(self) -> None:
         """Fold the rounds logged since the last plan into ``_speeds``."""
         if self._speed_log:
-            size = max(self._speed_log) + 1
-            self._speeds = [None if w not in self._speed_log or self._speed_log[w][1] <= 0 else
-                            (self._speed_log[w][0] / self._speed_log[w][1], self._speed_log[w][1])
-                            for w in range(size)]
+            size, log = max(self._speed_log) + 1, self._speed_log
+            self._speeds = [None if w not in log or log[w][1] <= 0 else
+                            (log[w][0] / log[w][1], log[w][1], log[w][2] / max(log[w][3], 1)) for w in range(size)]
             self._speed_log = {}
 
     def _log_speeds(self, result, workers: int) -> None:
-        for partition, examples, seconds in getattr(result, "speeds", None) or ():
-            entry = self._speed_log.setdefault(int(partition) % workers, [0, 0.0])
+        for partition, examples, seconds, task_seconds in getattr(result, "speeds", None) or ():
+            entry = self._speed_log.setdefault(int(partition) % workers, [0, 0.0, 0.0, 0])
             entry[0] += examples
             entry[1] += seconds
+            entry[2] += max(0.0, task_seconds - seconds)  # what the task costs besides fitting
+            entry[3] += 1
 
     def epoch_done(self, summary, stats) -> None:
         weights = self._weights
@@ -248,7 +253,7 @@ class AveragingRunner(EpochRunner):
             state.update({f"round_costs_{k}": v for k, v in self._costs.to_plain().items()})
         self._take_speeds()  # what the next epoch's shares are cut from, so a resume cuts the same
         if self._speeds is not None:
-            state["worker_speeds"] = np.asarray([(np.nan, 0.0) if e is None else e for e in self._speeds],
+            state["worker_speeds"] = np.asarray([(np.nan, 0.0, 0.0) if e is None else e for e in self._speeds],
                                                 dtype=np.float64)
         return state
 
@@ -262,7 +267,7 @@ class AveragingRunner(EpochRunner):
         self._delta = None if delta is None else np.array(delta, dtype=np.float32)
         speeds = state.get("worker_speeds")
         self._speeds = None if speeds is None else [
-            None if not np.isfinite(v) else (float(v), float(t)) for v, t in np.asarray(speeds).reshape(-1, 2)]
+            None if not np.isfinite(v) else (float(v), float(t), float(a)) for v, t, a in np.asarray(speeds).reshape(-1, 3)]
         self._speed_log = {}
         if "round_costs_overhead" in state:
             self._costs = RoundCosts.from_plain({k: np.asarray(state[f"round_costs_{k}"]).item()

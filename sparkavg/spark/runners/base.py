@@ -130,9 +130,10 @@ class EpochRunner(abc.ABC):
     def epoch_done(self, summary: dict, stats) -> None:
         """Called once the epoch's rounds are merged (default: nothing)."""
 
-    def plan_weights(self, prepared: PreparedData, workers: int, local: bool, epoch: int, stats):
+    def plan_weights(self, prepared: PreparedData, workers: int, local: bool, epoch: int, stats, per_round=None):
         """Each worker's share of the epoch's minibatches, or None for equal
-        shares (the default; see :func:`~sparkavg.spark.deal.deal_epoch`)."""
+        shares (the default; see :func:`~sparkavg.spark.deal.deal_epoch`);
+        ``per_round``: the epoch's minibatches per worker per round."""
         return None
 
     def state_dict(self) -> dict:
@@ -217,7 +218,7 @@ class EpochRunner(abc.ABC):
         seed = None if m.data.repartition is Repartition.NEVER else m.seed + epoch
         with stats.timed(Phase.PLAN, epoch=epoch):
             local = self.deals_locally(prepared, workers, epoch, stats)
-            weights = self.plan_weights(prepared, workers, local, epoch, stats)
+            weights = self.plan_weights(prepared, workers, local, epoch, stats, per_round)
             plan = self.seam.plan(prepared, workers, per_round, seed, local=local,
                                   **({"weights": weights} if weights is not None else {}))
         rounds = len(plan.rounds)

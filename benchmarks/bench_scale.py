@@ -225,6 +225,56 @@ def run(args) -> dict:
     return result
 
 
+def markdown(scale_files, straggler_file=None, model_file=None) -> str:
+    """The RESULTS.md tables: epoch time and bytes per rank per host count, the straggler, the model."""
+    mb = lambda b: f"{b / 1e6:.1f}"  # noqa: E731
+    runs = sorted((json.load(open(f)) for f in scale_files), key=lambda r: r["hosts"])
+    rows = ["| hosts | strategy | epoch s (1st, 2nd) | test acc. | wire MB per rank: mean / max (tx+rx, eth0) | "
+            "UDP tx MB per rank (kernel) | sparkavg MB per rank | driver wire MB | F / rounds |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        for name, f in r["fits"].items():
+            udp = mb(f["wire_udp_tx_per_rank_mean"]) if "wire_udp_tx_per_rank_mean" in f else "-"
+            fr = (f"{f['averaging_frequency'][-1]} / {f['rounds'][-1]}" if "rounds" in f else "-")
+            rows.append(f"| {r['hosts']} | {name} | {', '.join(f'{x:.1f}' for x in f['epoch_seconds'])} | "
+                        f"{f['accuracy']:.4f} | {mb(f['wire_bytes_per_rank_mean'])} / {mb(f['wire_bytes_per_rank_max'])} | "
+                        f"{udp} | {mb(f['sparkavg_bytes_per_rank'])} | {mb(f['wire_bytes_driver'])} | {fr} |")
+    out = "\n".join(rows) + "\n"
+    if straggler_file:
+        st = json.load(open(straggler_file))
+        fits = st["fits"]
+        base = fits["averaging_even"]
+        rows = ["", "| fit | slow host | worker_shares | epoch s (1st, 2nd) | vs no slow host (2nd epoch) | "
+                    "test acc. | vs no slow host (points) | shares of the last epoch |", "|---|---|---|---|---|---|---|---|"]
+        for name, f in fits.items():
+            spec = f["spec"]
+            shares = f.get("worker_shares", [None])[-1]
+            rows.append(f"| {name} | {st['slow_host'] + ' at ' + str(st['slow_cpu']) + ' core' if spec.get('slow') else '-'} | "
+                        f"{spec.get('worker_shares', 'auto') if spec['master'] == 'averaging' else '(sharing)'} | "
+                        f"{', '.join(f'{x:.1f}' for x in f['epoch_seconds'])} | "
+                        f"{f['epoch_seconds'][-1] / base['epoch_seconds'][-1]:.2f} | {f['accuracy']:.4f} | "
+                        f"{100 * (f['accuracy'] - base['accuracy']):+.2f} | "
+                        f"{'-' if not shares else ', '.join(f'{x:.3f}' for x in shares)} |")
+        out += "\n".join(rows) + "\n"
+    if model_file:
+        m = json.load(open(model_file))
+        rows = ["", "| strategy | calibrated overheads | error at 2 / 4 / 8 hosts | leave-one-out error |", "|---|---|---|---|"]
+        for s_, c in m["calibrated"].items():
+            o = {k: round(v, 4) for k, v in c["overheads"].items() if v}
+            pct = lambda es: " / ".join(f"{100 * e['error']:+.1f}%" for e in es)  # noqa: E731
+            rows.append(f"| {s_} | {o} | {pct(c['points'])} | {pct(c['leave_one_out'])} |")
+        out += "\n".join(rows) + "\n"
+        for rate, by in m["predictions"].items():
+            rows = ["", f"Predicted at {rate}/s ({m['examples_per_worker']} examples per worker): epoch s "
+                        "(efficiency = examples/s over workers x one worker's compute-only rate)", "",
+                    "| workers | " + " | ".join(by) + " |", "|---|" + "---|" * len(by)]
+            for n in sorted(next(iter(by.values())), key=int):
+                rows.append(f"| {n} | " + " | ".join(f"{by[s_][n]['seconds']:.1f} ({100 * by[s_][n]['efficiency']:.0f}%)"
+                                                      for s_ in by) + " |")
+            out += "\n".join(rows) + "\n"
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hosts", type=int, default=8)
@@ -236,6 +286,11 @@ def main(argv=None):
     p.add_argument("--limit-test", type=int, default=10000)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--out", default=None)
+    p.add_argument("--table", nargs="+", default=None, metavar="JSON",
+                   help="only print the RESULTS.md tables of these scale_scale_h*.json files (with --straggler, "
+                        "--model)")
+    p.add_argument("--straggler", default=None)
+    p.add_argument("--model", default=None)
     p.add_argument("--job", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--conf", default=None, help=argparse.SUPPRESS)
     p.add_argument("--network-mask", default=None, help=argparse.SUPPRESS)
@@ -243,6 +298,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.job:
         return job(args)
+    if args.table:
+        print(markdown(args.table, args.straggler, args.model))
+        return None
     from tests.harness import SimulatedCluster
 
     ok, reason = SimulatedCluster.available()

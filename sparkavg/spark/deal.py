@@ -348,6 +348,8 @@ def share_choice(speeds: Sequence[Optional[float]], local: bool, enabled: bool =
     if fixed is not None and round_examples:
         weights = equal_finish_shares(speeds, fixed, round_examples)
     share = weights[slowest] * workers / sum(weights)
+    how = ("speed and fixed seconds per task, so that every worker ends a round together" if fixed is not None
+           and round_examples else "speed")
     return weights, (f"worker {slowest} fits {speeds[slowest]:.0f} examples/s, the fastest {max(speeds):.0f} "
-                     f"({ratio:.2f}x): shares by measured speed (worker {slowest} gets {share:.2f} of an equal "
+                     f"({ratio:.2f}x): shares by measured {how} (worker {slowest} gets {share:.2f} of an equal "
                      f"share), so rounds do not wait for it; every example still trains once per epoch")

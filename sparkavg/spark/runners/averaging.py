@@ -87,11 +87,13 @@ class AveragingRunner(EpochRunner):
         self._costs: Optional[RoundCosts] = None  # the last measurement ("auto")
         self._frequency: Optional[int] = None  # the frequency of the running epoch
         self._epoch: Optional[int] = None  # the running epoch
-        self._speed_log: dict = {}  # worker -> [examples, seconds] fitted since the last plan (worker_shares)
+        # worker -> [examples, fit seconds, fixed seconds, tasks] since the last plan (worker_shares)
+        self._speed_log: dict = {}
         # [(examples/s, seconds measured, fixed seconds per task) or None] per worker, for the next plan
         self._speeds: Optional[list] = None
         self._shares = None  # (stats, key) of the last recorded worker_shares decision
         self._weights: Optional[list] = None  # the running epoch's shares (None: equal)
+        self._rounds_run = 0  # rounds this runner ran (the first is not a speed)
 
     # ------------------------------------------------------------ frequency
     def minibatches_per_round(self, prepared, workers, network, epoch, stats) -> int:
@@ -218,7 +220,9 @@ class AveragingRunner(EpochRunner):
                                uniform=m.weighting is Weighting.UNIFORM, collect_stats=m.collect_stats,
                                prefetch=m.data.prefetch_depth, device=m.device.value, hooks=self.seam.test_hooks())
         result = self.seam.aggregate_round(plan, r, task, combine_results, m.aggregation_depth, what)
-        self._log_speeds(result, plan.workers)
+        if self._rounds_run:  # the runner's first round warms the workers up: not a speed
+            self._log_speeds(result, plan.workers)
+        self._rounds_run += 1
         return result
 
     def launch(self, plan, r, config_json, shipped, epoch, stats):

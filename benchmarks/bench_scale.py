@@ -24,7 +24,7 @@ worker, ``--epochs`` epochs, then test on the 10k test set:
 * ``straggler`` runs: averaging with no slow host, with one at half speed
   and ``worker_shares="equal"`` (no tolerance), and with one at half speed
   and ``worker_shares="auto"`` (the default: shares by measured speed);
-  gradient sharing (PLAIN) with one at half speed.
+  gradient sharing (PLAIN) with no slow host and with one at half speed.
 
 Bytes per rank on the wire come from each host's ``eth0`` kernel counters
 (``/sys/class/net/eth0/statistics``, read around each fit; UDP apart from
@@ -66,6 +66,7 @@ RUNS = {
     "straggler": [{"name": "averaging_even", "master": "averaging"},
                   {"name": "averaging_slow_equal", "master": "averaging", "slow": True, "worker_shares": "equal"},
                   {"name": "averaging_slow_auto", "master": "averaging", "slow": True, "worker_shares": "auto"},
+                  {"name": "sharing_even", "master": "sharing", "topology": "plain"},
                   {"name": "sharing_slow", "master": "sharing", "topology": "plain", "slow": True}],
 }
 
@@ -243,11 +244,12 @@ def markdown(scale_files, straggler_file=None, model_file=None) -> str:
     if straggler_file:
         st = json.load(open(straggler_file))
         fits = st["fits"]
-        base = fits["averaging_even"]
+        bases = {"averaging": fits["averaging_even"], "sharing": fits.get("sharing_even")}
         rows = ["", "| fit | slow host | worker_shares | epoch s (1st, 2nd) | vs no slow host (2nd epoch) | "
                     "test acc. | vs no slow host (points) | shares of the last epoch |", "|---|---|---|---|---|---|---|---|"]
         for name, f in fits.items():
             spec = f["spec"]
+            base = bases[spec["master"]] or bases["averaging"]
             shares = f.get("worker_shares", [None])[-1]
             rows.append(f"| {name} | {st['slow_host'] + ' at ' + str(st['slow_cpu']) + ' core' if spec.get('slow') else '-'} | "
                         f"{spec.get('worker_shares', 'auto') if spec['master'] == 'averaging' else '(sharing)'} | "

@@ -196,7 +196,8 @@ def measured_points(results: Sequence[dict]) -> Dict[str, List[dict]]:
                 p["rounds"] = f["rounds"][-1]
             else:
                 sp = f["sparkavg"]
-                p["message_bytes"] = sp["bytes_sent"] / max(sp["messages_sent"], 1)
+                # one message delivered to one rank (a message goes to W - 1 peers, directly or relayed)
+                p["message_bytes"] = sp["bytes_sent"] / max(sp["messages_received"], 1)
                 iterations = math.ceil(p["examples"] / (r["hosts"] * p["batch"])) * len(f["epoch_seconds"])
                 p["messages_per_step"] = sp["messages_sent"] / max(iterations * r["hosts"], 1)
                 # in-run step time of sharing (its own fit phase, same model and quota)

@@ -56,7 +56,8 @@ def test_calibration_recovers_known_overheads_within_its_error():
         for s in ("sharing_plain", "sharing_mesh"):
             fits[s] = {"epoch_seconds": [sharing_epoch(hosts, W, FAST, truth["sharing_plain"], s[8:])["seconds"]],
                        "examples": [W.examples], "state_bytes": W.state_bytes, "fit_phase": {"mean": W.step_s},
-                       "sparkavg": {"bytes_sent": W.message_bytes * per * hosts, "messages_sent": per * hosts}}
+                       "sparkavg": {"bytes_sent": W.message_bytes * per * hosts * (hosts - 1),
+                                    "messages_sent": per * hosts, "messages_received": per * hosts * (hosts - 1)}}
         results.append({"hosts": hosts, "batch_size_per_worker": W.batch, "fits": fits})
     cal = calibrate(results, FAST)
     assert cal["averaging"]["overheads"]["round_s"] == pytest.approx(0.8, rel=1e-6)

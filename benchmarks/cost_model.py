@@ -82,6 +82,7 @@ class Overheads:
     stage_s: float = 0.0     # sharing: per epoch (barrier stage, peer group)
     join_s: float = 0.0      # sharing: per epoch per rank
     apply_s: float = 0.0     # sharing: CPU per received message applied
+    relay_s: float = 0.0     # sharing MESH: CPU per message a relay forwards
 
 
 def auto_frequency(round_overhead_s: float, step_s: float, per_worker: int, target: float = 0.03,
@@ -139,7 +140,8 @@ def sharing_epoch(workers: int, w: Workload, link: Link, o: Overheads, topology:
     iterations = math.ceil(w.examples / (workers * w.batch))
     received = (workers - 1) * w.messages_per_step
     sent = received if topology == "plain" else mesh_sends(workers) * w.messages_per_step
-    cpu = w.step_s + received * o.apply_s
+    relayed = 0.0 if topology == "plain" else max(0.0, sent - w.messages_per_step)
+    cpu = w.step_s + received * o.apply_s + relayed * o.relay_s
     out_s = sent * w.message_bytes / link.bytes_per_s
     in_s = received * w.message_bytes / link.bytes_per_s
     per_iteration = max(cpu, out_s, in_s)
@@ -213,8 +215,10 @@ def _workload(p: dict, message_bytes=0.0, messages_per_step=1.0) -> Workload:
                     p.get("message_bytes", message_bytes), p.get("messages_per_step", messages_per_step))
 
 
-def fit_overheads(strategy: str, points: List[dict], link: Link) -> Overheads:
-    """Least-squares (relative error) overheads of one strategy from its points."""
+def fit_overheads(strategy: str, points: List[dict], link: Link, apply_s: float = 0.0) -> Overheads:
+    """Least-squares (relative error) overheads of one strategy from its
+    points; MESH takes PLAIN's ``apply_s`` (every rank applies every message
+    in both) and fits its stage and relay costs."""
     rows, targets = [], []
     for p in points:
         w = _workload(p)
@@ -225,14 +229,22 @@ def fit_overheads(strategy: str, points: List[dict], link: Link) -> Overheads:
             targets.append(p["seconds"] - base["seconds"])
         else:
             topology = strategy.split("_")[1]
-            base = sharing_epoch(p["workers"], w, link, Overheads(), topology)
-            # seconds = stage_s + iterations * (W - 1) * q * apply_s + iterations * step  (CPU-bound here)
-            rows.append([1.0, base["iterations"] * (p["workers"] - 1) * w.messages_per_step])
-            targets.append(p["seconds"] - base["iterations"] * w.step_s)
+            base = sharing_epoch(p["workers"], w, link, Overheads(apply_s=apply_s), topology)
+            received = (p["workers"] - 1) * w.messages_per_step
+            if topology == "plain":
+                # seconds = stage_s + iterations * (step + (W - 1) q apply_s)  (CPU-bound here)
+                rows.append([1.0, base["iterations"] * received])
+                targets.append(p["seconds"] - base["iterations"] * w.step_s)
+            else:
+                relayed = max(0.0, mesh_sends(p["workers"]) * w.messages_per_step - w.messages_per_step)
+                rows.append([1.0, base["iterations"] * relayed])
+                targets.append(p["seconds"] - base["seconds"])
     x = _lstsq(rows, targets)
     if strategy == "averaging":
         return Overheads(round_s=x[0], task_s=x[1])
-    return Overheads(stage_s=x[0], apply_s=x[1])
+    if strategy == "sharing_plain":
+        return Overheads(stage_s=x[0], apply_s=x[1])
+    return Overheads(stage_s=x[0], apply_s=apply_s, relay_s=x[1])
 
 
 def model_seconds(strategy: str, p: dict, link: Link, o: Overheads) -> float:
@@ -247,8 +259,10 @@ def calibrate(results: Sequence[dict], link: Link) -> dict:
     (fitted on all points) and when each point is left out of the fit."""
     points = measured_points(results)
     out = {}
-    for s, pts in points.items():
-        o = fit_overheads(s, pts, link)
+    apply_s = 0.0
+    for s, pts in points.items():  # PLAIN before MESH: MESH takes PLAIN's apply_s
+        o = fit_overheads(s, pts, link, apply_s)
+        apply_s = o.apply_s if s == "sharing_plain" else apply_s
         errors, loo = [], []
         for i, p in enumerate(pts):
             errors.append({"workers": p["workers"], "measured_s": p["seconds"],
@@ -256,7 +270,7 @@ def calibrate(results: Sequence[dict], link: Link) -> dict:
                            "error": model_seconds(s, p, link, o) / p["seconds"] - 1})
             rest = pts[:i] + pts[i + 1:]
             if len(rest) >= 2:
-                o2 = fit_overheads(s, rest, link)
+                o2 = fit_overheads(s, rest, link, apply_s if s == "sharing_mesh" else 0.0)
                 loo.append({"workers": p["workers"], "error": model_seconds(s, p, link, o2) / p["seconds"] - 1})
         out[s] = {"overheads": asdict(o), "points": errors, "leave_one_out": loo,
                   "max_abs_error": max(abs(e["error"]) for e in errors)}

@@ -319,6 +319,10 @@ def main(argv=None):
                    help="the simulated links' bandwidth for calibration (unshaped veths: CPU-bound, ~10 Gbit/s)")
     p.add_argument("--examples-per-worker", type=int, default=7500,
                    help="predictions: weak scaling, examples per worker (Fashion-MNIST's 60k over 8)")
+    p.add_argument("--host-speedup", type=float, default=1.0,
+                   help="predictions: hosts this many times faster than the calibrated ones (step and every "
+                        "calibrated CPU cost divided by it; bytes and links unchanged), e.g. 5 for a full core "
+                        "against the 0.2-core quota of bench_scale.py")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     results = [json.load(open(f)) for f in args.results]
@@ -326,13 +330,16 @@ def main(argv=None):
     cal = calibrate(results, link)
     points = measured_points(results)
     ref = points["sharing_plain"][-1]
-    w = Workload(examples=0, batch=ref["batch"], step_s=points["averaging"][-1]["step_s"],
+    k = args.host_speedup
+    scaled = {s: {**c, "overheads": {n: v / k for n, v in c["overheads"].items()}} for s, c in cal.items()}
+    w = Workload(examples=0, batch=ref["batch"], step_s=points["averaging"][-1]["step_s"] / k,
                  state_bytes=ref["state_bytes"], message_bytes=ref["message_bytes"],
                  messages_per_step=ref["messages_per_step"])
     workers = [2, 4, 8, 16, 32, 64, 128, 256]
-    pred = predict(cal, w, workers, [1e9, 10e9, 100e9], examples_per_worker=args.examples_per_worker)
+    pred = predict(scaled, w, workers, [1e9, 10e9, 100e9], examples_per_worker=args.examples_per_worker)
     limits = {rate: {s: scaling_limit(rows) for s, rows in by.items()} for rate, by in pred.items()}
     out = {"calibration_link_gbit": args.calibration_gbit, "calibrated": cal, "workload": asdict(w),
+           "host_speedup": k,
            "examples_per_worker": args.examples_per_worker, "predictions": pred,
            "efficiency_below_half_at": limits}
     text = json.dumps(out, indent=1, default=float)

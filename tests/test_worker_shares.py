@@ -154,3 +154,19 @@ def test_equal_finish_shares_make_every_worker_end_the_round_together():
     assert equal_finish_shares(speeds, [0, 0, 0], 250) == pytest.approx([100, 100, 50])
     # A worker whose fixed part alone outlasts the round still gets a floor share.
     assert equal_finish_shares([100.0, 100.0], [0.0, 10.0], 100)[1] == pytest.approx(0.05 * 50)
+
+
+def test_checkpointed_runner_state_keeps_the_speeds_the_next_epoch_is_cut_from():
+    import numpy as np
+
+    from sparkavg.spark.runners.averaging import AveragingRunner
+
+    runner = AveragingRunner(None, ParameterAveraging())
+    runner._speed_log = {0: [640, 1.0, 0.4, 2], 2: [320, 1.0, 0.8, 2]}  # worker 1 never measured
+    state = runner.state_dict()
+    assert state["worker_speeds"].shape == (3, 3)
+    resumed = AveragingRunner(None, ParameterAveraging())
+    resumed.load_state_dict({k: np.asarray(v) for k, v in state.items()})
+    assert resumed._speeds == [(640.0, 1.0, 0.2), None, (320.0, 1.0, 0.4)] == runner._speeds
+    with pytest.raises(ValueError, match="unknown keys"):
+        resumed.load_state_dict({"worker_speed": np.zeros(3)})

@@ -238,7 +238,8 @@ def markdown(scale_files, straggler_file=None, model_file=None) -> str:
             udp = mb(f["wire_udp_tx_per_rank_mean"]) if "wire_udp_tx_per_rank_mean" in f else "-"
             fr = (f"{f['averaging_frequency'][-1]} / {f['rounds'][-1]}" if "rounds" in f else "-")
             rows.append(f"| {r['hosts']} | {name} | {', '.join(f'{x:.1f}' for x in f['epoch_seconds'])} | "
-                        f"{f['accuracy']:.4f} | {mb(f['wire_bytes_per_rank_mean'])} / {mb(f['wire_bytes_per_rank_max'])} | "
+                        f"{f['accuracy']:.4f} | {mb(f['wire_bytes_per_rank_mean'])} / "
+                        f"{mb(f['wire_bytes_per_rank_max'])} | "
                         f"{udp} | {mb(f['sparkavg_bytes_per_rank'])} | {mb(f['wire_bytes_driver'])} | {fr} |")
     out = "\n".join(rows) + "\n"
     if straggler_file:
@@ -246,12 +247,14 @@ def markdown(scale_files, straggler_file=None, model_file=None) -> str:
         fits = st["fits"]
         bases = {"averaging": fits["averaging_even"], "sharing": fits.get("sharing_even")}
         rows = ["", "| fit | slow host | worker_shares | epoch s (1st, 2nd) | vs no slow host (2nd epoch) | "
-                    "test acc. | vs no slow host (points) | shares of the last epoch |", "|---|---|---|---|---|---|---|---|"]
+                    "test acc. | vs no slow host (points) | shares of the last epoch |",
+                "|---|---|---|---|---|---|---|---|"]
         for name, f in fits.items():
             spec = f["spec"]
             base = bases[spec["master"]] or bases["averaging"]
             shares = f.get("worker_shares", [None])[-1]
-            rows.append(f"| {name} | {st['slow_host'] + ' at ' + str(st['slow_cpu']) + ' core' if spec.get('slow') else '-'} | "
+            slow = f"{st['slow_host']} at {st['slow_cpu']} core" if spec.get("slow") else "-"
+            rows.append(f"| {name} | {slow} | "
                         f"{spec.get('worker_shares', 'auto') if spec['master'] == 'averaging' else '(sharing)'} | "
                         f"{', '.join(f'{x:.1f}' for x in f['epoch_seconds'])} | "
                         f"{f['epoch_seconds'][-1] / base['epoch_seconds'][-1]:.2f} | {f['accuracy']:.4f} | "
@@ -260,7 +263,8 @@ def markdown(scale_files, straggler_file=None, model_file=None) -> str:
         out += "\n".join(rows) + "\n"
     if model_file:
         m = json.load(open(model_file))
-        rows = ["", "| strategy | calibrated overheads | error at 2 / 4 / 8 hosts | leave-one-out error |", "|---|---|---|---|"]
+        rows = ["", "| strategy | calibrated overheads | error at 2 / 4 / 8 hosts | leave-one-out error |",
+                "|---|---|---|---|"]
         for s_, c in m["calibrated"].items():
             o = {k: round(v, 4) for k, v in c["overheads"].items() if v}
             pct = lambda es: " / ".join(f"{100 * e['error']:+.1f}%" for e in es)  # noqa: E731
@@ -271,8 +275,8 @@ def markdown(scale_files, straggler_file=None, model_file=None) -> str:
                         "(efficiency = examples/s over workers x one worker's compute-only rate)", "",
                     "| workers | " + " | ".join(by) + " |", "|---|" + "---|" * len(by)]
             for n in sorted(next(iter(by.values())), key=int):
-                rows.append(f"| {n} | " + " | ".join(f"{by[s_][n]['seconds']:.1f} ({100 * by[s_][n]['efficiency']:.0f}%)"
-                                                      for s_ in by) + " |")
+                cells = [f"{by[s_][n]['seconds']:.1f} ({100 * by[s_][n]['efficiency']:.0f}%)" for s_ in by]
+                rows.append(f"| {n} | " + " | ".join(cells) + " |")
             out += "\n".join(rows) + "\n"
     return out
 

@@ -1,7 +1,8 @@
 """Fault-injection hooks for the tests, off in production.
 
 The driver reads the job-local properties ``sparkavg.test.kill_marker``,
-``sparkavg.test.stall_rank``, ``sparkavg.test.hold_marker`` and ``sparkavg.test.slow_worker`` once per job (:meth:`TestHooks.from_properties`)
+``sparkavg.test.stall_rank``, ``sparkavg.test.hold_marker`` and
+``sparkavg.test.slow_worker`` once per job (:meth:`TestHooks.from_properties`)
 and ships the result with the task; a production task gets ``None`` and
 runs no hook code at all.
 """

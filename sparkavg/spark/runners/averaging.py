@@ -270,8 +270,9 @@ class AveragingRunner(EpochRunner):
         delta = state.get("block_momentum_delta")
         self._delta = None if delta is None else np.array(delta, dtype=np.float32)
         speeds = state.get("worker_speeds")
+        rows = [] if speeds is None else np.asarray(speeds, dtype=np.float64).reshape(-1, 3)
         self._speeds = None if speeds is None else [
-            None if not np.isfinite(v) else (float(v), float(t), float(a)) for v, t, a in np.asarray(speeds).reshape(-1, 3)]
+            None if not np.isfinite(v) else (float(v), float(t), float(a)) for v, t, a in rows]
         self._speed_log = {}
         if "round_costs_overhead" in state:
             self._costs = RoundCosts.from_plain({k: np.asarray(state[f"round_costs_{k}"]).item()

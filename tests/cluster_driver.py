@@ -279,6 +279,41 @@ def mesh(ctx: Context) -> dict:
             "messages_received": int(trainer.stats.counters.get("messages_received", 0))}
 
 
+def _many_hosts(ctx: Context, master_for) -> dict:
+    """One fit on every worker host (tests/test_cluster_hosts.py's 8-host test): what each rank did, by
+    sparkavg's own statistics."""
+    workers = int(ctx.sc.defaultParallelism)
+    x, y = blobs(128 * workers, seed=41)
+    rdd = ctx.pairs(x, y, workers)
+    trainer = SparkTrainer(ctx.spark, small_net(seed=42), master_for(workers))
+    trainer.fit(rdd, epochs=2).close()
+    c = trainer.stats.counters
+    return {"workers": workers, "n": len(x), "examples": [h["examples"] for h in trainer.history],
+            "replica_max_abs_diff": max((h.get("replica_max_abs_diff", 0.0) for h in trainer.history), default=0.0),
+            "rounds": [h.get("rounds") for h in trainer.history], "accuracy": accuracy(trainer.network, x, y),
+            "lane_hosts": lane_hosts(trainer.stats), "udp_addresses": udp_decisions(trainer.stats),
+            "state_bytes": int(4 * (trainer.network.num_params + trainer.network.updater_state.size)),
+            "bytes_sent": int(c.get("bytes_sent", 0)), "messages_received": int(c.get("messages_received", 0)),
+            "datagrams_sent": int(c.get("datagrams_sent", 0)),
+            "decisions": {d["name"]: d["value"] for d in trainer.stats.decisions}}
+
+
+def many_averaging(ctx: Context) -> dict:
+    """ParameterAveraging at its defaults but the worker count, on every host."""
+    return _many_hosts(ctx, lambda workers: ParameterAveraging(workers=workers))
+
+
+def many_plain(ctx: Context) -> dict:
+    """GradientSharing at its defaults (PLAIN) on every host, addresses by network_mask."""
+    return _many_hosts(ctx, lambda workers: GradientSharing(workers=workers, network_mask=ctx.network_mask))
+
+
+def many_mesh(ctx: Context) -> dict:
+    """GradientSharing with MESH on every host."""
+    return _many_hosts(ctx, lambda workers: GradientSharing(workers=workers, network_mask=ctx.network_mask,
+                                                            topology=Topology.MESH))
+
+
 def _stages(sc) -> list:
     """Completed stages' shuffle metrics from the driver's status store (what the UI shows; the UI is off
     here).  The listener bus is asynchronous: read until two reads agree."""
@@ -359,7 +394,14 @@ def models_across_hosts(ctx: Context) -> dict:
 
 SCENARIOS = {f.__name__: f for f in (averaging_defaults, sharing_defaults, inference, checkpoint_resume, stats_page,
                                      kill_averaging, kill_sharing, shared_dir, private_dir, mesh,
-                                     data_stays_on_hosts, models_across_hosts)}
+                                     data_stays_on_hosts, models_across_hosts, many_averaging, many_plain,
+                                     many_mesh)}
+
+
+def _handshake(event: str, scenario: str) -> None:
+    print(json.dumps({"event": event, "scenario": scenario}), flush=True)
+    if sys.stdin.readline().strip() != "go":
+        raise SystemExit("the caller went away")
 
 
 def main(argv=None) -> int:
@@ -367,6 +409,9 @@ def main(argv=None) -> int:
     p.add_argument("--conf", required=True, help="JSON object of Spark settings (spark.master included)")
     p.add_argument("--shared", required=True, help="a folder every host reads and writes")
     p.add_argument("--network-mask", default=None, help="GradientSharing.network_mask of the mesh scenario")
+    p.add_argument("--handshake", action="store_true",
+                   help='around each scenario print {"event": "ready"|"done", "scenario": ...} and wait for a '
+                        '"go" line on stdin (the caller reads host counters around exactly that scenario)')
     p.add_argument("scenarios", nargs="+", choices=sorted(SCENARIOS))
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
@@ -387,12 +432,16 @@ def main(argv=None) -> int:
     ctx = Context(spark, args.shared, args.network_mask, logs)
     try:
         for name in args.scenarios:
+            if args.handshake:
+                _handshake("ready", name)
             began = time.monotonic()
             try:
                 out["results"][name] = SCENARIOS[name](ctx)
             except Exception:
                 out["errors"][name] = traceback.format_exc()[-6000:]
             out["seconds"][name] = round(time.monotonic() - began, 2)
+            if args.handshake:
+                _handshake("done", name)
     finally:
         spark.stop()
     print(json.dumps(out), flush=True)

@@ -222,3 +222,73 @@ def test_readme_main_command_with_a_cluster_master(sim_cluster, fashion_dir, mod
     assert result["test_accuracy"] > 0.4  # chance is 0.1
     if mode == "sharing":
         assert result["replica_max_abs_diff"] < 1e-4 and result["bytes_sent"] > 0
+
+
+def run_with_counters(cluster, shared: str, scenarios, timeout: float = 600, network_mask=None):
+    """tests/cluster_driver.py with ``--handshake``: each worker host's eth0 tx/rx bytes (kernel counters)
+    read around each scenario.  Returns (the driver's JSON, {scenario: {host: {"tx", "rx"}}})."""
+    import subprocess
+
+    argv = [sys.executable, str(DRIVER), "--conf", json.dumps({**cluster.spark_conf(), **QUICK_JVMS}),
+            "--shared", shared, "--handshake", *(["--network-mask", network_mask] if network_mask else []),
+            *scenarios]
+    log = open(cluster.log_dir / "driver-program.log", "w")
+    proc = cluster.spawn("driver", argv, cwd=str(REPO), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                         text=True)
+    wire, before, last = {}, None, None
+    try:
+        for line in proc.stdout:
+            if not line.startswith("{"):
+                continue
+            event = json.loads(line)
+            if "event" not in event:
+                last = event
+                continue
+            counters = cluster.interface_bytes()
+            if event["event"] == "ready":
+                before = counters
+            else:
+                wire[event["scenario"]] = {h: {k: counters[h][k] - before[h][k] for k in ("tx", "rx")}
+                                           for h in counters}
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        code = proc.wait(timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    assert code == 0 and last is not None, (f"the cluster driver exited with {code}:\n"
+                                            f"{(cluster.log_dir / 'driver-program.log').read_text()[-5000:]}")
+    return last, wire
+
+
+def test_both_masters_on_eight_hosts_with_bytes_per_rank_on_the_wire(sim_cluster_factory, shared_folder):
+    """Issue 26: 8 worker hosts, averaging at its defaults, sharing with PLAIN and MESH; replicas agree,
+    and each rank's bytes on its link (kernel counters) cover what sparkavg says it sent."""
+    cluster = sim_cluster_factory(workers=8, cores_per_worker=1, memory="1g")
+    run, wire = run_with_counters(cluster, shared_folder, ["many_averaging", "many_plain", "many_mesh"],
+                                  network_mask=str(cluster.subnet))
+    hosts = worker_names(cluster)
+    for name in ("many_averaging", "many_plain", "many_mesh"):
+        r = scenario(run, name)
+        assert r["workers"] == 8 and r["examples"] == [r["n"], r["n"]], r
+        assert r["lane_hosts"] == hosts, r  # every host trained
+        assert r["accuracy"] > 0.9
+    avg = scenario(run, "many_averaging")
+    # Each round ships the state to every worker and its weighted state back: every worker host moved at
+    # least that over its own link.
+    shipped = sum(x for x in avg["rounds"]) * avg["state_bytes"]
+    assert all(wire["many_averaging"][h]["rx"] >= shipped and wire["many_averaging"][h]["tx"] >= shipped
+               for h in hosts), (wire["many_averaging"], shipped)
+    for name in ("many_plain", "many_mesh"):
+        r = scenario(run, name)
+        assert r["replica_max_abs_diff"] < 1e-5, r
+        assert {d["value"] for d in r["udp_addresses"]} == {h.ip for h in cluster.hosts}
+        # What sparkavg sent over UDP left through the hosts' links (plus Spark's own TCP): the kernel's count
+        # over the worker hosts is at least sparkavg's, and sparkavg's is not a small part of it.
+        tx = sum(wire[name][h]["tx"] for h in hosts)
+        assert r["bytes_sent"] > 0 and tx >= r["bytes_sent"], (name, tx, r["bytes_sent"])
+    plain, mesh = scenario(run, "many_plain"), scenario(run, "many_mesh")
+    # 128 examples per rank, batch 16: 8 iterations per epoch; every rank got each other rank's message of
+    # every iteration, directly (PLAIN) or relayed (MESH).
+    assert plain["messages_received"] == mesh["messages_received"] == 2 * 8 * 8 * 7

@@ -266,3 +266,27 @@ def test_kill_python_worker_kills_the_task_process_and_spark_recovers(sim_cluste
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
             driver.wait()
+
+
+BUSY = """
+import time
+cpu, wall = time.process_time(), time.monotonic()
+while time.monotonic() - wall < 1.5:
+    pass
+print(time.process_time() - cpu)
+"""
+
+
+def test_a_hosts_cpu_quota_caps_all_its_processes(sim_cluster_factory):
+    """cpu=/cpu_limits=/limit_cpu (a cpu cgroup per host): a busy loop on a host gets at most its quota of a core
+    (bench_scale.py's hosts and its half-speed host)."""
+    cluster = sim_cluster_factory(workers=2, spark=False, cpu=0.2, cpu_limits={"worker1": 0.1})
+    assert cluster.cpu_limits() == {"driver": None, "worker0": 0.2, "worker1": 0.1}
+    used = {h: float(cluster.exec(h, [sys.executable, "-c", BUSY], timeout=30, check=True).stdout)
+            for h in ("worker0", "worker1")}
+    assert 0 < used["worker0"] <= 1.5 * 0.2 * 1.25, used  # at most its quota (some slack for the period edges)
+    assert 0 < used["worker1"] <= 1.5 * 0.1 * 1.25, used
+    cluster.limit_cpu("worker1", None)  # (what it then gets depends on the machine's load: not asserted)
+    assert cluster.cpu_limits()["worker1"] is None
+    with pytest.raises(ValueError, match="Expect a host's CPU limit as a number of cores > 0"):
+        cluster.limit_cpu("worker0", 0)

@@ -234,10 +234,11 @@ class ConnectSpark:
         return FramePrepared(sizes, frame=frame, ids=ids)
 
     def plan(self, prepared: FramePrepared, workers: int, per_round: int, seed: Optional[int],
-             local: bool = False) -> FramePlan:
+             local: bool = False, weights=None) -> FramePlan:
         """The epoch's deal (``local``: each worker's shard in place; Connect
-        does not say where a block lives, so shards follow partition order)."""
-        rounds = deal_epoch(len(prepared.sizes), workers, per_round, seed, local, prepared.layout)
+        does not say where a block lives, so shards follow partition order;
+        ``weights``: see :func:`~sparkavg.spark.deal.deal_epoch`)."""
+        rounds = deal_epoch(len(prepared.sizes), workers, per_round, seed, local, prepared.layout, weights)
         plan = FramePlan(rounds, prepared)
         if not prepared.in_files and plan.rounds:
             plan.frame = self._epoch_frame(prepared, plan.rounds, workers)

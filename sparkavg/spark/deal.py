@@ -15,7 +15,14 @@ Two deals (:class:`~sparkavg.spark.masters.Repartition`):
   the shard's own host, so no minibatch crosses the network after the
   first epoch.
 
-:func:`deal_choice` picks between them (a recorded decision);
+:func:`deal_choice` picks between them (a recorded decision).  With
+``weights`` (workers' measured speeds, :func:`share_choice`, another
+recorded decision) the shards are cut in proportion to them
+(:func:`weighted_shards`) and every worker's shard is split into the same
+number of rounds (:func:`split_rounds`), so a slower worker fits fewer
+minibatches per round and no round waits for it; still every id appears
+exactly once.
+
 :class:`EpochPlan` holds an epoch's deal and, for Spark blocks, the epoch's
 RDD shuffled once into one partition per (round, worker), so a round's job
 runs on its own partitions only.
@@ -23,14 +30,15 @@ runs on its own partitions only.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .data import PreparedData
 
 __all__ = ["deal", "local_shards", "deal_shards", "deal_epoch", "Dealt", "EpochPlan", "deal_choice",
-           "shard_label_skew", "MAX_SHARD_LABEL_SKEW"]
+           "shard_label_skew", "MAX_SHARD_LABEL_SKEW", "apportion", "weighted_shards", "split_rounds",
+           "share_choice", "MIN_SPEED_RATIO", "MIN_MEASURED_SECONDS", "equal_finish_shares"]
 
 
 def deal(num_batches: int, workers: int, per_round: int, seed: Optional[int]) -> List[List[List[int]]]:
@@ -87,10 +95,77 @@ def deal_shards(shards: List[List[int]], per_round: int, seed: Optional[int]) ->
     return [[s[start:start + per_round] for s in dealt] for start in range(0, longest, per_round)]
 
 
+def apportion(total: int, weights: Sequence[float]) -> List[int]:
+    """``total`` cut into integer parts proportional to ``weights`` (largest
+    remainders; ties to the lower index): they sum to ``total``."""
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 1 or not len(w) or not np.all(np.isfinite(w)) or np.any(w <= 0):
+        raise ValueError(f"Expect one finite weight > 0 per worker, got {list(weights)!r}")
+    exact = total * w / w.sum()
+    parts = np.floor(exact).astype(np.int64)
+    short = total - int(parts.sum())
+    for i in sorted(range(len(w)), key=lambda i: (-(exact[i] - parts[i]), i))[:short]:
+        parts[i] += 1
+    return parts.tolist()
+
+
+def weighted_shards(shards: List[List[int]], weights: Sequence[float]) -> List[List[int]]:
+    """``shards`` re-cut to sizes proportional to ``weights``, moving as few
+    minibatches as possible: a shard over its size gives the ids at its end
+    (its last blocks), and the shards under theirs take them in turn, each
+    keeping all its own ids.  Every id stays exactly once."""
+    if len(weights) != len(shards):
+        raise ValueError(f"Expect a weight per shard ({len(shards)}), got {len(weights)}")
+    targets = apportion(sum(len(s) for s in shards), weights)
+    pool: List[int] = []
+    kept = []
+    for shard, target in zip(shards, targets):
+        kept.append(list(shard[:target]))
+        pool.extend(shard[target:])
+    for shard, target in zip(kept, targets):
+        take = target - len(shard)
+        if take > 0:
+            shard.extend(pool[:take])
+            del pool[:take]
+    assert not pool, "apportion sums to the total"
+    return kept
+
+
+def split_rounds(shards: List[List[int]], per_round: int, seed: Optional[int]) -> List[List[List[int]]]:
+    """``rounds[r][w]``: each shard shuffled in place (``seed``; None keeps
+    its order) and split into the same number of rounds -- as many as the
+    largest shard needs at ``per_round`` -- in parts differing by at most
+    one, so that each worker's minibatches per round are in proportion to
+    its shard.  Every id appears exactly once."""
+    rng = None if seed is None else np.random.default_rng(seed)
+    dealt = [(rng.permutation(np.asarray(s, dtype=np.int64)) if rng is not None else np.asarray(s, dtype=np.int64))
+             for s in shards]
+    longest = max((len(s) for s in dealt), default=0)
+    if longest == 0:
+        return []
+    rounds = -(-longest // per_round)
+    parts = [np.array_split(s, rounds) for s in dealt]
+    return [[parts[w][r].tolist() for w in range(len(dealt))] for r in range(rounds)]
+
+
 def deal_epoch(count: int, workers: int, per_round: int, seed: Optional[int], local: bool,
-               layout: Optional[List[tuple]] = None) -> List[List[List[int]]]:
+               layout: Optional[List[tuple]] = None,
+               weights: Optional[Sequence[float]] = None) -> List[List[List[int]]]:
     """The epoch's ``rounds[r][w]``: :func:`deal_shards` over :func:`local_shards`
-    when ``local``, else :func:`deal` (both Spark flavours)."""
+    when ``local``, else :func:`deal` (both Spark flavours).  With
+    ``weights`` (one per worker) the shards are cut in proportion to them
+    (:func:`weighted_shards`; balanced: the shuffled ids cut by
+    :func:`apportion`) and split by :func:`split_rounds`."""
+    if weights is not None:
+        if len(weights) != workers:
+            raise ValueError(f"Expect a weight per worker ({workers}), got {len(weights)}")
+        if local:
+            return split_rounds(weighted_shards(local_shards(count, workers, layout), weights), per_round, seed)
+        order = np.arange(count)
+        if seed is not None:
+            np.random.default_rng(seed).shuffle(order)
+        bounds = np.cumsum([0] + apportion(count, weights))
+        return split_rounds([order[bounds[w]:bounds[w + 1]].tolist() for w in range(workers)], per_round, None)
     if local:
         return deal_shards(local_shards(count, workers, layout), per_round, seed)
     return deal(count, workers, per_round, seed)
@@ -129,10 +204,11 @@ class EpochPlan(Dealt):
 
     @classmethod
     def plan(cls, prepared: PreparedData, workers: int, per_round: int, seed: Optional[int],
-             local: bool = False) -> "EpochPlan":
+             local: bool = False, weights: Optional[Sequence[float]] = None) -> "EpochPlan":
         """The epoch's deal: :func:`deal_shards` over :func:`local_shards` when
-        ``local``, else :func:`deal`; for Spark blocks also the shuffled RDD."""
-        rounds = deal_epoch(len(prepared.sizes), workers, per_round, seed, local, prepared.layout)
+        ``local``, else :func:`deal` (``weights``: see :func:`deal_epoch`);
+        for Spark blocks also the shuffled RDD."""
+        rounds = deal_epoch(len(prepared.sizes), workers, per_round, seed, local, prepared.layout, weights)
         epoch = cls(rounds, prepared)
         if not prepared.in_files and rounds:
             # (partition, position in shard) per minibatch id; sorting keeps each shard's dealt order.
@@ -199,3 +275,81 @@ def deal_choice(options, prepared, workers: int) -> Tuple[bool, str]:
                        f"epoch; shuffle the input's partitions to keep it on its hosts")
     what = "class mixes not counted" if skew is None else f"class mixes within {skew:.3f} of the data's"
     return True, f"auto: Spark blocks, per-host shards' {what}: local, each worker keeps its host's minibatches"
+
+
+#: Shares follow the workers' speeds only when the fastest fits at least
+#: this many times as many examples per second as the slowest: below it,
+#: the difference is within what one run's timings vary (equal workers).
+MIN_SPEED_RATIO = 1.25
+#: Speeds from less fitting than this (seconds, per worker, since the last
+#: deal) are not trusted: a few milliseconds of steps vary by more than a
+#: straggler's factor from one task to the next.
+MIN_MEASURED_SECONDS = 0.25
+
+
+def equal_finish_shares(speeds: Sequence[float], fixed: Sequence[float], round_examples: float,
+                        floor: float = 0.05) -> List[float]:
+    """Examples per round for each worker so that all finish a round
+    together: worker ``w`` takes ``fixed[w]`` seconds whatever its share (its
+    task's start, the state, the result) plus ``n_w / speeds[w]``; with
+    ``sum(n_w) = round_examples`` every ``fixed[w] + n_w / speeds[w]`` is the
+    same ``T``.  A worker whose fixed part alone exceeds ``T`` still gets
+    ``floor`` of an equal share (never nothing: its speed stays measured)."""
+    s = np.asarray(speeds, dtype=np.float64)
+    a = np.asarray(fixed, dtype=np.float64)
+    t = (round_examples + float(np.sum(a * s))) / float(np.sum(s))
+    n = (t - a) * s
+    return np.maximum(n, floor * round_examples / len(s)).tolist()
+
+
+def share_choice(speeds: Sequence[Optional[float]], local: bool, enabled: bool = True,
+                 measured: Optional[Sequence[float]] = None, fixed: Optional[Sequence[float]] = None,
+                 round_examples: Optional[float] = None) -> Tuple[Optional[List[float]], str]:
+    """``(weights, reason)``: each worker's share of the epoch's minibatches
+    (None: equal shares, as always before) from its measured speed
+    (examples per second of fitting, ``None`` when not measured) over
+    ``measured`` seconds of fitting each (None: enough); with ``fixed``
+    (each worker's seconds per task besides fitting) and ``round_examples``
+    the shares are :func:`equal_finish_shares`, else proportional to speed.
+
+    A synchronous round ends when its slowest worker does: with equal
+    shares, one worker at half speed doubles every round (a persistent
+    straggler: a smaller or busier host; a transient one within an epoch
+    is not what this answers).  Cut in
+    proportion to speed, every worker finishes its round at about the same
+    time; every example still trains exactly once per epoch, and averaging
+    still weights each worker by the examples it fitted.  Off (equal
+    shares) with one worker, without a measurement of every worker (or one
+    shorter than :data:`MIN_MEASURED_SECONDS`), when
+    the speeds are within :data:`MIN_SPEED_RATIO` (equal workers: re-cutting
+    would only chase noise), and when minibatches are not dealt locally
+    (a balanced deal binds a worker's index to no host, so a speed measured
+    for it says nothing about the next epoch's)."""
+    workers = len(speeds)
+    if not enabled:
+        return None, "worker_shares='equal'"
+    if workers <= 1:
+        return None, "one worker: nothing to balance"
+    if not local:
+        return None, ("minibatches dealt balanced: a worker's index is bound to no host, so its measured speed "
+                      "says nothing about its next shard: equal shares")
+    missing = [w for w, s in enumerate(speeds) if s is None or not np.isfinite(s) or s <= 0]
+    if missing:
+        return None, f"no speed measured yet for worker(s) {missing}: equal shares"
+    short = [w for w, s in enumerate(measured or ()) if s < MIN_MEASURED_SECONDS]
+    if short:
+        return None, (f"worker(s) {short} measured over less than {MIN_MEASURED_SECONDS} s of fitting: too little "
+                      f"to tell a slow worker from noise: equal shares")
+    ratio = max(speeds) / min(speeds)
+    if ratio < MIN_SPEED_RATIO:
+        return None, (f"workers' speeds within {ratio:.2f}x of each other (< {MIN_SPEED_RATIO}): equal shares")
+    slowest = int(np.argmin(speeds))
+    weights = [float(s) for s in speeds]
+    if fixed is not None and round_examples:
+        weights = equal_finish_shares(speeds, fixed, round_examples)
+    share = weights[slowest] * workers / sum(weights)
+    how = ("speed and fixed seconds per task, so that every worker ends a round together" if fixed is not None
+           and round_examples else "speed")
+    return weights, (f"worker {slowest} fits {speeds[slowest]:.0f} examples/s, the fastest {max(speeds):.0f} "
+                     f"({ratio:.2f}x): shares by measured {how} (worker {slowest} gets {share:.2f} of an equal "
+                     f"share), so rounds do not wait for it; every example still trains once per epoch")

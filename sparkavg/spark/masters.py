@@ -402,6 +402,18 @@ class ParameterAveraging(Master):
     weighting : Weighting, default EXAMPLES
         ``examples`` weights each worker by the examples it trained;
         ``uniform`` is DL4J's unweighted mean.
+    worker_shares : {"auto", "equal"}, default "auto"
+        ``auto`` tolerates a slow worker (a busy or smaller host): each
+        epoch cuts the workers' shares of the minibatches in proportion to
+        their speeds measured in the rounds before (the probe rounds, then
+        the previous epoch), when the fastest is at least
+        :data:`~sparkavg.spark.deal.MIN_SPEED_RATIO` times the slowest and
+        minibatches are dealt locally; each round then gives every worker
+        minibatches in proportion to its share, so rounds do not wait for
+        the slow one.  Every example still trains exactly once per epoch,
+        weighted by examples.  The choice and its reason are recorded
+        (decision ``worker_shares``, :func:`~sparkavg.spark.deal.share_choice`).
+        ``equal``: equal shares always (DL4J).
 
     The fields of :class:`Master` (batch size, workers, data, device,
     statistics, seed) come first.  ``"auto"`` measures from the workers'
@@ -417,6 +429,7 @@ class ParameterAveraging(Master):
     aggregation_depth: int = 2
     save_updater: bool = True
     weighting: Weighting = Weighting.EXAMPLES
+    worker_shares: str = "auto"
 
     def __post_init__(self):
         super().__post_init__()
@@ -435,6 +448,8 @@ class ParameterAveraging(Master):
         check_int("aggregation_depth", self.aggregation_depth)
         check(isinstance(self.save_updater, bool), f"Expect save_updater to be a bool, got {self.save_updater!r}")
         object.__setattr__(self, "weighting", as_enum(Weighting, "weighting", self.weighting))
+        check(self.worker_shares in ("auto", "equal"),
+              f"Expect worker_shares 'auto' or 'equal', got {self.worker_shares!r}")
 
     @property
     def auto_frequency(self) -> bool:

@@ -70,8 +70,8 @@ class ClassicSpark:
         return prepare(rdd, spec, batch_size, location, options.storage_level)
 
     def plan(self, prepared: PreparedData, workers: int, per_round: int, seed: Optional[int],
-             local: bool = False) -> EpochPlan:
-        return EpochPlan.plan(prepared, workers, per_round, seed, local)
+             local: bool = False, weights=None) -> EpochPlan:
+        return EpochPlan.plan(prepared, workers, per_round, seed, local, weights)
 
     # --------------------------------------------------------------- rounds
     def aggregate_round(self, plan: EpochPlan, r: int, task: Callable, combine: Callable, depth: int, what: str):

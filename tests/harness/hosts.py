@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import IO, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import netns, processes, safety
+from .cpu import HostCgroup, cgroup_root, reap_stale_cgroups
 from .netns import HostLink
 
 __all__ = ["SimulatedCluster", "SimulatedHost"]
@@ -116,13 +117,22 @@ class SimulatedCluster:
         a temporary folder removed on close.
     start_timeout : float, default 120
         Seconds to wait for the Master and all Workers to register.
+    cpu : float, optional
+        CPU limit of every worker host, in cores (``0.25``: a quarter of a
+        core for all its processes together -- Worker, executor JVM, Python
+        workers), through a cpu cgroup per host (:mod:`.cpu`); None leaves
+        them unlimited.  :meth:`limit_cpu` changes a host's limit while the
+        cluster runs.
+    cpu_limits : mapping of str to (float or None), optional
+        Per-host overrides of ``cpu`` by host name (the driver host included).
     """
 
     def __init__(self, workers: int = 2, cores_per_worker: int = 1, memory: str = "1g",
                  rate: Optional[str] = None, *, link_rates: Optional[Mapping[str, Optional[str]]] = None,
                  burst: Optional[str] = None, latency: str = "50ms", spark: bool = True,
                  python: Optional[str] = None, log_dir: Optional[Union[str, Path]] = None,
-                 start_timeout: float = 120.0) -> None:
+                 start_timeout: float = 120.0, cpu: Optional[float] = None,
+                 cpu_limits: Optional[Mapping[str, Optional[float]]] = None) -> None:
         if not isinstance(workers, int) or workers < 1:
             raise ValueError(f"Expect workers >= 1, got {workers!r}")
         if not isinstance(cores_per_worker, int) or cores_per_worker < 1:
@@ -138,6 +148,17 @@ class SimulatedCluster:
         for value in rates.values():
             if value is not None:
                 netns.rate_bits_per_second(value)  # raises with the bad value
+        cpus = {name: (None if name == "driver" else cpu) for name in names}
+        for name, value in dict(cpu_limits or {}).items():
+            if name not in cpus:
+                raise ValueError(f"Expect cpu_limits keys among {names}, got {name!r}")
+            cpus[name] = value
+        for value in cpus.values():
+            if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                          and value > 0):
+                raise ValueError(f"Expect a host's CPU limit as a number of cores > 0 (or None), got {value!r}")
+        self._cpus = cpus
+        self._cgroups: Dict[str, HostCgroup] = {}
         self.workers, self.cores_per_worker, self.memory = workers, cores_per_worker, str(memory)
         self.burst, self.latency, self.spark, self.start_timeout = burst, latency, spark, start_timeout
         self.python = python or sys.executable
@@ -188,6 +209,10 @@ class SimulatedCluster:
         self._started = True
         began = time.monotonic()
         netns.reap_stale()
+        reap_stale_cgroups(processes.alive)
+        if any(v is not None for v in self._cpus.values()) and cgroup_root() is None:
+            raise RuntimeError("Expect a writable cgroup cpu controller to limit hosts' CPU (cpu=/cpu_limits=), "
+                               "found none")
         safety.register(self)
         try:
             self._start_hosts()
@@ -211,6 +236,11 @@ class SimulatedCluster:
         self._hub = f"{self.id}-hub"
         self._created.append(self._hub)
         netns.create_hub(self._hub)
+        if cgroup_root() is not None:  # limits can be set later (limit_cpu), so every host gets its cgroup
+            for name in self._names:
+                group = HostCgroup(f"{self.id}-{name}")
+                self._cgroups[name] = group.create()
+                group.limit(self._cpus[name])
         addresses = self.subnet.hosts()
         for name in self._names:
             link = HostLink(name=name, netns=f"{self.id}-{name}", ip=str(next(addresses)),
@@ -331,6 +361,11 @@ class SimulatedCluster:
                 proc = subprocess.run(["ip", "netns", "del", name], capture_output=True, text=True)
                 if proc.returncode != 0 and name in netns.list_netns():
                     failed.append(f"{name}: {proc.stderr.strip()}")
+            for group in self._cgroups.values():
+                try:
+                    group.remove()
+                except RuntimeError as exc:
+                    failed.append(str(exc))
             remaining = sorted(set(netns.list_netns()) & set(self._created))
             if left or failed or remaining:
                 raise RuntimeError(f"tearing down {self.id}: expected no process and no namespace left, got "
@@ -429,8 +464,10 @@ class SimulatedCluster:
         link = self._link(host)
         full_env = self.host_env(link.name)
         full_env.update(env or {})
+        group = self._cgroups.get(link.name)
         proc = subprocess.Popen(link.enter([str(a) for a in argv], cwd), env=full_env,
-                                start_new_session=True, **popen_kwargs)
+                                start_new_session=True, preexec_fn=group.join if group is not None else None,
+                                **popen_kwargs)
         self._spawned.append(proc)
         return proc
 
@@ -478,6 +515,19 @@ class SimulatedCluster:
         """``{host name: {"tx": bytes, "rx": bytes}}`` from the kernel counters
         of each host's ``eth0`` (``/sys/class/net/eth0/statistics``)."""
         return {name: self._link(name).interface_bytes() for name in self._links}
+
+    def limit_cpu(self, host: HostRef, cores: Optional[float]) -> None:
+        """Limit ``host``'s processes together to ``cores`` cores (None: no
+        limit), now, through its cpu cgroup."""
+        link = self._link(host)
+        if link.name not in self._cgroups:
+            raise RuntimeError("Expect a writable cgroup cpu controller to limit a host's CPU, found none")
+        self._cgroups[link.name].limit(cores)
+        self._cpus[link.name] = cores
+
+    def cpu_limits(self) -> Dict[str, Optional[float]]:
+        """Each host's CPU limit in cores (None: unlimited)."""
+        return dict(self._cpus)
 
     def kill_python_worker(self, host: HostRef, *, sig: int = signal.SIGKILL, every: bool = False) -> List[int]:
         """Kill one PySpark Python worker process on ``host`` (all with

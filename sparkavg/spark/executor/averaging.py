@@ -1,6 +1,7 @@
 """Executor side of parameter averaging: one task per worker per round."""
 from __future__ import annotations
 
+import time
 from typing import Iterator, Optional
 
 import numpy as np
@@ -24,10 +25,14 @@ class RoundResult(Record):
     ``params``, ``state`` (the updater's) and ``buffers`` hold ``weight *
     value``; the driver divides the aggregated sums by the aggregated ``weight``.  ``devices`` lists each
     worker's :meth:`~sparkavg.spark.executor.device.DeviceChoice.to_plain`.
+    ``speeds`` lists each worker's ``[partition, examples, fit_seconds,
+    task_seconds]``: the examples it fitted, the wall time from its first
+    minibatch's wait to its last step, and from the task's start to its
+    result (what the runner's shares by speed are cut from).
     """
 
     __slots__ = ("weight", "params", "state", "buffers", "loss_sum", "examples", "batches", "max_iterations",
-                 "stats", "devices")
+                 "stats", "devices", "speeds")
 
 
 @failure_aware
@@ -46,6 +51,7 @@ def combine_results(a, b):
     a.max_iterations = max(a.max_iterations, b.max_iterations)
     a.stats = a.stats + b.stats
     a.devices = a.devices + b.devices
+    a.speeds = a.speeds + b.speeds
     return a
 
 
@@ -85,6 +91,7 @@ def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: b
             yield result
 
     def _fit_shard(items, partition) -> Optional[RoundResult]:
+        task_began = time.perf_counter()
         rec = PhaseRecorder(task_lane(partition))
         with rec.phase(Phase.FETCH):
             state = shipped.value
@@ -94,14 +101,19 @@ def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: b
             load_state(net, state, save_updater)  # host -> device for a GPU network
         start_iteration = net.iteration
         losses, examples, batches = LossSum(), 0, 0
+        delay = hooks.minibatch_delay(partition) if hooks is not None else 0.0
+        began = time.perf_counter()
         for x, y in recorded_minibatches(items, prefetch, rec):
             with rec.phase(Phase.FIT):
                 losses.add(net.fit_batch(x, y, sync=False), len(y))  # a GPU step does not wait for the device
+                if delay:
+                    time.sleep(delay)
             examples += len(y)  # x may be a dict of inputs by name
             batches += 1
         if examples == 0:
             return None
-        loss_sum = losses.value()
+        loss_sum = losses.value()  # (a GPU step's loss: the wait for the device ends the fitting time)
+        seconds = time.perf_counter() - began
         check_finite(net, loss_sum, f"worker {partition}, round {round_no}")
         weight = 1.0 if uniform else float(examples)
         params = host_copy(net.params)  # the round's one device -> host copy (GPU)
@@ -116,6 +128,7 @@ def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: b
             ops.scale(buffers, weight)
         return RoundResult(weight, params, updater_state, buffers, loss_sum, examples, batches,
                            net.iteration - start_iteration, [rec.to_payload()] if collect_stats else [],
-                           [choice.to_plain(partition)])
+                           [choice.to_plain(partition)],
+                           [[int(partition), int(examples), float(seconds), float(time.perf_counter() - task_began)]])
 
     return run

@@ -28,6 +28,7 @@ from ... import ops
 from ...backend import to_cpu
 from ..errors import raise_failures
 from ..executor.averaging import combine_results, make_round_task
+from ..deal import share_choice
 from ..masters import ParameterAveraging, Weighting
 from . import runs
 from .base import EpochRunner, Merged, network_state, set_state
@@ -89,6 +90,13 @@ class AveragingRunner(EpochRunner):
         self._epoch: Optional[int] = None  # the running epoch
         self._bm_on = False  # block momentum applies in the running epoch
         self._bm_recorded = None  # (stats id, on) last recorded
+        # worker -> [examples, fit seconds, fixed seconds, tasks] since the last plan (worker_shares)
+        self._speed_log: dict = {}
+        # [(examples/s, seconds measured, fixed seconds per task) or None] per worker, for the next plan
+        self._speeds: Optional[list] = None
+        self._shares = None  # (stats, key) of the last recorded worker_shares decision
+        self._weights: Optional[list] = None  # the running epoch's shares (None: equal)
+        self._rounds_run = 0  # rounds this runner ran (the first is not a speed)
 
     # ------------------------------------------------------------ frequency
     def minibatches_per_round(self, prepared, workers, network, epoch, stats) -> int:
@@ -168,7 +176,47 @@ class AveragingRunner(EpochRunner):
         return round_costs(measured[-1:], f"probe round {len(measured)} of {PROBE_MINIBATCHES} minibatches "
                                           f"before epoch {epoch + 1}")
 
+    # ------------------------------------------------------ worker shares
+    def plan_weights(self, prepared, workers, local, epoch, stats, per_round=None):
+        """Shares by measured speed (:func:`~sparkavg.spark.deal.share_choice`),
+        from the rounds since the last plan (the probe rounds before the
+        first epoch); recorded (decision ``worker_shares``) when it changes."""
+        self._take_speeds()
+        entries = self._speeds if self._speeds is not None and len(self._speeds) == workers else [None] * workers
+        speeds = [None if e is None else e[0] for e in entries]
+        measured = [0.0 if e is None else e[1] for e in entries]
+        fixed = None if any(e is None for e in entries) else [e[2] for e in entries]
+        examples = sum(prepared.sizes) / max(len(prepared.sizes), 1) * (per_round or 0) * workers
+        weights, reason = share_choice(speeds, local, self.master.worker_shares == "auto", measured, fixed,
+                                       examples or None)
+        key = (None if weights is None else tuple(round(w / sum(weights), 2) for w in weights), reason.split(":")[0])
+        if self._shares is None or self._shares[0] is not stats or self._shares[1] != key:
+            self._shares = (stats, key)
+            value = "equal" if weights is None else "by speed"
+            stats.decision("worker_shares", value, reason, epoch=epoch)
+            logger.info("epoch %d: worker shares %s: %s", epoch + 1, value, reason)
+        self._weights = weights
+        return weights
+
+    def _take_speeds(self) -> None:
+        """Fold the rounds logged since the last plan into ``_speeds``."""
+        if self._speed_log:
+            size, log = max(self._speed_log) + 1, self._speed_log
+            self._speeds = [None if w not in log or log[w][1] <= 0 else
+                            (log[w][0] / log[w][1], log[w][1], log[w][2] / max(log[w][3], 1)) for w in range(size)]
+            self._speed_log = {}
+
+    def _log_speeds(self, result, workers: int) -> None:
+        for partition, examples, seconds, task_seconds in getattr(result, "speeds", None) or ():
+            entry = self._speed_log.setdefault(int(partition) % workers, [0, 0.0, 0.0, 0])
+            entry[0] += examples
+            entry[1] += seconds
+            entry[2] += max(0.0, task_seconds - seconds)  # what the task costs besides fitting
+            entry[3] += 1
+
     def epoch_done(self, summary, stats) -> None:
+        weights = self._weights
+        summary["worker_shares"] = None if weights is None else [round(w / sum(weights), 4) for w in weights]
         summary["averaging_frequency"] = self._frequency
         if self.master.auto_frequency:
             epoch = self._epoch
@@ -196,7 +244,11 @@ class AveragingRunner(EpochRunner):
         task = make_round_task(config_json, shipped, round_no=r + 1, save_updater=m.save_updater,
                                uniform=m.weighting is Weighting.UNIFORM, collect_stats=m.collect_stats,
                                prefetch=m.data.prefetch_depth, device=m.device.value, hooks=self.seam.test_hooks())
-        return self.seam.aggregate_round(plan, r, task, combine_results, m.aggregation_depth, what)
+        result = self.seam.aggregate_round(plan, r, task, combine_results, m.aggregation_depth, what)
+        if self._rounds_run:  # the runner's first round warms the workers up: not a speed
+            self._log_speeds(result, plan.workers)
+        self._rounds_run += 1
+        return result
 
     def launch(self, plan, r, config_json, shipped, epoch, stats):
         return self._run_round(plan, r, config_json, shipped, f"averaging round {r + 1} of epoch {epoch + 1}")
@@ -228,16 +280,25 @@ class AveragingRunner(EpochRunner):
             state["block_momentum_delta"] = self._delta.copy()
         if self._costs is not None:
             state.update({f"round_costs_{k}": v for k, v in self._costs.to_plain().items()})
+        self._take_speeds()  # what the next epoch's shares are cut from, so a resume cuts the same
+        if self._speeds is not None:
+            state["worker_speeds"] = np.asarray([(np.nan, 0.0, 0.0) if e is None else e for e in self._speeds],
+                                                dtype=np.float64)
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        unknown = set(state) - {"block_momentum_delta"} - {f"round_costs_{k}" for k in
+        unknown = set(state) - {"block_momentum_delta", "worker_speeds"} - {f"round_costs_{k}" for k in
                                                            ("overhead", "iteration", "rounds", "source")}
         if unknown:
             raise ValueError(f"Expect averaging runner state (block_momentum_delta, round_costs_*), "
                              f"got unknown keys {sorted(unknown)}")
         delta = state.get("block_momentum_delta")
         self._delta = None if delta is None else np.array(delta, dtype=np.float32)
+        speeds = state.get("worker_speeds")
+        rows = [] if speeds is None else np.asarray(speeds, dtype=np.float64).reshape(-1, 3)
+        self._speeds = None if speeds is None else [
+            None if not np.isfinite(v) else (float(v), float(t), float(a)) for v, t, a in rows]
+        self._speed_log = {}
         if "round_costs_overhead" in state:
             self._costs = RoundCosts.from_plain({k: np.asarray(state[f"round_costs_{k}"]).item()
                                                  for k in ("overhead", "iteration", "rounds", "source")})

@@ -130,6 +130,12 @@ class EpochRunner(abc.ABC):
     def epoch_done(self, summary: dict, stats) -> None:
         """Called once the epoch's rounds are merged (default: nothing)."""
 
+    def plan_weights(self, prepared: PreparedData, workers: int, local: bool, epoch: int, stats, per_round=None):
+        """Each worker's share of the epoch's minibatches, or None for equal
+        shares (the default; see :func:`~sparkavg.spark.deal.deal_epoch`);
+        ``per_round``: the epoch's minibatches per worker per round."""
+        return None
+
     def state_dict(self) -> dict:
         """What the runner carries from epoch to epoch besides the network
         (e.g. a block velocity), for checkpoints: names to numpy arrays or
@@ -211,8 +217,10 @@ class EpochRunner(abc.ABC):
         per_round = self.minibatches_per_round(prepared, workers, network, epoch, stats)
         seed = None if m.data.repartition is Repartition.NEVER else m.seed + epoch
         with stats.timed(Phase.PLAN, epoch=epoch):
-            plan = self.seam.plan(prepared, workers, per_round, seed,
-                                  local=self.deals_locally(prepared, workers, epoch, stats))
+            local = self.deals_locally(prepared, workers, epoch, stats)
+            weights = self.plan_weights(prepared, workers, local, epoch, stats, per_round)
+            plan = self.seam.plan(prepared, workers, per_round, seed, local=local,
+                                  **({"weights": weights} if weights is not None else {}))
         rounds = len(plan.rounds)
         progress = Progress(f"epoch {epoch + 1} {self.round_name}s", rounds, quiet=self.events.shows_progress)
         config_json = network.to_json()

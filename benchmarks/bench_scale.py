@@ -1,0 +1,328 @@
+#!/usr/bin/env python
+"""Past three hosts (issue 26): both masters on 2, 4 and 8 simulated hosts,
+a straggler, and the numbers the cost model (benchmarks/cost_model.py) is
+calibrated from.
+
+Hosts are :class:`tests.harness.SimulatedCluster` (each its own network
+and mount namespace, 1 Spark core).  On a 2-core machine 8 hosts share 2
+cores, so a host's speed is made well defined with a CPU quota: every
+worker host's processes together (Worker, executor JVM, Python workers)
+get ``--cpu`` cores (default 0.2: 8 hosts = 1.6 cores, the rest left to
+the driver host, which is not limited) through a cpu cgroup per host.
+"Half speed" is a quota of half that (``--cpu / 2``) on the last worker
+host; it is set just before a fit starts and lifted after it (the JVMs
+start at full speed).
+
+Per run one cluster of ``--hosts`` hosts and one driver program fit LeNet
+on the first ``--limit-train`` Fashion-MNIST examples (read by the
+executors from the IDX files, as from a distributed store), batch 32 per
+worker, ``--epochs`` epochs, then test on the 10k test set:
+
+* ``scale`` runs: parameter averaging at its defaults (frequency "auto",
+  block momentum, Spark blocks), gradient sharing with ``PLAIN`` and with
+  ``MESH`` (``AdaptiveThreshold(1e-2)``);
+* ``straggler`` runs: averaging with no slow host, with one at half speed
+  and ``worker_shares="equal"`` (no tolerance), and with one at half speed
+  and ``worker_shares="auto"`` (the default: shares by measured speed);
+  gradient sharing (PLAIN) with no slow host and with one at half speed.
+
+Bytes per rank on the wire come from each host's ``eth0`` kernel counters
+(``/sys/class/net/eth0/statistics``, read around each fit; UDP apart from
+the rest, Spark's TCP, by bench_cluster's counting qdisc), beside
+sparkavg's own ``bytes_sent`` (sharing) and the state a round ships
+(averaging: state out and weighted state back per worker per round).
+
+Needs root.  Prints JSON (``--out`` writes it)::
+
+    python benchmarks/bench_scale.py --hosts 8 --runs scale --out benchmarks/results/scale_h8.json
+    python benchmarks/bench_scale.py --hosts 8 --runs straggler --out benchmarks/results/straggler_h8.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(1, REPO)  # tests.harness
+
+from report import emit  # noqa: E402
+
+BATCH = 32
+PROBE_ROUNDS = 2  # sparkavg.spark.runners.averaging.PROBE_ROUNDS
+SEED = 123
+THRESHOLD = 1e-2
+
+RUNS = {
+    "scale": [{"name": "averaging", "master": "averaging"},
+              {"name": "sharing_plain", "master": "sharing", "topology": "plain"},
+              {"name": "sharing_mesh", "master": "sharing", "topology": "mesh"}],
+    "straggler": [{"name": "averaging_even", "master": "averaging"},
+                  {"name": "averaging_slow_equal", "master": "averaging", "slow": True, "worker_shares": "equal"},
+                  {"name": "averaging_slow_auto", "master": "averaging", "slow": True, "worker_shares": "auto"},
+                  {"name": "sharing_even", "master": "sharing", "topology": "plain"},
+                  {"name": "sharing_slow", "master": "sharing", "topology": "plain", "slow": True}],
+}
+
+
+# -- the driver program (inside the cluster's driver host) -----------------------------------
+
+def job(args) -> None:
+    import numpy as np
+    from pyspark.sql import SparkSession
+
+    from bench_cluster import executor_loaded_rdd
+    from sparkavg.data.mnist import load_mnist
+    from sparkavg.nn.zoo import lenet
+    from sparkavg.spark import (AdaptiveThreshold, GradientSharing, ParameterAveraging, SparkTrainer, Topology,
+                                recommended_conf)
+
+    def say(event: dict) -> None:
+        print(json.dumps(event), flush=True)
+        if sys.stdin.readline().strip() != "go":
+            raise SystemExit("the benchmark went away")
+
+    conf = json.loads(args.conf)
+    builder = SparkSession.builder.appName("bench-scale").config("spark.driver.memory", "2g")
+    for key, value in {**recommended_conf(conf["spark.master"]), **conf}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    hosts = args.hosts
+    try:
+        xt, yt = load_mnist(args.data_dir, "test", limit=args.limit_test)
+        rdd = executor_loaded_rdd(spark.sparkContext, args.data_dir, args.limit_train, slices=hosts)
+        for spec in json.loads(args.fits):
+            if spec["master"] == "averaging":
+                master = ParameterAveraging(batch_size_per_worker=BATCH, workers=hosts, seed=SEED,
+                                            worker_shares=spec.get("worker_shares", "auto"))
+            else:
+                master = GradientSharing(threshold=AdaptiveThreshold(initial=THRESHOLD), batch_size_per_worker=BATCH,
+                                         workers=hosts, seed=SEED, network_mask=args.network_mask,
+                                         topology=Topology(spec.get("topology", "plain")))
+            net = lenet(num_classes=10, seed=SEED)
+            trainer = SparkTrainer(spark, net, master)
+            say({"event": "ready", "spec": spec})
+            began = time.perf_counter()
+            trainer.fit(rdd, epochs=args.epochs)
+            fit_seconds = time.perf_counter() - began
+            trainer.close()
+            say({"event": "fitted", "spec": spec})  # the benchmark reads the counters, lifts the quota
+            out = np.argmax(np.concatenate([net.output(xt[i:i + 1000]) for i in range(0, len(xt), 1000)]), axis=1)
+            stats = trainer.stats
+            say({"event": "done", "spec": spec, "fit_seconds": fit_seconds, "history": [
+                    {k: h[k] for k in ("epoch", "seconds", "examples", "rounds", "averaging_frequency",
+                                       "worker_shares", "replica_max_abs_diff") if k in h} for h in trainer.history],
+                 "accuracy": float(np.mean(out == yt)),
+                 "counters": {k: float(v) for k, v in stats.counters.items()},
+                 "phase_totals": stats.phase_totals(), "compute_seconds": stats.compute_seconds,
+                 "decisions": [d for d in stats.decisions if d["name"] in ("worker_shares", "averaging_frequency",
+                                                                          "deal")],
+                 "state_bytes": int(4 * (net.num_params + net.updater_state.size)), "num_params": int(net.num_params),
+                 "lane_hosts": sorted({lane.split("/")[0] for lane in stats.lanes if "/" in lane})})
+    finally:
+        spark.stop()
+
+
+# -- the benchmark (root namespace) -------------------------------------------------------------
+
+def _delta(after: dict, before: dict) -> dict:
+    return {h: {k: after[h][k] - before[h][k] for k in after[h]} for h in after}
+
+
+def summarise(done: dict, wire: dict, worker_names) -> dict:
+    h = done["history"]
+    workers = len(worker_names)
+    per_rank = [wire[n]["tx"] + wire[n]["rx"] for n in worker_names]
+    c = done["counters"]
+    out = {"spec": done["spec"], "epoch_seconds": [e["seconds"] for e in h], "fit_seconds": done["fit_seconds"],
+           "examples": [e["examples"] for e in h], "accuracy": done["accuracy"],
+           "wire": wire, "wire_bytes_per_rank_mean": sum(per_rank) / workers,
+           "wire_bytes_per_rank_max": max(per_rank), "wire_bytes_driver": wire["driver"]["tx"] + wire["driver"]["rx"],
+           "decisions": done["decisions"], "lane_hosts": done["lane_hosts"], "state_bytes": done["state_bytes"],
+           "num_params": done["num_params"], "compute_seconds": done["compute_seconds"],
+           "minibatches": c.get("minibatches"),
+           "fit_phase": done["phase_totals"].get("fit")}
+    if done["spec"]["master"] == "averaging":
+        out["rounds"] = [e.get("rounds") for e in h]
+        out["averaging_frequency"] = [e.get("averaging_frequency") for e in h]
+        out["worker_shares"] = [e.get("worker_shares") for e in h]
+        # sparkavg's own view: the state shipped out and the weighted state back, per worker per round
+        # (the probe rounds before the first epoch included).
+        probes = PROBE_ROUNDS if any(d["name"] == "averaging_frequency" for d in done["decisions"]) else 0
+        out["sparkavg_bytes_per_rank"] = (sum(e.get("rounds") or 0 for e in h) + probes) * 2 * done["state_bytes"]
+        out["wire_other_bytes_per_rank_mean"] = sum(wire[n]["other_tx"] + 0 for n in worker_names) / workers
+    else:
+        out["sparkavg_bytes_per_rank"] = c.get("bytes_sent", 0.0) / workers  # sent; a rank receives as much
+        out["wire_udp_tx_per_rank_mean"] = sum(wire[n]["udp_tx"] for n in worker_names) / workers
+        out["wire_udp_tx_per_rank_max"] = max(wire[n]["udp_tx"] for n in worker_names)
+        out["sparkavg"] = {k: c.get(k, 0.0) for k in ("bytes_sent", "datagrams_sent", "datagrams_retransmitted",
+                                                        "messages_sent", "messages_received")}
+        out["replica_max_abs_diff"] = max(e.get("replica_max_abs_diff", 0.0) for e in h)
+    return out
+
+
+def run(args) -> dict:
+    from bench_cluster import install_counters, read_counters
+    from tests.harness import SimulatedCluster
+
+    fits = RUNS[args.runs]
+    slow_host = f"worker{args.hosts - 1}"
+    started = time.monotonic()
+    result = {"hosts": args.hosts, "cpu_per_host": args.cpu, "slow_host": slow_host, "slow_cpu": args.cpu / 2,
+              "fits": {}}
+    with SimulatedCluster(workers=args.hosts, cores_per_worker=1, memory="1g", rate=args.rate) as cluster:
+        install_counters(cluster)
+        conf = {**cluster.spark_conf(), "spark.executor.memory": "600m", "spark.ui.enabled": "false",
+                "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
+        argv = [sys.executable, os.path.abspath(__file__), "--job", "--conf", json.dumps(conf), "--data-dir",
+                args.data_dir, "--epochs", str(args.epochs), "--limit-test", str(args.limit_test), "--limit-train",
+                str(args.limit_train), "--hosts", str(args.hosts), "--network-mask", str(cluster.subnet),
+                "--fits", json.dumps(fits)]
+        result["cluster_start_seconds"] = time.monotonic() - started
+        log_path = os.path.join(cluster.log_dir, "driver-program.log")
+        stderr = open(log_path, "w")
+        driver = cluster.spawn("driver", argv, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=stderr, text=True)
+        worker_names = [h.name for h in cluster.hosts]
+        try:
+            before = wire = None
+            while True:
+                line = driver.stdout.readline()
+                if not line:
+                    break
+                if not line.startswith("{"):
+                    continue
+                event = json.loads(line)
+                spec = event["spec"]
+                if event["event"] == "ready":
+                    for name in worker_names:
+                        cluster.limit_cpu(name, args.cpu / 2 if spec.get("slow") and name == slow_host else args.cpu)
+                    before = read_counters(cluster)
+                elif event["event"] == "fitted":
+                    wire = _delta(read_counters(cluster), before)
+                    for name in worker_names:
+                        cluster.limit_cpu(name, None)
+                elif event["event"] == "done":
+                    result["fits"][spec["name"]] = summarise(event, wire, worker_names)
+                    print(json.dumps({spec["name"]: result["fits"][spec["name"]]["epoch_seconds"]}), file=sys.stderr,
+                          flush=True)
+                driver.stdin.write("go\n")
+                driver.stdin.flush()
+            code = driver.wait(60)
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+            stderr.close()
+        if code != 0 or len(result["fits"]) != len(fits):
+            raise RuntimeError(f"the driver program exited with {code}:\n{open(log_path).read()[-6000:]}")
+        result["worker_ips"] = [h.ip for h in cluster.hosts]
+    return result
+
+
+def markdown(scale_files, straggler_file=None, model_file=None) -> str:
+    """The RESULTS.md tables: epoch time and bytes per rank per host count, the straggler, the model."""
+    mb = lambda b: f"{b / 1e6:.1f}"  # noqa: E731
+    runs = sorted((json.load(open(f)) for f in scale_files), key=lambda r: r["hosts"])
+    rows = ["| hosts | strategy | epoch s (1st, 2nd) | test acc. | wire MB per rank: mean / max (tx+rx, eth0) | "
+            "UDP tx MB per rank (kernel) | sparkavg MB per rank | driver wire MB | F / rounds |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        for name, f in r["fits"].items():
+            udp = mb(f["wire_udp_tx_per_rank_mean"]) if "wire_udp_tx_per_rank_mean" in f else "-"
+            fr = (f"{f['averaging_frequency'][-1]} / {f['rounds'][-1]}" if "rounds" in f else "-")
+            rows.append(f"| {r['hosts']} | {name} | {', '.join(f'{x:.1f}' for x in f['epoch_seconds'])} | "
+                        f"{f['accuracy']:.4f} | {mb(f['wire_bytes_per_rank_mean'])} / "
+                        f"{mb(f['wire_bytes_per_rank_max'])} | "
+                        f"{udp} | {mb(f['sparkavg_bytes_per_rank'])} | {mb(f['wire_bytes_driver'])} | {fr} |")
+    out = "\n".join(rows) + "\n"
+    if straggler_file:
+        st = json.load(open(straggler_file))
+        fits = st["fits"]
+        bases = {"averaging": fits["averaging_even"], "sharing": fits.get("sharing_even")}
+        rows = ["", "| fit | slow host | worker_shares | epoch s (1st, 2nd) | vs no slow host (2nd epoch) | "
+                    "test acc. | vs no slow host (points) | shares of the last epoch |",
+                "|---|---|---|---|---|---|---|---|"]
+        for name, f in fits.items():
+            spec = f["spec"]
+            base = bases[spec["master"]] or bases["averaging"]
+            shares = f.get("worker_shares", [None])[-1]
+            slow = f"{st['slow_host']} at {st['slow_cpu']} core" if spec.get("slow") else "-"
+            rows.append(f"| {name} | {slow} | "
+                        f"{spec.get('worker_shares', 'auto') if spec['master'] == 'averaging' else '(sharing)'} | "
+                        f"{', '.join(f'{x:.1f}' for x in f['epoch_seconds'])} | "
+                        f"{f['epoch_seconds'][-1] / base['epoch_seconds'][-1]:.2f} | {f['accuracy']:.4f} | "
+                        f"{100 * (f['accuracy'] - base['accuracy']):+.2f} | "
+                        f"{'-' if not shares else ', '.join(f'{x:.3f}' for x in shares)} |")
+        out += "\n".join(rows) + "\n"
+    if model_file:
+        m = json.load(open(model_file))
+        rows = ["", "| strategy | calibrated overheads | error at 2 / 4 / 8 hosts | leave-one-out error |",
+                "|---|---|---|---|"]
+        for s_, c in m["calibrated"].items():
+            o = {k: round(v, 4) for k, v in c["overheads"].items() if v}
+            pct = lambda es: " / ".join(f"{100 * e['error']:+.1f}%" for e in es)  # noqa: E731
+            rows.append(f"| {s_} | {o} | {pct(c['points'])} | {pct(c['leave_one_out'])} |")
+        out += "\n".join(rows) + "\n"
+        for rate, by in m["predictions"].items():
+            rows = ["", f"Predicted at {rate}/s ({m['examples_per_worker']} examples per worker): epoch s "
+                        "(efficiency = examples/s over workers x one worker's compute-only rate)", "",
+                    "| workers | " + " | ".join(by) + " |", "|---|" + "---|" * len(by)]
+            for n in sorted(next(iter(by.values())), key=int):
+                cells = [f"{by[s_][n]['seconds']:.1f} ({100 * by[s_][n]['efficiency']:.0f}%)" for s_ in by]
+                rows.append(f"| {n} | " + " | ".join(cells) + " |")
+            out += "\n".join(rows) + "\n"
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hosts", type=int, default=8)
+    p.add_argument("--runs", choices=sorted(RUNS), default="scale")
+    p.add_argument("--cpu", type=float, default=0.2, help="cores per worker host (its cgroup quota)")
+    p.add_argument("--rate", default=None, help="tc rate of every link (default: unshaped)")
+    p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
+    p.add_argument("--limit-train", type=int, default=8192)
+    p.add_argument("--limit-test", type=int, default=10000)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--out", default=None)
+    p.add_argument("--table", nargs="+", default=None, metavar="JSON",
+                   help="only print the RESULTS.md tables of these scale_scale_h*.json files (with --straggler, "
+                        "--model)")
+    p.add_argument("--straggler", default=None)
+    p.add_argument("--model", default=None)
+    p.add_argument("--job", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--conf", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--network-mask", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--fits", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.job:
+        return job(args)
+    if args.table:
+        print(markdown(args.table, args.straggler, args.model))
+        return None
+    from tests.harness import SimulatedCluster
+
+    ok, reason = SimulatedCluster.available()
+    if not ok:
+        raise SystemExit(f"bench_scale needs simulated hosts: {reason}")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip()
+    load = os.getloadavg()
+    result = {"benchmark": "scale", "commit": commit, "cpus": os.cpu_count(), "hostname": socket.gethostname(),
+              "load_before": load, "examples": args.limit_train, "epochs": args.epochs, "batch_size_per_worker": BATCH,
+              "runs": args.runs, "rate": args.rate or "unshaped", "model": "LeNet (431,080 params, Adam)",
+              "threshold": f"AdaptiveThreshold(initial={THRESHOLD})"}
+    result.update(run(args))
+    result["load_after"] = os.getloadavg()
+    return emit(result, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""benchmarks/cost_model.py (issue 26): the epoch model's parts and its calibration, pure Python."""
+import math
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+
+from cost_model import (Link, Overheads, Workload, averaging_epoch, auto_frequency, calibrate,  # noqa: E402
+                        mesh_sends, sharing_epoch)
+
+W = Workload(examples=8192, batch=32, step_s=0.04, state_bytes=5.2e6, message_bytes=33e3)
+FAST = Link(1e12, 0.0)
+
+
+def test_mesh_sends_counts_the_busiest_relay():
+    # 3 ranks: root with 2 children; it sends its own to 2 and relays each child's to the other: 4.
+    assert mesh_sends(3) == 2 + 2 * 1
+    assert mesh_sends(9) == 8 + 8 * 7          # the root has 8 children
+    assert mesh_sends(10) == 8 + 9 * 7         # the root (8 children) stays the busiest
+    assert mesh_sends(256) == 9 + 255 * 8      # interior ranks: parent + 8 children
+    assert mesh_sends(1) == 0
+
+
+def test_auto_frequency_keeps_the_overhead_at_the_target():
+    f = auto_frequency(0.1, 0.01, per_worker=10_000)
+    assert 0.1 / (0.1 + f * 0.01) <= 0.0305 and f < 400  # evening the rounds may cost a minibatch
+    assert auto_frequency(0.3, 0.01, per_worker=50) == 50  # one round when the shard is small
+    assert auto_frequency(100.0, 0.01, per_worker=10_000) <= 400
+
+
+def test_averaging_pays_every_result_through_the_driver_unless_tree_aggregated():
+    link = Link(10e9, 0.0)
+    blocks = averaging_epoch(256, W, link, Overheads(), frequency=1)
+    tree = averaging_epoch(256, W, link, Overheads(), frequency=1, depth=2)
+    assert blocks["round_overhead_s"] == pytest.approx((5.2e6 + 256 * 5.2e6) / (10e9 / 8), rel=1e-6)
+    assert tree["round_overhead_s"] < blocks["round_overhead_s"] / 5
+
+
+def test_plain_and_mesh_receive_alike_and_mesh_relays_send_more():
+    link = Link(1e9)
+    plain, mesh = sharing_epoch(64, W, link, Overheads(), "plain"), sharing_epoch(64, W, link, Overheads(), "mesh")
+    assert plain["bytes_per_rank_mean"] == mesh["bytes_per_rank_mean"]
+    assert mesh["bytes_per_rank_max"] > 4 * plain["bytes_per_rank_max"]
+
+
+def test_calibration_recovers_known_overheads_within_its_error():
+    truth = {"averaging": Overheads(round_s=0.8, task_s=0.05), "sharing_plain": Overheads(stage_s=2.0, apply_s=0.002)}
+    results = []
+    for hosts in (2, 4, 8):
+        per = math.ceil(W.examples / (hosts * W.batch))
+        fits = {"averaging": {"epoch_seconds": [averaging_epoch(hosts, W, FAST, truth["averaging"], frequency=per)
+                                                ["seconds"]], "examples": [W.examples], "fit_phase": {"mean": W.step_s},
+                              "state_bytes": W.state_bytes, "averaging_frequency": [per], "rounds": [1]}}
+        for s in ("sharing_plain", "sharing_mesh"):
+            fits[s] = {"epoch_seconds": [sharing_epoch(hosts, W, FAST, truth["sharing_plain"], s[8:])["seconds"]],
+                       "examples": [W.examples], "state_bytes": W.state_bytes, "fit_phase": {"mean": W.step_s},
+                       "sparkavg": {"bytes_sent": W.message_bytes * per * hosts * (hosts - 1),
+                                    "messages_sent": per * hosts, "messages_received": per * hosts * (hosts - 1)}}
+        results.append({"hosts": hosts, "batch_size_per_worker": W.batch, "fits": fits})
+    cal = calibrate(results, FAST)
+    assert cal["averaging"]["overheads"]["round_s"] == pytest.approx(0.8, rel=1e-6)
+    assert cal["averaging"]["overheads"]["task_s"] == pytest.approx(0.05, rel=1e-6)
+    assert cal["sharing_plain"]["overheads"]["apply_s"] == pytest.approx(0.002, rel=1e-6)
+    assert all(c["max_abs_error"] < 1e-6 for c in cal.values())

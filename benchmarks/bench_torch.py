@@ -370,6 +370,9 @@ def model_section(spark, name, args) -> dict:
                                                seed=args.seed),
                "sharing": GradientSharing(batch_size_per_worker=args.batch_size, workers=args.workers,
                                           seed=args.seed, threshold=AdaptiveThreshold(initial=1e-2))}
+    for f in args.model_frequencies:  # diagnostics: averaging at fixed frequencies
+        masters[f"averaging_f{f}"] = ParameterAveraging(batch_size_per_worker=args.batch_size, workers=args.workers,
+                                                        seed=args.seed, averaging_frequency=f)
     for master_name, master in masters.items():
         model = TorchModel(factory, updater=Adam(lr=LR), input_shape=(1, 28, 28), seed=args.seed)
         trainer = SparkTrainer(spark, model, master)
@@ -378,9 +381,9 @@ def model_section(spark, name, args) -> dict:
         h, c = trainer.history, trainer.stats.counters
         run = {"master": master.to_config(), "accuracy": [e["accuracy"] for e in h],
                "epoch_seconds": [e["seconds"] for e in h]}
-        if master_name == "averaging":
+        if master_name.startswith("averaging"):
             run["averaging_frequency"] = [e.get("averaging_frequency") for e in h]
-        else:
+        if master_name == "sharing":
             run.update(compression_ratio=c["dense_bytes_equivalent"] / c["bytes_sent"],
                        replica_max_abs_diff=max(e["replica_max_abs_diff"] for e in h))
         out[master_name] = run
@@ -406,11 +409,14 @@ def main(argv=None):
     p.add_argument("--overhead-steps", type=int, default=200)
     p.add_argument("--model-limit-train", type=int, default=12000, help="training examples of resnet and lstm")
     p.add_argument("--model-epochs", type=int, default=2, help="epochs of resnet and lstm")
+    p.add_argument("--model-frequencies", default="",
+                   help="resnet and lstm: also averaging at these fixed frequencies (comma-separated; diagnostics)")
     p.add_argument("--seed", type=int, default=123)
     p.add_argument("--out", default=None)
     p.add_argument("--single-process", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--part", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    args.model_frequencies = [int(f) for f in args.model_frequencies.split(",") if f]
     if args.single_process:
         print(json.dumps(_single_process(args)))
         return None

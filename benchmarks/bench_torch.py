@@ -30,11 +30,25 @@ worker (or process) per step, Adam(lr=1e-3):
     and gradients as views of flat vectors, sparkavg's fused Adam kernel,
     inputs already tensors) and, for reference, against ``torch.optim.Adam``;
     steps alternate, medians.
+``resnet``, ``lstm`` (not in the default run; accuracy only)
+    A torch ResNet with BatchNorm (``sparkavg.torch.zoo:resnet``, the
+    graph of ``examples/mnist_resnet.py``) and a torch LSTM classifier
+    reading the image's rows as 28 steps of 28 pixels
+    (``sparkavg.torch.zoo:lstm``, 128 units, as ``examples/mnist_lstm.py``),
+    each on the first ``--model-limit-train`` training examples (default
+    12,000) for ``--model-epochs`` epochs (default 2): one torch process
+    (``torch.optim.Adam``, batch 2 x 32, 2 threads, no Spark), then
+    ``ParameterAveraging`` at its defaults and ``GradientSharing`` (adaptive
+    threshold from 1e-2), 2 workers x 32 on ``local[2]``: test accuracy
+    after every epoch.
 
 Prints JSON (and writes it with --out)::
 
     PYTHONPATH=$PWD python benchmarks/bench_torch.py --out benchmarks/results/torch.json
     PYTHONPATH=$PWD python benchmarks/bench_torch.py --limit-train 6000 --epochs 1   # sanity run
+    PYTHONPATH=$PWD python benchmarks/bench_torch.py --sections resnet,lstm --out benchmarks/results/torch_models.json
+
+The same comparison on simulated hosts with shaped links is ``bench_torch_hosts.py``.
 """
 from __future__ import annotations
 
@@ -54,6 +68,7 @@ from report import emit
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 
 SECTIONS = ("averaging", "ceiling", "distributor", "sharing", "overhead")
+MODEL_SECTIONS = {"resnet": "sparkavg.torch.zoo:resnet", "lstm": "sparkavg.torch.zoo:lstm"}
 LR = 1e-3
 
 
@@ -299,28 +314,116 @@ def overhead(data, args) -> dict:
             "overhead_vs_torch_optim": med["adapter"] / med["bare_torch_optim_adam"] - 1}
 
 
+# ------------------------------------------------------------- resnet, lstm
+def _one_process(factory, data, args) -> dict:
+    """One plain torch process (torch.optim.Adam, batch workers x batch_size,
+    2 threads): test accuracy after every epoch."""
+    import torch
+
+    from sparkavg.torch.factory import resolve
+
+    (x, y), (xt, yt) = data
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        torch.manual_seed(args.seed)  # as TorchModel builds it: the same initial weights
+        module = resolve(factory, "module factory")()
+        opt = torch.optim.Adam(module.parameters(), lr=LR)
+        xs, ys, xts = torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(xt)
+        batch = args.workers * args.batch_size
+        accuracy, seconds = [], []
+        for epoch in range(args.model_epochs):
+            order = torch.from_numpy(np.random.default_rng([args.seed, epoch]).permutation(len(x)))
+            module.train()
+            t = time.perf_counter()
+            for start in range(0, len(x), batch):
+                idx = order[start:start + batch]
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(module(xs[idx]), ys[idx]).backward()
+                opt.step()
+            seconds.append(time.perf_counter() - t)
+            module.eval()
+            with torch.no_grad():
+                pred = torch.cat([module(xts[i:i + 1000]).argmax(1) for i in range(0, len(xt), 1000)])
+            accuracy.append(float((pred.numpy() == yt).mean()))
+    finally:
+        torch.set_num_threads(threads)
+    return {"accuracy": accuracy, "epoch_seconds": seconds, "batch_size": batch, "threads": 2}
+
+
+def model_section(spark, name, args) -> dict:
+    """A torch model of MODEL_SECTIONS: one torch process, then both masters."""
+    from mnist_lenet import as_minibatch_rdd
+
+    from sparkavg.nn import Adam
+    from sparkavg.spark import AdaptiveThreshold, GradientSharing, ParameterAveraging, SparkTrainer
+    from sparkavg.torch import TorchModel
+
+    factory = MODEL_SECTIONS[name]
+    data = _load(args.data_dir, args.model_limit_train)
+    (x, y), (xt, yt) = data
+    out = {"factory": factory, "examples": int(len(x)), "epochs": args.model_epochs,
+           "one_process": _one_process(factory, data, args)}
+    sc = spark.sparkContext
+    rdd, test = as_minibatch_rdd(sc, x, y, args.workers), as_minibatch_rdd(sc, xt, yt, args.workers)
+    masters = {"averaging": ParameterAveraging(batch_size_per_worker=args.batch_size, workers=args.workers,
+                                               seed=args.seed),
+               "sharing": GradientSharing(batch_size_per_worker=args.batch_size, workers=args.workers,
+                                          seed=args.seed, threshold=AdaptiveThreshold(initial=1e-2))}
+    for f in args.model_frequencies:  # diagnostics: averaging at fixed frequencies
+        masters[f"averaging_f{f}"] = ParameterAveraging(batch_size_per_worker=args.batch_size, workers=args.workers,
+                                                        seed=args.seed, averaging_frequency=f)
+    for master_name, master in masters.items():
+        model = TorchModel(factory, updater=Adam(lr=LR), input_shape=(1, 28, 28), seed=args.seed)
+        trainer = SparkTrainer(spark, model, master)
+        trainer.fit(rdd, epochs=args.model_epochs, validation_data=test)
+        trainer.close()
+        h, c = trainer.history, trainer.stats.counters
+        run = {"master": master.to_config(), "accuracy": [e["accuracy"] for e in h],
+               "epoch_seconds": [e["seconds"] for e in h]}
+        if master_name.startswith("averaging"):
+            run["averaging_frequency"] = [e.get("averaging_frequency") for e in h]
+        if master_name == "sharing":
+            run.update(compression_ratio=c["dense_bytes_equivalent"] / c["bytes_sent"],
+                       replica_max_abs_diff=max(e["replica_max_abs_diff"] for e in h))
+        out[master_name] = run
+    rdd.unpersist()
+    test.unpersist()
+    out["num_params"], out["num_buffers"] = int(model.num_params), int(model.state["buffers"].size)
+    one = out["one_process"]["accuracy"][-1]
+    for master_name in masters:
+        out[f"{master_name}_minus_one_process_points"] = 100 * (out[master_name]["accuracy"][-1] - one)
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", default=None)
-    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
+    p.add_argument("--sections", default=",".join(SECTIONS),
+                   help=f"comma-separated subset of {SECTIONS + tuple(MODEL_SECTIONS)}")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--sharing-epochs", type=int, default=1)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=32, help="examples per worker (process) per step")
     p.add_argument("--limit-train", type=int, default=None)
     p.add_argument("--overhead-steps", type=int, default=200)
+    p.add_argument("--model-limit-train", type=int, default=12000, help="training examples of resnet and lstm")
+    p.add_argument("--model-epochs", type=int, default=2, help="epochs of resnet and lstm")
+    p.add_argument("--model-frequencies", default="",
+                   help="resnet and lstm: also averaging at these fixed frequencies (comma-separated; diagnostics)")
     p.add_argument("--seed", type=int, default=123)
     p.add_argument("--out", default=None)
     p.add_argument("--single-process", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--part", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    args.model_frequencies = [int(f) for f in args.model_frequencies.split(",") if f]
     if args.single_process:
         print(json.dumps(_single_process(args)))
         return None
     sections = [s for s in args.sections.split(",") if s]
-    unknown = sorted(set(sections) - set(SECTIONS))
+    unknown = sorted(set(sections) - set(SECTIONS) - set(MODEL_SECTIONS))
     if unknown:
-        p.error(f"unknown sections {unknown}; choose from {SECTIONS}")
+        p.error(f"unknown sections {unknown}; choose from {SECTIONS + tuple(MODEL_SECTIONS)}")
     logging.basicConfig(level=logging.WARNING)
 
     from mnist_lenet import spark_session
@@ -341,6 +444,9 @@ def main(argv=None):
             result["distributor"] = distributor(spark, args)
         if "sharing" in sections:
             result["sharing"] = sharing(spark, data, args)
+        for name in MODEL_SECTIONS:
+            if name in sections:
+                result[name] = model_section(spark, name, args)
     finally:
         spark.stop()
     verdict = {}
@@ -358,6 +464,11 @@ def main(argv=None):
         verdict["replicas_agree_le_1e-4"] = result["sharing"]["replica_max_abs_diff"] <= 1e-4
     if "overhead" in result:
         verdict["adapter_overhead_le_10pct"] = result["overhead"]["overhead_vs_same_arithmetic"] <= 0.10
+    for name in MODEL_SECTIONS:
+        if name in result:
+            gap = result[name]["averaging_minus_one_process_points"]
+            verdict[f"{name}_averaging_within_0.5_of_one_process"] = abs(gap) <= 0.5
+            verdict[f"{name}_averaging_not_0.5_below_one_process"] = gap >= -0.5
     result["verdict"] = verdict
     result["load_average_1min_after"] = os.getloadavg()[0]
     return emit(result, args.out)

@@ -231,6 +231,27 @@ def test_lenet_module_matches_the_native_lenet_layout():
     assert net.to_config()["factory"] == "sparkavg.torch.zoo:lenet"
 
 
+def test_resnet_and_lstm_modules_of_the_zoo():
+    # The ResNet: examples/mnist_resnet.py's graph less its 144 conv biases (each before a BatchNorm);
+    # its 6 BatchNorms' running means and variances (288) and batch counters (6) are the buffers.
+    net = TorchModel("sparkavg.torch.zoo:resnet", input_shape=(1, 28, 28), seed=1)
+    assert net.num_params == 43_914 - 144 and net.state["buffers"].size == 288 + 6 and net.units == 10
+    x, y = np.random.default_rng(0).random((8, 1, 28, 28), dtype=np.float32), np.arange(8) % 10
+    before = net.state["buffers"].copy()
+    net.fit_batch(x, y)
+    assert not np.array_equal(net.state["buffers"], before)  # running statistics moved
+    # The LSTM reads an image's rows as 28 time steps of 28 pixels.
+    rnn = TorchModel("sparkavg.torch.zoo:lstm", input_shape=(1, 28, 28), seed=1)
+    assert rnn.num_params == 4 * 128 * (28 + 128 + 2) + 128 * 10 + 10
+    rows = torch.from_numpy(x[:, 0])
+    with torch.no_grad():
+        steps, _ = rnn.module.lstm(rows)
+        expected = torch.softmax(rnn.module.head(steps[:, -1]), 1).numpy()
+    np.testing.assert_allclose(rnn.output(x), expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="divisible by 4"):
+        TorchModel("sparkavg.torch.zoo:resnet", input_shape=(1, 30, 30), factory_kwargs={"size": 30})
+
+
 def test_the_core_never_imports_torch_and_executors_import_it_by_type():
     code = textwrap.dedent("""
         import json, sys

@@ -94,7 +94,7 @@ def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: b
             load_state(net, state, save_updater)  # host -> device for a GPU network
         start_iteration = net.iteration
         losses, examples, batches = LossSum(), 0, 0
-        for x, y in recorded_minibatches(items, prefetch, rec):
+        for x, y in recorded_minibatches(items, prefetch, rec, state.get("transform"), partition):
             with rec.phase(Phase.FIT):
                 losses.add(net.fit_batch(x, y, sync=False), len(x))  # a GPU step does not wait for the device
             examples += len(x)

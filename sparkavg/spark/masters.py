@@ -118,7 +118,9 @@ class DataOptions(Configurable):
         ``files`` requires ``shared_dir``.
     storage_level : str, default "MEMORY_AND_DISK"
         Storage level of the persisted minibatch blocks; a name from
-        ``pyspark.StorageLevel``.
+        ``pyspark.StorageLevel``.  The blocks are a local checkpoint (their
+        lineage no longer reaches the source), so Spark also keeps them on
+        disk when memory is short.
     repartition : Repartition, default AUTO
         How each epoch deals minibatches to workers (seeded shuffles).
         ``local``: each worker keeps the shard of minibatches on its own

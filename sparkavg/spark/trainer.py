@@ -211,7 +211,7 @@ class SparkTrainer:
                     "shared files" if prepared.in_files else "Spark blocks")
         if prepared.rdd is not None:  # Spark blocks (classic): a local checkpoint
             self.stats.decision("data_lineage", "local_checkpoint", LINEAGE_REASON)
-            logger.info("prepared blocks: %s", LINEAGE_REASON)
+            logger.info("data lineage: %s", LINEAGE_REASON)
         return prepared
 
     def release_data(self) -> None:

@@ -14,8 +14,11 @@ driver program, LeNet on Fashion-MNIST with
 
 both with ``batch_size_per_worker=32`` on the whole training set (or its
 first ``--limit-train`` examples), which the executors read from the IDX
-files themselves (:func:`executor_loaded_rdd`); and, before and after the
-clusters, one local process on one core (``set_threads(1)``, batch 32).
+files themselves (:func:`executor_loaded_rdd`) -- or, with ``--data driver``,
+that the driver hands over as the README and ``examples/mnist_lenet.py`` do
+(:func:`driver_rdd`: ``sc.parallelize`` of numpy chunks, cached); and, before
+and after the clusters, one local process on one core (``set_threads(1)``,
+batch 32; ``--no-local`` skips it).
 Throughput = examples / seconds of the last epoch (with ``--epochs 1``, the
 only one: it includes averaging's probe rounds, as a user's first epoch does).
 
@@ -32,6 +35,7 @@ Needs root (namespaces).  Prints JSON (``--out`` writes it):
 
     python benchmarks/bench_cluster.py --out benchmarks/results/cluster.json
     python benchmarks/bench_cluster.py --limit-train 2000 --epochs 1 --rates none,100mbit   # a quick check
+    python benchmarks/bench_cluster.py --data driver --epochs 2 --rates none,100mbit --no-local  # the README's path
 """
 from __future__ import annotations
 
@@ -92,6 +96,20 @@ def executor_loaded_rdd(sc, data_dir: str, limit, slices: int, rows: int = 500):
     return rdd
 
 
+def driver_rdd(sc, data_dir: str, limit, slices: int, rows: int = 500):
+    """The training set as the README and ``examples/mnist_lenet.py`` hand it
+    over (``as_minibatch_rdd``): loaded on the driver, ``sc.parallelize`` of
+    ``(x, y)`` chunks, cached and counted.  Its partitions hold the data, so
+    it crosses the driver's link in every job over it that is not cut off
+    from its lineage (issue 24)."""
+    from sparkavg.data.mnist import load_mnist
+
+    x, y = load_mnist(data_dir, "train", limit=limit)
+    rdd = sc.parallelize([(x[i:i + rows], y[i:i + rows]) for i in range(0, len(x), rows)], slices).cache()
+    rdd.count()
+    return rdd
+
+
 def job(args) -> None:
     """Both masters, one after the other, in one session.  Talks to the
     benchmark over stdin/stdout: prints ``{"event": "ready"}`` before a fit
@@ -117,7 +135,8 @@ def job(args) -> None:
     spark.sparkContext.setLogLevel("WARN")
     try:
         xt, yt = load_mnist(args.data_dir, "test", limit=args.limit_test)
-        rdd = executor_loaded_rdd(spark.sparkContext, args.data_dir, args.limit_train or None, slices=2)
+        load = driver_rdd if args.data == "driver" else executor_loaded_rdd
+        rdd = load(spark.sparkContext, args.data_dir, args.limit_train or None, slices=2)
         masters = {
             "averaging": ParameterAveraging(batch_size_per_worker=BATCH, workers=2, seed=SEED),
             "sharing": GradientSharing(threshold=AdaptiveThreshold(initial=THRESHOLD), batch_size_per_worker=BATCH,
@@ -256,7 +275,7 @@ def run_cluster(rate, args, local_eps: float) -> dict:
         install_counters(cluster)
         conf = cluster.spark_conf()
         argv = [sys.executable, os.path.abspath(__file__), "--job", "--conf", json.dumps(conf), "--data-dir",
-                args.data_dir, "--epochs", str(args.epochs), "--limit-test", str(args.limit_test)]
+                args.data_dir, "--epochs", str(args.epochs), "--limit-test", str(args.limit_test), "--data", args.data]
         if args.limit_train:
             argv += ["--limit-train", str(args.limit_train)]
         result = {"rate": rate or "unshaped", "cluster_start_seconds": time.monotonic() - started}
@@ -340,6 +359,10 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=2,
                    help="times through the rates, every other time in reverse order (default 2); verdicts use "
                         "the median of each rate")
+    p.add_argument("--data", choices=["executors", "driver"], default="executors",
+                   help="executors: they read the IDX files (executor_loaded_rdd, default); driver: the README's "
+                        "sc.parallelize of chunks from the driver (driver_rdd)")
+    p.add_argument("--no-local", action="store_true", help="skip the one-process baseline (only the link ratios)")
     p.add_argument("--out", default=None)
     p.add_argument("--table", default=None, help="also write the RESULTS.md tables (markdown) here")
     p.add_argument("--job", action="store_true", help=argparse.SUPPRESS)
@@ -358,13 +381,15 @@ def main(argv=None):
                             text=True).stdout.strip()
     result = {"benchmark": "cluster", "commit": commit, "cpus": os.cpu_count(), "hostname": socket.gethostname(),
               "examples": args.limit_train or 60000, "epochs": args.epochs, "batch_size_per_worker": BATCH,
-              "workers": "2 hosts x 1 core", "threshold": f"AdaptiveThreshold(initial={THRESHOLD})"}
-    before = local_baseline(args.data_dir, args.limit_train, args.epochs)
+              "workers": "2 hosts x 1 core", "threshold": f"AdaptiveThreshold(initial={THRESHOLD})",
+              "data": args.data}
+    skipped = {"epoch_seconds": [], "examples_per_second": float("nan"), "accuracy": float("nan"), "skipped": True}
+    before = skipped if args.no_local else local_baseline(args.data_dir, args.limit_train, args.epochs)
     runs = []
     for repeat in range(args.repeats):
         for rate in (rates if repeat % 2 == 0 else rates[::-1]):
             runs.append({"repeat": repeat + 1, **run_cluster(rate, args, before["examples_per_second"])})
-    after = local_baseline(args.data_dir, args.limit_train, args.epochs)
+    after = skipped if args.no_local else local_baseline(args.data_dir, args.limit_train, args.epochs)
     local_eps = (before["examples_per_second"] + after["examples_per_second"]) / 2
     for run in runs:  # against the mean of both local runs
         for name in STRATEGIES:

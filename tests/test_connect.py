@@ -247,3 +247,30 @@ def test_bad_rows_are_named(request, flavour):
         trainer.fit(label.coalesce(1))
     with pytest.raises(DataValidationError, match=r"Bad label at partition 0, row 1"):
         trainer.evaluate(label.coalesce(1))
+
+
+@pytest.mark.parametrize("master_type", [ParameterAveraging, GradientSharing])
+def test_a_transform_runs_alike_on_connect_and_classic(spark, connect, master_type):
+    import shutil
+
+    from .data_transforms import LOG
+    from .test_transforms import FLIP, _calls, _clear
+
+    x, y = blobs(80, seed=40)
+    extra = {"averaging_frequency": 2} if master_type is ParameterAveraging else {}
+    master = master_type(batch_size_per_worker=10, workers=2, seed=5, data=DataOptions(transform=FLIP), **extra)
+    nets, calls = {}, {}
+    try:
+        for name, session in (("classic", spark), ("connect", connect)):
+            _clear()
+            nets[name] = small_net(seed=41)
+            with _mode(name), SparkTrainer(session, nets[name], master) as trainer:
+                trainer.fit(_frame(session, x, y), epochs=2)
+            calls[name] = _calls()
+    finally:
+        shutil.rmtree(LOG, ignore_errors=True)
+    for name, noted in calls.items():
+        assert len(noted) == 16 and all(c["pid"] != os.getpid() for c in noted), name
+        assert len({c["draw"] for c in noted}) == 16, name
+    assert sorted(c["draw"] for c in calls["connect"]) == sorted(c["draw"] for c in calls["classic"])
+    np.testing.assert_allclose(nets["connect"].params, nets["classic"].params, rtol=1e-5, atol=1e-6)

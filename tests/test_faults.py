@@ -214,3 +214,37 @@ def test_an_unclosed_trainer_leaves_nothing_at_interpreter_exit(tmp_path):
     folder = json.loads(out.stdout.strip().splitlines()[-1])["folder"]
     assert folder.startswith(str(tmp_path))
     assert not os.path.exists(folder), "the export folder outlived the interpreter"
+
+
+def _lose_blocks(sc, rdd) -> None:
+    """Drop an RDD's blocks from every block manager, as losing their executors would."""
+    sc._jsc.sc().unpersistRDD(rdd.id(), True)  # the blocks only: the RDD still counts on them
+
+
+@pytest.mark.parametrize("master_type", [ParameterAveraging, GradientSharing])
+def test_prepared_blocks_leave_the_source_behind_and_are_prepared_again_when_lost(sc, master_type, caplog):
+    from sparkavg.spark import DataOptions
+
+    rdd = _rdd(sc, n=80, seed=20)
+    extra = {"averaging_frequency": 2} if master_type is ParameterAveraging else {}
+    master = master_type(workers=2, batch_size_per_worker=10, data=DataOptions(placement="spark"), **extra)
+    clean = SparkTrainer(sc, small_net(seed=20), master)
+    clean.fit(rdd).fit(rdd)
+    trainer = SparkTrainer(sc, small_net(seed=20), master)
+    trainer.fit(rdd)
+    prepared = trainer._prepared
+    # No epoch's task carries the parallelized collection's partitions (they hold its data).
+    assert prepared.rdd.isLocallyCheckpointed()
+    assert "ParallelCollectionRDD" not in prepared.rdd.toDebugString().decode()
+    assert [d["value"] for d in trainer.stats.decisions if d["name"] == "data_lineage"] == ["local_checkpoint"]
+    _lose_blocks(sc, prepared.rdd)
+    with caplog.at_level("WARNING", logger="sparkavg.spark.seam"):
+        trainer.fit(rdd)
+    assert "lost with an executor; preparing them again from the source" in caplog.text
+    assert trainer._prepared is prepared and "ParallelCollectionRDD" not in prepared.rdd.toDebugString().decode()
+    assert [h["examples"] for h in trainer.history] == [80, 80]
+    assert trainer.stats.counters.get("stage_restarts", 0) == 0
+    if master_type is ParameterAveraging:  # the same minibatches, dealt the same: the clean run's result
+        np.testing.assert_allclose(trainer.network.params, clean.network.params, atol=1e-6)
+    trainer.close()
+    clean.close()

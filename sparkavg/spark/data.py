@@ -9,8 +9,13 @@ minibatches live where :class:`~sparkavg.spark.masters.DataOptions` says
 * **shared files** -- written once as ``.minibatch`` files under a location every host
   reaches; a round's job ships only its paths;
 * **Spark blocks** (the default on clusters) -- a persisted RDD of
-  ``(id, (x, y))``, noting where each block was made and its labels per
-  class (what the deal of :mod:`.deal` needs).
+  ``(key, (x, y))``, noting where each block was made and its labels per
+  class (what the deal of :mod:`.deal` needs).  Its lineage is truncated
+  (``localCheckpoint``, decision ``data_lineage``): the partitions of a
+  parallelized collection hold its data, and every task over a narrow
+  descendant -- cached ones included -- would carry them from the driver
+  again in every epoch.  Blocks lost with an executor are prepared again
+  from the source (:meth:`PreparedData.rebuild`).
 
 How each epoch deals the prepared minibatches to rounds and workers is
 :mod:`sparkavg.spark.deal`.
@@ -28,8 +33,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from dataclasses import dataclass, field
-from typing import List, Mapping, Optional
+from typing import Callable, List, Mapping, Optional
 
 import numpy as np
 
@@ -39,7 +45,8 @@ from .storage import SUFFIX, SharedLocation, load_minibatch, save_minibatch
 
 __all__ = ["as_example_rdd", "feature_rows", "ExampleFrame", "minibatch_frame", "check_columns", "require_arrow",
            "resolve_features", "feature_columns",
-           "PreparedData", "prepare", "placement_for", "label_counts", "load_minibatch"]
+           "PreparedData", "prepare", "placement_for", "label_counts", "load_minibatch", "lost_checkpoint_blocks",
+           "LINEAGE_REASON"]
 
 logger = logging.getLogger(__name__)
 
@@ -247,10 +254,32 @@ def frame_failures(rows, what: str) -> None:
     raise_failures([failure_from_row(e) for e in rows if e], what)
 
 
+#: Why prepared Spark blocks are local checkpoints (the ``data_lineage`` decision's reason).
+LINEAGE_REASON = ("Spark blocks: lineage truncated after preparing (localCheckpoint), so no epoch's task "
+                  "carries the source's partitions (a parallelized collection's hold its data: it would cross "
+                  "the driver's link in every epoch); blocks lost with an executor are prepared again from the "
+                  "source")
+
+_LOST_BLOCK_RE = re.compile(r"CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND|Checkpoint block rdd_\d+_\d+ not found")
+
+
+def lost_checkpoint_blocks(exc: BaseException) -> bool:
+    """Whether a failed job (or an error it caused) says a locally
+    checkpointed block is gone -- its executor was lost."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if _LOST_BLOCK_RE.search(str(exc)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 @dataclass
 class PreparedData:
     """Minibatched training data: ``sizes[i]`` examples in minibatch ``i``,
-    held as ``paths[i]`` (shared files) or as ``rdd`` rows ``(i, (x, y))``."""
+    held as ``paths[i]`` (shared files) or as ``rdd`` rows ``(keys[i], (x, y))``
+    (Spark blocks; ``keys`` None: ``i`` itself)."""
 
     sizes: List[int]
     paths: Optional[List[str]] = None
@@ -260,7 +289,11 @@ class PreparedData:
     layout: Optional[List[tuple]] = None
     #: Per minibatch id, its examples per class (Spark blocks of a classifier's data; else None).
     labels: Optional[np.ndarray] = None
+    #: Per minibatch id, its key in ``rdd`` (Spark blocks; None: the id).
+    keys: Optional[List[int]] = None
     _epoch_rdds: list = field(default_factory=list)
+    #: Prepares the same data again from the source (Spark blocks), for :meth:`rebuild`.
+    _remake: Optional[Callable[[], "PreparedData"]] = None
 
     @property
     def examples(self) -> int:
@@ -269,6 +302,31 @@ class PreparedData:
     @property
     def in_files(self) -> bool:
         return self.paths is not None
+
+    def key_of(self, i: int) -> int:
+        """The ``rdd`` key of minibatch ``i``."""
+        return i if self.keys is None else self.keys[i]
+
+    def rebuild(self) -> None:
+        """Prepare the Spark blocks again from the source, after some were
+        lost with an executor (their lineage ends at the local checkpoint).
+
+        The minibatches must come out as before (ids and sizes: the deal of
+        the running epoch refers to them); a source that changed raises."""
+        if self.rdd is None or self._remake is None:
+            raise RuntimeError("Expect prepared Spark blocks to rebuild, got data without a source to prepare "
+                               "again from")
+        fresh = self._remake()
+        if fresh.sizes != self.sizes:
+            fresh.release()
+            raise RuntimeError(
+                f"Spark lost prepared minibatch blocks with an executor and preparing the data again gave other "
+                f"minibatches (expect {len(self.sizes)} with {self.examples} examples, got {len(fresh.sizes)} with "
+                f"{fresh.examples}): the source is not deterministic; persist it reliably or use "
+                f"DataOptions(shared_dir=...)")
+        old = self.rdd
+        self.rdd, self.keys, self.layout = fresh.rdd, fresh.keys, fresh.layout
+        old.unpersist()
 
     def release(self) -> None:
         """Drop the files this fit wrote and its persisted blocks (idempotent)."""
@@ -314,8 +372,10 @@ def prepare(rdd, spec: DataSpec, batch_size: int, location: Optional[SharedLocat
             raise
         meta.sort()
         return PreparedData([n for _, n in meta], paths=[p for p, _ in meta], location=location)
-    return _persist_blocks(rdd.mapPartitionsWithIndex(guarded_partitions(rebatch_partition(spec, batch_size))),
-                           storage_level, _classes(spec))
+    prepared = _persist_blocks(rdd.mapPartitionsWithIndex(guarded_partitions(rebatch_partition(spec, batch_size))),
+                               storage_level, _classes(spec))
+    prepared._remake = lambda: prepare(rdd, spec, batch_size, None, storage_level)
+    return prepared
 
 
 def label_counts(y, classes: Optional[int]) -> Optional[List[float]]:
@@ -333,12 +393,23 @@ def _classes(spec: DataSpec) -> Optional[int]:
     return spec.num_outputs if spec.classification else None
 
 
+def _keyed(partition: int, items):
+    """``(partition << 32 | j, item)``: keys made where the minibatches are
+    (no counting pass over the source, as ``zipWithIndex`` would run)."""
+    for j, item in enumerate(items):
+        yield (partition << 32) | j, item
+
+
 def _persist_blocks(mb, storage_level: str, classes: Optional[int]) -> PreparedData:
-    """Persist an RDD of ``(x, y)`` minibatches as ``(i, (x, y))`` blocks,
-    noting where each was made and its labels per class (for the deal)."""
+    """Persist an RDD of ``(x, y)`` minibatches as ``(key, (x, y))`` blocks,
+    noting where each was made and its labels per class (for the deal).
+
+    The blocks are a local checkpoint (see :data:`LINEAGE_REASON`): the
+    describing job below is the one pass over the source."""
     from pyspark import StorageLevel
 
-    mb = mb.zipWithIndex().map(lambda t: (t[1], t[0])).persist(getattr(StorageLevel, storage_level))
+    mb = mb.mapPartitionsWithIndex(_keyed, preservesPartitioning=True).persist(getattr(StorageLevel, storage_level))
+    mb.localCheckpoint()  # also keeps blocks on disk when memory is short: they cannot be recomputed
 
     def describe(partition, rows):
         import socket
@@ -357,7 +428,8 @@ def _persist_blocks(mb, storage_level: str, classes: Optional[int]) -> PreparedD
         raise
     meta.sort()
     counts = None if classes is None else np.asarray([m[4] for m in meta], dtype=np.float64)
-    return PreparedData([m[1] for m in meta], rdd=mb, layout=[(m[2], m[3]) for m in meta], labels=counts)
+    return PreparedData([m[1] for m in meta], rdd=mb, layout=[(m[2], m[3]) for m in meta], labels=counts,
+                        keys=[m[0] for m in meta])
 
 
 def _prepare_frame(examples: ExampleFrame, spec: DataSpec, batch_size: int, location: Optional[SharedLocation],
@@ -383,17 +455,14 @@ def _prepare_frame(examples: ExampleFrame, spec: DataSpec, batch_size: int, loca
             failure = failure_from_row(row[4])
             yield failure if failure is not None else (inputs_from_bytes(row[2]), from_npy(row[3]))
 
-    from pyspark import StorageLevel
-
     from .executor.arrow import failure_from_row, inputs_from_bytes
 
-    # The Arrow job runs once: zipWithIndex's counting pass and the blocks' own read its cached output.
-    frame = minibatch_frame(*args).persist(getattr(StorageLevel, storage_level))
-    try:
-        return _persist_blocks(frame.rdd.mapPartitions(decode, preservesPartitioning=True), storage_level,
+    # The Arrow job runs once, in _persist_blocks' describing pass (keys need no counting pass).
+    frame = minibatch_frame(*args)
+    prepared = _persist_blocks(frame.rdd.mapPartitions(decode, preservesPartitioning=True), storage_level,
                                _classes(spec))
-    finally:
-        frame.unpersist()
+    prepared._remake = lambda: _prepare_frame(examples, spec, batch_size, None, storage_level)
+    return prepared
 
 
 def placement_for(options, local_master: bool) -> Optional[SharedLocation]:

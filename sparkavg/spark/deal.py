@@ -211,18 +211,25 @@ class EpochPlan(Dealt):
         rounds = deal_epoch(len(prepared.sizes), workers, per_round, seed, local, prepared.layout, weights)
         epoch = cls(rounds, prepared)
         if not prepared.in_files and rounds:
-            # (partition, position in shard) per minibatch id; sorting keeps each shard's dealt order.
-            target = {}
-            for r, shards in enumerate(rounds):
-                for w, shard in enumerate(shards):
-                    for pos, i in enumerate(shard):
-                        target[i] = (r * workers + w, pos)
-            n = len(rounds) * workers
-            epoch.rdd = (prepared.rdd.map(lambda kv: (target[kv[0]], kv[1]))
-                         .repartitionAndSortWithinPartitions(n, partitionFunc=lambda key: key[0])
-                         .values().persist(prepared.rdd.getStorageLevel()))
-            prepared._epoch_rdds.append(epoch.rdd)
+            epoch.shuffle()
         return epoch
+
+    def shuffle(self) -> None:
+        """(Re)build the Spark-block plan's RDD of the deal's rounds from
+        ``prepared.rdd`` (again after :meth:`PreparedData.rebuild`)."""
+        prepared, rounds, workers = self.prepared, self.rounds, self.workers
+        self.drop()
+        # (partition, position in shard) per minibatch key; sorting keeps each shard's dealt order.
+        target = {}
+        for r, shards in enumerate(rounds):
+            for w, shard in enumerate(shards):
+                for pos, i in enumerate(shard):
+                    target[prepared.key_of(i)] = (r * workers + w, pos)
+        n = len(rounds) * workers
+        self.rdd = (prepared.rdd.map(lambda kv: (target[kv[0]], kv[1]))
+                    .repartitionAndSortWithinPartitions(n, partitionFunc=lambda key: key[0])
+                    .values().persist(prepared.rdd.getStorageLevel()))
+        prepared._epoch_rdds.append(self.rdd)
 
     def drop(self) -> None:
         if self.rdd is not None:

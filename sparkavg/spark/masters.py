@@ -118,7 +118,9 @@ class DataOptions(Configurable):
         ``files`` requires ``shared_dir``.
     storage_level : str, default "MEMORY_AND_DISK"
         Storage level of the persisted minibatch blocks; a name from
-        ``pyspark.StorageLevel``.
+        ``pyspark.StorageLevel``.  The blocks are a local checkpoint (their
+        lineage no longer reaches the source), so Spark also keeps them on
+        disk when memory is short.
     repartition : Repartition, default AUTO
         How each epoch deals minibatches to workers (seeded shuffles).
         ``local``: each worker keeps the shard of minibatches on its own
@@ -135,6 +137,16 @@ class DataOptions(Configurable):
         owns one core, and a loader thread decoding local files or Spark
         blocks takes it from the training step (DL4J's MnistMLP: 2.85 s
         against 2.6 s per epoch with 1 ahead on ``local[2]``).
+    transform : str or None, default None
+        A function applied to every training minibatch on the executors,
+        every epoch (augmentation such as random crops and flips):
+        ``transform(x, y, rng) -> (x, y)``, ``rng`` a numpy ``Generator``
+        seeded per worker, epoch and minibatch (two runs with the same
+        ``seed`` -- and a resumed run -- transform alike).  Given as its
+        importable ``"package.module:function"`` name, or as a module-level
+        function (kept as that name): executors import it, nothing is
+        pickled, and it is saved with the master's configuration.  Not
+        applied by ``evaluate``/``predict``.  See :mod:`sparkavg.spark.transforms`.
     """
 
     shared_dir: Optional[str] = None
@@ -142,8 +154,12 @@ class DataOptions(Configurable):
     storage_level: str = "MEMORY_AND_DISK"
     repartition: Repartition = Repartition.AUTO
     prefetch: Union[int, Literal["auto"]] = "auto"
+    transform: Optional[str] = None
 
     def __post_init__(self):
+        from .transforms import transform_reference
+
+        object.__setattr__(self, "transform", transform_reference(self.transform))
         check(self.shared_dir is None or (isinstance(self.shared_dir, str) and self.shared_dir.strip() != ""),
               f"Expect shared_dir to be a path or URL every host reaches (a non-empty str) or None, "
               f"got {self.shared_dir!r}")
@@ -155,6 +171,12 @@ class DataOptions(Configurable):
                                           and self.prefetch >= 0),
               f"Expect prefetch >= 0 (an int) or 'auto', got {self.prefetch!r}")
         _storage_level(self.storage_level)
+
+    def config_arguments(self) -> dict:
+        arguments = super().config_arguments()
+        if arguments["transform"] is None:  # configs (and checkpoints) from before transforms stay equal
+            del arguments["transform"]
+        return arguments
 
     @property
     def prefetch_depth(self) -> int:

@@ -16,7 +16,8 @@ import time
 from typing import Callable, Optional
 
 from ..data.validation import DataSpec
-from .data import PreparedData, as_example_rdd, check_rdd, feature_rows, is_dataframe, placement_for, prepare
+from .data import (PreparedData, as_example_rdd, check_rdd, feature_rows, is_dataframe, lost_checkpoint_blocks,
+                   placement_for, prepare)
 from .deal import EpochPlan
 from .errors import executor_errors
 from .executor.hooks import TestHooks
@@ -81,8 +82,26 @@ class ClassicSpark:
                 shards = plan.shard_paths(r)
                 rdd = self.sc.parallelize(shards, len(shards)).mapPartitions(task)
                 return rdd.treeAggregate(None, combine, combine, depth=depth)
-            parts = self.sc.runJob(plan.rdd, task, plan.partitions(r))
+            parts = self._on_blocks(plan, what, lambda: self.sc.runJob(plan.rdd, task, plan.partitions(r)))
             return functools.reduce(combine, parts, None)
+
+    @staticmethod
+    def _on_blocks(plan: EpochPlan, what: str, job: Callable):
+        """``job()`` over ``plan.rdd``; when it failed because prepared blocks
+        were lost with an executor (their lineage ends at a local checkpoint),
+        prepare them again from the source, rebuild the plan's RDD with the
+        same deal and run ``job()`` once more (nothing of the failed job
+        reached the driver)."""
+        try:
+            return job()
+        except Exception as exc:
+            if plan.prepared.in_files or not lost_checkpoint_blocks(exc):
+                raise
+            logger.warning("%s: prepared minibatch blocks were lost with an executor; preparing them again from "
+                           "the source", what)
+            plan.prepared.rebuild()
+            plan.shuffle()
+        return job()
 
     def barrier_round(self, plan: EpochPlan, r: int, task: Callable, what: str) -> list:
         """Run ``task`` once per worker of round ``r`` in one barrier stage; all results.
@@ -95,13 +114,14 @@ class ClassicSpark:
         if plan.prepared.in_files:
             shards = plan.shard_paths(r)
             rdd = self.sc.parallelize(shards, len(shards))
-        else:
-            rdd = plan.rdd
         tracker, group = self.sc.statusTracker(), self.sc.getLocalProperty("spark.jobGroup.id")
         before = set(tracker.getJobIdsForGroup(group))
         try:
             with executor_errors(what):
-                return rdd.barrier().mapPartitions(task).collect()
+                if plan.prepared.in_files:
+                    return rdd.barrier().mapPartitions(task).collect()
+                # Blocks lost before the barrier stage started (its shuffle's map stage): nothing ran yet.
+                return self._on_blocks(plan, what, lambda: plan.rdd.barrier().mapPartitions(task).collect())
         except BaseException:
             self._failed_barrier = (plan, r, [j for j in tracker.getJobIdsForGroup(group) if j not in before])
             raise
@@ -130,8 +150,10 @@ class ClassicSpark:
                 break
             time.sleep(0.1)
         if plan.rdd is not None:
-            with executor_errors("recomputing the minibatches of a failed barrier round"):
-                self.sc.runJob(plan.rdd, lambda rows: [sum(1 for _ in rows)], plan.partitions(r))
+            what = "recomputing the minibatches of a failed barrier round"
+            with executor_errors(what):
+                self._on_blocks(plan, what, lambda: self.sc.runJob(plan.rdd, lambda rows: [sum(1 for _ in rows)],
+                                                                   plan.partitions(r)))
 
     # ----------------------------------------------------------- inference
     def aggregate_examples(self, data, task: Callable, combine: Callable, features_col: str, label_col: str,

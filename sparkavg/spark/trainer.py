@@ -28,6 +28,7 @@ from .executor.inference import add_scores, make_evaluator, make_predict_fn, mak
 from .masters import ParameterAveraging
 from .runners import runner_for
 from .runners.base import network_state
+from .data import LINEAGE_REASON
 from .seam import seam_for
 from .stats import Phase, TrainingStats
 from .storage import release_live_locations
@@ -216,6 +217,9 @@ class SparkTrainer:
             raise ValueError("Expect training data with at least one example, got an empty dataset")
         logger.info("prepared %d examples in %d minibatches (%s)", prepared.examples, len(prepared.sizes),
                     "shared files" if prepared.in_files else "Spark blocks")
+        if prepared.rdd is not None:  # Spark blocks (classic): a local checkpoint
+            self.stats.decision("data_lineage", "local_checkpoint", LINEAGE_REASON)
+            logger.info("data lineage: %s", LINEAGE_REASON)
         return prepared
 
     def _features_for(self, data):

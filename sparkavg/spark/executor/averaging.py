@@ -103,7 +103,7 @@ def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: b
         losses, examples, batches = LossSum(), 0, 0
         delay = hooks.minibatch_delay(partition) if hooks is not None else 0.0
         began = time.perf_counter()
-        for x, y in recorded_minibatches(items, prefetch, rec):
+        for x, y in recorded_minibatches(items, prefetch, rec, state.get("transform"), partition):
             with rec.phase(Phase.FIT):
                 losses.add(net.fit_batch(x, y, sync=False), len(y))  # a GPU step does not wait for the device
                 if delay:

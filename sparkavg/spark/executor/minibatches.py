@@ -1,12 +1,14 @@
 """A task's minibatches: read from shared files or Spark blocks, loaded
-ahead in one background thread, each wait recorded as ``data_load``."""
+ahead in one background thread, through the fit's transform if it has one
+(:mod:`sparkavg.spark.transforms`), each wait recorded as ``data_load``."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable, Iterator, List
+from typing import Iterable, Iterator, List, Optional
 
 from ..stats import Phase
 from ..storage import load_minibatch
+from ..transforms import transformed
 
 __all__ = ["minibatch_sources", "prefetched", "recorded_minibatches"]
 
@@ -44,10 +46,13 @@ def prefetched(sources: Iterator, depth: int) -> Iterator:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def recorded_minibatches(items: Iterable, prefetch: int, rec) -> Iterator:
-    """A task's ``(x, y)`` minibatches, loaded ``prefetch`` ahead, each wait
-    for the next one recorded as the ``data_load`` phase."""
-    source = prefetched(minibatch_sources(items), prefetch)
+def recorded_minibatches(items: Iterable, prefetch: int, rec, transform: Optional[dict] = None,
+                         worker: Optional[int] = None) -> Iterator:
+    """A task's ``(x, y)`` minibatches, loaded ``prefetch`` ahead, through
+    ``transform`` (a :func:`~sparkavg.spark.transforms.transform_plan`; seeded
+    per ``worker`` and minibatch), each wait for the next one -- its
+    transform included -- recorded as the ``data_load`` phase."""
+    source = transformed(prefetched(minibatch_sources(items), prefetch), transform, worker)
     while True:
         with rec.phase(Phase.DATA_LOAD):
             mb = next(source, None)

@@ -121,7 +121,7 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
             group = JoiningGroup(ctx, endpoint, rank, world, master.topology, master.transport.stall_timeout)
             losses, examples, iterations = LossSum(), 0, 0
             start_iteration = net.iteration
-            for x, y in recorded_minibatches(items, prefetch, rec):
+            for x, y in recorded_minibatches(items, prefetch, rec, value.get("transform"), rank):
                 with rec.phase(Phase.FIT):
                     losses.add(net.compute_update(x, y, update, sync=False), len(y))
                 tau = state.tau

@@ -34,6 +34,7 @@ from ..executor.device import summarize_devices
 from ..masters import Repartition
 from ..session import check_result_path
 from ..stats import Phase
+from ..transforms import transform_plan
 
 __all__ = ["EpochRunner", "Merged", "Progress", "network_state", "set_state"]
 
@@ -229,7 +230,11 @@ class EpochRunner(abc.ABC):
             for r in range(rounds):
                 t_round = time.perf_counter()
                 with stats.timed(Phase.BROADCAST, epoch=epoch, round=r):
-                    shipped = self.seam.ship(self.shipped(network, epoch))
+                    value = self.shipped(network, epoch)
+                    transform = transform_plan(m.data, m.seed, epoch, network.iteration)
+                    if transform is not None:  # the executors' minibatch transform (spark/transforms.py)
+                        value["transform"] = transform
+                    shipped = self.seam.ship(value)
                 try:
                     launched = time.perf_counter()
                     results = self.launch(plan, r, config_json, shipped, epoch, stats)

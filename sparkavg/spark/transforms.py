@@ -1,0 +1,136 @@
+"""Executor-side minibatch transforms: a user function applied to every
+minibatch on the executors, every epoch (random crops and flips,
+normalisation, decoding), with a seeded random generator.
+
+A transform is a function::
+
+    def transform(x, y, rng):     # x: (N, ...) features, y: (N,) or (N, K) labels
+        ...                       # rng: numpy.random.Generator, seeded per minibatch
+        return x, y               # the same N; x in the network's input shape
+
+named by its importable ``"package.module:function"`` string in
+:class:`~sparkavg.spark.masters.DataOptions` (``transform=``; a module-level
+function is taken as its name).  Nothing is pickled: the name is shipped and
+saved with the master's configuration, and each executor imports it (the
+package must be installed on every executor, as the model's own code is),
+so classic and Connect sessions run it alike.
+
+Seeds: minibatch ``k`` (0, 1, ... in the order a task reads them) of the
+task of worker ``w`` whose round starts at network iteration ``i``, in
+epoch ``e`` of a fit with master seed ``s``, gets
+``numpy.random.default_rng([s, e, i, w, k])``.  The deal of an epoch is
+seeded too (``seed + epoch``), so two runs with the same seed -- and a run
+resumed from a checkpoint -- transform the same minibatch the same way; a
+retried task draws the same numbers again.  ``w`` is the task's Spark
+partition (in a Spark-block averaging plan ``round * workers + worker``).
+"""
+from __future__ import annotations
+
+import importlib
+import socket
+import sys
+from typing import Callable, Dict, Iterable, Iterator, Optional
+
+import numpy as np
+
+from .errors import register_error
+
+__all__ = ["TransformError", "transform_reference", "resolve_transform", "transform_plan", "transformed"]
+
+
+@register_error  # raised on an executor, rebuilt as itself on the driver
+class TransformError(ValueError):
+    """A transform that cannot be imported, or that returned something other
+    than an ``(x, y)`` minibatch; the message names it and what was expected."""
+
+
+def _where() -> str:
+    return f"on host {socket.gethostname()} (python {sys.executable})"
+
+
+def _check_reference(reference: str) -> str:
+    module_name, sep, qualname = reference.partition(":")
+    if not sep or not module_name or not qualname or any(
+            not part.isidentifier() for part in module_name.split(".") + qualname.split(".")):
+        raise TransformError(f"Expect transform as 'package.module:function', got {reference!r:.200}")
+    return reference
+
+
+def transform_reference(transform) -> Optional[str]:
+    """``transform`` (None, a ``"package.module:function"`` string or a
+    module-level function) as its importable name; checked, not imported
+    for a string (the driver may lack the executors' packages)."""
+    if transform is None:
+        return None
+    if isinstance(transform, str):
+        return _check_reference(transform)
+    module, qualname = getattr(transform, "__module__", None), getattr(transform, "__qualname__", None)
+    if callable(transform) and module and qualname and module != "__main__" and "<" not in qualname:
+        reference = f"{module}:{qualname}"
+        if resolve_transform(reference) is transform:
+            return reference
+    raise TransformError(
+        f"Expect transform as a 'package.module:function' name or a module-level function of an importable "
+        f"module (executors import it by name; nothing is pickled), got {type(transform).__name__} "
+        f"{transform!r:.200}: move it into a module installed on the executors")
+
+
+_RESOLVED: Dict[str, Callable] = {}
+
+
+def resolve_transform(reference: str) -> Callable:
+    """The function ``reference`` names, imported here (cached per process)."""
+    found = _RESOLVED.get(reference)
+    if found is not None:
+        return found
+    module_name, _, qualname = _check_reference(reference).partition(":")
+    try:
+        obj = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise TransformError(f"Cannot import the transform {reference!r} {_where()}: {exc}; install the package "
+                             "that provides it on every executor") from None
+    for part in qualname.split("."):
+        if not hasattr(obj, part):
+            raise TransformError(f"Cannot find the transform {reference!r} {_where()}: module {module_name!r} has "
+                                 f"no attribute {qualname!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TransformError(f"Expect the transform {reference!r} to name a function, got {type(obj).__name__}")
+    _RESOLVED[reference] = obj
+    return obj
+
+
+def transform_plan(options, seed: int, epoch: int, iteration: int) -> Optional[dict]:
+    """What a round's tasks need to transform their minibatches (shipped
+    with the round's state; plain values), or None without a transform."""
+    reference = getattr(options, "transform", None)
+    if reference is None:
+        return None
+    return {"name": reference, "seed": int(seed), "epoch": int(epoch), "iteration": int(iteration)}
+
+
+def _seed_word(value: int) -> int:
+    return int(value) & 0xFFFFFFFFFFFFFFFF  # SeedSequence takes non-negative words
+
+
+def transformed(minibatches: Iterable, plan: Optional[dict], worker: Optional[int]) -> Iterator:
+    """``minibatches`` (``(x, y)`` pairs) through ``plan``'s transform, each
+    with its own generator (see the module docstring); unchanged without a plan."""
+    if not plan:
+        yield from minibatches
+        return
+    name = plan["name"]
+    fn = resolve_transform(name)
+    head = [_seed_word(plan[k]) for k in ("seed", "epoch", "iteration")] + [_seed_word(worker or 0)]
+    for k, (x, y) in enumerate(minibatches):
+        out = fn(x, y, np.random.default_rng(head + [k]))
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise TransformError(f"Expect the transform {name!r} to return an (x, y) tuple, got "
+                                 f"{type(out).__name__}")
+        tx, ty = out
+        if getattr(tx, "dtype", None) == np.float64:  # numpy's default for arithmetic on ints: the step's is float32
+            tx = tx.astype(np.float32)
+        if len(tx) != len(ty) or len(tx) == 0:
+            raise TransformError(f"Expect the transform {name!r} to return as many labels as examples (at least "
+                                 f"one), got {len(tx)} examples and {len(ty)} labels from a minibatch of {len(x)}")
+        yield tx, ty

@@ -1,0 +1,28 @@
+"""Minibatch transforms the tests name (``"tests.data_transforms:..."``):
+executors import them by name, as they would a user's package."""
+import json
+import os
+import tempfile
+
+import numpy as np
+
+#: Where :func:`random_flip` notes each call (one JSON line per call, a file per process).
+LOG = os.path.join(tempfile.gettempdir(), f"sparkavg-test-transform-{os.getuid()}")
+
+
+def random_flip(x, y, rng):
+    """Flip each example left-right with probability 1/2, as an augmentation
+    would; note the process, the minibatch size and the generator's first draw."""
+    draw = int(rng.integers(2 ** 62))
+    flips = rng.random(len(x)) < 0.5
+    out = np.array(x, copy=True)
+    out[flips] = out[flips][..., ::-1]
+    if os.path.isdir(LOG):
+        with open(os.path.join(LOG, f"{os.getpid()}.jsonl"), "a") as fh:
+            fh.write(json.dumps({"pid": os.getpid(), "n": len(x), "draw": draw}) + "\n")
+    return out, y
+
+
+def drop_labels(x, y, rng):
+    """A broken transform: returns fewer labels than examples."""
+    return x, y[:-1]

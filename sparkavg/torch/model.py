@@ -350,6 +350,11 @@ class TorchModel(FlatModel):
         total = loss.item() if self._xp is np else backend.cupy().from_dlpack(loss)
         return self._pending([(1.0, total, 1)])
 
+    def _lazy_tables(self) -> list:
+        """None: the segments index the module's parameters, not sparkavg
+        layers, and no sparkavg ``Embedding(lazy=True)`` lives in a module."""
+        return []
+
     def _copy_in(self):
         """The buffers of another dtype than the model's, from the flat vector."""
         if self._copied:

@@ -116,23 +116,12 @@ def job(args) -> None:
     and ``{"event": "done", ...}`` after it, each time waiting for a line on
     stdin, so that the host counters are read around exactly that fit."""
     import numpy as np
-    from pyspark.sql import SparkSession
 
     from sparkavg.data.mnist import load_mnist
     from sparkavg.nn.zoo import lenet
-    from sparkavg.spark import AdaptiveThreshold, GradientSharing, ParameterAveraging, SparkTrainer, recommended_conf
+    from sparkavg.spark import AdaptiveThreshold, GradientSharing, ParameterAveraging, SparkTrainer
 
-    def say(event: dict) -> None:
-        print(json.dumps(event), flush=True)
-        if sys.stdin.readline().strip() != "go":
-            raise SystemExit("the benchmark went away")
-
-    conf = json.loads(args.conf)
-    builder = SparkSession.builder.appName("bench-cluster").config("spark.driver.memory", "2g")
-    for key, value in {**recommended_conf(conf["spark.master"]), **conf}.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    spark = job_session(args.conf, "bench-cluster")
     try:
         xt, yt = load_mnist(args.data_dir, "test", limit=args.limit_test)
         load = driver_rdd if args.data == "driver" else executor_loaded_rdd
@@ -145,12 +134,12 @@ def job(args) -> None:
         for name, master in masters.items():
             net = lenet(num_classes=10, seed=SEED)
             trainer = SparkTrainer(spark, net, master)
-            say({"event": "ready", "strategy": name})
+            handshake({"event": "ready", "strategy": name})
             trainer.fit(rdd, epochs=args.epochs)
             trainer.close()
             out = np.argmax(np.concatenate([net.output(xt[i:i + 1000]) for i in range(0, len(xt), 1000)]), axis=1)
             c = trainer.stats.counters
-            say({"event": "done", "strategy": name, "history": [
+            handshake({"event": "done", "strategy": name, "history": [
                     {k: h[k] for k in ("epoch", "seconds", "examples", "rounds", "averaging_frequency",
                                        "replica_max_abs_diff") if k in h} for h in trainer.history],
                  "accuracy": float(np.mean(out == yt)), "counters": {k: float(v) for k, v in c.items()},
@@ -194,6 +183,53 @@ def _tc(cluster, host, command: str) -> str:
         raise RuntimeError(f"on {getattr(host, 'name', host)}: expected exit status 0 from {command!r}, got "
                            f"{done.returncode}: {done.stderr.strip()}")
     return done.stdout
+
+
+# -- the driver-program handshake every cluster benchmark speaks (bench_scale, bench_torch_hosts too) ----------
+
+def handshake(event: dict) -> None:
+    """Driver program side: one event as a JSON line, then wait for the benchmark's "go"
+    (it reads the hosts' counters between the two)."""
+    print(json.dumps(event), flush=True)
+    if sys.stdin.readline().strip() != "go":
+        raise SystemExit("the benchmark went away")
+
+
+def job_session(conf_json: str, app_name: str):
+    """Driver program side: the job's SparkSession on the cluster (recommended_conf, then ``conf_json``)."""
+    from pyspark.sql import SparkSession
+
+    from sparkavg.spark import recommended_conf
+
+    conf = json.loads(conf_json)
+    builder = SparkSession.builder.appName(app_name).config("spark.driver.memory", "2g")
+    for key, value in {**recommended_conf(conf["spark.master"]), **conf}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def drive(cluster, argv, on_event) -> tuple:
+    """Benchmark side: run ``argv`` (a driver program) on the cluster's driver host, call
+    ``on_event(event)`` for each of its event lines and answer "go".  Returns ``(exit code, its
+    stderr log)``."""
+    log_path = os.path.join(cluster.log_dir, "driver-program.log")
+    with open(log_path, "w") as stderr:
+        driver = cluster.spawn("driver", argv, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=stderr, text=True)
+        try:
+            for line in iter(driver.stdout.readline, ""):
+                if line.startswith("{"):
+                    on_event(json.loads(line))
+                    driver.stdin.write("go\n")
+                    driver.stdin.flush()
+            code = driver.wait(60)
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+    with open(log_path) as f:
+        return code, f.read()
 
 
 def install_counters(cluster) -> None:
@@ -279,31 +315,16 @@ def run_cluster(rate, args, local_eps: float) -> dict:
         if args.limit_train:
             argv += ["--limit-train", str(args.limit_train)]
         result = {"rate": rate or "unshaped", "cluster_start_seconds": time.monotonic() - started}
-        stderr = open(os.path.join(cluster.log_dir, "driver-program.log"), "w")
-        driver = cluster.spawn("driver", argv, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=stderr, text=True)
-        try:
-            before = None
-            while True:
-                line = driver.stdout.readline()
-                if not line:
-                    break
-                if not line.startswith("{"):
-                    continue
-                event = json.loads(line)
-                if event["event"] == "ready":
-                    before = read_counters(cluster)
-                elif event["event"] == "done":
-                    hosts = _delta(read_counters(cluster), before)
-                    result[event["strategy"]] = summarise(event, hosts, local_eps, cluster.hosts)
-                driver.stdin.write("go\n")
-                driver.stdin.flush()
-            code = driver.wait(60)
-        finally:
-            if driver.poll() is None:
-                driver.kill()
-            stderr.close()
-        log = open(os.path.join(cluster.log_dir, "driver-program.log")).read()
+        before = {}
+
+        def on_event(event):
+            if event["event"] == "ready":
+                before["counters"] = read_counters(cluster)
+            elif event["event"] == "done":
+                hosts = _delta(read_counters(cluster), before["counters"])
+                result[event["strategy"]] = summarise(event, hosts, local_eps, cluster.hosts)
+
+        code, log = drive(cluster, argv, on_event)
         if code != 0 or "sharing" not in result:
             raise RuntimeError(f"the driver program on {result['rate']} exited with {code}:\n{log[-5000:]}")
         result["worker_ips"] = [h.ip for h in cluster.hosts]

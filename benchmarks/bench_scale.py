@@ -75,25 +75,13 @@ RUNS = {
 
 def job(args) -> None:
     import numpy as np
-    from pyspark.sql import SparkSession
 
-    from bench_cluster import executor_loaded_rdd
+    from bench_cluster import executor_loaded_rdd, handshake, job_session
     from sparkavg.data.mnist import load_mnist
     from sparkavg.nn.zoo import lenet
-    from sparkavg.spark import (AdaptiveThreshold, GradientSharing, ParameterAveraging, SparkTrainer, Topology,
-                                recommended_conf)
+    from sparkavg.spark import (AdaptiveThreshold, GradientSharing, ParameterAveraging, SparkTrainer, Topology)
 
-    def say(event: dict) -> None:
-        print(json.dumps(event), flush=True)
-        if sys.stdin.readline().strip() != "go":
-            raise SystemExit("the benchmark went away")
-
-    conf = json.loads(args.conf)
-    builder = SparkSession.builder.appName("bench-scale").config("spark.driver.memory", "2g")
-    for key, value in {**recommended_conf(conf["spark.master"]), **conf}.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    spark = job_session(args.conf, "bench-scale")
     hosts = args.hosts
     try:
         xt, yt = load_mnist(args.data_dir, "test", limit=args.limit_test)
@@ -108,15 +96,15 @@ def job(args) -> None:
                                          topology=Topology(spec.get("topology", "plain")))
             net = lenet(num_classes=10, seed=SEED)
             trainer = SparkTrainer(spark, net, master)
-            say({"event": "ready", "spec": spec})
+            handshake({"event": "ready", "spec": spec})
             began = time.perf_counter()
             trainer.fit(rdd, epochs=args.epochs)
             fit_seconds = time.perf_counter() - began
             trainer.close()
-            say({"event": "fitted", "spec": spec})  # the benchmark reads the counters, lifts the quota
+            handshake({"event": "fitted", "spec": spec})  # the benchmark reads the counters, lifts the quota
             out = np.argmax(np.concatenate([net.output(xt[i:i + 1000]) for i in range(0, len(xt), 1000)]), axis=1)
             stats = trainer.stats
-            say({"event": "done", "spec": spec, "fit_seconds": fit_seconds, "history": [
+            handshake({"event": "done", "spec": spec, "fit_seconds": fit_seconds, "history": [
                     {k: h[k] for k in ("epoch", "seconds", "examples", "rounds", "averaging_frequency",
                                        "worker_shares", "replica_max_abs_diff") if k in h} for h in trainer.history],
                  "accuracy": float(np.mean(out == yt)),
@@ -131,10 +119,6 @@ def job(args) -> None:
 
 
 # -- the benchmark (root namespace) -------------------------------------------------------------
-
-def _delta(after: dict, before: dict) -> dict:
-    return {h: {k: after[h][k] - before[h][k] for k in after[h]} for h in after}
-
 
 def summarise(done: dict, wire: dict, worker_names) -> dict:
     h = done["history"]
@@ -169,7 +153,7 @@ def summarise(done: dict, wire: dict, worker_names) -> dict:
 
 
 def run(args) -> dict:
-    from bench_cluster import install_counters, read_counters
+    from bench_cluster import _delta, drive, install_counters, read_counters
     from tests.harness import SimulatedCluster
 
     fits = RUNS[args.runs]
@@ -186,42 +170,27 @@ def run(args) -> dict:
                 str(args.limit_train), "--hosts", str(args.hosts), "--network-mask", str(cluster.subnet),
                 "--fits", json.dumps(fits)]
         result["cluster_start_seconds"] = time.monotonic() - started
-        log_path = os.path.join(cluster.log_dir, "driver-program.log")
-        stderr = open(log_path, "w")
-        driver = cluster.spawn("driver", argv, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=stderr, text=True)
         worker_names = [h.name for h in cluster.hosts]
-        try:
-            before = wire = None
-            while True:
-                line = driver.stdout.readline()
-                if not line:
-                    break
-                if not line.startswith("{"):
-                    continue
-                event = json.loads(line)
-                spec = event["spec"]
-                if event["event"] == "ready":
-                    for name in worker_names:
-                        cluster.limit_cpu(name, args.cpu / 2 if spec.get("slow") and name == slow_host else args.cpu)
-                    before = read_counters(cluster)
-                elif event["event"] == "fitted":
-                    wire = _delta(read_counters(cluster), before)
-                    for name in worker_names:
-                        cluster.limit_cpu(name, None)
-                elif event["event"] == "done":
-                    result["fits"][spec["name"]] = summarise(event, wire, worker_names)
-                    print(json.dumps({spec["name"]: result["fits"][spec["name"]]["epoch_seconds"]}), file=sys.stderr,
-                          flush=True)
-                driver.stdin.write("go\n")
-                driver.stdin.flush()
-            code = driver.wait(60)
-        finally:
-            if driver.poll() is None:
-                driver.kill()
-            stderr.close()
+        seen = {}
+
+        def on_event(event):
+            spec = event["spec"]
+            if event["event"] == "ready":
+                for name in worker_names:
+                    cluster.limit_cpu(name, args.cpu / 2 if spec.get("slow") and name == slow_host else args.cpu)
+                seen["before"] = read_counters(cluster)
+            elif event["event"] == "fitted":
+                seen["wire"] = _delta(read_counters(cluster), seen["before"])
+                for name in worker_names:
+                    cluster.limit_cpu(name, None)
+            elif event["event"] == "done":
+                result["fits"][spec["name"]] = summarise(event, seen["wire"], worker_names)
+                print(json.dumps({spec["name"]: result["fits"][spec["name"]]["epoch_seconds"]}), file=sys.stderr,
+                      flush=True)
+
+        code, log = drive(cluster, argv, on_event)
         if code != 0 or len(result["fits"]) != len(fits):
-            raise RuntimeError(f"the driver program exited with {code}:\n{open(log_path).read()[-6000:]}")
+            raise RuntimeError(f"the driver program exited with {code}:\n{log[-6000:]}")
         result["worker_ips"] = [h.ip for h in cluster.hosts]
     return result
 

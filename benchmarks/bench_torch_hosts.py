@@ -71,29 +71,18 @@ def job(args) -> None:
     import numpy as np
     from pyspark import cloudpickle
     from pyspark.ml.torch.distributor import TorchDistributor
-    from pyspark.sql import SparkSession
 
     import bench_torch
-    from bench_cluster import executor_loaded_rdd
+    from bench_cluster import executor_loaded_rdd, handshake, job_session
     from sparkavg.data.mnist import load_mnist
     from sparkavg.nn import Adam
-    from sparkavg.spark import AdaptiveThreshold, GradientSharing, ParameterAveraging, SparkTrainer, recommended_conf
+    from sparkavg.spark import AdaptiveThreshold, GradientSharing, ParameterAveraging, SparkTrainer
     from sparkavg.torch import TorchModel
 
     # The DDP function travels by value (the executors have no benchmarks/ on their path).
     cloudpickle.register_pickle_by_value(bench_torch)
 
-    def say(event: dict) -> None:
-        print(json.dumps(event), flush=True)
-        if sys.stdin.readline().strip() != "go":
-            raise SystemExit("the benchmark went away")
-
-    conf = json.loads(args.conf)
-    builder = SparkSession.builder.appName("bench-torch-hosts").config("spark.driver.memory", "2g")
-    for key, value in {**recommended_conf(conf["spark.master"]), **conf}.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    spark = job_session(args.conf, "bench-torch-hosts")
     try:
         xt, yt = load_mnist(args.data_dir, "test")
         rdd = executor_loaded_rdd(spark.sparkContext, args.data_dir, args.limit_train, slices=2)
@@ -104,7 +93,7 @@ def job(args) -> None:
                                        workers=2, seed=SEED),
         }
         for name in args.runs.split(","):
-            say({"event": "ready", "run": name})
+            handshake({"event": "ready", "run": name})
             if name == "distributor":
                 t = time.perf_counter()
                 out = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
@@ -132,7 +121,7 @@ def job(args) -> None:
                         "dense_bytes_equivalent": float(c.get("dense_bytes_equivalent", 0.0)),
                         "phase_totals": trainer.stats.phase_totals()}
             done.update(event="done", run=name, wall_seconds=wall)
-            say(done)
+            handshake(done)
         rdd.unpersist()
     finally:
         spark.stop()
@@ -151,7 +140,7 @@ def summarise(done: dict, hosts: dict, epochs: int) -> dict:
 
 
 def run_cluster(rate, args) -> dict:
-    from bench_cluster import _delta, install_counters, read_counters
+    from bench_cluster import _delta, drive, install_counters, read_counters
     from tests.harness import SimulatedCluster
 
     started = time.monotonic()
@@ -164,32 +153,16 @@ def run_cluster(rate, args) -> dict:
                 "--runs", args.runs]
         result = {"rate": rate or "unshaped", "cluster_start_seconds": time.monotonic() - started,
                   "load_average_1min_before": os.getloadavg()[0]}
-        log_path = os.path.join(cluster.log_dir, "driver-program.log")
-        stderr = open(log_path, "w")
-        driver = cluster.spawn("driver", argv, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=stderr, text=True)
-        try:
-            before = None
-            while True:
-                line = driver.stdout.readline()
-                if not line:
-                    break
-                if not line.startswith("{"):
-                    continue
-                event = json.loads(line)
-                if event["event"] == "ready":
-                    before = read_counters(cluster)
-                elif event["event"] == "done":
-                    hosts = _delta(read_counters(cluster), before)
-                    result[event["run"]] = summarise(event, hosts, args.epochs)
-                driver.stdin.write("go\n")
-                driver.stdin.flush()
-            code = driver.wait(60)
-        finally:
-            if driver.poll() is None:
-                driver.kill()
-            stderr.close()
-        log = open(log_path).read()
+        before = {}
+
+        def on_event(event):
+            if event["event"] == "ready":
+                before["counters"] = read_counters(cluster)
+            elif event["event"] == "done":
+                hosts = _delta(read_counters(cluster), before["counters"])
+                result[event["run"]] = summarise(event, hosts, args.epochs)
+
+        code, log = drive(cluster, argv, on_event)
         missing = [r for r in args.runs.split(",") if r not in result]
         if code != 0 or missing:
             raise RuntimeError(f"the driver program on {result['rate']} exited with {code}, missing {missing}:\n"

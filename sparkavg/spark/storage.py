@@ -195,15 +195,9 @@ def _parse_layout(header: bytes, start: int, name: str):
     offset = start + (-start % _ALIGN)
     layout = []
     for key in "xy":
-        entry = parsed.get(key) if isinstance(parsed, dict) else None
-        dtype = _DTYPES.get(entry.get("dtype")) if isinstance(entry, dict) else None
-        shape = entry.get("shape") if isinstance(entry, dict) else None
-        if dtype is None or not isinstance(shape, list) or \
-                not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-            raise ValueError(f"{name}: expected {key!r} with a dtype of {sorted(_DTYPES)} and a shape of "
-                             f"non-negative ints, got {entry!r}")
+        dtype, shape = _entry(parsed.get(key) if isinstance(parsed, dict) else None, key, name)
         end = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        layout.append((dtype, tuple(shape), offset, end))
+        layout.append((dtype, shape, offset, end))
         offset = end
     return tuple(layout)
 

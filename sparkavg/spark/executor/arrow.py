@@ -386,15 +386,9 @@ def make_minibatcher(spec: DataSpec, batch_size: int, features_col, label_col: s
             return pa.RecordBatch.from_pydict(cols)
 
         def chunks():
-            row = 0
-            for batch in batches:
-                n = batch.num_rows
-                if n == 0:
-                    continue
-                where = row_namer(partition, row)
+            for batch, where in numbered_batches(batches, partition):
                 x = read_features(batch, features_col, where, spec)
                 yield x, label_array(batch_column(batch, label_col), spec, where)
-                row += n
 
         for x, y in cut_minibatches(chunks(), batch_size, spec):
             emit(x, y)
@@ -442,21 +436,25 @@ def _chunks(x, y: Optional[np.ndarray], batch, features_col, labels, where) -> I
         yield fx, (fy[0] if fy.ndim > 1 else fy[0].item())
 
 
+def numbered_batches(batches: Iterable, partition: int) -> Iterator[tuple]:
+    """A partition's non-empty Arrow batches, each with the ``where`` that
+    names its rows (``partition P, row R``) for validation messages."""
+    row = 0
+    for batch in batches:
+        if batch.num_rows:
+            yield batch, row_namer(partition, row)
+            row += batch.num_rows
+
+
 def examples_from_batches(batches: Iterable, features_col, label_col: str, partition: int) -> Iterator[tuple]:
     """A partition's Arrow batches as ``(x (n, width), y)`` records for the
     evaluation tasks (their ``rebatch`` validates against the network);
     several named inputs (``features_col`` a tuple of
     :class:`~sparkavg.data.validation.NamedInput`): ``x`` a dict by input name."""
-    row = 0
-    for batch in batches:
-        n = batch.num_rows
-        if n == 0:
-            continue
-        where = row_namer(partition, row)
+    for batch, where in numbered_batches(batches, partition):
         x = read_features(batch, features_col, where)
         y = label_array(batch_column(batch, label_col), None, where)
         yield from _chunks(x, y, batch, features_col, batch_column(batch, label_col), where)
-        row += n
 
 
 def make_example_decoder(features_col, label_col: str):
@@ -490,19 +488,13 @@ def make_feature_decoder(features_col):
         pa = _pa()
         partition = _partition()
         failures: list = []
-        row = 0
         with task_failure_guard(failures, partition=partition):
-            for batch in batches:
-                n = batch.num_rows
-                if n == 0:
-                    continue
-                where = row_namer(partition, row)
+            for batch, where in numbered_batches(batches, partition):
                 x = read_features(batch, features_col, where)
                 chunks = [x] if x is not None else [read_features(batch.slice(i, 1), features_col, where)
-                                                    for i in range(n)]
+                                                    for i in range(batch.num_rows)]
                 yield pa.RecordBatch.from_pydict({"x": pa.array([inputs_bytes(c) for c in chunks], pa.binary()),
                                                   "error": pa.array([None] * len(chunks), pa.string())})
-                row += n
         if failures:
             yield _failure_batch(failures[0], FEATURE_SCHEMA)
 

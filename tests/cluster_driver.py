@@ -263,22 +263,6 @@ def private_dir(ctx: Context) -> dict:
     return {"raised": None, "message": ""}
 
 
-def mesh(ctx: Context) -> dict:
-    """GradientSharing(topology=MESH) on every worker, UDP addresses chosen by network_mask."""
-    workers = int(ctx.sc.defaultParallelism)
-    x, y = blobs(100 * workers, seed=17)
-    rdd = ctx.pairs(x, y, workers)
-    trainer = SparkTrainer(ctx.spark, small_net(seed=18),
-                           GradientSharing(topology=Topology.MESH, network_mask=ctx.network_mask,
-                                           batch_size_per_worker=10, workers=workers))
-    trainer.fit(rdd, epochs=2).close()
-    return {"workers": workers, "n": len(x), "examples": [h["examples"] for h in trainer.history],
-            "replica_max_abs_diff": max(h["replica_max_abs_diff"] for h in trainer.history),
-            "accuracy": accuracy(trainer.network, x, y), "lane_hosts": lane_hosts(trainer.stats),
-            "udp_addresses": udp_decisions(trainer.stats),
-            "messages_received": int(trainer.stats.counters.get("messages_received", 0))}
-
-
 def _many_hosts(ctx: Context, master_for) -> dict:
     """One fit on every worker host (tests/test_cluster_hosts.py's 8-host test): what each rank did, by
     sparkavg's own statistics."""
@@ -393,7 +377,7 @@ def models_across_hosts(ctx: Context) -> dict:
 
 
 SCENARIOS = {f.__name__: f for f in (averaging_defaults, sharing_defaults, inference, checkpoint_resume, stats_page,
-                                     kill_averaging, kill_sharing, shared_dir, private_dir, mesh,
+                                     kill_averaging, kill_sharing, shared_dir, private_dir,
                                      data_stays_on_hosts, models_across_hosts, many_averaging, many_plain,
                                      many_mesh)}
 
@@ -408,7 +392,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--conf", required=True, help="JSON object of Spark settings (spark.master included)")
     p.add_argument("--shared", required=True, help="a folder every host reads and writes")
-    p.add_argument("--network-mask", default=None, help="GradientSharing.network_mask of the mesh scenario")
+    p.add_argument("--network-mask", default=None, help="GradientSharing.network_mask of the many-host sharing scenarios")
     p.add_argument("--handshake", action="store_true",
                    help='around each scenario print {"event": "ready"|"done", "scenario": ...} and wait for a '
                         '"go" line on stdin (the caller reads host counters around exactly that scenario)')

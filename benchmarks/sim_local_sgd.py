@@ -14,7 +14,9 @@ over ``B``-example gradients instead of one ``g^2`` over ``2 B``).
     python benchmarks/sim_local_sgd.py torch-lstm 12000 2 32 123 0,1,5,32
 
 Arguments: model, training examples, epochs, ``B``, seed, frequencies
-(comma-separated).  Prints one line per frequency: test accuracy, seconds.
+(comma-separated), and optionally an Adam learning rate for the torch
+models (default 1e-3), e.g. ``0.000707`` for one process at ``1/sqrt(2)``
+of it.  Prints one line per frequency: test accuracy, seconds.
 """
 from __future__ import annotations
 
@@ -35,10 +37,20 @@ def main(argv=None):
     from sparkavg.threads import limit_threads
 
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 6:
-        raise SystemExit("Expect: model examples epochs batch seed frequencies, got " + " ".join(args))
+    if len(args) not in (6, 7):
+        raise SystemExit("Expect: model examples epochs batch seed frequencies [lr], got " + " ".join(args))
     model, n, epochs, b, seed = args[0], int(args[1]), int(args[2]), int(args[3]), int(args[4])
     frequencies = [int(f) for f in args[5].split(",")]
+    lr = float(args[6]) if len(args) == 7 else None
+    if lr is not None and not model.startswith("torch-"):
+        raise SystemExit(f"Expect a torch-* model with a learning rate, got {model!r}")
+
+    def make():
+        if lr is None:
+            return build(model, seed)
+        from sparkavg.nn import Adam
+        from sparkavg.torch import TorchModel
+        return TorchModel(f"sparkavg.torch.zoo:{model[6:]}", updater=Adam(lr=lr), input_shape=(1, 28, 28), seed=seed)
     x, y = load_mnist(default_data_dir(), "train", limit=n)
     xt, yt = load_mnist(default_data_dir(), "test")
     if model in FLAT:
@@ -46,7 +58,7 @@ def main(argv=None):
     with limit_threads(1):
         for f in frequencies:
             t = time.perf_counter()
-            replicas = [build(model, seed)] if f == 0 else [build(model, seed), build(model, seed)]
+            replicas = [make()] if f == 0 else [make(), make()]
             step = 0
             for epoch in range(epochs):
                 for xb, yb in minibatches(x, y, 2 * b, shuffle=True, seed=seed + epoch):
@@ -64,8 +76,8 @@ def main(argv=None):
                                 sa[name][...] = 0.5 * (sa[name] + sb[name])
                                 sb[name][...] = sa[name]
             accuracy = evaluate_local(replicas[0], xt, yt).accuracy()
-            print(f"{model} {'one process' if f == 0 else f'F {f}'} {accuracy:.4f} {time.perf_counter() - t:.1f}",
-                  flush=True)
+            print(f"{model} {'one process' if f == 0 else f'F {f}'}{'' if lr is None else f' lr {lr:g}'} "
+                  f"{accuracy:.4f} {time.perf_counter() - t:.1f}", flush=True)
 
 
 if __name__ == "__main__":

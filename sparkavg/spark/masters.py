@@ -414,7 +414,8 @@ class ParameterAveraging(Master):
         apart over longer rounds lose accuracy: DL4J's MnistMLP
         (Nesterov(0.05, 0.9)) on 60k x 3 lost 1.9 points against one
         process at the frequencies overhead chose (157-375; mean of 8
-        seeds) and 0.35 at 32 (benchmarks/RESULTS.md, issue 22).
+        seeds) and was level with it at 32 (+0.08; benchmarks/RESULTS.md,
+        issue 22).
     block_momentum : BlockMomentum or None, default BlockMomentum()
         Block momentum (BMUF) applied by the driver after each averaging;
         None averages plainly (DL4J).  On by default because it measured

@@ -17,9 +17,15 @@ Models (``--models``):
 ``sgd``     784-256-10 relu MLP with plain SGD(lr=0.1), 32 per worker.
 ``resnet``  examples/mnist_resnet.py's ``build()`` (Adam), 32 per worker.
 ``lstm``    examples/mnist_lstm.py's ``build()`` (Adam), 32 per worker.
+``torch-resnet``, ``torch-lstm``  issue 21's torch modules
+            (``sparkavg.torch.zoo:resnet`` / ``:lstm``) as ``TorchModel`` with
+            sparkavg's Adam(1e-3), 32 per worker; the one process is the same
+            ``TorchModel`` fitted at 2 x 32 (``bench_torch.py``'s one process
+            uses ``torch.optim.Adam`` instead).
 
 Data (``--data``): ``12k`` (the first 12,000 training images, 1 epoch),
-``60k`` (all 60,000, 3 epochs).  Masters (``--masters``): ``defaults``
+``60k`` (all 60,000, 3 epochs), ``12kx2`` (12,000 x 2 epochs, issue 21's
+torch cells).  Masters (``--masters``): ``defaults``
 (``ParameterAveraging()``), ``f5`` (``averaging_frequency=5``, the rest
 default), ``sharing`` (``GradientSharing()``); for measuring block momentum
 also ``f<N>`` / ``auto`` with ``-bm`` (block momentum forced on at every
@@ -46,9 +52,9 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 
-MODELS = ("lenet", "mlp", "sgd", "resnet", "lstm")
-DATA = {"12k": (12000, 1), "60k": (60000, 3)}
-BATCH = {"lenet": 32, "mlp": 16, "sgd": 32, "resnet": 32, "lstm": 32}
+MODELS = ("lenet", "mlp", "sgd", "resnet", "lstm", "torch-resnet", "torch-lstm")
+DATA = {"12k": (12000, 1), "60k": (60000, 3), "12kx2": (12000, 2)}
+BATCH = {"lenet": 32, "mlp": 16, "sgd": 32, "resnet": 32, "lstm": 32, "torch-resnet": 32, "torch-lstm": 32}
 FLAT = {"mlp", "sgd"}  # models that take (784,) vectors
 
 log = logging.getLogger("bench_parity")
@@ -67,6 +73,11 @@ def build(model: str, seed: int):
     if model == "lstm":
         from mnist_lstm import build as lstm
         return lstm(seed=seed)
+    if model.startswith("torch-"):
+        from sparkavg.nn import Adam
+        from sparkavg.torch import TorchModel
+        return TorchModel(f"sparkavg.torch.zoo:{model[6:]}", updater=Adam(lr=1e-3), input_shape=(1, 28, 28),
+                          seed=seed)
     if model == "mlp":
         return Network((784,), [Dense(500, activation="leaky_relu"), Dense(100, activation="leaky_relu"),
                                 Output(10, activation="softmax", loss="nll")],

@@ -157,6 +157,32 @@ def test_convergence_bound_meets_the_theory_at_every_epoch_end(workers):
     assert rounds_needed(0, 2) == 0 and rounds_needed(1000, 2) == 10  # 0.75 x 2000^(1/3) = 9.45
 
 
+def test_plain_averaging_of_a_momentum_updater_is_bounded_by_max_plain_momentum_frequency():
+    # Issue 22: DL4J's MnistMLP (Nesterov 0.9, 16 per worker) on 60k: the bound alone allows 157 in epoch 1
+    # and overhead chose it, 1.9 points behind one process; plain averaging of its momentum stops at 32.
+    from sparkavg.spark.runners.averaging import AveragingRunner
+
+    runner = AveragingRunner(seam=None, master=ParameterAveraging())
+    assert runner.frequency_bound(1875, 2, 0, Adam()) == convergence_bound(1875, 2, 0)  # block momentum's case
+    assert convergence_bound(1875, 2, 0)[0] == 157
+    f, why = runner.frequency_bound(1875, 2, 0, Nesterov(lr=0.05, momentum=0.9))
+    assert f == 32 and "Nesterov has its own momentum 0.9" in why and "max_plain_momentum_frequency 32" in why
+    assert "convergence bound 157" in why
+    costs = RoundCosts(0.07, 0.002, 3, "probe round 2")
+    f, reason = choose_frequency(costs, 0.03, 400, 1875, (f, why))
+    assert f == 32 and "capped by the momentum bound 32" in reason
+    assert runner.frequency_bound(40, 2, 0, Nesterov())[0] == convergence_bound(40, 2, 0)[0] == 10  # below it
+    assert runner.frequency_bound(1875, 2, 0, Nesterov(momentum=0.0))[0] == 157  # no momentum of its own
+    plain = AveragingRunner(seam=None, master=ParameterAveraging(block_momentum=None,
+                                                                 max_plain_momentum_frequency=16))
+    assert plain.frequency_bound(1875, 2, 1, Nesterov())[0] == 16
+    forced = AveragingRunner(seam=None, master=ParameterAveraging(
+        block_momentum=BlockMomentum(with_momentum_updaters=True)))  # block momentum runs for it: no cap
+    assert forced.frequency_bound(1875, 2, 0, Nesterov())[0] == 157
+    with pytest.raises(ValueError, match=re.escape("Expect max_plain_momentum_frequency >= 1")):
+        ParameterAveraging(max_plain_momentum_frequency=0)
+
+
 def test_convergence_bound_validation():
     for args, message in [((0, 2, 0), "Expect minibatches_per_worker >= 1 (an int), got 0"),
                           ((10, 0, 0), "Expect workers >= 1 (an int), got 0"),

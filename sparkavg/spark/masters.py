@@ -405,6 +405,17 @@ class ParameterAveraging(Master):
         the same frequencies trailed block momentum by 0.2-0.5 points
         after 3 epochs and by 0.5-1.3 in the first two.  A pinned int is
         not bounded.
+    max_plain_momentum_frequency : int, default 32
+        With ``"auto"`` and an updater that has a momentum of its own
+        (``Nesterov``; block momentum does not run for it unless
+        ``BlockMomentum(with_momentum_updaters=True)``): an upper bound on
+        the frequency.  Such a worker moves ``1 / (1 - momentum)`` times
+        its learning rate a step, and plainly averaged replicas that drift
+        apart over longer rounds lose accuracy: DL4J's MnistMLP
+        (Nesterov(0.05, 0.9)) on 60k x 3 lost 1.9 points against one
+        process at the frequencies overhead chose (157-375; mean of 8
+        seeds) and was level with it at 32 (+0.08; benchmarks/RESULTS.md,
+        issue 22).
     block_momentum : BlockMomentum or None, default BlockMomentum()
         Block momentum (BMUF) applied by the driver after each averaging;
         None averages plainly (DL4J).  On by default because it measured
@@ -452,6 +463,7 @@ class ParameterAveraging(Master):
     save_updater: bool = True
     weighting: Weighting = Weighting.EXAMPLES
     worker_shares: str = "auto"
+    max_plain_momentum_frequency: int = 32
 
     def __post_init__(self):
         super().__post_init__()
@@ -462,6 +474,7 @@ class ParameterAveraging(Master):
         check(isinstance(t, (int, float)) and not isinstance(t, bool) and 0.0 < t < 1.0,
               f"Expect target_overhead in (0, 1) (a share of a round), got {t!r}")
         check_int("max_averaging_frequency", self.max_averaging_frequency)
+        check_int("max_plain_momentum_frequency", self.max_plain_momentum_frequency)
         check(self.block_momentum is None or isinstance(self.block_momentum, BlockMomentum),
               f"Expect block_momentum to be BlockMomentum(...) or None, got {self.block_momentum!r}")
         check(f != AUTO or self.collect_stats,

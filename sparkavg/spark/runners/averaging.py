@@ -108,7 +108,7 @@ class AveragingRunner(EpochRunner):
             if self._costs is None:
                 self._costs = self._probe(prepared, workers, network, epoch, stats)
             per_worker = max(1, math.ceil(len(prepared.sizes) / workers))
-            bound = convergence_bound(per_worker, workers, epoch)
+            bound = self.frequency_bound(per_worker, workers, epoch, getattr(network, "updater", None))
             if self._costs is None:  # the probe saw no minibatch fitted: nothing to measure
                 frequency = min(m.max_averaging_frequency, bound[0])
                 reason = f"no probe round fitted a minibatch: the bound; {bound[1]}"
@@ -120,6 +120,28 @@ class AveragingRunner(EpochRunner):
         self._frequency = frequency
         self._decide_block_momentum(frequency, workers, network, epoch, stats)
         return frequency
+
+    def frequency_bound(self, per_worker: int, workers: int, epoch: int, updater=None):
+        """The largest frequency ``"auto"`` may choose in ``epoch`` and why:
+        the convergence bound (:func:`.frequency.convergence_bound`), and
+        with an updater that has a momentum of its own (Nesterov, ...)
+        averaged plainly -- block momentum never runs for it -- at most
+        ``max_plain_momentum_frequency``: such a worker moves
+        ``1 / (1 - momentum)`` times its learning rate a step, its replicas
+        drift apart within a long round, and the average of drifted replicas
+        lost 1.9 points against one process (DL4J's MnistMLP, Nesterov(0.9),
+        60k x 3, mean of 8 seeds, at F = 157-375; benchmarks/RESULTS.md,
+        issue 22)."""
+        bound = convergence_bound(per_worker, workers, epoch)
+        m = self.master
+        own = float(getattr(updater, "momentum", 0.0) or 0.0)
+        bm = m.block_momentum
+        cap = m.max_plain_momentum_frequency
+        if own <= 0.0 or (bm is not None and bm.with_momentum_updaters) or bound[0] <= cap:
+            return bound
+        return cap, (f"momentum bound {cap}: {type(updater).__name__} has its own momentum {own:g} and is "
+                     f"averaged plainly (no block momentum), whose replicas drift apart in longer rounds "
+                     f"(max_plain_momentum_frequency {cap}); the {bound[1]}")
 
     def _decide_block_momentum(self, frequency, workers, network, epoch, stats) -> None:
         """Whether block momentum runs this epoch (:meth:`BlockMomentum.applies`);

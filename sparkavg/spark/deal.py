@@ -133,17 +133,23 @@ def weighted_shards(shards: List[List[int]], weights: Sequence[float]) -> List[L
 
 def split_rounds(shards: List[List[int]], per_round: int, seed: Optional[int]) -> List[List[List[int]]]:
     """``rounds[r][w]``: each shard shuffled in place (``seed``; None keeps
-    its order) and split into the same number of rounds -- as many as the
-    largest shard needs at ``per_round`` -- in parts differing by at most
-    one, so that each worker's minibatches per round are in proportion to
-    its shard.  Every id appears exactly once."""
+    its order) and split into the same number of rounds -- as many as an
+    equal deal of the same minibatches has at ``per_round`` (``per_round``
+    is then each worker's mean per round: a faster worker's part is larger)
+    -- in parts differing by at most one, so that each worker's minibatches
+    per round are in proportion to its shard.  Every id appears exactly once.
+
+    Not as many as the largest shard needs at ``per_round``: re-cut shares
+    would then add a round to the epoch (e.g. 7 workers at 69 minibatches
+    where an equal deal has 64 and ``per_round`` 16: 5 rounds instead of
+    4), and a round's fixed cost is what the shares are meant to save."""
     rng = None if seed is None else np.random.default_rng(seed)
     dealt = [(rng.permutation(np.asarray(s, dtype=np.int64)) if rng is not None else np.asarray(s, dtype=np.int64))
              for s in shards]
-    longest = max((len(s) for s in dealt), default=0)
-    if longest == 0:
+    total = sum(len(s) for s in dealt)
+    if total == 0:
         return []
-    rounds = -(-longest // per_round)
+    rounds = -(-(-(-total // len(dealt))) // per_round)
     parts = [np.array_split(s, rounds) for s in dealt]
     return [[parts[w][r].tolist() for w in range(len(dealt))] for r in range(rounds)]
 

@@ -256,7 +256,11 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
         _count(rec, state, t, examples, iterations, n, world)
         params = net.params if rank == 0 else net.params[xp.asarray(replica_sample(n))]
         live = net.state
-        return SharingResult(rank, host_copy(params), host_copy(live["updater"]), state.to_plain(),
+        # Ranks keeping their state here continue with their own updater state: the driver takes rank 0's, as it
+        # takes rank 0's parameters, and the others send none (each would cross the driver's link every epoch).
+        keeps = resident.get("store") is not None
+        updater = host_copy(live["updater"]) if rank == 0 or not keeps else np.zeros(0, np.float32)
+        return SharingResult(rank, host_copy(params), updater, state.to_plain(),
                              loss_sum, examples, net.iteration - start_iteration, rec.to_payload(),
                              [choice.to_plain(rank)], host_copy(live["buffers"]))
 

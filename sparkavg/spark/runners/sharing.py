@@ -28,8 +28,10 @@ whose state is not on its executor (lost with it, or the rank moved host
 and no other rank's state is left there) fails the stage at its start; the
 driver then ships the whole state, as before, and runs the epoch again
 (counter ``resident_state_misses``).  The driver still gets every rank's
-updater state and residual back each epoch, so checkpoints and the trained
-network are what they were.
+residual back each epoch and rank 0's parameters and updater state (the
+network's, as its parameters are rank 0's; before, the mean of the ranks'
+updater states, which no rank continues from any more), so a checkpoint
+resumes every rank's residual and a valid replica.
 """
 from __future__ import annotations
 
@@ -195,12 +197,14 @@ class SharingRunner(EpochRunner):
         sampled = reference[replica_sample(reference.size)]
         diff = max((float(np.max(np.abs(x.params - sampled))) if x.params.size else 0.0) for x in results[1:]
                    ) if len(results) > 1 else 0.0
-        # Replicas agree on the parameters (rank 0's are kept); updater states are averaged.
+        # Replicas agree on the parameters (rank 0's are kept); the updater states the ranks returned are
+        # averaged (only rank 0's while ranks keep their states on their executors: each continues with its own).
+        returned = [x.updater_state for x in results if x.updater_state.size == results[0].updater_state.size]
         if results[0].updater_state.size:
             mean_state = np.zeros_like(results[0].updater_state)
-            for x in results:
-                ops.accumulate(mean_state, x.updater_state)
-            ops.scale(mean_state, 1.0 / len(results))
+            for value in returned:
+                ops.accumulate(mean_state, value)
+            ops.scale(mean_state, 1.0 / len(returned))
             network.load_state({"updater": mean_state})
         network.load_state({"params": reference})
         if results[0].buffers.size:  # never shared while training: averaged here, weighted by examples

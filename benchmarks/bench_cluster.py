@@ -146,7 +146,8 @@ def job(args) -> None:
                  "lanes": trainer.stats.lanes, "stats_summary": trainer.stats.summary(),
                  "phase_totals": trainer.stats.phase_totals(), "state_bytes": int(4 * (net.num_params + net.updater_state.size)),
                  "udp_addresses": sorted({str(d["value"]) for d in trainer.stats.decisions
-                                          if d["name"] == "udp_address"})})
+                                          if d["name"] == "udp_address"}),
+                 "decisions": [d for d in trainer.stats.decisions if d["name"] in ("sharing_state", "deal")]})
     finally:
         spark.stop()
 
@@ -279,7 +280,9 @@ def summarise(done: dict, hosts: dict, local_eps: float, workers) -> dict:
            "speedup_vs_local": eps / local_eps, "accuracy": done["accuracy"], "hosts": hosts,
            "busiest_link_bytes_per_epoch": max(max(v["tx"], v["rx"]) for v in hosts.values()) / len(h),
            "lane_hosts": sorted({lane.split("/")[0] for lane in done["lanes"] if "/" in lane}),
-           "stats_summary": done["stats_summary"], "phase_totals": done["phase_totals"]}
+           "stats_summary": done["stats_summary"], "phase_totals": done["phase_totals"],
+           "decisions": done.get("decisions"), "resident_state_misses": c.get("resident_state_misses", 0.0),
+           "replica_max_abs_diff": [e.get("replica_max_abs_diff") for e in h]}
     if done["strategy"] == "averaging":
         out["rounds"] = [e.get("rounds") for e in h]
         out["averaging_frequency"] = [e.get("averaging_frequency") for e in h]

@@ -68,7 +68,32 @@ RUNS = {
                   {"name": "averaging_slow_auto", "master": "averaging", "slow": True, "worker_shares": "auto"},
                   {"name": "sharing_even", "master": "sharing", "topology": "plain"},
                   {"name": "sharing_slow", "master": "sharing", "topology": "plain", "slow": True}],
+    # the must's two fits only (issue 26: with tolerance <= 1.2x the no-straggler epoch)
+    "straggler_auto": [{"name": "averaging_even", "master": "averaging"},
+                       {"name": "averaging_slow_auto", "master": "averaging", "slow": True, "worker_shares": "auto"}],
 }
+
+
+def round_timeline(stats) -> list:
+    """Per driver round (epoch, round): its span, the driver's broadcast and
+    merge, and per worker task its start and end after the round began
+    (seconds) and its fetch / model_init / data_load / fit seconds -- where a
+    round's time goes (who it waits for, and on what)."""
+    rounds = [e for e in stats.events if e.phase == "round"]
+    out = []
+    for rd in rounds:
+        tasks = [t for t in stats.tasks if t.epoch == rd.epoch and t.round == rd.round]
+        phases = {}
+        for e in stats.events:
+            if e.epoch == rd.epoch and e.round == rd.round:
+                by = phases.setdefault(e.lane, {})
+                by[e.phase] = by.get(e.phase, 0.0) + e.duration
+        out.append({"epoch": rd.epoch, "round": rd.round, "seconds": rd.duration,
+                    "driver": {k: round(v, 4) for k, v in phases.get("driver", {}).items()},
+                    "tasks": [{"lane": t.lane, "start": round(t.start - rd.start, 4), "end": round(t.end - rd.start, 4),
+                               **{k: round(v, 4) for k, v in phases.get(t.lane, {}).items()}}
+                              for t in sorted(tasks, key=lambda t: t.lane)]})
+    return out
 
 
 # -- the driver program (inside the cluster's driver host) -----------------------------------
@@ -113,7 +138,8 @@ def job(args) -> None:
                  "decisions": [d for d in stats.decisions if d["name"] in ("worker_shares", "averaging_frequency",
                                                                           "deal")],
                  "state_bytes": int(4 * (net.num_params + net.updater_state.size)), "num_params": int(net.num_params),
-                 "lane_hosts": sorted({lane.split("/")[0] for lane in stats.lanes if "/" in lane})})
+                 "lane_hosts": sorted({lane.split("/")[0] for lane in stats.lanes if "/" in lane}),
+                 "round_timeline": round_timeline(stats)})
     finally:
         spark.stop()
 
@@ -132,7 +158,7 @@ def summarise(done: dict, wire: dict, worker_names) -> dict:
            "decisions": done["decisions"], "lane_hosts": done["lane_hosts"], "state_bytes": done["state_bytes"],
            "num_params": done["num_params"], "compute_seconds": done["compute_seconds"],
            "minibatches": c.get("minibatches"),
-           "fit_phase": done["phase_totals"].get("fit")}
+           "fit_phase": done["phase_totals"].get("fit"), "round_timeline": done.get("round_timeline")}
     if done["spec"]["master"] == "averaging":
         out["rounds"] = [e.get("rounds") for e in h]
         out["averaging_frequency"] = [e.get("averaging_frequency") for e in h]

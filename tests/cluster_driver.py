@@ -115,7 +115,9 @@ def sharing_defaults(ctx: Context) -> dict:
             "accuracy": accuracy(net, x, y), "prepared": ctx.logs.since(mark, "prepared"),
             "lane_hosts": lane_hosts(trainer.stats), "udp_addresses": udp_decisions(trainer.stats),
             "bytes_sent": int(c.get("bytes_sent", 0)), "messages_received": int(c.get("messages_received", 0)),
-            "datagrams_forged": int(c.get("datagrams_forged", 0))}
+            "datagrams_forged": int(c.get("datagrams_forged", 0)),
+            "sharing_state": [d["value"] for d in trainer.stats.decisions if d["name"] == "sharing_state"],
+            "resident_state_misses": int(c.get("resident_state_misses", 0))}
 
 
 def inference(ctx: Context) -> dict:

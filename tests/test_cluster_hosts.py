@@ -115,6 +115,8 @@ def test_sharing_at_its_defaults_trains_across_hosts_over_udp(two_hosts, sim_clu
     # Every update crossed the link: each worker received each of the other's messages, every epoch.
     assert r["messages_received"] == 2 * minibatches_prepared(r["prepared"])
     assert r["datagrams_forged"] == 0
+    # Epoch 2 started from the states the ranks kept on their own hosts: the driver shipped no state.
+    assert r["sharing_state"] == ["shipped", "executors"] and r["resident_state_misses"] == 0, r
 
 
 def test_each_sharing_worker_binds_its_hosts_cluster_address(two_hosts, sim_cluster):

@@ -120,6 +120,9 @@ def test_sharing_on_connect_learns_and_replicas_agree(connect, placement):
         assert max(h["replica_max_abs_diff"] for h in trainer.history) < 1e-5
         assert trainer.evaluate(df).accuracy() > 0.9
         assert trainer.stats.counters["messages_sent"] > 0
+        # Epoch 2 started from the states the ranks kept on their executors, on Connect too.
+        kept = [d["value"] for d in trainer.stats.decisions if d["name"] == "sharing_state"]
+        assert kept == ["shipped", "executors"] and not trainer.stats.counters.get("resident_state_misses")
 
 
 def test_evaluate_score_predict_on_connect(connect):

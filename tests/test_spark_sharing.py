@@ -32,6 +32,26 @@ def test_sharing_learns_and_replicas_agree(sc):
     assert c["datagrams_forged"] == 0
     series = trainer.stats.series_data
     assert "threshold" in series and "sparsity" in series
+    # Epoch 2 started from the states the ranks kept on their executor: the driver shipped no state.
+    kept = [d["value"] for d in trainer.stats.decisions if d["name"] == "sharing_state"]
+    assert kept == ["shipped", "executors"], kept
+    assert c.get("resident_state_misses", 0) == 0
+    # Lost with their executor: the epoch fails at its start, runs again with the driver's whole state.
+    import glob
+    import os
+
+    from pyspark import SparkFiles
+
+    from sparkavg.spark.executor.sharing import RESIDENT_DIR
+
+    files = glob.glob(os.path.join(SparkFiles.getRootDirectory(), RESIDENT_DIR, "*.npz"))
+    assert len(files) == 2, files  # one per rank, the last epoch's only
+    for path in files:
+        os.remove(path)
+    trainer.fit(rdd, epochs=3)
+    assert trainer.stats.counters["resident_state_misses"] == 1
+    assert trainer.history[-1]["examples"] == 400 and trainer.history[-1]["replica_max_abs_diff"] < 1e-5
+    assert trainer.evaluate(rdd).accuracy() > 0.9
 
 
 def test_executor_runs_sharing_step_bit_for_bit(sc):

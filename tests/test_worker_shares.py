@@ -38,8 +38,10 @@ def test_every_minibatch_trains_exactly_once_per_epoch_whatever_the_shares(weigh
         got = ids_of(rounds)
         assert sorted(got) == list(range(count))  # each id once: none lost, none twice
         assert all(len(shards) == workers for shards in rounds)
-        # The fastest worker's round is per_round minibatches (or fewer), never more.
-        assert max(len(s) for shards in rounds for s in shards) <= per_round
+        # As many rounds as equal shares have: re-cut shares never add a round (its fixed cost) to the
+        # epoch; per_round is then each worker's mean, the faster ones' parts a little larger.
+        assert len(rounds) == len(deal_epoch(count, workers, per_round, seed, local, layout))
+        assert sum(len(s) for shards in rounds for s in shards) <= per_round * workers * len(rounds)
         assert all(any(shards) for shards in rounds)  # no empty round
 
 
@@ -170,3 +172,18 @@ def test_checkpointed_runner_state_keeps_the_speeds_the_next_epoch_is_cut_from()
     assert resumed._speeds == [(640.0, 1.0, 0.2), None, (320.0, 1.0, 0.4)] == runner._speeds
     with pytest.raises(ValueError, match="unknown keys"):
         resumed.load_state_dict({"worker_speed": np.zeros(3)})
+
+
+def test_a_shards_foreign_minibatches_are_spread_evenly_over_its_rounds():
+    # Bunched in one round, a fast worker's part would be mostly the slow host's blocks, and Spark's reduce
+    # locality would then also run it on the slow host (on top of the slow worker's own part).
+    count, workers, per_round = 512, 8, 16
+    weights = [1.0] * 7 + [0.2]
+    home = local_shards(count, workers)
+    for seed in (1, 2, 3):
+        rounds = deal_epoch(count, workers, per_round, seed, True, None, weights)
+        assert len(rounds) == 4 and sorted(ids_of(rounds)) == list(range(count))
+        for w in range(workers):
+            foreign = [sum(i not in set(home[w]) for i in shards[w]) for shards in rounds]
+            assert max(foreign) - min(foreign) <= 1, (w, foreign)
+            assert max(f / max(len(shards[w]), 1) for f, shards in zip(foreign, rounds)) < 0.2

@@ -131,19 +131,40 @@ def weighted_shards(shards: List[List[int]], weights: Sequence[float]) -> List[L
     return kept
 
 
-def split_rounds(shards: List[List[int]], per_round: int, seed: Optional[int]) -> List[List[List[int]]]:
+def split_rounds(shards: List[List[int]], per_round: int, seed: Optional[int],
+                 home: Optional[List[List[int]]] = None) -> List[List[List[int]]]:
     """``rounds[r][w]``: each shard shuffled in place (``seed``; None keeps
-    its order) and split into the same number of rounds -- as many as the
-    largest shard needs at ``per_round`` -- in parts differing by at most
-    one, so that each worker's minibatches per round are in proportion to
-    its shard.  Every id appears exactly once."""
+    its order) and split into the same number of rounds -- as many as an
+    equal deal of the same minibatches has at ``per_round`` (``per_round``
+    is then each worker's mean per round: a faster worker's part is larger)
+    -- in parts differing by at most one, so that each worker's minibatches
+    per round are in proportion to its shard.  Every id appears exactly once.
+
+    Not as many as the largest shard needs at ``per_round``: re-cut shares
+    would then add a round to the epoch (e.g. 7 workers at 69 minibatches
+    where an equal deal has 64 and ``per_round`` 16: 5 rounds instead of
+    4), and a round's fixed cost is what the shares are meant to save.
+
+    With ``home`` (each worker's own shard before the re-cut,
+    :func:`weighted_shards`) a shard's foreign minibatches are spread evenly
+    over its rounds, not where the shuffle puts them: a round whose part
+    were over a fifth foreign would also prefer the foreign blocks' host
+    (Spark's reduce locality), and a slow host may then run a fast worker's
+    whole part on top of its own."""
     rng = None if seed is None else np.random.default_rng(seed)
     dealt = [(rng.permutation(np.asarray(s, dtype=np.int64)) if rng is not None else np.asarray(s, dtype=np.int64))
              for s in shards]
-    longest = max((len(s) for s in dealt), default=0)
-    if longest == 0:
+    total = sum(len(s) for s in dealt)
+    if total == 0:
         return []
-    rounds = -(-longest // per_round)
+    rounds = -(-(-(-total // len(dealt))) // per_round)
+    if home is not None:
+        parts = []
+        for s, own in zip(dealt, home):
+            mine = np.isin(s, np.asarray(own, dtype=np.int64))
+            split = zip(np.array_split(s[mine], rounds), np.array_split(s[~mine][::-1], rounds)[::-1])
+            parts.append([np.concatenate(pair) for pair in split])
+        return [[parts[w][r].tolist() for w in range(len(dealt))] for r in range(rounds)]
     parts = [np.array_split(s, rounds) for s in dealt]
     return [[parts[w][r].tolist() for w in range(len(dealt))] for r in range(rounds)]
 
@@ -160,7 +181,8 @@ def deal_epoch(count: int, workers: int, per_round: int, seed: Optional[int], lo
         if len(weights) != workers:
             raise ValueError(f"Expect a weight per worker ({workers}), got {len(weights)}")
         if local:
-            return split_rounds(weighted_shards(local_shards(count, workers, layout), weights), per_round, seed)
+            home = local_shards(count, workers, layout)
+            return split_rounds(weighted_shards(home, weights), per_round, seed, home)
         order = np.arange(count)
         if seed is not None:
             np.random.default_rng(seed).shuffle(order)

@@ -26,9 +26,11 @@ class RoundResult(Record):
     value``; the driver divides the aggregated sums by the aggregated ``weight``.  ``devices`` lists each
     worker's :meth:`~sparkavg.spark.executor.device.DeviceChoice.to_plain`.
     ``speeds`` lists each worker's ``[partition, examples, fit_seconds,
-    task_seconds]``: the examples it fitted, the wall time from its first
-    minibatch's wait to its last step, and from the task's start to its
-    result (what the runner's shares by speed are cut from).
+    task_seconds, task_start]``: the examples it fitted, the wall time from
+    its first minibatch's wait to its last step, and from the task's start
+    to its result, and the task's start (``time.time()`` on the executor:
+    how long after the round's launch it began) -- what the runner's shares
+    by speed are cut from.
     """
 
     __slots__ = ("weight", "params", "state", "buffers", "loss_sum", "examples", "batches", "max_iterations",
@@ -91,7 +93,7 @@ def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: b
             yield result
 
     def _fit_shard(items, partition) -> Optional[RoundResult]:
-        task_began = time.perf_counter()
+        task_began, task_wall = time.perf_counter(), time.time()
         rec = PhaseRecorder(task_lane(partition))
         with rec.phase(Phase.FETCH):
             state = shipped.value
@@ -129,6 +131,7 @@ def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: b
         return RoundResult(weight, params, updater_state, buffers, loss_sum, examples, batches,
                            net.iteration - start_iteration, [rec.to_payload()] if collect_stats else [],
                            [choice.to_plain(partition)],
-                           [[int(partition), int(examples), float(seconds), float(time.perf_counter() - task_began)]])
+                           [[int(partition), int(examples), float(seconds), float(time.perf_counter() - task_began),
+                             task_wall]])
 
     return run

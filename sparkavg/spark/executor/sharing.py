@@ -12,7 +12,12 @@ to the order of float additions).
 """
 from __future__ import annotations
 
-from typing import Iterator
+import glob
+import os
+import tempfile
+from typing import Iterator, Optional
+
+import numpy as np
 
 from ...backend import get_array_module
 from ...configurable import register
@@ -26,9 +31,89 @@ from .device import task_device
 from .minibatches import recorded_minibatches
 from .peers import JoiningGroup
 
-__all__ = ["SharingResult", "make_sharing_task", "replica_sample", "REPLICA_SAMPLE"]
+__all__ = ["SharingResult", "make_sharing_task", "replica_sample", "REPLICA_SAMPLE", "ResidentStateMissing",
+           "keep_resident", "take_resident", "RESIDENT_DIR"]
 
 register_error(PeerStalledError)
+
+
+class ResidentStateMissing(RuntimeError):
+    """A rank was told to continue from the state it kept on its executor
+    at the end of the last epoch, and no such state is on this executor
+    (it was lost with its executor, or the rank runs on another host): the
+    driver ships the whole state and runs the epoch again."""
+
+
+register_error(ResidentStateMissing)
+
+#: Folder (under the executor's SparkFiles root) of the ranks' kept states.
+RESIDENT_DIR = "sparkavg-resident"
+
+
+def _resident_dir() -> str:
+    from pyspark import SparkFiles
+
+    try:
+        root = SparkFiles.getRootDirectory()  # the executor's own folder, removed with the application
+    except Exception:
+        root = tempfile.gettempdir()
+    path = os.path.join(root, RESIDENT_DIR)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def _resident_name(job_id: int, token: int, rank) -> str:
+    return f"{job_id & 0xFFFFFFFF:08x}-{token:016x}-{rank}.npz"
+
+
+def keep_resident(job_id: int, rank: int, token: int, net, state: SharingState) -> None:
+    """Keep this rank's end-of-epoch state (parameters, updater state,
+    buffers, sharing state) in a ``.npz`` file on its executor, named by the
+    job, the epoch's ``token`` and the rank, for the next epoch's task; the
+    job's files of older tokens are removed (written whole, then renamed)."""
+    folder = _resident_dir()
+    live = net.state
+    plain = state.to_plain()
+    arrays = {"params": host_copy(live["params"]), "updater": host_copy(live["updater"]),
+              "buffers": host_copy(live["buffers"])}
+    arrays.update({f"sharing_{k}": np.asarray(v) for k, v in plain.items()})
+    name = _resident_name(job_id, token, rank)
+    partial = os.path.join(folder, f".{name}.{os.getpid()}.partial.npz")
+    np.savez(partial, **arrays)
+    os.replace(partial, os.path.join(folder, name))
+    prefix = f"{job_id & 0xFFFFFFFF:08x}-"
+    for old in glob.glob(os.path.join(folder, prefix + "*.npz")):
+        if not os.path.basename(old).startswith(f"{prefix}{token:016x}-"):
+            try:
+                os.remove(old)
+            except OSError:
+                pass
+
+
+def take_resident(job_id: int, rank: int, token: int) -> Optional[dict]:
+    """The state a rank of this job kept at the end of the epoch of ``token``
+    on this executor -- this rank's, else another rank's left on this host
+    (ranks may trade hosts between epochs: each state is a whole replica's,
+    so which rank continues it does not matter) -- claimed so no other rank
+    takes it; None when there is none.  Returns ``params``, ``updater``,
+    ``buffers`` and ``sharing`` (:meth:`~sparkavg.sharing.SharingState.to_plain` fields)."""
+    folder = _resident_dir()
+    own = os.path.join(folder, _resident_name(job_id, token, rank))
+    others = sorted(glob.glob(os.path.join(folder, _resident_name(job_id, token, "*"))))
+    for path in [own] + [p for p in others if p != own]:
+        claimed = f"{path}.taken-{rank}-{os.getpid()}"
+        try:
+            os.rename(path, claimed)  # atomic: one rank gets it
+        except OSError:
+            continue
+        try:
+            with np.load(claimed, allow_pickle=False) as f:
+                got = {k: f[k] for k in f.files}
+        finally:
+            os.remove(claimed)
+        sharing = {k[len("sharing_"):]: (v if v.ndim else v.item()) for k, v in got.items() if k.startswith("sharing_")}
+        return {"params": got["params"], "updater": got["updater"], "buffers": got["buffers"], "sharing": sharing}
+    return None
 
 #: Iterations between divergence checks (a full pass over the parameters).
 FINITE_CHECK_EVERY = 50
@@ -96,10 +181,22 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
         rec = PhaseRecorder(task_lane(rank))
         with rec.phase(Phase.FETCH):
             value = shipped.value
-            saved = value["rank_states"][rank] if value["rank_states"] else None
+            resident = value.get("resident") or {}
+            if resident.get("expect") is not None:  # continue from the state kept here last epoch
+                kept = take_resident(job_id, rank, resident["expect"])
+                if kept is None:
+                    raise ResidentStateMissing(
+                        f"worker rank {rank}: no state of the last epoch kept on this executor (lost with its "
+                        f"executor, or the rank moved host): the driver ships the whole state")
+                saved = kept["sharing"]
+                start = {"iteration": value["state"]["iteration"], "params": kept["params"],
+                         "updater": kept["updater"], "buffers": kept["buffers"]}
+            else:
+                saved = value["rank_states"][rank] if value["rank_states"] else None
+                start = value["state"]
         with rec.phase(Phase.MODEL_INIT):
             net = cached_network(config_json, choice)
-            load_state(net, value["state"], True)  # host -> device for a GPU network
+            load_state(net, start, True)  # host -> device for a GPU network
             n = net.num_params
             xp = get_array_module(net.params)
             state = (SharingState(rule, clipping, n, xp=xp) if saved is None
@@ -154,10 +251,16 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
             endpoint.close()
         loss_sum = losses.value()
         check_finite(net, loss_sum, f"worker rank {rank}")
+        if resident.get("store") is not None:  # the next epoch starts from here without the driver's copy
+            keep_resident(job_id, rank, resident["store"], net, state)
         _count(rec, state, t, examples, iterations, n, world)
         params = net.params if rank == 0 else net.params[xp.asarray(replica_sample(n))]
         live = net.state
-        return SharingResult(rank, host_copy(params), host_copy(live["updater"]), state.to_plain(),
+        # Ranks keeping their state here continue with their own updater state: the driver takes rank 0's, as it
+        # takes rank 0's parameters, and the others send none (each would cross the driver's link every epoch).
+        keeps = resident.get("store") is not None
+        updater = host_copy(live["updater"]) if rank == 0 or not keeps else np.zeros(0, np.float32)
+        return SharingResult(rank, host_copy(params), updater, state.to_plain(),
                              loss_sum, examples, net.iteration - start_iteration, rec.to_payload(),
                              [choice.to_plain(rank)], host_copy(live["buffers"]))
 

@@ -35,7 +35,7 @@ from .base import EpochRunner, Merged, network_state, set_state
 from .frequency import (RoundCosts, busy_from_payloads, choose_frequency, convergence_bound, round_costs,
                         rounds_from_events)
 
-__all__ = ["AveragingRunner", "block_momentum_step", "PROBE_MINIBATCHES", "PROBE_ROUNDS"]
+__all__ = ["AveragingRunner", "block_momentum_step", "PROBE_MINIBATCHES", "PROBE_ROUNDS", "SPEED_MEMORY"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,9 @@ logger = logging.getLogger(__name__)
 PROBE_MINIBATCHES = 4
 #: Probe rounds before the first epoch (the first also warms the workers' cached networks up).
 PROBE_ROUNDS = 2
+#: How much the previous speed estimate counts against the rounds measured
+#: since (per second measured): 0.5 halves the old evidence at every plan.
+SPEED_MEMORY = 0.5
 
 
 def block_momentum_step(model, averaged, delta, momentum: float, block_lr: float, nesterov: bool) -> None:
@@ -221,19 +224,47 @@ class AveragingRunner(EpochRunner):
         return weights
 
     def _take_speeds(self) -> None:
-        """Fold the rounds logged since the last plan into ``_speeds``."""
+        """Fold the rounds logged since the last plan into ``_speeds``,
+        smoothed: the previous estimate counts :data:`SPEED_MEMORY` as much
+        as its measured seconds (one epoch's noise -- a step delayed by a
+        neighbour, a slow block fetch -- moves the shares less; a host that
+        stays slow is followed within an epoch or two)."""
         if self._speed_log:
             size, log = max(self._speed_log) + 1, self._speed_log
-            self._speeds = [None if w not in log or log[w][1] <= 0 else
-                            (log[w][0] / log[w][1], log[w][1], log[w][2] / max(log[w][3], 1)) for w in range(size)]
+            old = self._speeds if self._speeds is not None and len(self._speeds) == size else [None] * size
+            speeds = []
+            for w in range(size):
+                if w not in log or log[w][1] <= 0:
+                    speeds.append(None)
+                    continue
+                examples, seconds, fixed = log[w][0], log[w][1], log[w][2] / max(log[w][3], 1)
+                if old[w] is not None and np.isfinite(old[w][0]):
+                    v, t, a = old[w]
+                    examples += SPEED_MEMORY * v * t
+                    fixed = (fixed * seconds + SPEED_MEMORY * a * t) / (seconds + SPEED_MEMORY * t)
+                    seconds += SPEED_MEMORY * t
+                speeds.append((examples / seconds, seconds, fixed))
+            self._speeds = speeds
             self._speed_log = {}
 
-    def _log_speeds(self, result, workers: int) -> None:
-        for partition, examples, seconds, task_seconds in getattr(result, "speeds", None) or ():
+    def _log_speeds(self, result, workers: int, launched: float, elapsed: float) -> None:
+        """Log each worker's examples, fitting seconds and fixed seconds:
+        everything else from the round's launch (``launched``, the driver's
+        ``time.time()``) to the end of its task -- its start (task launch,
+        state fetch, the shard's first block: slower on a slow host too,
+        whatever its share) and what follows the fit -- bounded by the
+        round's ``elapsed`` seconds (clocks of other hosts may disagree)."""
+        for entry_ in getattr(result, "speeds", None) or ():
+            partition, examples, seconds, task_seconds = entry_[:4]
+            inside = max(0.0, task_seconds - seconds)  # the task's own part besides fitting
+            if len(entry_) > 4:  # + its start after the launch, where the clocks allow
+                start = entry_[4] - launched
+                if 0.0 <= start and start + task_seconds <= elapsed:
+                    inside += start
             entry = self._speed_log.setdefault(int(partition) % workers, [0, 0.0, 0.0, 0])
             entry[0] += examples
             entry[1] += seconds
-            entry[2] += max(0.0, task_seconds - seconds)  # what the task costs besides fitting
+            entry[2] += inside
             entry[3] += 1
 
     def epoch_done(self, summary, stats) -> None:
@@ -266,9 +297,10 @@ class AveragingRunner(EpochRunner):
         task = make_round_task(config_json, shipped, round_no=r + 1, save_updater=m.save_updater,
                                uniform=m.weighting is Weighting.UNIFORM, collect_stats=m.collect_stats,
                                prefetch=m.data.prefetch_depth, device=m.device.value, hooks=self.seam.test_hooks())
+        launched, began = time.time(), time.perf_counter()
         result = self.seam.aggregate_round(plan, r, task, combine_results, m.aggregation_depth, what)
         if self._rounds_run:  # the runner's first round warms the workers up: not a speed
-            self._log_speeds(result, plan.workers)
+            self._log_speeds(result, plan.workers, launched, time.perf_counter() - began)
         self._rounds_run += 1
         return result
 

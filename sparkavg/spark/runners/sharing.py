@@ -10,9 +10,32 @@ keeps the sharing states for the next epoch (and its checkpoints:
 residuals and thresholds it stopped at).
 Spark never retries a failed barrier stage, so the driver restarts the
 epoch -- unless the error is one retrying cannot fix.
+
+Between epochs each rank keeps its whole state on its executor
+(:func:`~sparkavg.spark.executor.sharing.keep_resident`: its replica, updater
+state, buffers, residual and threshold), and while the driver's copy is
+still the one the last epoch left (nothing restored, recovered or changed
+in between: a fingerprint of the network's state), the next epoch ships
+only a token and the iteration, not the state: each rank continues from
+its own end state.  Decision ``sharing_state``, recorded with its reason:
+the state broadcast -- the parameters, the updater state and every rank's
+residual to every worker, ~2 x the parameters' and updater's bytes per
+worker per epoch -- crossed the driver's link every epoch, though every
+rank already held what it would receive but the mean of the updater states
+(replicas agree on the parameters up to float rounding; a rank continues
+with its own updater state, as DL4J's shared-training workers do).  A rank
+whose state is not on its executor (lost with it, or the rank moved host
+and no other rank's state is left there) fails the stage at its start; the
+driver then ships the whole state, as before, and runs the epoch again
+(counter ``resident_state_misses``).  The driver still gets every rank's
+residual back each epoch and rank 0's parameters and updater state (the
+network's, as its parameters are rank 0's; before, the mean of the ranks'
+updater states, which no rank continues from any more), so a checkpoint
+resumes every rank's residual and a valid replica.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import secrets
 
@@ -20,14 +43,27 @@ import numpy as np
 
 from ... import ops
 from ..errors import TaskFailure, is_permanent
-from ..executor.sharing import make_sharing_task, replica_sample
+from ..executor.sharing import ResidentStateMissing, make_sharing_task, replica_sample
 from ..masters import GradientSharing
 from . import runs
 from .base import EpochRunner, Merged, network_state
 
-__all__ = ["SharingRunner"]
+__all__ = ["SharingRunner", "state_fingerprint"]
 
 logger = logging.getLogger(__name__)
+
+
+def state_fingerprint(state: dict) -> bytes:
+    """A digest of a :func:`~.base.network_state` (iteration and vectors):
+    whether the driver's state is still the one an epoch left."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(str(int(state["iteration"])).encode())
+    for name in ("params", "updater", "buffers"):
+        value = state.get(name)
+        if value is not None:
+            h.update(name.encode())
+            h.update(np.ascontiguousarray(value, dtype=np.float32).data)
+    return h.digest()
 
 
 @runs(GradientSharing)
@@ -42,35 +78,84 @@ class SharingRunner(EpochRunner):
         self.key = secrets.token_bytes(32)  # per-job HMAC key, shipped with the job only
         self.job_id = secrets.randbits(32)
         self.rank_states = None  # per rank: SharingState.to_plain()
+        # (token, fingerprint of the driver's state) the ranks kept on their executors at the last epoch's end
+        self._resident = None
+        self._full = self._sent = None  # the running epoch's whole state and what was shipped
+        self._storing = None  # the running epoch's token
+        self._recorded = None  # (stats, value) of the last sharing_state decision
 
     def minibatches_per_round(self, prepared, workers, network, epoch, stats) -> int:
         if self.rank_states is not None and len(self.rank_states) != workers:
             logger.warning("worker count changed (%d -> %d): residuals reset", len(self.rank_states), workers)
             self.rank_states = None
+        if self.rank_states is None:
+            self._resident = None
         return -(-len(prepared.sizes) // workers)  # the whole epoch in one round
+
+    def _decide_state(self, epoch, stats) -> None:
+        """Record (decision ``sharing_state``) where this epoch's ranks start from, when it changes."""
+        value = "executors" if (self._sent.get("resident") or {}).get("expect") is not None else "shipped"
+        if self._recorded is not None and self._recorded == (id(stats), value):
+            return
+        self._recorded = (id(stats), value)
+        why = ("each rank continues from the state it kept on its executor at the last epoch's end: only a token "
+               "crosses the driver's link, not the parameters, updater state and residuals (a rank whose state is "
+               "missing fails the stage at its start and the epoch runs again with the whole state)"
+               if value == "executors" else
+               "the driver ships the network's state and every rank's residual: the first epoch of this runner, "
+               "or the driver's state changed since the ranks kept theirs (a resume, a recovery, a new fit's "
+               "network)")
+        stats.decision("sharing_state", value, why, epoch=epoch)
+        logger.info("epoch %d: sharing state %s: %s", epoch + 1, value, why)
 
     def result_bytes(self, network) -> int:
         live = network.state  # rank 0: replica, residual, updater state, buffers
         return 4 * (2 * live["params"].size + live["updater"].size + live["buffers"].size)
 
     def shipped(self, network, epoch):
-        return {"state": network_state(network, with_updater=True), "rank_states": self.rank_states, "key": self.key}
+        state = network_state(network, with_updater=True)
+        self._storing = secrets.randbits(63)
+        self._full = {"state": state, "rank_states": self.rank_states, "key": self.key,
+                      "resident": {"expect": None, "store": self._storing}}
+        value = self._full
+        if self._resident is not None and self._resident[1] == state_fingerprint(state):
+            value = {"state": {"iteration": state["iteration"]}, "rank_states": None, "key": self.key,
+                     "resident": {"expect": self._resident[0], "store": self._storing}}
+        self._resident = None  # until this epoch's ranks kept theirs (merge)
+        self._sent = value
+        return value
 
     def launch(self, plan, r, config_json, shipped, epoch, stats):
         m = self.master
         task = make_sharing_task(config_json, shipped, m, epoch=epoch, job_id=self.job_id, device=m.device.value,
                                  hooks=self.seam.test_hooks())
         what = f"gradient-sharing epoch {epoch + 1}"
-        for attempt in range(1, m.max_stage_attempts + 1):
-            try:
-                return self.seam.barrier_round(plan, r, task, what)
-            except Exception as exc:
-                # Nothing of a failed attempt reached the driver: restart from the shipped state.
-                if attempt == m.max_stage_attempts or is_permanent(exc):
-                    raise
-                stats.count("stage_restarts", 1)
-                logger.warning("%s, attempt %d of %d failed (%s); restarting the epoch", what, attempt,
-                               m.max_stage_attempts, str(exc).splitlines()[0][:300])
+        self._decide_state(epoch, stats)
+        whole = None  # the whole state, shipped after a rank found none kept
+        attempt = 1
+        try:
+            while True:
+                try:
+                    return self.seam.barrier_round(plan, r, task, what)
+                except ResidentStateMissing as exc:
+                    if whole is not None:
+                        raise
+                    stats.count("resident_state_misses", 1)
+                    logger.warning("%s: %s; running it again with the whole state", what, str(exc).splitlines()[0])
+                    whole = self.seam.ship({**self._full, "transform": self._sent.get("transform")})
+                    task = make_sharing_task(config_json, whole, m, epoch=epoch, job_id=self.job_id,
+                                             device=m.device.value, hooks=self.seam.test_hooks())
+                    continue
+                except Exception as exc:
+                    if attempt >= m.max_stage_attempts or is_permanent(exc):
+                        raise
+                    stats.count("stage_restarts", 1)
+                    logger.warning("%s, attempt %d of %d failed (%s); restarting the epoch", what, attempt,
+                                   m.max_stage_attempts, str(exc).splitlines()[0][:300])
+                    attempt += 1
+        finally:
+            if whole is not None:
+                whole.destroy()
 
     # ------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict:
@@ -87,6 +172,7 @@ class SharingRunner(EpochRunner):
         if set(state) - keys:
             raise ValueError(f"Expect gradient-sharing runner state (sharing_*), got unknown keys "
                              f"{sorted(set(state) - keys)}")
+        self._resident = None  # the driver's state no longer is the one the ranks kept
         if not keys:
             self.rank_states = None
             return
@@ -111,12 +197,14 @@ class SharingRunner(EpochRunner):
         sampled = reference[replica_sample(reference.size)]
         diff = max((float(np.max(np.abs(x.params - sampled))) if x.params.size else 0.0) for x in results[1:]
                    ) if len(results) > 1 else 0.0
-        # Replicas agree on the parameters (rank 0's are kept); updater states are averaged.
+        # Replicas agree on the parameters (rank 0's are kept); the updater states the ranks returned are
+        # averaged (only rank 0's while ranks keep their states on their executors: each continues with its own).
+        returned = [x.updater_state for x in results if x.updater_state.size == results[0].updater_state.size]
         if results[0].updater_state.size:
             mean_state = np.zeros_like(results[0].updater_state)
-            for x in results:
-                ops.accumulate(mean_state, x.updater_state)
-            ops.scale(mean_state, 1.0 / len(results))
+            for value in returned:
+                ops.accumulate(mean_state, value)
+            ops.scale(mean_state, 1.0 / len(returned))
             network.load_state({"updater": mean_state})
         network.load_state({"params": reference})
         if results[0].buffers.size:  # never shared while training: averaged here, weighted by examples
@@ -127,6 +215,9 @@ class SharingRunner(EpochRunner):
             network.load_state({"buffers": mean_buffers})
         network.iteration = network.iteration + max(x.iterations for x in results)
         self.rank_states = [x.sharing_state for x in results]
+        stored = self._sent and (self._sent.get("resident") or {}).get("store")
+        if stored is not None and len(results) == len(self.rank_states):  # every rank kept its state
+            self._resident = (stored, state_fingerprint(network_state(network, with_updater=True)))
         stats.series("replica_max_abs_diff", epoch, diff)
         logger.info("epoch %d: replicas agree to %.3g (max |difference|), thresholds %s", epoch + 1, diff,
                     ", ".join(f"{x.sharing_state['tau']:.3g}" for x in results))

@@ -148,6 +148,8 @@ class CounterName(_StatName):
     DATAGRAMS_REPLAYED = "datagrams_replayed"
     #: Spark stages started again after a failure.
     STAGE_RESTARTS = "stage_restarts"
+    #: Gradient-sharing epochs shipped again whole because a rank's state was not on its executor.
+    RESIDENT_STATE_MISSES = "resident_state_misses"
 
 
 class SeriesName(_StatName):

@@ -29,6 +29,7 @@ from .masters import ParameterAveraging
 from .runners import runner_for
 from .runners.base import network_state
 from .data import LINEAGE_REASON
+from .streaming import STORAGE_DECISION, prepare_stream, storage_choice
 from .seam import seam_for
 from .stats import Phase, TrainingStats
 from .storage import release_live_locations
@@ -210,17 +211,32 @@ class SparkTrainer:
         self.release_data()
         m = self.master
         with self.stats.timed(Phase.EXPORT):
-            prepared = self.seam.prepare(data, self.spec, m.batch_size_per_worker, m.data,
-                                         self._features_for(data), self.label_col)
+            stream = self._storage_choice(data)
+            if stream:
+                prepared = prepare_stream(self.seam, data, self.spec, m.batch_size_per_worker,
+                                          self._features_for(data), self.label_col)
+            else:
+                prepared = self.seam.prepare(data, self.spec, m.batch_size_per_worker, m.data,
+                                             self._features_for(data), self.label_col)
         self._held["prepared"], self._prepared_for = prepared, data
         if not prepared.sizes:
             raise ValueError("Expect training data with at least one example, got an empty dataset")
         logger.info("prepared %d examples in %d minibatches (%s)", prepared.examples, len(prepared.sizes),
-                    "shared files" if prepared.in_files else "Spark blocks")
+                    "shared files" if prepared.in_files else
+                    "streamed" if getattr(prepared, "streamed", False) else "Spark blocks")
         if prepared.rdd is not None:  # Spark blocks (classic): a local checkpoint
             self.stats.decision("data_lineage", "local_checkpoint", LINEAGE_REASON)
             logger.info("data lineage: %s", LINEAGE_REASON)
         return prepared
+
+    def _storage_choice(self, data) -> bool:
+        """Whether this fit streams its data every epoch (decision
+        ``data_storage``, logged; :func:`~sparkavg.spark.streaming.storage_choice`)."""
+        m = self.master
+        choice = storage_choice(self.seam, data, m.data, self.spec, isinstance(m, ParameterAveraging))
+        self.stats.decision(STORAGE_DECISION, choice.value, choice.reason)
+        logger.info("data storage %s: %s", choice.value, choice.reason)
+        return choice.stream
 
     def _features_for(self, data):
         """``features_col`` resolved against the model's inputs for a DataFrame

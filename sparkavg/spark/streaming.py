@@ -94,20 +94,18 @@ def prepared_bytes_per_example(spec: DataSpec) -> int:
 
 def storage_memory(sc) -> tuple:
     """``(bytes, executors, how)``: the storage memory the executors' block
-    managers report (``SparkContext.getExecutorMemoryStatus``: maximum
-    memory for blocks each), the driver's excluded unless it is the only
-    one (``local[N]``: it holds the blocks)."""
-    jsc = sc._jsc.sc()
-    status = jsc.getExecutorMemoryStatus()
-    driver = jsc.env().blockManager().blockManagerId().hostPort()
+    managers report (Spark's status store: maximum memory for blocks
+    each), the driver's excluded unless it is the only one (``local[N]``:
+    it holds the blocks)."""
     entries = []
-    it = status.iterator()
+    summaries = sc._jsc.sc().statusStore().executorList(True)
+    it = summaries.iterator()
     while it.hasNext():
-        pair = it.next()
-        entries.append((str(pair._1()), int(pair._2()._1())))
-    executors = [(k, v) for k, v in entries if k != driver]
+        e = it.next()
+        entries.append((str(e.id()), int(e.maxMemory())))
+    executors = [(k, v) for k, v in entries if k != "driver"]
     if executors:
-        return sum(v for _, v in executors), len(executors), "the executors' block managers"
+        return sum(v for _, v in executors), len(executors), f"{len(executors)} executors' block managers"
     return sum(v for _, v in entries), 0, "the driver's block manager (local mode: it holds the blocks)"
 
 

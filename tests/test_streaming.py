@@ -9,7 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from sparkavg.spark import DataOptions, GradientSharing, ParameterAveraging, SparkTrainer
+from sparkavg.spark import DataOptions, ParameterAveraging, SparkTrainer
 from sparkavg.spark.streaming import STORAGE_DECISION
 
 from . import data_transforms
@@ -66,14 +66,37 @@ def test_a_streamed_fit_trains_every_example_once_per_epoch_as_a_kept_one_does(s
     np.testing.assert_allclose(stream[0], memory[0], rtol=0, atol=1e-6)
 
 
-def test_sharing_falls_back_to_kept_minibatches_and_says_so(spark):
-    master = GradientSharing(workers=2, batch_size_per_worker=BATCH, seed=7, data=DataOptions(storage="stream"))
-    with SparkTrainer(spark, small_net(seed=3), master) as trainer:
-        trainer.fit(_frame(spark), epochs=1)
-        decided = _decision(trainer)
-        assert trainer.history[0]["examples"] == N
-    assert [d["value"] for d in decided] == ["memory"]
-    assert decided[0]["reason"].startswith("storage='stream' falls back to memory: gradient sharing")
+def test_what_cannot_stream_keeps_its_minibatches_and_says_why(spark):
+    from sparkavg.data.validation import DataSpec
+    from sparkavg.spark.seam import seam_for
+    from sparkavg.spark.streaming import storage_choice
+
+    seam, spec, forced = seam_for(spark), DataSpec((1, 4, 4), 2), DataOptions(storage="stream")
+    df = _frame(spark)
+    sharing = storage_choice(seam, df, forced, spec, streams_master=False)
+    assert not sharing.stream and sharing.reason.startswith("storage='stream' falls back to memory: gradient sharing")
+    rdd = storage_choice(seam, df.rdd, forced, spec, streams_master=True)
+    assert not rdd.stream and "the data is an RDD, not a DataFrame" in rdd.reason
+    assert storage_choice(seam, df, forced, spec, streams_master=True).stream
+
+
+def test_a_streamed_epoch_deals_every_partition_once_the_same_for_the_same_epoch():
+    from sparkavg.spark.streaming import StreamedData
+
+    rows = {0: 40, 1: 0, 2: 33, 3: 16, 4: 16, 5: 7}
+    batches, sizes = {}, []
+    for p, n in rows.items():
+        batches[p] = list(range(len(sizes), len(sizes) + -(-n // 16)))
+        sizes += [min(16, n - s) for s in range(0, n, 16)]
+    data = StreamedData(sizes, rows=rows, batches=batches, parts=[p for p, n in rows.items() if n])
+    epochs = [data.plan(2, seed) for seed in (10, 11)]
+    for plan in epochs:
+        dealt = [p for r in plan.parts for p in r if p is not None]
+        assert sorted(dealt) == [0, 2, 3, 4, 5] and all(len(r) == 2 for r in plan.parts)
+        assert sorted(i for r in plan.rounds for shard in r for i in shard) == list(range(len(sizes)))
+    assert data.plan(2, 10).parts == epochs[0].parts  # a resumed run deals the same
+    assert epochs[0].parts != epochs[1].parts  # and each epoch afresh
+    assert data.plan(2, None).parts == [[0, 2], [3, 4], [5, None]]  # repartition='never': in order
 
 
 def test_storage_must_be_a_known_mode():

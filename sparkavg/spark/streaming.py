@@ -250,6 +250,13 @@ class StreamedData(PreparedData):
         rounds = [[list(self.batches[p]) if p is not None else [] for p in r] for r in parts]
         return StreamPlan(rounds, self, parts)
 
+    def rounds_note(self) -> str:
+        """What a streamed epoch's rounds are, for the decision's reason."""
+        per = [len(self.batches[p]) for p in self.parts]
+        return (f"{self.examples:,} examples in {len(self.parts)} source partitions of {min(per, default=0)}-"
+                f"{max(per, default=0)} minibatches: each averaging round fits one partition per worker "
+                f"(averaging_frequency does not apply)")
+
     def rebuild(self) -> None:
         raise RuntimeError("Expect prepared Spark blocks to rebuild, got streamed data (nothing is kept)")
 

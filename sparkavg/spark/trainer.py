@@ -211,13 +211,16 @@ class SparkTrainer:
         self.release_data()
         m = self.master
         with self.stats.timed(Phase.EXPORT):
-            stream = self._storage_choice(data)
-            if stream:
+            choice = storage_choice(self.seam, data, m.data, self.spec, isinstance(m, ParameterAveraging))
+            if choice.stream:
                 prepared = prepare_stream(self.seam, data, self.spec, m.batch_size_per_worker,
                                           self._features_for(data), self.label_col)
             else:
                 prepared = self.seam.prepare(data, self.spec, m.batch_size_per_worker, m.data,
                                              self._features_for(data), self.label_col)
+        reason = choice.reason + (f"; {prepared.rounds_note()}" if choice.stream else "")
+        self.stats.decision(STORAGE_DECISION, choice.value, reason)
+        logger.info("data storage %s: %s", choice.value, reason)
         self._held["prepared"], self._prepared_for = prepared, data
         if not prepared.sizes:
             raise ValueError("Expect training data with at least one example, got an empty dataset")
@@ -228,15 +231,6 @@ class SparkTrainer:
             self.stats.decision("data_lineage", "local_checkpoint", LINEAGE_REASON)
             logger.info("data lineage: %s", LINEAGE_REASON)
         return prepared
-
-    def _storage_choice(self, data) -> bool:
-        """Whether this fit streams its data every epoch (decision
-        ``data_storage``, logged; :func:`~sparkavg.spark.streaming.storage_choice`)."""
-        m = self.master
-        choice = storage_choice(self.seam, data, m.data, self.spec, isinstance(m, ParameterAveraging))
-        self.stats.decision(STORAGE_DECISION, choice.value, choice.reason)
-        logger.info("data storage %s: %s", choice.value, choice.reason)
-        return choice.stream
 
     def _features_for(self, data):
         """``features_col`` resolved against the model's inputs for a DataFrame

@@ -17,11 +17,11 @@ from .nets import blobs, small_net
 
 pytestmark = pytest.mark.spark
 
-N, PARTS, BATCH = 96, 6, 16
+N, PARTS, BATCH = 64, 4, 16
 
 
 def _frame(spark):
-    """96 examples in 6 partitions of 16 (one minibatch each); feature
+    """64 examples in 4 partitions of 16 (one minibatch each); feature
     ``[0, 0, 0]`` carries the example's id / 1000."""
     x, y = blobs(N, seed=31)
     x[:, 0, 0, 0] = np.arange(N) / 1000.0
@@ -61,6 +61,8 @@ def test_a_streamed_fit_trains_every_example_once_per_epoch_as_a_kept_one_does(s
     memory, stream = fitted["auto"], fitted["stream"]
     assert [d["value"] for d in memory[1]] == ["memory"] and memory[1][0]["reason"].startswith("auto: ")
     assert [d["value"] for d in stream[1]] == ["stream"] and "storage='stream'" in stream[1][0]["reason"]
+    assert f"{N} examples in {PARTS} source partitions of 1-1 minibatches" in stream[1][0]["reason"]
+    assert not np.allclose(memory[0], small_net(seed=3).params)  # both trained
     # One minibatch per partition, one per worker per round: the streamed epochs deal the source's partitions
     # as the kept fit deals its minibatches (the same seeded shuffle each epoch), so both train the same model.
     np.testing.assert_allclose(stream[0], memory[0], rtol=0, atol=1e-6)

@@ -178,7 +178,12 @@ def storage_choice(seam, data, options, spec: DataSpec, streams_master: bool) ->
         return StorageChoice(True, f"auto: {rows:,} examples x {per_example} B = {_mb(need)} of minibatch files "
                                    f"exceed {MEMORY_SHARE:.0%} of the shared location's {_mb(free)} free: streamed "
                                    f"from the source every epoch", estimate)
-    memory, executors, how = storage_memory(sc)
+    try:
+        memory, executors, how = storage_memory(sc)
+    except Exception as exc:  # noqa: BLE001 -- Spark's status store is internal API: never fail a fit on it
+        logger.warning("could not read the executors' storage memory (%s): keeping the minibatches", exc)
+        return StorageChoice(False, f"auto: the executors' storage memory could not be read ({type(exc).__name__}): "
+                                    f"minibatches prepared once and kept")
     if planned is not None and 2 * planned * _PLAN_SLACK <= MEMORY_SHARE * memory:
         return StorageChoice(False, f"auto: Spark's plan puts the source at {_mb(planned)}; even {_PLAN_SLACK}x "
                                     f"that, twice (blocks and an epoch's dealt copy), fits the {_mb(memory)} of "

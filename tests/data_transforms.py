@@ -26,3 +26,17 @@ def random_flip(x, y, rng):
 def drop_labels(x, y, rng):
     """A broken transform: returns fewer labels than examples."""
     return x, y[:-1]
+
+
+#: Where :func:`note_ids` notes the examples it sees (one JSON line per call, a file per process).
+IDS_LOG = os.path.join(tempfile.gettempdir(), f"sparkavg-test-ids-{os.getuid()}")
+
+
+def note_ids(x, y, rng):
+    """Change nothing; note the ids of the minibatch's examples (the
+    tests' data carry ``id / 1000`` in feature ``[0, 0, 0]``)."""
+    if os.path.isdir(IDS_LOG):
+        ids = np.rint(np.asarray(x)[:, 0, 0, 0] * 1000).astype(int).tolist()
+        with open(os.path.join(IDS_LOG, f"{os.getpid()}.jsonl"), "a") as fh:
+            fh.write(json.dumps({"pid": os.getpid(), "ids": ids}) + "\n")
+    return x, y

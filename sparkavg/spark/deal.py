@@ -292,6 +292,9 @@ def deal_choice(options, prepared, workers: int) -> Tuple[bool, str]:
     :data:`MAX_SHARD_LABEL_SKEW`), where fixed shards would average
     models fitted to different classes -- and balanced for shared files
     (see :class:`~sparkavg.spark.masters.Repartition`)."""
+    if getattr(prepared, "streamed", False):  # spark/streaming.py: nothing kept, so nothing is local
+        return False, ("streamed: the source's partitions are dealt to rounds x workers afresh every epoch (a "
+                       "seeded shuffle unless repartition='never')")
     repartition = getattr(options.repartition, "value", options.repartition)
     if repartition != "auto":
         return repartition == "local", f"repartition={repartition!r}"

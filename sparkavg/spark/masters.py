@@ -147,6 +147,15 @@ class DataOptions(Configurable):
         function (kept as that name): executors import it, nothing is
         pickled, and it is saved with the master's configuration.  Not
         applied by ``evaluate``/``predict``.  See :mod:`sparkavg.spark.transforms`.
+    storage : {"auto", "memory", "stream"}, default "auto"
+        Whether a fit keeps its prepared minibatches for all epochs
+        (``memory``: Spark blocks or shared files, as above) or reads every
+        epoch from the source DataFrame again (``stream``: nothing of the
+        whole set is kept; each averaging round fits one source partition
+        per worker).  ``auto`` streams when the prepared minibatches would
+        not fit the executors' storage memory (Spark blocks) or the shared
+        location's free disk.  The choice and its reason are the decision
+        ``data_storage``.  See :mod:`sparkavg.spark.streaming`.
     """
 
     shared_dir: Optional[str] = None
@@ -155,6 +164,7 @@ class DataOptions(Configurable):
     repartition: Repartition = Repartition.AUTO
     prefetch: Union[int, Literal["auto"]] = "auto"
     transform: Optional[str] = None
+    storage: Literal["auto", "memory", "stream"] = "auto"
 
     def __post_init__(self):
         from .transforms import transform_reference
@@ -171,11 +181,15 @@ class DataOptions(Configurable):
                                           and self.prefetch >= 0),
               f"Expect prefetch >= 0 (an int) or 'auto', got {self.prefetch!r}")
         _storage_level(self.storage_level)
+        check(self.storage in ("auto", "memory", "stream"),
+              f"Expect storage in ('auto', 'memory', 'stream'), got {self.storage!r}")
 
     def config_arguments(self) -> dict:
         arguments = super().config_arguments()
         if arguments["transform"] is None:  # configs (and checkpoints) from before transforms stay equal
             del arguments["transform"]
+        if arguments.get("storage") == "auto":  # configs (and checkpoints) from before streaming stay equal
+            del arguments["storage"]
         return arguments
 
     @property

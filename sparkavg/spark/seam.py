@@ -72,11 +72,15 @@ class ClassicSpark:
 
     def plan(self, prepared: PreparedData, workers: int, per_round: int, seed: Optional[int],
              local: bool = False, weights=None) -> EpochPlan:
+        if getattr(prepared, "streamed", False):  # spark/streaming.py: the source's partitions, dealt
+            return prepared.plan(workers, seed)
         return EpochPlan.plan(prepared, workers, per_round, seed, local, weights)
 
     # --------------------------------------------------------------- rounds
     def aggregate_round(self, plan: EpochPlan, r: int, task: Callable, combine: Callable, depth: int, what: str):
         """Run ``task`` over each worker's shard of round ``r``; combine the results."""
+        if getattr(plan, "streamed", False):  # spark/streaming.py: the round's source partitions
+            return plan.aggregate(self.sc, r, task, combine, what)
         with executor_errors(what):
             if plan.prepared.in_files:
                 shards = plan.shard_paths(r)

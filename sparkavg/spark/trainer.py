@@ -29,6 +29,7 @@ from .masters import ParameterAveraging
 from .runners import runner_for
 from .runners.base import network_state
 from .data import LINEAGE_REASON
+from .streaming import STORAGE_DECISION, prepare_stream, storage_choice
 from .seam import seam_for
 from .stats import Phase, TrainingStats
 from .storage import release_live_locations
@@ -210,13 +211,22 @@ class SparkTrainer:
         self.release_data()
         m = self.master
         with self.stats.timed(Phase.EXPORT):
-            prepared = self.seam.prepare(data, self.spec, m.batch_size_per_worker, m.data,
-                                         self._features_for(data), self.label_col)
+            choice = storage_choice(self.seam, data, m.data, self.spec, isinstance(m, ParameterAveraging))
+            if choice.stream:
+                prepared = prepare_stream(self.seam, data, self.spec, m.batch_size_per_worker,
+                                          self._features_for(data), self.label_col)
+            else:
+                prepared = self.seam.prepare(data, self.spec, m.batch_size_per_worker, m.data,
+                                             self._features_for(data), self.label_col)
+        reason = choice.reason + (f"; {prepared.rounds_note()}" if choice.stream else "")
+        self.stats.decision(STORAGE_DECISION, choice.value, reason)
+        logger.info("data storage %s: %s", choice.value, reason)
         self._held["prepared"], self._prepared_for = prepared, data
         if not prepared.sizes:
             raise ValueError("Expect training data with at least one example, got an empty dataset")
         logger.info("prepared %d examples in %d minibatches (%s)", prepared.examples, len(prepared.sizes),
-                    "shared files" if prepared.in_files else "Spark blocks")
+                    "shared files" if prepared.in_files else
+                    "streamed" if getattr(prepared, "streamed", False) else "Spark blocks")
         if prepared.rdd is not None:  # Spark blocks (classic): a local checkpoint
             self.stats.decision("data_lineage", "local_checkpoint", LINEAGE_REASON)
             logger.info("data lineage: %s", LINEAGE_REASON)

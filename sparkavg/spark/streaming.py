@@ -1,0 +1,335 @@
+"""Data larger than memory: keep the prepared minibatches, or stream every epoch.
+
+A fit normally prepares its minibatches once and keeps them for every
+epoch (:mod:`sparkavg.spark.data`): as Spark blocks in the executors'
+storage memory (spilling to disk when short), or as shared files.  When
+they would not fit, keeping them means thrashing (blocks evicted to disk
+and read back every epoch, executors short of memory) or failing.
+:func:`storage_choice` decides -- decision ``data_storage``, logged and in
+the fit's statistics -- between
+
+* ``memory``: prepare once and keep (as always), and
+* ``stream``: nothing of the whole set is kept.  A describing pass counts
+  the source DataFrame's rows per partition (its label column only); every
+  epoch then deals the source's partitions to rounds x workers
+  (:func:`~sparkavg.spark.deal.deal` over partitions: a seeded shuffle per
+  epoch, so a resumed run deals the same), and each averaging round is one
+  ``mapInArrow`` job over the round's partitions only, whose tasks read
+  the partition's Arrow batches, cut them into minibatches as preparing
+  would and fit them (:mod:`sparkavg.spark.executor.streaming`).  Every
+  example trains exactly once per epoch; an executor lost mid-round costs
+  its task, which Spark runs again from the source.
+
+``DataOptions(storage="auto" | "memory" | "stream")`` forces either.
+
+What streaming changes, and where it falls back to ``memory`` (the reason
+says so):
+
+* a round fits one source partition per worker: the round's size is the
+  source's partition size (``spark.sql.files.maxPartitionBytes`` for
+  files, or ``repartition`` the source), not ``averaging_frequency``; an
+  ``auto`` frequency's probe rounds still run (two rounds of whole
+  partitions, thrown away);
+* only a DataFrame source on a classic session streams: an RDD of rows,
+  and a Spark Connect session, keep their minibatches;
+* gradient sharing keeps its minibatches (its epoch is one barrier stage of
+  one task per worker, which cannot read an arbitrary set of the source's
+  partitions).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from ..data.validation import DataSpec
+from .data import PreparedData, check_columns, feature_columns, is_dataframe, require_arrow
+from .deal import Dealt, deal
+from .errors import executor_errors, raise_failures
+
+__all__ = ["STORAGE_DECISION", "MEMORY_SHARE", "StorageChoice", "storage_choice", "storage_memory",
+           "prepared_bytes_per_example", "files_root", "StreamedData", "StreamPlan", "prepare_stream"]
+
+logger = logging.getLogger(__name__)
+
+#: The decision's name in ``trainer.stats.decisions``.
+STORAGE_DECISION = "data_storage"
+#: ``auto`` keeps minibatches in Spark blocks only while twice their size
+#: (the prepared blocks and an epoch's dealt copy, both persisted) is at
+#: most this share of the executors' storage memory.
+MEMORY_SHARE = 0.8
+#: Bytes of a label in a prepared minibatch (an int64 class index; one-hot
+#: and regression rows count ``4 * num_outputs``).
+_INDEX_LABEL_BYTES = 8
+
+
+@dataclass(frozen=True)
+class StorageChoice:
+    """``stream`` or not, and why (the ``data_storage`` decision)."""
+
+    stream: bool
+    reason: str
+    #: The estimate the choice was made on (None: no estimate was needed).
+    estimate: Optional[dict] = None
+
+    @property
+    def value(self) -> str:
+        return "stream" if self.stream else "memory"
+
+
+def prepared_bytes_per_example(spec: DataSpec) -> int:
+    """Bytes one example takes in prepared minibatches: float32 features
+    (int64 ids: 8 bytes) and its label."""
+    inputs = spec.inputs if spec.named else ((spec.input_shape, spec.dtype),)
+    feature = 0
+    for item in inputs:
+        shape, dtype = (item.shape, item.dtype) if hasattr(item, "shape") else item
+        feature += int(math.prod(shape)) * (8 if dtype == "int64" else 4)
+    label = _INDEX_LABEL_BYTES if spec.classification else 4 * spec.num_outputs
+    return feature + label
+
+
+def storage_memory(sc) -> tuple:
+    """``(bytes, executors, how)``: the storage memory the executors' block
+    managers report (Spark's status store: maximum memory for blocks
+    each), the driver's excluded unless it is the only one (``local[N]``:
+    it holds the blocks)."""
+    entries = []
+    summaries = sc._jsc.sc().statusStore().executorList(True)
+    it = summaries.iterator()
+    while it.hasNext():
+        e = it.next()
+        entries.append((str(e.id()), int(e.maxMemory())))
+    executors = [(k, v) for k, v in entries if k != "driver"]
+    if executors:
+        return sum(v for _, v in executors), len(executors), f"{len(executors)} executors' block managers"
+    return sum(v for _, v in entries), 0, "the driver's block manager (local mode: it holds the blocks)"
+
+
+def _mb(n: float) -> str:
+    return f"{n / 2 ** 20:,.0f} MiB"
+
+
+def files_root(options, local_master: bool) -> Optional[str]:
+    """Where memory mode would write minibatch files (the folder whose free
+    disk counts), or None for Spark blocks: :func:`~sparkavg.spark.data.placement_for`'s
+    rule, without making a folder."""
+    placement = getattr(options.placement, "value", options.placement)
+    if placement == "spark":
+        return None
+    if options.shared_dir is not None:
+        return options.shared_dir
+    return tempfile.gettempdir() if local_master else None
+
+
+def storage_choice(seam, data, options, spec: DataSpec, streams_master: bool) -> StorageChoice:
+    """Whether this fit streams its data (see the module docstring).
+
+    Parameters
+    ----------
+    seam : the trainer's seam (``kind`` "classic" or "connect")
+    data : the fit's data
+    options : DataOptions
+    spec : DataSpec
+    streams_master : bool
+        Whether the master's epoch can stream (parameter averaging).
+    """
+    mode = options.storage
+    if mode == "memory":
+        return StorageChoice(False, "storage='memory': minibatches prepared once and kept for every epoch")
+    why_not = None
+    if not is_dataframe(data):
+        why_not = "the data is an RDD, not a DataFrame: only a DataFrame's partitions are streamed"
+    elif getattr(seam, "kind", None) != "classic":
+        why_not = "a Spark Connect session: streaming runs on classic sessions only"
+    elif not streams_master:
+        why_not = ("gradient sharing: its epoch is one barrier stage of one task per worker, which cannot read "
+                   "the source's partitions round by round")
+    if mode == "stream":
+        if why_not is not None:
+            logger.warning("DataOptions(storage='stream') falls back to memory: %s", why_not)
+            return StorageChoice(False, f"storage='stream' falls back to memory: {why_not}")
+        return StorageChoice(True, "storage='stream': every epoch reads the source DataFrame's partitions again; "
+                                   "nothing of the whole set is kept")
+    if why_not is not None:
+        return StorageChoice(False, f"auto: {why_not}: minibatches prepared once and kept")
+    per_example = prepared_bytes_per_example(spec)
+    sc = seam.sc
+    planned = _plan_bytes(data)
+    root = files_root(options, seam.local)
+    if root is not None:  # shared files: disk, not the executors' memory
+        free = _free_disk(root)
+        if free is None:
+            return StorageChoice(False, "auto: shared files at a location whose free space is not known: kept "
+                                        "there")
+        if planned is not None and planned * _PLAN_SLACK <= MEMORY_SHARE * free:
+            return StorageChoice(False, f"auto: Spark's plan puts the source at {_mb(planned)}; even {_PLAN_SLACK}x "
+                                        f"that fits the shared location's {_mb(free)} free: minibatch files kept "
+                                        f"there", {"plan_bytes": planned, "free_disk": free})
+        rows = data.count()
+        need = rows * per_example
+        estimate = {"rows": rows, "bytes_per_example": per_example, "prepared_bytes": need, "free_disk": free}
+        if need <= MEMORY_SHARE * free:
+            return StorageChoice(False, f"auto: {rows:,} examples x {per_example} B = {_mb(need)} of minibatch "
+                                        f"files fit the shared location's {_mb(free)} free: kept there", estimate)
+        return StorageChoice(True, f"auto: {rows:,} examples x {per_example} B = {_mb(need)} of minibatch files "
+                                   f"exceed {MEMORY_SHARE:.0%} of the shared location's {_mb(free)} free: streamed "
+                                   f"from the source every epoch", estimate)
+    try:
+        memory, executors, how = storage_memory(sc)
+    except Exception as exc:  # noqa: BLE001 -- Spark's status store is internal API: never fail a fit on it
+        logger.warning("could not read the executors' storage memory (%s): keeping the minibatches", exc)
+        return StorageChoice(False, f"auto: the executors' storage memory could not be read ({type(exc).__name__}): "
+                                    f"minibatches prepared once and kept")
+    if planned is not None and 2 * planned * _PLAN_SLACK <= MEMORY_SHARE * memory:
+        return StorageChoice(False, f"auto: Spark's plan puts the source at {_mb(planned)}; even {_PLAN_SLACK}x "
+                                    f"that, twice (blocks and an epoch's dealt copy), fits the {_mb(memory)} of "
+                                    f"storage memory on {how}: kept in memory",
+                             {"plan_bytes": planned, "storage_memory": memory, "executors": executors})
+    rows = data.count()
+    need = 2 * rows * per_example
+    estimate = {"rows": rows, "bytes_per_example": per_example, "prepared_bytes": rows * per_example,
+                "storage_memory": memory, "executors": executors}
+    what = (f"{rows:,} examples x {per_example} B = {_mb(rows * per_example)} of Spark blocks, twice while an "
+            f"epoch's dealt copy is persisted ({_mb(need)}), against {_mb(memory)} of storage memory on {how}")
+    if need <= MEMORY_SHARE * memory:
+        return StorageChoice(False, f"auto: {what}: kept in memory", estimate)
+    return StorageChoice(True, f"auto: {what} (over {MEMORY_SHARE:.0%}): streamed from the source every epoch "
+                               f"instead of spilling or failing", estimate)
+
+
+#: How much larger than Spark's plan statistics prepared minibatches may be
+#: (uint8 features become float32: 4x; compressed files: up to ~4x more)
+#: for the statistics alone to decide ``memory`` without counting rows.
+_PLAN_SLACK = 16
+
+
+def _plan_bytes(df) -> Optional[int]:
+    """Spark's own size estimate of ``df`` (its optimized plan's
+    ``sizeInBytes``; no job), or None where it has none (an RDD's frame
+    reports ``spark.sql.defaultSizeInBytes``, i.e. unknown)."""
+    try:
+        size = int(str(df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes().toString()))
+        unknown = int(df.sparkSession.conf.get("spark.sql.defaultSizeInBytes", str(2 ** 63 - 1)).rstrip("bB"))
+    except Exception:  # noqa: BLE001 -- a statistic only; counting rows decides instead
+        return None
+    return None if size <= 0 or size >= unknown else size
+
+
+def _free_disk(root: str) -> Optional[int]:
+    if root.startswith("file://"):
+        root = root[len("file://"):]
+    if "://" in root:
+        return None
+    try:
+        return int(shutil.disk_usage(root).free)
+    except OSError:
+        return None
+
+
+@dataclass
+class StreamedData(PreparedData):
+    """A streamed fit's data: the source's row count per partition and the
+    minibatches each will be cut into (``sizes``; ids in partition order,
+    ``batches[p]`` partition ``p``'s), nothing kept."""
+
+    frame: object = None
+    spec: Optional[DataSpec] = None
+    batch_size: int = 0
+    features_col: object = None
+    label_col: str = "label"
+    rows: Dict[int, int] = field(default_factory=dict)
+    batches: Dict[int, List[int]] = field(default_factory=dict)
+    #: Non-empty partitions, in order.
+    parts: List[int] = field(default_factory=list)
+    streamed = True
+
+    def plan(self, workers: int, seed: Optional[int]) -> "StreamPlan":
+        """The epoch's deal of the source's partitions: one per worker per
+        round, shuffled with ``seed`` (None: in order)."""
+        dealt = deal(len(self.parts), workers, 1, seed)
+        parts = [[self.parts[s[0]] if s else None for s in shards] for shards in dealt]
+        rounds = [[list(self.batches[p]) if p is not None else [] for p in r] for r in parts]
+        return StreamPlan(rounds, self, parts)
+
+    def rounds_note(self) -> str:
+        """What a streamed epoch's rounds are, for the decision's reason."""
+        per = [len(self.batches[p]) for p in self.parts]
+        return (f"{self.examples:,} examples in {len(self.parts)} source partitions of {min(per, default=0)}-"
+                f"{max(per, default=0)} minibatches: each averaging round fits one partition per worker "
+                f"(averaging_frequency does not apply)")
+
+    def rebuild(self) -> None:
+        raise RuntimeError("Expect prepared Spark blocks to rebuild, got streamed data (nothing is kept)")
+
+    def release(self) -> None:
+        self.frame = None
+        super().release()
+
+
+@dataclass
+class StreamPlan(Dealt):
+    """One streamed epoch's deal: ``parts[r][w]`` the source partition
+    worker ``w`` fits in round ``r`` (None: none left for it);
+    ``rounds[r][w]`` its minibatch ids."""
+
+    parts: List[List[Optional[int]]] = field(default_factory=list)
+    streamed = True
+
+    def drop(self) -> None:
+        """Nothing is persisted."""
+
+    def aggregate(self, sc, r: int, task, combine, what: str):
+        """Run ``task`` over round ``r``'s partitions of the source (one
+        ``mapInArrow`` job over those partitions only); combine the results."""
+        from .executor.codec import RESULT_SCHEMA, decode_value
+        from .executor.streaming import make_stream_round
+
+        data: StreamedData = self.prepared
+        rows = {p: data.rows[p] for p in self.parts[r] if p is not None}
+        frame = data.frame.mapInArrow(make_stream_round(task, data.spec, data.batch_size, data.features_col,
+                                                        data.label_col, rows), RESULT_SCHEMA)
+        with executor_errors(what):
+            out = sc.runJob(frame.rdd, _result_rows, sorted(rows))
+        results = [decode_value(text, blobs) for text, blobs in out]
+        raise_failures(results, what)
+        combined = None
+        for value in results:
+            combined = value if combined is None else combine(combined, value)
+        return combined
+
+
+def _result_rows(rows):
+    return [(row[0], [bytes(b) for b in (row[1] or ())]) for row in rows]
+
+
+def prepare_stream(seam, df, spec: DataSpec, batch_size: int, features_col, label_col: str) -> StreamedData:
+    """The describing pass of a streamed fit: rows per partition of ``df``
+    (one ``mapInArrow`` over its label column), the minibatches each will
+    be cut into; nothing is kept."""
+    from .executor.streaming import ROW_COUNT_SCHEMA, make_row_counter
+
+    check_columns(df, features_col, label_col)
+    require_arrow()
+    with executor_errors("counting the streamed source's rows"):
+        counted = df.select(label_col).mapInArrow(make_row_counter(), ROW_COUNT_SCHEMA).collect()
+    rows = {int(r[0]): int(r[1]) for r in counted}
+    sizes, batches, parts = [], {}, []
+    for p in sorted(rows):
+        n = rows[p]
+        if not n:
+            continue
+        parts.append(p)
+        ids = []
+        for start in range(0, n, batch_size):
+            ids.append(len(sizes))
+            sizes.append(min(batch_size, n - start))
+        batches[p] = ids
+    frame = df.select(*feature_columns(features_col), label_col)
+    logger.info("streamed source: %d examples in %d partitions (%d minibatches of up to %d)", sum(rows.values()),
+                len(parts), len(sizes), batch_size)
+    return StreamedData(sizes, frame=frame, spec=spec, batch_size=batch_size, features_col=features_col,
+                        label_col=label_col, rows=rows, batches=batches, parts=parts)

@@ -54,6 +54,8 @@ __all__ = [
     "npy_bytes",
     "from_npy",
     "failure_from_row",
+    "ipc_batches",
+    "frame_blocks",
 ]
 
 #: Prepared minibatches kept in Spark: id = partition << 32 | index in the partition;
@@ -497,5 +499,47 @@ def make_feature_decoder(features_col):
                                                   "error": pa.array([None] * len(chunks), pa.string())})
         if failures:
             yield _failure_batch(failures[0], FEATURE_SCHEMA)
+
+    return run
+
+
+def ipc_batches(raw: Iterable, schema: str, large: bool = False) -> Iterator:
+    """Record batches of ``schema`` (a ``"name type, ..."`` string of
+    :data:`MINIBATCH_SCHEMA`'s types) from the schema-less Arrow IPC
+    messages of ``Dataset.toArrowBatchRdd`` (``large``: Spark's
+    ``spark.sql.execution.arrow.useLargeVarTypes``)."""
+    pa = _pa()
+    types = {"long": pa.int64(), "int": pa.int32(), "binary": pa.large_binary() if large else pa.binary(),
+             "string": pa.large_string() if large else pa.string()}
+    arrow_schema = pa.schema([(name, types[kind]) for name, kind in (part.split() for part in schema.split(","))])
+    for message in raw:
+        yield pa.ipc.read_record_batch(pa.py_buffer(message), arrow_schema)
+
+
+def frame_blocks(large: bool, classes: Optional[int], notes):
+    """The classic session's ``mapPartitionsWithIndex`` function over the
+    Arrow batches of a :data:`MINIBATCH_SCHEMA` frame: ``(id, (x, y))``
+    blocks, telling ``notes`` (an accumulator of lists) each block's
+    ``(id, n, host, partition, labels per class)`` -- or the failure a row
+    carries -- in one pass (no second Python pass reads the blocks back)."""
+
+    def run(partition: int, raw: Iterable) -> Iterator:
+        import socket
+
+        from ..data import label_counts
+
+        host, told = socket.gethostname(), []
+        for batch in ipc_batches(raw, MINIBATCH_SCHEMA, large):
+            ids, sizes = batch.column(0).to_pylist(), batch.column(1).to_pylist()
+            xs, ys, errors = batch.column(2), batch.column(3), batch.column(4).to_pylist()
+            for i in range(batch.num_rows):
+                failure = failure_from_row(errors[i])
+                if failure is not None:
+                    told.append(failure)
+                    continue
+                x, y = inputs_from_bytes(xs[i]), from_npy(ys[i])
+                told.append((ids[i], sizes[i], host, partition, label_counts(y, classes)))
+                yield ids[i], (x, y)
+        notes.add(told)
 
     return run

@@ -152,18 +152,19 @@ def require_arrow() -> None:
 
 
 def minibatch_frame(df, spec: DataSpec, batch_size: int, features_col, label_col: str,
-                    folder: Optional[str] = None):
+                    folder: Optional[str] = None, feature_dtype: Optional[str] = None):
     """``df``'s examples validated and cut into minibatches by one ``mapInArrow``
     (both Spark flavours): rows ``(id, n, x, y, error)``, or with ``folder``
     ``(id, n, path, error)`` after writing each minibatch there.  Partitions
-    keep their order; ``id`` is ``partition << 32 | index``."""
+    keep their order; ``id`` is ``partition << 32 | index``; features in
+    ``feature_dtype`` (``DataOptions.feature_dtype``; None: float32)."""
     from .executor.arrow import MINIBATCH_FILE_SCHEMA, MINIBATCH_SCHEMA, make_minibatcher
 
     check_columns(df, features_col, label_col)
     require_arrow()
     schema = MINIBATCH_FILE_SCHEMA if folder is not None else MINIBATCH_SCHEMA
     return df.select(*feature_columns(features_col), label_col).mapInArrow(
-        make_minibatcher(spec, batch_size, features_col, label_col, folder), schema)
+        make_minibatcher(spec, batch_size, features_col, label_col, folder, feature_dtype), schema)
 
 
 class ExampleFrame:
@@ -352,15 +353,16 @@ def _write_partition(spec: DataSpec, batch_size: int, folder: str):
 
 
 def prepare(rdd, spec: DataSpec, batch_size: int, location: Optional[SharedLocation],
-            storage_level: str) -> PreparedData:
+            storage_level: str, feature_dtype: Optional[str] = None) -> PreparedData:
     """Validate and minibatch ``rdd`` once (one Spark job).
 
     With a ``location`` the minibatches are written there (the location is
     released with the data); else they are persisted as Spark blocks.  A
-    DataFrame (:class:`ExampleFrame`) is validated and cut through Arrow.
+    DataFrame (:class:`ExampleFrame`) is validated and cut through Arrow,
+    its features kept in ``feature_dtype`` (None: float32; an RDD's are float32).
     """
     if isinstance(rdd, ExampleFrame):
-        return _prepare_frame(rdd, spec, batch_size, location, storage_level)
+        return _prepare_frame(rdd, spec, batch_size, location, storage_level, feature_dtype)
     if location is not None:
         try:
             folder = location.make()
@@ -433,14 +435,14 @@ def _persist_blocks(mb, storage_level: str, classes: Optional[int]) -> PreparedD
 
 
 def _prepare_frame(examples: ExampleFrame, spec: DataSpec, batch_size: int, location: Optional[SharedLocation],
-                   storage_level: str) -> PreparedData:
+                   storage_level: str, feature_dtype: Optional[str] = None) -> PreparedData:
     """:func:`prepare` for a DataFrame on a classic session (Arrow minibatching)."""
     args = (examples.df, spec, batch_size, examples.features_col, examples.label_col)
     if location is not None:
         try:
             folder = location.make()
             with executor_errors("writing minibatches to the shared location"):
-                rows = minibatch_frame(*args, folder=folder).collect()
+                rows = minibatch_frame(*args, folder=folder, feature_dtype=feature_dtype).collect()
             frame_failures([r[3] for r in rows], "minibatching")
         except BaseException:
             location.release()
@@ -449,8 +451,9 @@ def _prepare_frame(examples: ExampleFrame, spec: DataSpec, batch_size: int, loca
         return PreparedData([n for _, n, _ in meta], paths=[p for _, _, p in meta], location=location)
 
     # The Arrow job runs once, in _persist_frame_blocks' one pass (keys need no counting pass).
-    prepared = _persist_frame_blocks(minibatch_frame(*args), storage_level, _classes(spec))
-    prepared._remake = lambda: _prepare_frame(examples, spec, batch_size, None, storage_level)
+    prepared = _persist_frame_blocks(minibatch_frame(*args, feature_dtype=feature_dtype), storage_level,
+                                     _classes(spec))
+    prepared._remake = lambda: _prepare_frame(examples, spec, batch_size, None, storage_level, feature_dtype)
     return prepared
 
 

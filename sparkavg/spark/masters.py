@@ -13,7 +13,7 @@ import enum
 import ipaddress
 import math
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal, Optional, Union
+from typing import ClassVar, Literal, Optional, Tuple, Union
 
 from ..configurable import Configurable, from_config, register, registered
 from ..sharing.thresholds import (AdaptiveThreshold, FixedThreshold, ResidualClipping, TargetSparsityThreshold,
@@ -147,6 +147,25 @@ class DataOptions(Configurable):
         function (kept as that name): executors import it, nothing is
         pickled, and it is saved with the master's configuration.  Not
         applied by ``evaluate``/``predict``.  See :mod:`sparkavg.spark.transforms`.
+    feature_dtype : str or None, default None
+        The dtype a DataFrame's features keep in the prepared minibatches
+        (compact minibatches): ``"uint8"``, ``"int8"``, ``"uint16"``,
+        ``"int16"``, ``"float16"`` or ``"float32"``; None: float32, the
+        model's (as before).  Every value must fit it (integers in its
+        range; float16: finite within +-65504), else a
+        ``DataValidationError`` names the row.  The executors convert each
+        minibatch to float32 as they read it, then apply ``scale`` and
+        ``normalize``; uint8 images take a quarter of float32's memory and
+        disk.  Integer id inputs stay int64.  An RDD's features stay float32.
+    scale : float or None, default None
+        Multiplies the features (as float32) on the executors, per
+        minibatch (``1/255`` for uint8 pixels).
+    normalize : (float, float) or None, default None
+        ``(mean, std)``: after ``scale``, ``(x - mean) / std``.
+        ``scale`` and ``normalize`` are the model's input encoding: applied
+        in training and by ``evaluate``/``predict``, saved with a fitted
+        ``NetworkModel`` (JSON) whose ``transform`` applies them too
+        (:func:`~sparkavg.spark.transforms.input_encoding`).
     """
 
     shared_dir: Optional[str] = None
@@ -155,6 +174,9 @@ class DataOptions(Configurable):
     repartition: Repartition = Repartition.AUTO
     prefetch: Union[int, Literal["auto"]] = "auto"
     transform: Optional[str] = None
+    feature_dtype: Optional[str] = None
+    scale: Optional[float] = None
+    normalize: Optional[Tuple[float, float]] = None
 
     def __post_init__(self):
         from .transforms import transform_reference
@@ -171,11 +193,17 @@ class DataOptions(Configurable):
                                           and self.prefetch >= 0),
               f"Expect prefetch >= 0 (an int) or 'auto', got {self.prefetch!r}")
         _storage_level(self.storage_level)
+        from .transforms import check_encoding
+
+        check_encoding(self.feature_dtype, self.scale, self.normalize)
+        if self.normalize is not None:
+            object.__setattr__(self, "normalize", tuple(float(v) for v in self.normalize))
 
     def config_arguments(self) -> dict:
         arguments = super().config_arguments()
-        if arguments["transform"] is None:  # configs (and checkpoints) from before transforms stay equal
-            del arguments["transform"]
+        for name in ("transform", "feature_dtype", "scale", "normalize"):
+            if arguments[name] is None:  # configs (and checkpoints) from before these fields stay equal
+                del arguments[name]
         return arguments
 
     @property

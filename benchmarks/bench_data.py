@@ -16,6 +16,11 @@ values) plus a label, written once per feature type -- ``float32`` and
   cluster default; classic only: a Connect fit keeps them as a cached
   DataFrame -- that is its ``spark`` row).
 
+and, for the uint8 frame, the same with compact minibatches
+(``files-uint8``, ``spark-uint8``: ``DataOptions(feature_dtype="uint8",
+scale=1/255)``, features kept as uint8), with the bytes the prepared
+minibatches take (files on disk; a classic session's blocks in memory and
+on disk, from Spark's storage status; Connect does not say),
 on a classic session and on a Spark Connect server (its own JVM,
 ``tests.harness.connect``).  Each is timed ``--repeats`` times, alternating,
 after one warm-up of each; the figures are medians, the ratio is

@@ -177,7 +177,7 @@ def test_uint8_features_stay_compact_train_as_scaled_floats_and_predict_alike_af
     ids, _, prob = _outputs(loaded.transform(df_u8))
     np.testing.assert_allclose(prob, model_u8.network.output(scaled[ids]), rtol=1e-5, atol=1e-6)
 
-    bad = spark.createDataFrame([(0, [300] + [0] * 15, 1)], "id long, features array<smallint>, label long")
+    bad = spark.createDataFrame([(0, [300] + [0] * 15, 1)], "id long, features array<smallint>, label long").coalesce(1)
     with pytest.raises(DataValidationError, match=r"partition 0, row 0: expected integers in \[0, 255\] for "
                                                   r"feature_dtype='uint8', got 300"):
         seam.prepare(bad, spec, 8, compact, "features", "label")

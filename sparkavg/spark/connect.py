@@ -98,7 +98,7 @@ class FramePrepared(PreparedData):
     def release(self) -> None:
         if self.frame is not None:
             try:
-                self.frame.unpersist()
+                self.frame.unpersist(blocking=True)  # the next fit's blocks find the memory free
             except Exception:  # a stopped session has dropped it already
                 pass
             self.frame = None

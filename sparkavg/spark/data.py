@@ -336,8 +336,8 @@ class PreparedData:
             location.release()
         rdds, self._epoch_rdds = list(self._epoch_rdds) + ([self.rdd] if self.rdd is not None else []), []
         self.rdd = None
-        for r in rdds:
-            r.unpersist()
+        for r in rdds:  # blocking: the next fit's blocks find the storage memory free, not being freed
+            r.unpersist(blocking=True)
 
 
 def _write_partition(spec: DataSpec, batch_size: int, folder: str):

@@ -16,6 +16,11 @@ values) plus a label, written once per feature type -- ``float32`` and
   cluster default; classic only: a Connect fit keeps them as a cached
   DataFrame -- that is its ``spark`` row).
 
+and, for the uint8 frame, the same with compact minibatches
+(``files-uint8``, ``spark-uint8``: ``DataOptions(feature_dtype="uint8",
+scale=1/255)``, features kept as uint8), with the bytes the prepared
+minibatches take (files on disk; a classic session's blocks in memory and
+on disk, from Spark's storage status; Connect does not say),
 on a classic session and on a Spark Connect server (its own JVM,
 ``tests.harness.connect``).  Each is timed ``--repeats`` times, alternating,
 after one warm-up of each; the figures are medians, the ratio is
@@ -88,13 +93,32 @@ def scan(df) -> int:
 
 
 def prepare(seam, df, placement: str):
+    """``placement`` is ``files`` or ``spark``, ``-uint8`` appended for
+    compact minibatches (``DataOptions(feature_dtype="uint8", scale=1/255)``)."""
     from sparkavg.data.validation import DataSpec
     from sparkavg.spark import DataOptions
 
-    prepared = seam.prepare(df, DataSpec((WIDTH,), 10), BATCH, DataOptions(placement=placement, shared_dir=(
-        tempfile.mkdtemp(prefix="bench-data-", dir=os.environ.get("BENCH_DATA_TMP")) if placement == "files"
-        else None)), "features", "label")
+    where, _, compact = placement.partition("-")
+    extra = {"feature_dtype": compact, "scale": 1 / 255} if compact else {}
+    prepared = seam.prepare(df, DataSpec((WIDTH,), 10), BATCH, DataOptions(placement=where, shared_dir=(
+        tempfile.mkdtemp(prefix="bench-data-", dir=os.environ.get("BENCH_DATA_TMP")) if where == "files"
+        else None), **extra), "features", "label")
     return prepared
+
+
+def stored_bytes(session, prepared) -> dict:
+    """What the prepared minibatches take: files' bytes on disk, or a classic
+    session's persisted blocks (Spark's storage status: memory and disk);
+    Connect does not say (None)."""
+    if prepared.in_files:
+        return {"disk": sum(os.path.getsize(p) for p in prepared.paths), "memory": 0}
+    if getattr(prepared, "rdd", None) is None:
+        return {"disk": None, "memory": None}
+    rdd_id = prepared.rdd.id()
+    for info in session.sparkContext._jsc.sc().getRDDStorageInfo():
+        if info.id() == rdd_id:
+            return {"disk": int(info.diskSize()), "memory": int(info.memSize())}
+    return {"disk": None, "memory": None}
 
 
 def measure(session, seam, frames: dict, dtypes, placements, repeats: int, flavour: str) -> dict:
@@ -103,31 +127,37 @@ def measure(session, seam, frames: dict, dtypes, placements, repeats: int, flavo
         info = frames[dtype]
         df = session.read.parquet(info["path"])
         assert scan(df) == ROWS  # warm-up: the JVM's code paths, the files in the page cache
+        stored = {}
         for placement in placements:
-            prepare(seam, df, placement).release()
-        times = {"scan": []} | {f"prepare_{p}": [] for p in placements}
+            if placement.endswith("-uint8") and dtype != "uint8":
+                continue
+            prepared = prepare(seam, df, placement)
+            stored[placement] = stored_bytes(session, prepared)
+            prepared.release()
+        placements_here = [p for p in placements if not p.endswith("-uint8") or dtype == "uint8"]
+        times = {"scan": []} | {f"prepare_{p}": [] for p in placements_here}
         for _ in range(repeats):
             t0 = time.perf_counter()
             n = scan(df)
             times["scan"].append(time.perf_counter() - t0)
             assert n == ROWS, n
-            for placement in placements:
+            for placement in placements_here:
                 t0 = time.perf_counter()
                 prepared = prepare(seam, df, placement)
                 times[f"prepare_{placement}"].append(time.perf_counter() - t0)
                 assert prepared.examples == ROWS, prepared.examples
                 prepared.release()
-        entry = {"seconds": times}
+        entry = {"seconds": times, "stored_bytes": stored}
         med = {k: statistics.median(v) for k, v in times.items()}
         for k, s in med.items():
             entry[k] = {"median_seconds": s, "rows_per_second": ROWS / s,
                         "mb_per_second": info["feature_bytes"] / s / 1e6}
-        for placement in placements:
+        for placement in placements_here:
             entry[f"prepare_{placement}"]["vs_scan"] = med["scan"] / med[f"prepare_{placement}"]
         out[dtype] = entry
         print(f"{flavour} {dtype}: scan {med['scan']:.2f} s, " + ", ".join(
-            f"prepare {p} {med[f'prepare_{p}']:.2f} s ({med['scan'] / med[f'prepare_{p}']:.2f} of scan)"
-            for p in placements), file=sys.stderr, flush=True)
+            f"prepare {p} {med[f'prepare_{p}']:.2f} s ({med['scan'] / med[f'prepare_{p}']:.2f} of scan; "
+            f"{stored[p]})" for p in placements_here), file=sys.stderr, flush=True)
     return out
 
 
@@ -167,6 +197,8 @@ def main(argv=None):
     p.add_argument("--flavours", default="classic,connect")
     p.add_argument("--dtypes", default="float32,uint8")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--placements", default="files,spark,files-uint8,spark-uint8",
+                   help="files, spark; -uint8: compact minibatches of the uint8 frame (feature_dtype='uint8')")
     p.add_argument("--rows", type=int, default=60_000, help="rows of the frame (default 60000)")
     p.add_argument("--profile", default=None, metavar="FLAVOUR-DTYPE-PLACEMENT",
                    help="also cProfile the executor's minibatching of one partition (e.g. classic-float32-files)")
@@ -178,6 +210,7 @@ def main(argv=None):
     from sparkavg.spark.seam import seam_for
 
     dtypes = [d.strip() for d in args.dtypes.split(",")]
+    placements = [p.strip() for p in args.placements.split(",")]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                             text=True).stdout.strip()
     result = {"benchmark": "data", "commit": commit, "cpus": os.cpu_count(), "hostname": socket.gethostname(),
@@ -200,7 +233,7 @@ def main(argv=None):
                     builder = builder.config(k, v)
                 spark = builder.getOrCreate()
                 try:
-                    result["classic"] = measure(spark, seam_for(spark), frames, dtypes, ["files", "spark"],
+                    result["classic"] = measure(spark, seam_for(spark), frames, dtypes, placements,
                                                 args.repeats, flavour)
                 finally:
                     spark.stop()
@@ -214,7 +247,7 @@ def main(argv=None):
                     os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
                     session = RemoteSparkSession.builder.remote(url).getOrCreate()
                     try:
-                        result["connect"] = measure(session, seam_for(session), frames, dtypes, ["files", "spark"],
+                        result["connect"] = measure(session, seam_for(session), frames, dtypes, placements,
                                                     args.repeats, flavour)
                     finally:
                         session.stop()

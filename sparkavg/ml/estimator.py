@@ -200,6 +200,7 @@ class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, MLReadable, MLWri
 
     def _fit(self, dataset) -> "NetworkModel":
         from ..spark.trainer import SparkTrainer
+        from ..spark.transforms import input_encoding
 
         trainer = SparkTrainer(dataset.sparkSession, self.getNetwork().clone(), self.getMaster(),
                                features_col=self._features(), label_col=self.getLabelCol(),
@@ -209,6 +210,7 @@ class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, MLReadable, MLWri
         finally:
             trainer.close()
         model = NetworkModel(network=trainer.network)
+        model.input_encoding = input_encoding(self.getMaster().data)
         model.history = list(trainer.history)
         model.stats = trainer.stats
         return self._copyValues(model)
@@ -235,6 +237,10 @@ class NetworkModel(Model, _NetworkParams, MLReadable, MLWritable):
     network : sparkavg.nn.Model
     history : list of dict
         The fit's per-epoch summaries (saved with the model).
+    input_encoding : dict or None
+        The features' encoding the network was fitted on (``{"scale",
+        "normalize"}`` of the fit's ``DataOptions``), applied by
+        ``transform``; saved with the model (JSON).
     stats : TrainingStats or None
         The fit's statistics (not saved).
     """
@@ -247,6 +253,7 @@ class NetworkModel(Model, _NetworkParams, MLReadable, MLWritable):
         network = kwargs.pop("network", None)
         self.network = _to_network(network) if network is not None else None
         self.history: list = []
+        self.input_encoding = None
         self.stats = None
         self._set(**{k: v for k, v in kwargs.items() if v is not None})
 
@@ -276,7 +283,7 @@ class NetworkModel(Model, _NetworkParams, MLReadable, MLWritable):
         # The parameters travel with the job (JSON + raw float32 bytes in the closure), on both flavours.
         fn = make_transformer(net.to_json(), ShippedValue(network_state(net, with_updater=False)), features,
                               tuple(spec.input_shape), self.getInferenceBatchSize(), out.classification,
-                              prediction, probability)
+                              prediction, probability, self.input_encoding)
         return dataset.mapInArrow(fn, schema)
 
     def write(self) -> NetworkWriter:

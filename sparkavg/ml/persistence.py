@@ -159,6 +159,8 @@ class NetworkWriter(MLWriter):
         else:
             network = instance.network
             extra["history"] = instance.history
+            if getattr(instance, "input_encoding", None) is not None:  # models saved before it stay equal
+                extra["input_encoding"] = instance.input_encoding
         extra["network"] = _NETWORK if isinstance(network, Model) else None
         if isinstance(network, Model):  # checked on load: a swapped network file is refused
             extra["fingerprint"] = network.fingerprint()
@@ -200,6 +202,7 @@ class NetworkReader(MLReader):
 
     def load(self, path: str):
         from ..spark.masters import master_from_config
+        from ..spark.transforms import check_encoding_dict
 
         metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
         expected = f"{self.cls.__module__}.{self.cls.__name__}"
@@ -228,4 +231,5 @@ class NetworkReader(MLReader):
         else:
             instance.network = network
             instance.history = list(extra.get("history", []))
+            instance.input_encoding = check_encoding_dict(extra.get("input_encoding"), _join(path, _EXTRA))
         return instance

@@ -20,7 +20,7 @@ __all__ = ["make_transformer"]
 
 
 def make_transformer(config_json: str, shipped, features_col, input_shape: Sequence[int], batch_size: int,
-                     classification: bool, prediction_col: str, probability_col: str):
+                     classification: bool, prediction_col: str, probability_col: str, encoding=None):
     """The ``mapInArrow`` function of a model's ``transform``.
 
     Parameters
@@ -40,6 +40,9 @@ def make_transformer(config_json: str, shipped, features_col, input_shape: Seque
         ``prediction`` is the arg-max class index (else the first output).
     prediction_col, probability_col : str
         Names of the appended columns.
+    encoding : dict, optional
+        The model's input encoding (``DataOptions(scale=, normalize=)`` of
+        its fit), applied to the features before the network.
     """
     def columns(out: np.ndarray) -> list:
         import pyarrow as pa
@@ -48,4 +51,5 @@ def make_transformer(config_json: str, shipped, features_col, input_shape: Seque
         return [(prediction_col, pa.array(prediction.astype(np.float64), pa.float64())),
                 (probability_col, list_column(out))]
 
-    return predict_arrow(make_predict_fn(config_json, shipped, batch_size), features_col, input_shape, columns)
+    return predict_arrow(make_predict_fn(config_json, shipped, batch_size, encoding), features_col, input_shape,
+                         columns)

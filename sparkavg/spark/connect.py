@@ -98,7 +98,7 @@ class FramePrepared(PreparedData):
     def release(self) -> None:
         if self.frame is not None:
             try:
-                self.frame.unpersist()
+                self.frame.unpersist(blocking=True)  # the next fit's blocks find the memory free
             except Exception:  # a stopped session has dropped it already
                 pass
             self.frame = None
@@ -213,7 +213,8 @@ class ConnectSpark:
             try:
                 folder = location.make()
                 with executor_errors("writing minibatches to the shared location"):
-                    table = minibatch_frame(df, spec, batch_size, features_col, label_col, folder).toArrow()
+                    table = minibatch_frame(df, spec, batch_size, features_col, label_col, folder,
+                                            options.feature_dtype).toArrow()
                 frame_failures(table.column("error").to_pylist(), "minibatching")
             except BaseException:
                 location.release()
@@ -221,7 +222,7 @@ class ConnectSpark:
             ids, sizes, order = _by_id(table)
             paths = table.column("path").to_pylist()
             return FramePrepared(sizes, paths=[paths[i] for i in order], location=location)
-        frame = minibatch_frame(df, spec, batch_size, features_col, label_col)
+        frame = minibatch_frame(df, spec, batch_size, features_col, label_col, feature_dtype=options.feature_dtype)
         frame = frame.persist(getattr(StorageLevel, options.storage_level))
         try:
             with executor_errors("minibatching"):

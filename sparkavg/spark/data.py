@@ -46,7 +46,7 @@ from .storage import SUFFIX, SharedLocation, load_minibatch, save_minibatch
 __all__ = ["as_example_rdd", "feature_rows", "ExampleFrame", "minibatch_frame", "check_columns", "require_arrow",
            "resolve_features", "feature_columns",
            "PreparedData", "prepare", "placement_for", "label_counts", "load_minibatch", "lost_checkpoint_blocks",
-           "LINEAGE_REASON"]
+           "LINEAGE_REASON", "arrow_batch_rdd"]
 
 logger = logging.getLogger(__name__)
 
@@ -152,18 +152,19 @@ def require_arrow() -> None:
 
 
 def minibatch_frame(df, spec: DataSpec, batch_size: int, features_col, label_col: str,
-                    folder: Optional[str] = None):
+                    folder: Optional[str] = None, feature_dtype: Optional[str] = None):
     """``df``'s examples validated and cut into minibatches by one ``mapInArrow``
     (both Spark flavours): rows ``(id, n, x, y, error)``, or with ``folder``
     ``(id, n, path, error)`` after writing each minibatch there.  Partitions
-    keep their order; ``id`` is ``partition << 32 | index``."""
+    keep their order; ``id`` is ``partition << 32 | index``; features in
+    ``feature_dtype`` (``DataOptions.feature_dtype``; None: float32)."""
     from .executor.arrow import MINIBATCH_FILE_SCHEMA, MINIBATCH_SCHEMA, make_minibatcher
 
     check_columns(df, features_col, label_col)
     require_arrow()
     schema = MINIBATCH_FILE_SCHEMA if folder is not None else MINIBATCH_SCHEMA
     return df.select(*feature_columns(features_col), label_col).mapInArrow(
-        make_minibatcher(spec, batch_size, features_col, label_col, folder), schema)
+        make_minibatcher(spec, batch_size, features_col, label_col, folder, feature_dtype), schema)
 
 
 class ExampleFrame:
@@ -335,8 +336,8 @@ class PreparedData:
             location.release()
         rdds, self._epoch_rdds = list(self._epoch_rdds) + ([self.rdd] if self.rdd is not None else []), []
         self.rdd = None
-        for r in rdds:
-            r.unpersist()
+        for r in rdds:  # blocking: the next fit's blocks find the storage memory free, not being freed
+            r.unpersist(blocking=True)
 
 
 def _write_partition(spec: DataSpec, batch_size: int, folder: str):
@@ -352,15 +353,16 @@ def _write_partition(spec: DataSpec, batch_size: int, folder: str):
 
 
 def prepare(rdd, spec: DataSpec, batch_size: int, location: Optional[SharedLocation],
-            storage_level: str) -> PreparedData:
+            storage_level: str, feature_dtype: Optional[str] = None) -> PreparedData:
     """Validate and minibatch ``rdd`` once (one Spark job).
 
     With a ``location`` the minibatches are written there (the location is
     released with the data); else they are persisted as Spark blocks.  A
-    DataFrame (:class:`ExampleFrame`) is validated and cut through Arrow.
+    DataFrame (:class:`ExampleFrame`) is validated and cut through Arrow,
+    its features kept in ``feature_dtype`` (None: float32; an RDD's are float32).
     """
     if isinstance(rdd, ExampleFrame):
-        return _prepare_frame(rdd, spec, batch_size, location, storage_level)
+        return _prepare_frame(rdd, spec, batch_size, location, storage_level, feature_dtype)
     if location is not None:
         try:
             folder = location.make()
@@ -433,16 +435,14 @@ def _persist_blocks(mb, storage_level: str, classes: Optional[int]) -> PreparedD
 
 
 def _prepare_frame(examples: ExampleFrame, spec: DataSpec, batch_size: int, location: Optional[SharedLocation],
-                   storage_level: str) -> PreparedData:
+                   storage_level: str, feature_dtype: Optional[str] = None) -> PreparedData:
     """:func:`prepare` for a DataFrame on a classic session (Arrow minibatching)."""
-    from .executor.arrow import from_npy
-
     args = (examples.df, spec, batch_size, examples.features_col, examples.label_col)
     if location is not None:
         try:
             folder = location.make()
             with executor_errors("writing minibatches to the shared location"):
-                rows = minibatch_frame(*args, folder=folder).collect()
+                rows = minibatch_frame(*args, folder=folder, feature_dtype=feature_dtype).collect()
             frame_failures([r[3] for r in rows], "minibatching")
         except BaseException:
             location.release()
@@ -450,19 +450,63 @@ def _prepare_frame(examples: ExampleFrame, spec: DataSpec, batch_size: int, loca
         meta = sorted((r[0], r[1], r[2]) for r in rows)
         return PreparedData([n for _, n, _ in meta], paths=[p for _, _, p in meta], location=location)
 
-    def decode(rows):
-        for row in rows:
-            failure = failure_from_row(row[4])
-            yield failure if failure is not None else (inputs_from_bytes(row[2]), from_npy(row[3]))
-
-    from .executor.arrow import failure_from_row, inputs_from_bytes
-
-    # The Arrow job runs once, in _persist_blocks' describing pass (keys need no counting pass).
-    frame = minibatch_frame(*args)
-    prepared = _persist_blocks(frame.rdd.mapPartitions(decode, preservesPartitioning=True), storage_level,
-                               _classes(spec))
-    prepared._remake = lambda: _prepare_frame(examples, spec, batch_size, None, storage_level)
+    # The Arrow job runs once, in _persist_frame_blocks' one pass (keys need no counting pass).
+    prepared = _persist_frame_blocks(minibatch_frame(*args, feature_dtype=feature_dtype), storage_level,
+                                     _classes(spec))
+    prepared._remake = lambda: _prepare_frame(examples, spec, batch_size, None, storage_level, feature_dtype)
     return prepared
+
+
+class _ListParam:
+    """An accumulator (pyspark ``AccumulatorParam``) of lists (what each task tells of the blocks it made)."""
+
+    def zero(self, value):
+        return []
+
+    def addInPlace(self, a, b):
+        a.extend(b)
+        return a
+
+
+def arrow_batch_rdd(frame):
+    """``frame``'s Arrow record batches as an RDD of IPC message bytes
+    (classic sessions: ``Dataset.toArrowBatchRdd``), no row crossing into
+    Python objects -- what ``frame.rdd`` would pickle row by row."""
+    from pyspark.rdd import RDD
+    from pyspark.serializers import NoOpSerializer
+
+    return RDD(frame._jdf.toArrowBatchRdd().toJavaRDD(), frame.sparkSession.sparkContext, NoOpSerializer())
+
+
+def _persist_frame_blocks(frame, storage_level: str, classes: Optional[int]) -> PreparedData:
+    """The minibatch frame's rows as persisted ``(id, (x, y))`` blocks, in one
+    pass: its Arrow batches (:func:`arrow_batch_rdd`) decoded by the task
+    that keeps them, which tells where each block lives and its labels per
+    class through an accumulator; the job itself is a JVM count of the
+    persisted partitions, so no second Python pass reads the blocks back.
+    A local checkpoint as :func:`_persist_blocks`' (:data:`LINEAGE_REASON`)."""
+    from pyspark import StorageLevel
+
+    from .executor.arrow import frame_blocks
+
+    sc = frame.sparkSession.sparkContext
+    notes = sc.accumulator([], _ListParam())  # pyspark's AccumulatorParam: zero and addInPlace
+    large = str(frame.sparkSession.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false")).lower() == "true"
+    mb = (arrow_batch_rdd(frame).mapPartitionsWithIndex(frame_blocks(large, classes, notes), preservesPartitioning=True)
+          .persist(getattr(StorageLevel, storage_level)))
+    mb.localCheckpoint()
+    try:
+        with executor_errors("minibatching"):
+            mb._jrdd.count()  # counts the persisted batches in the JVM: the blocks are not read back
+        meta = list(notes.value)
+        raise_failures(meta, "minibatching")
+    except BaseException:
+        mb.unpersist()
+        raise
+    meta = sorted({m[0]: m for m in meta}.values())  # a task run twice tells twice: once per block
+    counts = None if classes is None else np.asarray([m[4] for m in meta], dtype=np.float64)
+    return PreparedData([m[1] for m in meta], rdd=mb, layout=[(m[2], m[3]) for m in meta], labels=counts,
+                        keys=[m[0] for m in meta])
 
 
 def placement_for(options, local_master: bool) -> Optional[SharedLocation]:

@@ -13,7 +13,7 @@ import enum
 import ipaddress
 import math
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal, Optional, Union
+from typing import ClassVar, Literal, Optional, Tuple, Union
 
 from ..configurable import Configurable, from_config, register, registered
 from ..sharing.thresholds import (AdaptiveThreshold, FixedThreshold, ResidualClipping, TargetSparsityThreshold,
@@ -156,6 +156,25 @@ class DataOptions(Configurable):
         not fit the executors' storage memory (Spark blocks) or the shared
         location's free disk.  The choice and its reason are the decision
         ``data_storage``.  See :mod:`sparkavg.spark.streaming`.
+    feature_dtype : str or None, default None
+        The dtype a DataFrame's features keep in the prepared minibatches
+        (compact minibatches): ``"uint8"``, ``"int8"``, ``"uint16"``,
+        ``"int16"``, ``"float16"`` or ``"float32"``; None: float32, the
+        model's (as before).  Every value must fit it (integers in its
+        range; float16: finite within +-65504), else a
+        ``DataValidationError`` names the row.  The executors convert each
+        minibatch to float32 as they read it, then apply ``scale`` and
+        ``normalize``; uint8 images take a quarter of float32's memory and
+        disk.  Integer id inputs stay int64.  An RDD's features stay float32.
+    scale : float or None, default None
+        Multiplies the features (as float32) on the executors, per
+        minibatch (``1/255`` for uint8 pixels).
+    normalize : (float, float) or None, default None
+        ``(mean, std)``: after ``scale``, ``(x - mean) / std``.
+        ``scale`` and ``normalize`` are the model's input encoding: applied
+        in training and by ``evaluate``/``predict``, saved with a fitted
+        ``NetworkModel`` (JSON) whose ``transform`` applies them too
+        (:func:`~sparkavg.spark.transforms.input_encoding`).
     """
 
     shared_dir: Optional[str] = None
@@ -165,6 +184,9 @@ class DataOptions(Configurable):
     prefetch: Union[int, Literal["auto"]] = "auto"
     transform: Optional[str] = None
     storage: Literal["auto", "memory", "stream"] = "auto"
+    feature_dtype: Optional[str] = None
+    scale: Optional[float] = None
+    normalize: Optional[Tuple[float, float]] = None
 
     def __post_init__(self):
         from .transforms import transform_reference
@@ -183,11 +205,17 @@ class DataOptions(Configurable):
         _storage_level(self.storage_level)
         check(self.storage in ("auto", "memory", "stream"),
               f"Expect storage in ('auto', 'memory', 'stream'), got {self.storage!r}")
+        from .transforms import check_encoding
+
+        check_encoding(self.feature_dtype, self.scale, self.normalize)
+        if self.normalize is not None:
+            object.__setattr__(self, "normalize", tuple(float(v) for v in self.normalize))
 
     def config_arguments(self) -> dict:
         arguments = super().config_arguments()
-        if arguments["transform"] is None:  # configs (and checkpoints) from before transforms stay equal
-            del arguments["transform"]
+        for name in ("transform", "feature_dtype", "scale", "normalize"):
+            if arguments[name] is None:  # configs (and checkpoints) from before these fields stay equal
+                del arguments[name]
         if arguments.get("storage") == "auto":  # configs (and checkpoints) from before streaming stay equal
             del arguments["storage"]
         return arguments

@@ -68,7 +68,7 @@ class ClassicSpark:
                 label_col: str) -> PreparedData:
         rdd = as_example_rdd(data, features_col, label_col)
         location = placement_for(options, self.local)
-        return prepare(rdd, spec, batch_size, location, options.storage_level)
+        return prepare(rdd, spec, batch_size, location, options.storage_level, options.feature_dtype)
 
     def plan(self, prepared: PreparedData, workers: int, per_round: int, seed: Optional[int],
              local: bool = False, weights=None) -> EpochPlan:

@@ -30,6 +30,7 @@ from .runners import runner_for
 from .runners.base import network_state
 from .data import LINEAGE_REASON
 from .streaming import STORAGE_DECISION, prepare_stream, storage_choice
+from .transforms import input_encoding
 from .seam import seam_for
 from .stats import Phase, TrainingStats
 from .storage import release_live_locations
@@ -456,7 +457,8 @@ class SparkTrainer:
         evals = [self._default_evaluation()] if single else list(evaluations)
         rebatch = rebatch_partition(self.spec, self.eval_batch_size)
         config = self.network.to_json()
-        merged = self._inference("evaluation", lambda s: make_evaluator(config, s, evals, rebatch),
+        encoding = input_encoding(self.master.data)
+        merged = self._inference("evaluation", lambda s: make_evaluator(config, s, evals, rebatch, encoding),
                                  merge_evaluations, data)
         if merged is None or merged[0].count == 0:
             raise ValueError("Expect data with at least one example to evaluate, got none")
@@ -466,7 +468,8 @@ class SparkTrainer:
         """Mean loss over every example of ``data``."""
         rebatch = rebatch_partition(self.spec, self.eval_batch_size)
         config = self.network.to_json()
-        result = self._inference("scoring", lambda s: make_scorer(config, s, rebatch), add_scores, data)
+        encoding = input_encoding(self.master.data)
+        result = self._inference("scoring", lambda s: make_scorer(config, s, rebatch, encoding), add_scores, data)
         if result is None or result[1] == 0:
             raise ValueError("Expect data with at least one example to score, got none")
         return result[0] / result[1]
@@ -491,7 +494,8 @@ class SparkTrainer:
         try:
             spec = self.spec
             result = self.seam.map_features(
-                data, make_predict_fn(self.network.to_json(), shipped, self.eval_batch_size),
+                data, make_predict_fn(self.network.to_json(), shipped, self.eval_batch_size,
+                                      input_encoding(self.master.data)),
                 self._features_for(data), spec.inputs if spec.named else tuple(spec.input_shape))
         except BaseException:
             SparkTrainer._destroy_shipped(shipped)

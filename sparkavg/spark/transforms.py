@@ -23,6 +23,14 @@ seeded too (``seed + epoch``), so two runs with the same seed -- and a run
 resumed from a checkpoint -- transform the same minibatch the same way; a
 retried task draws the same numbers again.  ``w`` is the task's Spark
 partition (in a Spark-block averaging plan ``round * workers + worker``).
+
+Compact minibatches and the input encoding (``DataOptions(feature_dtype=,
+scale=, normalize=)``): features kept in a compact dtype (uint8 ...) are
+converted to float32 as a task reads each minibatch, then scaled and
+normalised (:func:`encode_inputs`) -- before the transform, so a transform
+sees what the model sees.  ``evaluate``, ``predict`` and a fitted
+``NetworkModel``'s ``transform`` apply the same encoding
+(:func:`input_encoding`, a JSON-ready dict saved with the model).
 """
 from __future__ import annotations
 
@@ -35,7 +43,11 @@ import numpy as np
 
 from .errors import register_error
 
-__all__ = ["TransformError", "transform_reference", "resolve_transform", "transform_plan", "transformed"]
+__all__ = ["TransformError", "transform_reference", "resolve_transform", "transform_plan", "transformed",
+           "COMPACT_DTYPES", "check_encoding", "check_encoding_dict", "input_encoding", "encode_inputs"]
+
+#: dtypes prepared minibatches may keep a DataFrame's features in (``DataOptions.feature_dtype``).
+COMPACT_DTYPES = ("uint8", "int8", "uint16", "int16", "float16", "float32")
 
 
 @register_error  # raised on an executor, rebuilt as itself on the driver
@@ -100,13 +112,84 @@ def resolve_transform(reference: str) -> Callable:
     return obj
 
 
+def check_encoding(feature_dtype, scale, normalize) -> None:
+    """Raise ``ValueError`` naming what is wrong with an input encoding
+    (:class:`~sparkavg.spark.masters.DataOptions` fields)."""
+    if feature_dtype is not None and feature_dtype not in COMPACT_DTYPES:
+        raise ValueError(f"Expect feature_dtype one of {list(COMPACT_DTYPES)} or None, got {feature_dtype!r}")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating))
+                              or not np.isfinite(scale) or scale == 0):
+        raise ValueError(f"Expect scale a finite non-zero number (1/255 for uint8 pixels) or None, got {scale!r}")
+    if normalize is not None:
+        ok = isinstance(normalize, (tuple, list)) and len(normalize) == 2 and all(
+            isinstance(v, (int, float, np.floating)) and not isinstance(v, bool) and np.isfinite(v)
+            for v in normalize)
+        if not ok or normalize[1] <= 0:
+            raise ValueError(f"Expect normalize as (mean, std), finite numbers with std > 0, or None, "
+                             f"got {normalize!r}")
+
+
+def input_encoding(options) -> Optional[dict]:
+    """The model's input encoding of ``options`` (a ``DataOptions``) as a
+    JSON-ready dict (``{"scale": s, "normalize": [mean, std]}``), or None
+    when there is none (float32 features, as they are)."""
+    scale, normalize = getattr(options, "scale", None), getattr(options, "normalize", None)
+    if scale is None and normalize is None:
+        return None
+    return {"scale": None if scale is None else float(scale),
+            "normalize": None if normalize is None else [float(v) for v in normalize]}
+
+
+def check_encoding_dict(encoding, name: str) -> Optional[dict]:
+    """``encoding`` read from a saved model (``name`` its file), checked."""
+    if encoding is None:
+        return None
+    if not isinstance(encoding, dict) or set(encoding) - {"scale", "normalize"}:
+        raise ValueError(f"{name}: expected the input encoding as {{'scale': number or null, 'normalize': "
+                         f"[mean, std] or null}}, got {encoding!r:.120}")
+    try:
+        check_encoding(None, encoding.get("scale"), encoding.get("normalize"))
+    except ValueError as exc:
+        raise ValueError(f"{name}: its input encoding: {exc}") from None
+    return {"scale": encoding.get("scale"), "normalize": encoding.get("normalize")}
+
+
+def _encode_array(x: np.ndarray, encoding: Optional[dict]) -> np.ndarray:
+    x = np.asarray(x)
+    if x.dtype == np.int64:  # ids (embedding inputs): never scaled
+        return x
+    if x.dtype != np.float32:
+        x = x.astype(np.float32)
+    if not encoding:
+        return x
+    scale, normalize = encoding.get("scale"), encoding.get("normalize")
+    if scale is not None:
+        x = x * np.float32(scale)
+    if normalize is not None:
+        x = (x - np.float32(normalize[0])) / np.float32(normalize[1])
+    return x
+
+
+def encode_inputs(x, encoding: Optional[dict]):
+    """Features as the model takes them: a compact dtype (uint8 ...)
+    converted to float32, then ``x * scale`` and ``(x - mean) / std`` of
+    ``encoding`` (:func:`input_encoding`; None: the conversion only), all
+    in float32; int64 id inputs unchanged; several named inputs each."""
+    if isinstance(x, dict):
+        return {k: _encode_array(v, encoding) for k, v in x.items()}
+    return _encode_array(x, encoding)
+
+
 def transform_plan(options, seed: int, epoch: int, iteration: int) -> Optional[dict]:
     """What a round's tasks need to transform their minibatches (shipped
-    with the round's state; plain values), or None without a transform."""
+    with the round's state; plain values): the transform and the input
+    encoding (:func:`input_encoding`), or None with neither."""
     reference = getattr(options, "transform", None)
-    if reference is None:
+    encoding = input_encoding(options)
+    if reference is None and encoding is None:
         return None
-    return {"name": reference, "seed": int(seed), "epoch": int(epoch), "iteration": int(iteration)}
+    return {"name": reference, "seed": int(seed), "epoch": int(epoch), "iteration": int(iteration),
+            "encoding": encoding}
 
 
 def _seed_word(value: int) -> int:
@@ -114,9 +197,13 @@ def _seed_word(value: int) -> int:
 
 
 def transformed(minibatches: Iterable, plan: Optional[dict], worker: Optional[int]) -> Iterator:
-    """``minibatches`` (``(x, y)`` pairs) through ``plan``'s transform, each
-    with its own generator (see the module docstring); unchanged without a plan."""
-    if not plan:
+    """``minibatches`` (``(x, y)`` pairs) in the model's dtype and input
+    encoding (:func:`encode_inputs`), then through ``plan``'s transform, each
+    with its own generator (see the module docstring); without a plan only
+    a compact dtype is converted to float32."""
+    encoding = plan.get("encoding") if plan else None
+    minibatches = ((encode_inputs(x, encoding), y) for x, y in minibatches)
+    if not plan or plan.get("name") is None:
         yield from minibatches
         return
     name = plan["name"]

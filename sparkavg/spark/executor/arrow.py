@@ -43,6 +43,7 @@ __all__ = [
     "MINIBATCH_FILE_SCHEMA",
     "EXAMPLE_SCHEMA",
     "features_matrix",
+    "compact_features",
     "read_features",
     "inputs_bytes",
     "inputs_from_bytes",
@@ -54,6 +55,8 @@ __all__ = [
     "npy_bytes",
     "from_npy",
     "failure_from_row",
+    "ipc_batches",
+    "frame_blocks",
 ]
 
 #: Prepared minibatches kept in Spark: id = partition << 32 | index in the partition;
@@ -172,7 +175,8 @@ def _vector_matrix(column, width: Optional[int], where, what: str, note: str, na
 
 
 def features_matrix(column, width: Optional[int], where: Callable[[int], str], what: str = "features",
-                    note: str = "", ids: bool = False, native: bool = False) -> Optional[np.ndarray]:
+                    note: str = "", ids: bool = False, native: bool = False,
+                    dtype: Optional[str] = None) -> Optional[np.ndarray]:
     """An Arrow features column as a float32 ``(n, width)`` matrix (``ids``:
     int64 ids, never rounded through float32: integers, or integer-valued
     floats, none negative -- :func:`~sparkavg.data.validation.check_ids`).
@@ -196,6 +200,9 @@ def features_matrix(column, width: Optional[int], where: Callable[[int], str], w
     native : bool
         Keep the values' own dtype (integers stay integer), unchecked
         beyond nulls and finiteness: the task's validation checks them.
+    dtype : str, optional
+        A compact dtype to keep the features in (``DataOptions.feature_dtype``:
+        :func:`compact_features`); None: float32.
 
     Raises
     ------
@@ -233,25 +240,64 @@ def features_matrix(column, width: Optional[int], where: Callable[[int], str], w
         return check_ids(x, where, what)
     if x.dtype.kind == "f":
         check_finite(x, where, what)
+    if dtype is not None:
+        return compact_features(x, dtype, where, what)
     return x.astype(np.int64, copy=False) if x.dtype.kind in "iu" else x
 
 
-def read_features(batch, features_col, where: Callable[[int], str], spec: Optional[DataSpec] = None):
+def compact_features(x: np.ndarray, dtype: str, where: Callable[[int], str], what: str = "features") -> np.ndarray:
+    """``x`` (finite numbers in their own dtype) in ``dtype``: integers
+    must be integral and in the dtype's range, float16 values within its
+    range; else a :class:`DataValidationError` naming the first bad row,
+    the dtype and what it takes."""
+    target = np.dtype(dtype)
+    if x.dtype == target:
+        return x
+    if target.kind in "iu":
+        info = np.iinfo(target)
+        if x.dtype.kind == "f":
+            bad = (x != np.floor(x)) | (x < info.min) | (x > info.max)
+        elif x.dtype.kind in "iu" and (np.iinfo(x.dtype).min < info.min or np.iinfo(x.dtype).max > info.max):
+            bad = (x < info.min) | (x > info.max)
+        else:
+            bad = None
+        if bad is not None and bad.any():
+            flat = int(np.flatnonzero(bad.reshape(len(x), -1).any(axis=1))[0])
+            value = x.reshape(len(x), -1)[flat][bad.reshape(len(x), -1)[flat]][0]
+            raise DataValidationError(f"Bad {what} at {where(flat)}: expected integers in [{info.min}, {info.max}] "
+                                      f"for feature_dtype={dtype!r}, got {value.item()!r}")
+        return x.astype(target)
+    if target == np.float16:
+        bad = np.abs(x) > np.finfo(np.float16).max
+        if bad.any():
+            row = int(np.flatnonzero(bad.reshape(len(x), -1).any(axis=1))[0])
+            raise DataValidationError(f"Bad {what} at {where(row)}: expected values within +-65504 for "
+                                      f"feature_dtype='float16', got {x.reshape(len(x), -1)[row].max().item()!r}")
+    return x.astype(target)
+
+
+def read_features(batch, features_col, where: Callable[[int], str], spec: Optional[DataSpec] = None,
+                  dtype: Optional[str] = None):
     """A record batch's features: one column (``features_col`` a str) as
     ``(n, *input_shape)`` (float32, or int64 ids when ``spec.dtype`` says
     so; ``(n, width)`` and None for ragged rows without a spec), or several
     (``features_col`` a tuple of :class:`~sparkavg.data.validation.NamedInput`
     with columns) as a dict by input name, each checked against its
-    input's shape and dtype, errors naming the column."""
+    input's shape and dtype, errors naming the column.  ``dtype``: float
+    features kept in that compact dtype (:func:`compact_features`)."""
     n = batch.num_rows
     if isinstance(features_col, str):
         column = batch_column(batch, features_col)
         if spec is None:  # integer columns stay integer (ids); the task's validation casts features
             return features_matrix(column, None, where, native=_integers(column.type))
-        x = features_matrix(column, spec.input_size, where, note=spec.shape_note, ids=spec.dtype == "int64")
+        ids = spec.dtype == "int64"
+        x = features_matrix(column, spec.input_size, where, note=spec.shape_note, ids=ids,
+                            native=dtype is not None, dtype=None if ids else dtype)
         return x.reshape((n,) + tuple(spec.input_shape))
     return {i.name: features_matrix(batch_column(batch, i.column), i.size, where, i.what, shape_note(i.shape),
-                                    i.dtype == "int64").reshape((n,) + tuple(i.shape)) for i in features_col}
+                                    i.dtype == "int64", native=dtype is not None,
+                                    dtype=None if i.dtype == "int64" else dtype).reshape((n,) + tuple(i.shape))
+            for i in features_col}
 
 
 def _integers(t) -> bool:
@@ -334,14 +380,15 @@ def batch_column(batch, name: str):
 
 
 def make_minibatcher(spec: DataSpec, batch_size: int, features_col, label_col: str,
-                     folder: Optional[str] = None):
+                     folder: Optional[str] = None, feature_dtype: Optional[str] = None):
     """The ``mapInArrow`` function that validates a partition's examples and
     cuts them into minibatches of ``batch_size`` (the last may be smaller).
 
     Rows out: :data:`MINIBATCH_SCHEMA` (``x`` float32 ``(n, *input_shape)``
     and ``y`` as ``.npy`` bytes), or with ``folder``
     :data:`MINIBATCH_FILE_SCHEMA` (one ``.minibatch`` file per minibatch written
-    there, named as the RDD path names them).
+    there, named as the RDD path names them).  ``feature_dtype``: float
+    features kept in that compact dtype (``DataOptions.feature_dtype``).
     """
     def run(batches: Iterable) -> Iterator:
         partition = _partition()
@@ -387,7 +434,7 @@ def make_minibatcher(spec: DataSpec, batch_size: int, features_col, label_col: s
 
         def chunks():
             for batch, where in numbered_batches(batches, partition):
-                x = read_features(batch, features_col, where, spec)
+                x = read_features(batch, features_col, where, spec, feature_dtype)
                 yield x, label_array(batch_column(batch, label_col), spec, where)
 
         for x, y in cut_minibatches(chunks(), batch_size, spec):
@@ -497,5 +544,47 @@ def make_feature_decoder(features_col):
                                                   "error": pa.array([None] * len(chunks), pa.string())})
         if failures:
             yield _failure_batch(failures[0], FEATURE_SCHEMA)
+
+    return run
+
+
+def ipc_batches(raw: Iterable, schema: str, large: bool = False) -> Iterator:
+    """Record batches of ``schema`` (a ``"name type, ..."`` string of
+    :data:`MINIBATCH_SCHEMA`'s types) from the schema-less Arrow IPC
+    messages of ``Dataset.toArrowBatchRdd`` (``large``: Spark's
+    ``spark.sql.execution.arrow.useLargeVarTypes``)."""
+    pa = _pa()
+    types = {"long": pa.int64(), "int": pa.int32(), "binary": pa.large_binary() if large else pa.binary(),
+             "string": pa.large_string() if large else pa.string()}
+    arrow_schema = pa.schema([(name, types[kind]) for name, kind in (part.split() for part in schema.split(","))])
+    for message in raw:
+        yield pa.ipc.read_record_batch(pa.py_buffer(message), arrow_schema)
+
+
+def frame_blocks(large: bool, classes: Optional[int], notes):
+    """The classic session's ``mapPartitionsWithIndex`` function over the
+    Arrow batches of a :data:`MINIBATCH_SCHEMA` frame: ``(id, (x, y))``
+    blocks, telling ``notes`` (an accumulator of lists) each block's
+    ``(id, n, host, partition, labels per class)`` -- or the failure a row
+    carries -- in one pass (no second Python pass reads the blocks back)."""
+
+    def run(partition: int, raw: Iterable) -> Iterator:
+        import socket
+
+        from ..data import label_counts
+
+        host, told = socket.gethostname(), []
+        for batch in ipc_batches(raw, MINIBATCH_SCHEMA, large):
+            ids, sizes = batch.column(0).to_pylist(), batch.column(1).to_pylist()
+            xs, ys, errors = batch.column(2), batch.column(3), batch.column(4).to_pylist()
+            for i in range(batch.num_rows):
+                failure = failure_from_row(errors[i])
+                if failure is not None:
+                    told.append(failure)
+                    continue
+                x, y = inputs_from_bytes(xs[i]), from_npy(ys[i])
+                told.append((ids[i], sizes[i], host, partition, label_counts(y, classes)))
+                yield ids[i], (x, y)
+        notes.add(told)
 
     return run

@@ -14,7 +14,7 @@ matrix of examples.  Every inference path feeds it matrices:
 from __future__ import annotations
 
 import copy
-from typing import Callable, Iterable, Iterator, List, Sequence, Tuple
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -38,10 +38,21 @@ def _net(config_json: str, shipped):
     return net
 
 
-def make_evaluator(config_json: str, shipped, evaluations: list, rebatch_fn):
+def _encoded(x, encoding: Optional[dict]):
+    """Features in the model's input encoding (``DataOptions(scale=,
+    normalize=)``: :func:`~sparkavg.spark.transforms.encode_inputs`); as
+    they are without one."""
+    if encoding is None:
+        return x
+    from ..transforms import encode_inputs
+
+    return encode_inputs(x, encoding)
+
+
+def make_evaluator(config_json: str, shipped, evaluations: list, rebatch_fn, encoding: Optional[dict] = None):
     """Executor function: evaluate one partition into fresh copies of the
     given (empty) evaluations; yields one list of evaluations (or a
-    :class:`TaskFailure`)."""
+    :class:`TaskFailure`).  ``encoding``: the model's input encoding."""
 
     def run(index, rows):
         failures: list = []
@@ -50,7 +61,7 @@ def make_evaluator(config_json: str, shipped, evaluations: list, rebatch_fn):
             net = _net(config_json, shipped)
             evals = copy.deepcopy(evaluations)
             for x, y in rebatch_fn(index, rows):
-                out = net.output(x)
+                out = net.output(_encoded(x, encoding))
                 for ev in evals:
                     ev.eval(y, out)
         yield failures[0] if failures else evals
@@ -66,8 +77,8 @@ def merge_evaluations(a, b):
     return a
 
 
-def make_scorer(config_json: str, shipped, rebatch_fn):
-    """Executor function: ``(loss_sum, examples)`` of one partition."""
+def make_scorer(config_json: str, shipped, rebatch_fn, encoding: Optional[dict] = None):
+    """Executor function: ``(loss_sum, examples)`` of one partition (``encoding``: the model's input encoding)."""
 
     def run(index, rows):
         failures: list = []
@@ -75,7 +86,7 @@ def make_scorer(config_json: str, shipped, rebatch_fn):
         with task_failure_guard(failures, partition=index):
             net = _net(config_json, shipped)
             for x, y in rebatch_fn(index, rows):
-                total += float(net.score(x, y)) * len(y)
+                total += float(net.score(_encoded(x, encoding), y)) * len(y)
                 n += len(y)
         yield failures[0] if failures else (total, n)
 
@@ -88,14 +99,17 @@ def add_scores(a, b):
     return a[0] + b[0], a[1] + b[1]
 
 
-def make_predict_fn(config_json: str, shipped, batch_size: int) -> Callable[[], Callable]:
+def make_predict_fn(config_json: str, shipped, batch_size: int,
+                    encoding: Optional[dict] = None) -> Callable[[], Callable]:
     """The network's batch inference, as pyspark's ``predict_batch_udf`` takes it.
 
     Returns ``make_predict``: called once inside a task, it loads the
     network (``shipped.value``: ``(iteration, params, None)``) and returns
     ``predict(x)``, which runs the network over ``x`` (``(n, *input_shape)``)
     in chunks of ``batch_size`` and returns its outputs as one host array of
-    shape ``(n, k)``.  Plain values only: it ships to executors.
+    shape ``(n, k)``, ``x`` first in the model's input ``encoding``
+    (``DataOptions(scale=, normalize=)``; None: as it is).  Plain values
+    only: it ships to executors.
     """
 
     def make_predict() -> Callable[[np.ndarray], np.ndarray]:
@@ -105,6 +119,7 @@ def make_predict_fn(config_json: str, shipped, batch_size: int) -> Callable[[], 
             n = count_examples(x)
             if n == 0:
                 return np.zeros((0, 1), np.float32)
+            x = _encoded(x, encoding)
             parts = [np.asarray(to_cpu(net.output(take_examples(x, s, s + batch_size))))
                      for s in range(0, n, batch_size)]
             return (parts[0] if len(parts) == 1 else np.concatenate(parts)).reshape(n, -1)

@@ -78,6 +78,10 @@ class JoiningGroup:
     def poll(self, timeout: float = 0.0) -> list:
         return self.group.poll(timeout) if self._ready(False) else []
 
+    def behind(self, count: int):
+        """:meth:`PeerGroup.behind`; None while the peers are not known yet."""
+        return self.group.behind(count) if self._ready(False) else None
+
     def finish(self, stall_timeout: float) -> list:
         self._ready(True)
         return self.group.finish(stall_timeout)

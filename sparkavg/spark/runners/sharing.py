@@ -42,11 +42,14 @@ class SharingRunner(EpochRunner):
         self.key = secrets.token_bytes(32)  # per-job HMAC key, shipped with the job only
         self.job_id = secrets.randbits(32)
         self.rank_states = None  # per rank: SharingState.to_plain()
+        self.update_scale = 1.0  # each worker's update is multiplied by it (GradientSharing.scale_for)
 
     def minibatches_per_round(self, prepared, workers, network, epoch, stats) -> int:
         if self.rank_states is not None and len(self.rank_states) != workers:
             logger.warning("worker count changed (%d -> %d): residuals reset", len(self.rank_states), workers)
             self.rank_states = None
+        self.update_scale, why = self.master.scale_for(getattr(network, "updater", None), workers)
+        stats.decision("update_scale", self.update_scale, why, epoch=epoch)
         return -(-len(prepared.sizes) // workers)  # the whole epoch in one round
 
     def result_bytes(self, network) -> int:
@@ -54,7 +57,8 @@ class SharingRunner(EpochRunner):
         return 4 * (2 * live["params"].size + live["updater"].size + live["buffers"].size)
 
     def shipped(self, network, epoch):
-        return {"state": network_state(network, with_updater=True), "rank_states": self.rank_states, "key": self.key}
+        return {"state": network_state(network, with_updater=True), "rank_states": self.rank_states, "key": self.key,
+                "update_scale": self.update_scale}
 
     def launch(self, plan, r, config_json, shipped, epoch, stats):
         m = self.master

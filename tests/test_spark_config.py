@@ -36,7 +36,7 @@ def test_parameter_averaging_validation(kwargs, message):
 
 def test_gradient_sharing_validation_and_float_threshold():
     g = GradientSharing(threshold=1e-3)
-    assert g.threshold == FixedThreshold(1e-3)
+    assert g.threshold == AdaptiveThreshold(initial=1e-3) and g.staleness == 0 and g.update_scale == "auto"
     assert g.residual_post_processor == ResidualClipping(5, 5.0)
     with pytest.raises(ValueError, match="threshold"):
         GradientSharing(threshold=-1.0)

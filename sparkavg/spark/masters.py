@@ -482,7 +482,7 @@ class ParameterAveraging(Master):
 @register("master")
 @dataclass(frozen=True)
 class GradientSharing(Master):
-    """Asynchronous gradient sharing (Strom 2015), opt-in.
+    """Gradient sharing (Strom 2015), opt-in; asynchronous within ``staleness`` iterations.
 
     One barrier stage per epoch; each iteration every worker adds its
     updater step to a residual, threshold-encodes it, sends it to its peers
@@ -491,8 +491,11 @@ class GradientSharing(Master):
 
     Parameters
     ----------
-    threshold : ThresholdRule, default FixedThreshold(1e-3)
-        The threshold rule: any rule registered under the kind
+    threshold : ThresholdRule, default AdaptiveThreshold(initial=1e-3)
+        DL4J's adaptive rule (sparsity band [1e-4, 1e-2]) started at its
+        documented 1e-3 (issue 22: ``FixedThreshold(1e-3)``, the default
+        before, sent about 12% of the entries a step -- 16x fewer bytes than
+        dense -- and cost the ResNet 8 points).  The threshold rule: any rule registered under the kind
         ``"threshold"`` (:mod:`sparkavg.sharing.thresholds`:
         ``FixedThreshold``, ``AdaptiveThreshold``,
         ``TargetSparsityThreshold``); a float means ``FixedThreshold(value)``.
@@ -543,7 +546,7 @@ class GradientSharing(Master):
 
     runner_module: ClassVar[Optional[str]] = "sharing"
 
-    threshold: ThresholdRule = field(default_factory=lambda: FixedThreshold(1e-3))
+    threshold: ThresholdRule = field(default_factory=lambda: AdaptiveThreshold(initial=1e-3))
     residual_post_processor: Optional[ResidualClipping] = field(default_factory=ResidualClipping)
     topology: Topology = Topology.PLAIN
     port: int = 0

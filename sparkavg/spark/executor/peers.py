@@ -78,9 +78,12 @@ class JoiningGroup:
     def poll(self, timeout: float = 0.0) -> list:
         return self.group.poll(timeout) if self._ready(False) else []
 
-    def behind(self, count: int):
-        """:meth:`PeerGroup.behind`; None while the peers are not known yet."""
-        return self.group.behind(count) if self._ready(False) else None
+    def behind(self, count: int) -> list:
+        """:meth:`PeerGroup.behind`, after waiting for the peers' addresses
+        (up to ``stall_timeout``): a bounded-staleness wait must not let a
+        rank run ahead while it cannot hear its peers."""
+        self._ready(True)
+        return self.group.behind(count)
 
     def finish(self, stall_timeout: float) -> list:
         self._ready(True)

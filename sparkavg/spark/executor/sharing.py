@@ -177,14 +177,14 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
 
 def _wait_for_peers(group, state: SharingState, params, count: int, stall_timeout: float, rank: int) -> None:
     """Apply peer messages until every peer that has not ended has published
-    ``count`` iterations' payloads (a bounded-staleness wait); nothing to wait
-    for while the peers are not known yet."""
+    ``count`` iterations' payloads (a bounded-staleness wait; the first one
+    also waits for the peers' addresses)."""
     import time
 
     deadline = None
     while True:
         behind = group.behind(count)
-        if not behind:  # None: still joining, the first iterations run ahead
+        if not behind:
             return
         if deadline is None:
             deadline = time.monotonic() + stall_timeout

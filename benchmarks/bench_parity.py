@@ -24,7 +24,13 @@ Data (``--data``): ``12k`` (the first 12,000 training images, 1 epoch),
 default), ``sharing`` (``GradientSharing()``); for measuring block momentum
 also ``f<N>`` / ``auto`` with ``-bm`` (block momentum forced on at every
 frequency and updater) or ``-plain`` (off), e.g. ``f5-bm,f5-plain``.
+``sharing-fixed`` is sharing at its defaults before issue 22's sharing work
+(``FixedThreshold(1e-3)``, updates summed; bounded staleness stays).
 ``--seeds 123,124`` runs every cell per seed (the table shows the mean).
+``--baseline FILE...`` reuses the one-process runs of earlier ``--out`` files
+(same model, data and seed) instead of training them again.  Sharing cells
+record ``compression_wire`` (dense float32 bytes over bytes on the wire) and
+``replica_max_abs_diff``.
 
     python benchmarks/bench_parity.py --models lenet,mlp,sgd --data 12k --out benchmarks/results/parity_12k.json
     python benchmarks/bench_parity.py --table benchmarks/results/parity_*.json   # one table from pieces

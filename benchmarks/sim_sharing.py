@@ -18,9 +18,13 @@ the sharing runner merges them.
     python benchmarks/sim_sharing.py --model lenet --variants "fixed:1e-3,adaptive:1e-3" --seeds 123
 
 A variant is ``RULE:TAU[:key=value...]``: RULE ``fixed``, ``adaptive``
-(``min``, ``max`` sparsity), ``target`` (``target``); ``scale=0.5`` multiplies
-each worker's update before encoding; ``clip=0`` turns residual clipping
-off.  Prints accuracy after the epochs, the payload compression against
+(``min``, ``max`` sparsity), ``target`` (``target``), or ``exact`` (a control:
+the dense update itself is exchanged, no threshold; TAU ignored);
+``scale=0.5`` multiplies each worker's update before encoding (0.5 with 2
+workers: ``GradientSharing(update_scale="mean")``); ``clip=0`` turns residual
+clipping off, ``clip=K`` clips at K τ; ``levels=L`` also sends the residual
+at τ·2^(L-1) .. τ·2 before τ (several messages an iteration, so no entry is
+capped at one τ per step; an experiment, not in the library).  Prints accuracy after the epochs, the payload compression against
 dense float32 updates (4 N bytes per peer per iteration), and the same for
 one process at batch ``W B`` when ``--local`` is given.
 """

@@ -30,7 +30,13 @@ torch cells).  Masters (``--masters``): ``defaults``
 default), ``sharing`` (``GradientSharing()``); for measuring block momentum
 also ``f<N>`` / ``auto`` with ``-bm`` (block momentum forced on at every
 frequency and updater) or ``-plain`` (off), e.g. ``f5-bm,f5-plain``.
+``sharing-fixed`` is sharing at its defaults before issue 22's sharing work
+(``FixedThreshold(1e-3)``, updates summed; bounded staleness stays).
 ``--seeds 123,124`` runs every cell per seed (the table shows the mean).
+``--baseline FILE...`` reuses the one-process runs of earlier ``--out`` files
+(same model, data and seed) instead of training them again.  Sharing cells
+record ``compression_wire`` (dense float32 bytes over bytes on the wire) and
+``replica_max_abs_diff``.
 
     python benchmarks/bench_parity.py --models lenet,mlp,sgd --data 12k --out benchmarks/results/parity_12k.json
     python benchmarks/bench_parity.py --table benchmarks/results/parity_*.json   # one table from pieces
@@ -110,6 +116,12 @@ def make_master(spec: str, batch: int, workers: int, seed: int):
         return ParameterAveraging(**common)
     if spec == "sharing":
         return GradientSharing(**common)
+    if spec == "sharing-fixed":  # the defaults before issue 22's sharing work: FixedThreshold(1e-3), updates summed
+        from sparkavg.sharing import FixedThreshold
+
+        names = {f.name for f in dataclasses.fields(GradientSharing)}
+        extra = {"update_scale": "sum"} if "update_scale" in names else {}
+        return GradientSharing(threshold=FixedThreshold(1e-3), **common, **extra)
     base, _, variant = spec.partition("-")
     if base == "auto":
         frequency = "auto"
@@ -166,7 +178,27 @@ def spark_run(spark, model, spec, rdd, xt, yt, epochs, batch, workers, seed):
             "epoch_seconds": [h["seconds"] for h in history],
             "averaging_frequency": [h.get("averaging_frequency") for h in history],
             "rounds": [h.get("rounds") for h in history], "decisions": decisions,
-            "master_config": master.to_config()}
+            "master_config": master.to_config(), **sharing_figures(trainer.stats)}
+
+
+def sharing_figures(stats) -> dict:
+    """Gradient sharing's bytes against dense float32 updates and replica agreement (empty for averaging)."""
+    ratio = stats.compression_ratio
+    if ratio is None:
+        return {}
+    diffs = [p[1] for pts in stats.series_data.get("replica_max_abs_diff", {}).values() for p in pts]
+    return {"compression_wire": ratio, "replica_max_abs_diff": max(diffs) if diffs else None}
+
+
+def baselines(patterns) -> dict:
+    """One-process accuracies and seconds by (model, data, seed) from earlier ``--out`` files."""
+    found = {}
+    for pattern in patterns:
+        for path in sorted(glob.glob(pattern)):
+            with open(path) as fh:
+                for c in json.load(fh).get("cells", []):
+                    found[(c["model"], c["data"], c["seed"])] = (c["local_accuracy"], c["local_seconds"])
+    return found
 
 
 def cell_key(c):
@@ -178,7 +210,7 @@ def table(cells) -> str:
     groups = {}
     for c in cells:
         groups.setdefault(cell_key(c), []).append(c)
-    lines = ["| model | data | master | seeds | one process | master | gap (points) | speed | F per epoch |",
+    lines = ["| model | data | master | seeds | one process | master | gap (points) | speed | F per epoch (sharing: bytes) |",
              "|---|---|---|---|---|---|---|---|---|"]
     for (model, data, master), cs in sorted(groups.items(), key=lambda kv: (MODELS.index(kv[0][0]), kv[0][1:])):
         local = statistics.mean(c["local_accuracy"] for c in cs)
@@ -186,6 +218,9 @@ def table(cells) -> str:
         speed = statistics.mean(c["local_seconds"] / c["seconds"] for c in cs)
         f = cs[0].get("averaging_frequency") or []
         fs = ",".join("-" if v is None else str(v) for v in f)
+        ratios = [c["compression_wire"] for c in cs if c.get("compression_wire")]
+        if ratios:  # sharing: its bytes against dense float32 updates instead of a frequency
+            fs = f"{statistics.mean(ratios):.0f}x fewer bytes"
         gap = 100 * (acc - local)
         mark = "" if gap >= -0.5 else " **x**"
         lines.append(f"| {model} | {data} | {master} | {len(cs)} | {local:.4f} | {acc:.4f} | {gap:+.2f}{mark} | "
@@ -203,6 +238,9 @@ def main(argv=None):
     p.add_argument("--data-dir", default=None)
     p.add_argument("--out", default=None)
     p.add_argument("--table", nargs="*", default=None, help="print one table from these JSON files and exit")
+    p.add_argument("--baseline", nargs="*", default=(),
+                   help="reuse the one-process runs of these JSON files (same model, data and seed) instead of "
+                        "training them again")
     args = p.parse_args(argv)
     if args.table is not None:
         cells = []
@@ -221,6 +259,7 @@ def main(argv=None):
         p.error(f"Expect models in {MODELS} and data in {tuple(DATA)}, got {bad}")
     for m in masters:
         make_master(m, 16, args.workers, 1)  # fail on a bad spec before any training
+    reused = baselines(args.baseline)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     log.setLevel(logging.INFO)
 
@@ -254,21 +293,26 @@ def main(argv=None):
                 try:
                     for seed in seeds:
                         load = round(os.getloadavg()[0], 2)
-                        local_acc, local_s = local_run(model, x, y, xt, yt, args.workers * batch, epochs, seed,
-                                                       args.workers)
-                        log.info("%s %s seed %d: one process %.4f in %.1f s", model, data, seed, local_acc, local_s)
+                        if (model, data, seed) in reused:
+                            local_acc, local_s = reused[(model, data, seed)]
+                        else:
+                            local_acc, local_s = local_run(model, x, y, xt, yt, args.workers * batch, epochs, seed,
+                                                           args.workers)
+                        log.info("%s %s seed %d: one process %.4f in %.1f s%s", model, data, seed, local_acc, local_s,
+                                 " (reused)" if (model, data, seed) in reused else "")
                         for spec in masters:
                             run = spark_run(spark, model, spec, rdd, xt, yt, epochs, batch, args.workers, seed)
                             cell = {"model": model, "data": data, "examples": n, "epochs": epochs, "master": spec,
                                     "seed": seed, "batch_per_worker": batch,
                                     "local_batch": args.workers * batch, "local_accuracy": local_acc,
-                                    "local_seconds": local_s, "load_1min_before": load, **run,
+                                    "local_seconds": local_s, "load_1min_before": load,
+                                    "local_reused": (model, data, seed) in reused, **run,
                                     "gap_points": 100 * (run["accuracy"] - local_acc)}
                             result["cells"].append(cell)
                             save()
-                            log.info("%s %s %s seed %d: %.4f (%+.2f points) in %.1f s, F %s", model, data, spec,
-                                     seed, run["accuracy"], cell["gap_points"], run["seconds"],
-                                     run["averaging_frequency"])
+                            log.info("%s %s %s seed %d: %.4f (%+.2f points) in %.1f s, F %s, compression %s", model,
+                                     data, spec, seed, run["accuracy"], cell["gap_points"], run["seconds"],
+                                     run["averaging_frequency"], run.get("compression_wire"))
                 finally:
                     rdd.unpersist()
     finally:

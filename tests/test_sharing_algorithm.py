@@ -618,3 +618,21 @@ def test_gpu_state_steps_like_the_cpu_one():
     assert isinstance(plain["residual"], np.ndarray)
     back = SharingState.from_plain(rule, clipping, plain, xp=cp)
     assert backend.is_gpu_array(back.residual)
+
+
+def test_always_publish_sends_an_empty_payload_that_peers_count_and_do_not_apply():
+    # GradientSharing.staleness counts one payload per iteration: an iteration whose residual
+    # has nothing to send publishes b"", which the receivers count and never decode.
+    n = 64
+    state = SharingState(FixedThreshold(1.0), None, n)
+    params = np.full(n, 0.5, np.float32)
+    sent = []
+    entries = sharing_step(state, np.full(n, 1e-3, np.float32), params, sent.append, [], always_publish=True)
+    assert entries == 0 and sent == [b""] and state.messages_sent == 0
+    sharing_step(state, np.full(n, 1e-3, np.float32), params, sent.append, [])  # default: nothing published
+    assert sent == [b""]
+
+    peer = SharingState(FixedThreshold(1.0), None, n)
+    peer_params = np.full(n, 0.5, np.float32)
+    assert apply_received(peer, [b"", b""], peer_params) == 2
+    assert peer.messages_received == 2 and np.array_equal(peer_params, np.full(n, 0.5, np.float32))

@@ -37,6 +37,12 @@ def test_parameter_averaging_validation(kwargs, message):
 def test_gradient_sharing_validation_and_float_threshold():
     g = GradientSharing(threshold=1e-3)
     assert g.threshold == FixedThreshold(1e-3)
+    d = GradientSharing()  # issue 22's defaults
+    assert d.threshold == AdaptiveThreshold(initial=1e-3) and d.staleness == 0 and d.update_scale == "auto"
+    with pytest.raises(ValueError, match="Expect staleness >= 0"):
+        GradientSharing(staleness=-1)
+    with pytest.raises(ValueError, match="Expect update_scale 'auto', 'mean' or 'sum', got 'avg'"):
+        GradientSharing(update_scale="avg")
     assert g.residual_post_processor == ResidualClipping(5, 5.0)
     with pytest.raises(ValueError, match="threshold"):
         GradientSharing(threshold=-1.0)
@@ -52,6 +58,7 @@ def test_gradient_sharing_validation_and_float_threshold():
     ParameterAveraging(weighting="uniform", averaging_frequency=3),
     GradientSharing(threshold=AdaptiveThreshold(), topology=Topology.MESH),
     GradientSharing(threshold=TargetSparsityThreshold(target=1e-2), residual_post_processor=None),
+    GradientSharing(staleness=None, update_scale="sum"),
 ])
 def test_master_config_round_trip(master):
     import json
@@ -280,3 +287,14 @@ def test_a_new_threshold_rule_is_one_class_and_masters_find_runners_by_registry(
     assert type(runner_for(None, master)) is SharingRunner
     with pytest.raises(TypeError, match="Expect master to be a Master with a runner"):
         runner_for(None, "averaging")
+
+
+def test_gradient_sharing_update_scale_follows_the_updater():
+    from sparkavg.nn.updaters import SGD, Adam, Nesterov
+
+    auto = GradientSharing()
+    for updater, scale in ((Nesterov(lr=0.05), 0.25), (SGD(lr=0.1), 0.25), (Adam(lr=1e-3), 1.0)):
+        value, why = auto.scale_for(updater, 4)
+        assert value == scale and type(updater).__name__ in why
+    assert GradientSharing(update_scale="sum").scale_for(Nesterov(), 4)[0] == 1.0
+    assert GradientSharing(update_scale="mean").scale_for(Adam(), 4)[0] == 0.25

@@ -32,6 +32,11 @@ def test_sharing_learns_and_replicas_agree(sc):
     assert c["datagrams_forged"] == 0
     series = trainer.stats.series_data
     assert "threshold" in series and "sparsity" in series
+    # staleness=0 (the default): every iteration publishes one payload (an empty one when nothing
+    # crossed τ), so with 2 ranks each iteration of one rank is received once by the other.
+    assert c["messages_received"] == c["iterations"] == 80  # 2 epochs x 400 examples / 10
+    scale = [d for d in trainer.stats.decisions if d["name"] == "update_scale"]
+    assert [d["value"] for d in scale] == [1.0, 1.0] and "Adam normalises its step" in scale[0]["reason"]
     # Epoch 2 started from the states the ranks kept on their executor: the driver shipped no state.
     kept = [d["value"] for d in trainer.stats.decisions if d["name"] == "sharing_state"]
     assert kept == ["shipped", "executors"], kept

@@ -145,18 +145,20 @@ def apply_received(state: SharingState, inbox: Iterable[Payload], params) -> int
     ``state.messages_received``; returns how many were applied.
 
     Use it for the messages that arrive after the last step (an epoch's
-    flush) too.
+    flush) too.  An empty payload (an iteration that sent nothing, published
+    with ``always_publish``) is counted and applies nothing.
     """
     received = 0
     for payload in inbox:
-        apply_message(payload, params)
+        if len(payload):  # an empty payload: the sender's iteration sent nothing (sharing_step's always_publish)
+            apply_message(payload, params)
         received += 1
     state.messages_received += received
     return received
 
 
 def sharing_step(state: SharingState, update, params, publish: Callable[[bytes], None], inbox: Inbox,
-                 phase: Optional[PhaseHook] = None) -> int:
+                 phase: Optional[PhaseHook] = None, always_publish: bool = False) -> int:
     """One full sharing iteration of one worker.
 
     In order: :func:`encode_update` (residual, encoding, τ, clipping);
@@ -181,9 +183,14 @@ def sharing_step(state: SharingState, update, params, publish: Callable[[bytes],
     phase : callable(str) -> context manager, optional
         Timing hook: each phase of :data:`PHASES` runs inside
         ``with phase(name):`` -- ``"encode"`` always, ``"send"`` (the wire
-        bytes and ``publish``) only when there is a message, ``"apply"``
+        bytes and ``publish``) only when there is a message (or
+        ``always_publish``), ``"apply"``
         (this worker's message and the inbox, read inside it) always.
         The executors pass their recorder's ``phase``; None times nothing.
+    always_publish : bool, default False
+        Publish an empty payload when there is no message, so that every
+        iteration publishes exactly one payload and peers can tell how many
+        iterations this worker has taken (a bounded-staleness wait counts them).
 
     Returns
     -------
@@ -199,9 +206,9 @@ def sharing_step(state: SharingState, update, params, publish: Callable[[bytes],
     phase = phase or _untimed
     with phase("encode"):
         message, entries = _encode(state, update)
-    if message is not None:
+    if message is not None or always_publish:
         with phase("send"):
-            publish(message_bytes(message))
+            publish(b"" if message is None else message_bytes(message))
     with phase("apply"):
         if message is not None:
             ops.decode(message, params)

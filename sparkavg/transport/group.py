@@ -295,6 +295,11 @@ class PeerGroup:
             logger.debug("rank %d: a DONE was not acknowledged within %.2f s; the neighbours left", self.rank,
                          grace)
 
+    def behind(self, count: int) -> list[int]:
+        """Origins that have not ended and whose messages received here are
+        fewer than ``count`` (a bounded-staleness wait polls until none)."""
+        return [r for r, s in self._origins.items() if s.end_count is None and s.received < count]
+
     def incomplete(self) -> list[int]:
         """Origins whose END or some of whose messages have not arrived yet."""
         return [r for r, s in self._origins.items() if not s.complete]

@@ -78,6 +78,13 @@ class JoiningGroup:
     def poll(self, timeout: float = 0.0) -> list:
         return self.group.poll(timeout) if self._ready(False) else []
 
+    def behind(self, count: int) -> list:
+        """:meth:`PeerGroup.behind`, after waiting for the peers' addresses
+        (up to ``stall_timeout``): a bounded-staleness wait must not let a
+        rank run ahead while it cannot hear its peers."""
+        self._ready(True)
+        return self.group.behind(count)
+
     def finish(self, stall_timeout: float) -> list:
         self._ready(True)
         return self.group.finish(stall_timeout)

@@ -150,7 +150,8 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
     """Executor function for ``rdd.barrier().mapPartitions``.
 
     ``shipped.value`` is ``{"state": network_state(...) (iteration and named vectors),
-    "rank_states": per-rank SharingState.to_plain() or None, "key": HMAC key}``;
+    "rank_states": per-rank SharingState.to_plain() or None, "key": HMAC key,
+    "update_scale": the factor of every update (GradientSharing.scale_for)}``;
     ``master`` is the (frozen, plain) :class:`GradientSharing`.
 
     ``device`` is the master's ``device`` as a plain str (``"auto"``,
@@ -161,6 +162,7 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
     """
     rule, clipping = master.threshold, master.residual_post_processor
     prefetch, collect_stats = master.data.prefetch_depth, master.collect_stats
+    staleness, stall_timeout = master.staleness, master.transport.stall_timeout
 
     def run(items) -> Iterator:
         from pyspark import BarrierTaskContext
@@ -203,6 +205,9 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
                      else SharingState.from_plain(rule, clipping, saved, xp=xp))
             state.reset_statistics()
             update = xp.zeros(n, xp.float32)
+            # GradientSharing.scale_for, decided on the driver: 1/workers or 1
+            scale = float(value.get("update_scale", 1.0))
+            scale = xp.float32(scale) if scale != 1.0 else 1.0
         spark_host = infos[rank].address.rsplit(":", 1)[0] if infos[rank].address else None
         host = select_address(network_mask=master.network_mask, fallback=spark_host)
         rec.decision("udp_address", host, f"worker rank {rank}: network_mask {master.network_mask!r}, else "
@@ -219,12 +224,18 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
             losses, examples, iterations = LossSum(), 0, 0
             start_iteration = net.iteration
             for x, y in recorded_minibatches(items, prefetch, rec, value.get("transform"), rank):
+                if staleness is not None and iterations > staleness:
+                    with rec.phase(Phase.WAIT):
+                        _wait_for_peers(group, state, net.params, iterations - staleness, stall_timeout, rank)
                 with rec.phase(Phase.FIT):
                     losses.add(net.compute_update(x, y, update, sync=False), len(y))
+                    if scale != 1.0:
+                        update *= scale
                 tau = state.tau
                 try:
                     sharing_step(state, update, net.params, group.publish,
-                                 lambda: [p for _, p in group.poll(0)], phase=rec.phase)
+                                 lambda: [p for _, p in group.poll(0)], phase=rec.phase,
+                                 always_publish=staleness is not None)
                 except ValueError as exc:
                     _raise_if_diverged(state, exc, rank, net.iteration)
                     raise
@@ -265,6 +276,25 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
                              [choice.to_plain(rank)], host_copy(live["buffers"]))
 
     return run
+
+
+def _wait_for_peers(group, state: SharingState, params, count: int, stall_timeout: float, rank: int) -> None:
+    """Apply peer messages until every peer that has not ended has published
+    ``count`` iterations' payloads (a bounded-staleness wait; the first one
+    also waits for the peers' addresses)."""
+    import time
+
+    deadline = None
+    while True:
+        behind = group.behind(count)
+        if not behind:
+            return
+        if deadline is None:
+            deadline = time.monotonic() + stall_timeout
+        elif time.monotonic() > deadline:
+            raise PeerStalledError(f"rank {rank}: peer rank(s) {behind} sent fewer than {count} iterations' "
+                                   f"messages within {stall_timeout:g} s (GradientSharing.staleness)", behind, [])
+        apply_received(state, [p for _, p in group.poll(0.05)], params)
 
 
 def _raise_if_diverged(state: SharingState, exc: ValueError, rank: int, iteration: int) -> None:

@@ -83,6 +83,7 @@ class SharingRunner(EpochRunner):
         self._full = self._sent = None  # the running epoch's whole state and what was shipped
         self._storing = None  # the running epoch's token
         self._recorded = None  # (stats, value) of the last sharing_state decision
+        self.update_scale = 1.0  # each worker's update is multiplied by it (GradientSharing.scale_for)
 
     def minibatches_per_round(self, prepared, workers, network, epoch, stats) -> int:
         if self.rank_states is not None and len(self.rank_states) != workers:
@@ -90,6 +91,8 @@ class SharingRunner(EpochRunner):
             self.rank_states = None
         if self.rank_states is None:
             self._resident = None
+        self.update_scale, why = self.master.scale_for(getattr(network, "updater", None), workers)
+        stats.decision("update_scale", self.update_scale, why, epoch=epoch)
         return -(-len(prepared.sizes) // workers)  # the whole epoch in one round
 
     def _decide_state(self, epoch, stats) -> None:
@@ -116,11 +119,13 @@ class SharingRunner(EpochRunner):
         state = network_state(network, with_updater=True)
         self._storing = secrets.randbits(63)
         self._full = {"state": state, "rank_states": self.rank_states, "key": self.key,
-                      "resident": {"expect": None, "store": self._storing}}
+                      "resident": {"expect": None, "store": self._storing},
+                      "update_scale": self.update_scale}
         value = self._full
         if self._resident is not None and self._resident[1] == state_fingerprint(state):
             value = {"state": {"iteration": state["iteration"]}, "rank_states": None, "key": self.key,
-                     "resident": {"expect": self._resident[0], "store": self._storing}}
+                     "resident": {"expect": self._resident[0], "store": self._storing},
+                     "update_scale": self.update_scale}
         self._resident = None  # until this epoch's ranks kept theirs (merge)
         self._sent = value
         return value

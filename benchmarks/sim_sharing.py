@@ -1,0 +1,209 @@
+#!/usr/bin/env python
+"""Gradient sharing's algorithm on ``W`` replicas in one process, without Spark
+or UDP: a quick way to try threshold rules, update scales and clipping on
+the parity models of ``bench_parity.py`` (issue 22).
+
+Each worker owns a replica of the network (its own updater state and
+buffers), a :class:`~sparkavg.sharing.SharingState`, and a shard of the
+examples (shuffled as one process's, cut in ``W`` equal shards, ``B`` per
+minibatch).  Every iteration each worker computes its update on its own
+replica, :func:`~sparkavg.sharing.encode_update` s it, applies its own
+message at once and its peers' messages ``--delay`` iterations later (0:
+the same iteration, as a quiet network; 1: one iteration late, as when a
+peer's message arrives while the next minibatch trains).  After the last
+iteration every message still in flight is applied (the epoch's flush), so
+the replicas agree; buffers are averaged and updater states averaged, as
+the sharing runner merges them.
+
+    python benchmarks/sim_sharing.py --model lenet --variants "fixed:1e-3,adaptive:1e-3" --seeds 123
+
+A variant is ``RULE:TAU[:key=value...]``: RULE ``fixed``, ``adaptive``
+(``min``, ``max`` sparsity), ``target`` (``target``), or ``exact`` (a control:
+the dense update itself is exchanged, no threshold; TAU ignored);
+``scale=0.5`` multiplies each worker's update before encoding (0.5 with 2
+workers: ``GradientSharing(update_scale="mean")``); ``clip=0`` turns residual
+clipping off, ``clip=K`` clips at K τ; ``levels=L`` also sends the residual
+at τ·2^(L-1) .. τ·2 before τ (several messages an iteration, so no entry is
+capped at one τ per step; an experiment, not in the library).  Prints accuracy after the epochs, the payload compression against
+dense float32 updates (4 N bytes per peer per iteration), and the same for
+one process at batch ``W B`` when ``--local`` is given.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+log = logging.getLogger("sim_sharing")
+
+
+def parse_variant(text: str):
+    """``(rule, clipping, scale, name)`` from ``RULE:TAU[:key=value...]``."""
+    from sparkavg.sharing import AdaptiveThreshold, FixedThreshold, ResidualClipping, TargetSparsityThreshold
+
+    parts = text.split(":")
+    kind, tau = parts[0], float(parts[1])
+    opts = dict(p.split("=", 1) for p in parts[2:])
+    scale = float(opts.pop("scale", 1.0))
+    levels = int(opts.pop("levels", 1))
+    clip = opts.pop("clip", "5")
+    clipping = None if clip == "0" else ResidualClipping(5, float(clip))
+    if kind == "exact":  # a control: the dense update itself, no encoding
+        rule = FixedThreshold(1.0)
+        levels = 0
+    elif kind == "fixed":
+        rule = FixedThreshold(tau)
+    elif kind == "adaptive":
+        kw = {}
+        if "min" in opts:
+            kw["min_sparsity"] = float(opts.pop("min"))
+        if "max" in opts:
+            kw["max_sparsity"] = float(opts.pop("max"))
+        rule = AdaptiveThreshold(initial=tau, **kw)
+    elif kind == "target":
+        rule = TargetSparsityThreshold(initial=tau, target=float(opts.pop("target", 1e-3)))
+    else:
+        raise ValueError(f"Expect a rule fixed, adaptive or target, got {kind!r}")
+    if opts:
+        raise ValueError(f"Expect options scale, clip, min, max, target, got {sorted(opts)}")
+    return rule, clipping, scale, levels, text
+
+
+def simulate(model, x, y, xt, yt, batch, workers, epochs, seed, variant, delay):
+    from bench_parity import build
+    from mnist_lenet import evaluate_local
+
+    from sparkavg import ops
+    from sparkavg.sharing import SharingState, apply_message, encode_update, message_bytes
+
+    rule, clipping, scale, levels, name = variant
+    nets = [build(model, seed) for _ in range(workers)]
+    n = nets[0].num_params
+    states = [SharingState(rule, clipping, n) for _ in range(workers)]
+    update = np.zeros(n, np.float32)
+    zeros = np.zeros(n, np.float32)
+    extra = [ops.EncodingState() for _ in range(workers)]
+    for e in extra:
+        e.format = ops.SPARSE
+    payload, messages, entries, iterations = 0, 0, 0, 0
+    pending = []  # (due iteration, sender, bytes)
+    t0 = time.perf_counter()
+    for epoch in range(epochs):
+        order = np.random.default_rng(seed + epoch).permutation(len(x))
+        shards = np.array_split(order, workers)
+        steps = min(-(-len(s) // batch) for s in shards)
+        for it in range(steps):
+            for w, (net, state) in enumerate(zip(nets, states)):
+                idx = shards[w][it * batch:(it + 1) * batch]
+                net.compute_update(x[idx], y[idx], update)
+                if scale != 1.0:
+                    update *= scale
+                out = []
+                if levels == 0:
+                    net.apply_update(update)
+                    pending.append((iterations + delay, w, update.copy()))
+                    payload += 4 * n * (workers - 1)
+                elif levels > 1:
+                    ops.accumulate(state.residual, update)
+                    top = float(np.abs(state.residual).max()) / state.tau
+                    high = min(levels - 1, int(np.floor(np.log2(top)))) if top >= 2 else 0
+                    for level in range(high, 0, -1):
+                        out.append(ops.encode(state.residual, state.tau * 2.0 ** level, extra[w]))
+                    out.append(encode_update(state, zeros))
+                else:
+                    out.append(encode_update(state, update))
+                for message in out:
+                    if message is None:
+                        continue
+                    wire = message_bytes(message)
+                    payload += len(wire) * (workers - 1)
+                    messages += 1
+                    entries += ops.encoded_count(message)
+                    ops.decode(message, net.params)
+                    pending.append((iterations + delay, w, wire))
+            iterations += 1
+            due = [p for p in pending if p[0] < iterations]
+            pending = [p for p in pending if p[0] >= iterations]
+            for _, sender, wire in due:
+                for w, net in enumerate(nets):
+                    if w != sender:
+                        if isinstance(wire, np.ndarray):
+                            net.apply_update(wire)
+                        else:
+                            apply_message(wire, net.params)
+        for _, sender, wire in pending:  # the epoch's flush
+            for w, net in enumerate(nets):
+                if w != sender:
+                    if isinstance(wire, np.ndarray):
+                        net.apply_update(wire)
+                    else:
+                        apply_message(wire, net.params)
+        pending = []
+        for vec in ("updater", "buffers"):
+            if nets[0].state[vec].size:
+                mean = sum(net.state[vec] for net in nets) / workers
+                for net in nets:
+                    net.load_state({vec: mean.astype(np.float32)})
+    seconds = time.perf_counter() - t0
+    diff = max(float(np.abs(nets[0].params - net.params).max()) for net in nets)
+    accuracy = evaluate_local(nets[0], xt, yt).accuracy()
+    dense = 4 * n * (workers - 1) * iterations * workers
+    return {"variant": name, "delay": delay, "accuracy": accuracy, "compression_payload": dense / max(payload, 1),
+            "entries_per_message": entries / max(iterations * workers, 1), "num_params": n, "final_tau": states[0].tau,
+            "replica_max_abs_diff": diff, "seconds": seconds, "iterations": iterations}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="lenet")
+    p.add_argument("--data", default="12k")
+    p.add_argument("--variants", default="fixed:1e-3")
+    p.add_argument("--seeds", default="123")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--delay", type=int, default=1)
+    p.add_argument("--local", action="store_true", help="also one process at batch W*B")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    from bench_parity import BATCH, DATA, FLAT, local_run
+
+    from sparkavg.data.mnist import default_data_dir, load_mnist
+    from sparkavg.threads import set_threads
+
+    set_threads(1)
+    n_ex, epochs = DATA[args.data]
+    x, y = load_mnist(default_data_dir(), "train")
+    xt, yt = load_mnist(default_data_dir(), "test")
+    x, y = x[:n_ex], y[:n_ex]
+    if args.model in FLAT:
+        x, xt = x.reshape(len(x), -1), xt.reshape(len(xt), -1)
+    batch = BATCH[args.model]
+    rows = []
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        if args.local:
+            acc, _ = local_run(args.model, x, y, xt, yt, args.workers * batch, epochs, seed, 1)
+            rows.append({"variant": "one process", "seed": seed, "accuracy": acc})
+            log.info("%s seed %d one process: %.4f", args.model, seed, acc)
+        for text in args.variants.split(","):
+            r = simulate(args.model, x, y, xt, yt, batch, args.workers, epochs, seed, parse_variant(text), args.delay)
+            r["seed"] = seed
+            rows.append(r)
+            log.info("%s seed %d %s: %.4f, %.0fx payload, %.0f entries/step, tau %.3g, diff %.1e, %.0f s",
+                     args.model, seed, text, r["accuracy"], r["compression_payload"], r["entries_per_message"],
+                     r["final_tau"], r["replica_max_abs_diff"], r["seconds"])
+            if args.out:
+                with open(args.out, "w") as fh:
+                    json.dump({"argv": sys.argv[1:] if argv is None else argv, "model": args.model,
+                               "data": args.data, "rows": rows}, fh, indent=2)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

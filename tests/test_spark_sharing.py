@@ -49,7 +49,9 @@ def test_sharing_learns_and_replicas_agree(sc):
 
     from sparkavg.spark.executor.sharing import RESIDENT_DIR
 
-    files = glob.glob(os.path.join(SparkFiles.getRootDirectory(), RESIDENT_DIR, "*.npz"))
+    # This fit's files (other fits of the session keep theirs: named by job id, token and rank).
+    job = f"{trainer._runner.job_id & 0xFFFFFFFF:08x}-"
+    files = glob.glob(os.path.join(SparkFiles.getRootDirectory(), RESIDENT_DIR, job + "*.npz"))
     assert len(files) == 2, files  # one per rank, the last epoch's only
     for path in files:
         os.remove(path)

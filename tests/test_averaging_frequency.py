@@ -5,9 +5,6 @@ in the stats and the example's report field."""
 import json
 import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,8 +20,6 @@ from sparkavg.spark.runners.frequency import (MIN_ROUNDS_PER_EPOCH, RoundCosts, 
 from sparkavg.spark.stats import Event
 
 from .nets import blobs, small_net, straight_and_resumed
-
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mnist_lenet.py"
 
 
 # ------------------------------------------------------------------ the choice (pure)
@@ -409,17 +404,3 @@ def test_auto_frequency_decision_in_stats_history_and_page(sc, tmp_path):
     SparkTrainer(sc, pinned, ParameterAveraging(batch_size_per_worker=4, workers=2,
                                                 averaging_frequency=3)).fit(rdd, epochs=2)
     np.testing.assert_array_equal(net.params, pinned.params)
-
-
-@pytest.mark.spark
-@pytest.mark.slow
-def test_example_report_carries_the_frequency_of_each_epoch(tmp_path, fashion_dir):
-    report = tmp_path / "report.json"
-    proc = subprocess.run([sys.executable, str(EXAMPLE), "--mode", "averaging", "--data-dir", str(fashion_dir),
-                           "--epochs", "2", "--limit-train", "1280", "--limit-test", "200", "--workers", "2",
-                           "--report", str(report)], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    data = json.loads(report.read_text())
-    freq = data["averaging_frequency"]
-    assert isinstance(freq, list) and len(freq) == 2 and all(isinstance(f, int) and 1 <= f <= 400 for f in freq)
-    assert "averaging_frequency" in proc.stderr  # the choice is logged with its reason

@@ -49,16 +49,21 @@ def test_spark_modes_on_local2(tmp_path, fashion_dir, mode, monkeypatch):
     # Averaging also reports to MLflow (a file store here) and TensorBoard, as a user would ask for them.
     listen = ["--mlflow", (tmp_path / "mlruns").as_uri(), "--tensorboard", str(tmp_path / "tb")]
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    report, _ = run_example(tmp_path, "--mode", mode, "--data-dir", str(fashion_dir), "--epochs", "1",
-                            "--limit-train", "3000", "--limit-test", "1000", "--master", "local[2]",
-                            "--workers", "2", "--stats-html", str(html), *(listen if mode == "averaging" else []))
+    # Averaging runs 2 epochs of 1500 (the same examples as sharing's 1 of 3000): a frequency for each epoch.
+    epochs, limit = ("2", "1500") if mode == "averaging" else ("1", "3000")
+    report, log = run_example(tmp_path, "--mode", mode, "--data-dir", str(fashion_dir), "--epochs", epochs,
+                              "--limit-train", limit, "--limit-test", "1000", "--master", "local[2]",
+                              "--workers", "2", "--stats-html", str(html), *(listen if mode == "averaging" else []))
     assert REPORT_KEYS <= report.keys() and report["workers"] == 2
     if mode == "averaging":
         import mlflow
 
         runs = mlflow.tracking.MlflowClient((tmp_path / "mlruns").as_uri()).search_runs(["0"])
         assert [(r.info.run_name, r.info.status) for r in runs] == [("lenet-averaging", "FINISHED")]
-        assert runs[0].data.metrics["loss"] == pytest.approx(report["epochs_detail"][0]["loss"])
+        assert runs[0].data.metrics["loss"] == pytest.approx(report["epochs_detail"][-1]["loss"])
+        freq = report["averaging_frequency"]  # the report carries the frequency of each epoch
+        assert isinstance(freq, list) and len(freq) == 2 and all(isinstance(f, int) and 1 <= f <= 400 for f in freq)
+        assert "averaging_frequency" in log  # the choice is logged with its reason
         assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 1
         assert report["listener_seconds"]["epoch_end"] > 0
     page = html.read_text()

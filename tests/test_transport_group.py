@@ -194,3 +194,34 @@ def test_leave_names_a_neighbour_that_never_finishes():
     finally:
         for ep in eps:
             ep.close()
+
+
+def test_numbered_messages_and_behind_count_by_publication_order():
+    """``poll(numbered=True)`` tells each message's place in its origin's order, and ``behind`` waits for every
+    number below the count -- or below the END's count when the origin ended with fewer -- which is what a
+    staleness-0 replica needs to apply the same messages before every step, whenever they arrive."""
+    from sparkavg.spark.executor.sharing import InOrder
+
+    eps = _endpoints(3)
+    try:
+        groups = [PeerGroup(r, 3, eps[r]) for r in range(3)]
+        for i in range(3):
+            groups[1].publish(f"one{i}".encode())
+        groups[2].publish(b"two0")
+        held = InOrder()
+        assert groups[0].behind(1) == [1, 2]
+        while groups[0].behind(1) or groups[0].behind(3) != [2]:
+            held.add(groups[0].poll(0.1, numbered=True))
+        assert groups[0].behind(2) == [2]
+        assert held.take(1) == [b"one0", b"two0"]  # (iteration, rank) order
+        assert held.take(3) == [b"one1", b"one2"] and held.take(None) == []
+        others = [threading.Thread(target=g.finish, args=(WAIT,), daemon=True) for g in groups[1:]]
+        for t in others:
+            t.start()
+        assert groups[0].finish(WAIT, numbered=True) == []
+        assert groups[0].behind(3) == []  # rank 2 ended after one message: nothing more to wait for
+        for t in others:
+            t.join(WAIT)
+    finally:
+        for ep in eps:
+            ep.close()

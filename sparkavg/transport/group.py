@@ -176,28 +176,33 @@ class PeerGroup:
         for r in self.neighbours:
             self.endpoint.send(r, frame)
 
-    def poll(self, timeout: float = 0.0) -> list[tuple[int, bytes]]:
+    def poll(self, timeout: float = 0.0, numbered: bool = False) -> list:
         """Return the messages of other ranks that arrived, each exactly once.
 
         Parameters
         ----------
         timeout : float, default 0.0
             Seconds to wait for the first message if none is there yet.
+        numbered : bool, default False
+            Also return each message's number: its position in its origin's
+            publication order (0, 1, ...), to apply messages in an order that
+            does not depend on when they arrived.
 
         Returns
         -------
-        list of (int, bytes)
-            ``(origin rank, payload)`` in arrival order.
+        list of (int, bytes), or of (int, int, bytes) when ``numbered``
+            ``(origin rank, payload)`` or ``(origin rank, number, payload)``
+            in arrival order.
         """
-        out: list[tuple[int, bytes]] = []
+        out: list[tuple[int, int, bytes]] = []
         first = self.endpoint.receive(timeout) if timeout > 0 else None
         if first is not None:
             self._accept(first[0], first[1], out)
         for src, frame in self.endpoint.poll():
             self._accept(src, frame, out)
-        return out
+        return out if numbered else [(origin, payload) for origin, _, payload in out]
 
-    def finish(self, stall_timeout: float) -> list[tuple[int, bytes]]:
+    def finish(self, stall_timeout: float, numbered: bool = False) -> list:
         """End this rank's publication and wait for everyone else's.
 
         Sends an END marker carrying the number of messages this rank
@@ -209,10 +214,12 @@ class PeerGroup:
         ----------
         stall_timeout : float
             Seconds to wait in total.
+        numbered : bool, default False
+            As for :meth:`poll`.
 
         Returns
         -------
-        list of (int, bytes)
+        list of (int, bytes), or of (int, int, bytes) when ``numbered``
             The messages that arrived since the last :meth:`poll`.
 
         Raises
@@ -234,7 +241,7 @@ class PeerGroup:
         frame = _FRAME.pack(_END, self.rank, self._published)
         for r in self.neighbours:
             self.endpoint.send(r, frame)
-        out: list[tuple[int, bytes]] = []
+        out: list[tuple[int, int, bytes]] = []
         while True:
             incomplete = self.incomplete()
             if not incomplete:
@@ -249,7 +256,7 @@ class PeerGroup:
                     self._accept(src, f, out)
         self.endpoint.flush(max(0.0, deadline - time.monotonic()))
         logger.debug("rank %d finished: %s", self.rank, self._counts)
-        return out
+        return out if numbered else [(origin, payload) for origin, _, payload in out]
 
     def leave(self, stall_timeout: float) -> None:
         """After :meth:`finish`: leave together with the neighbours, without a barrier.
@@ -273,7 +280,7 @@ class PeerGroup:
         frame = _FRAME.pack(_DONE, self.rank, 0)
         for r in self.neighbours:
             self.endpoint.send(r, frame)
-        ignored: list[tuple[int, bytes]] = []
+        ignored: list = []
         while True:
             waiting = [r for r in self.neighbours if r not in self._done]
             if not waiting:
@@ -296,9 +303,11 @@ class PeerGroup:
                          grace)
 
     def behind(self, count: int) -> list[int]:
-        """Origins that have not ended and whose messages received here are
-        fewer than ``count`` (a bounded-staleness wait polls until none)."""
-        return [r for r, s in self._origins.items() if s.end_count is None and s.received < count]
+        """Origins of which a message numbered below ``count`` has not
+        arrived here yet -- or below their END's count, when they ended
+        with fewer (a bounded-staleness wait polls until none)."""
+        return [r for r, s in self._origins.items()
+                if s.low < (count if s.end_count is None else min(count, s.end_count))]
 
     def incomplete(self) -> list[int]:
         """Origins whose END or some of whose messages have not arrived yet."""
@@ -339,7 +348,7 @@ class PeerGroup:
             if not state.first_time(value):
                 self._counts["duplicates_dropped"] += 1
                 return
-            out.append((origin, frame[_FRAME.size:]))
+            out.append((origin, value, frame[_FRAME.size:]))
             self._counts["delivered"] += 1
         else:
             if state.end_count is not None:

@@ -75,8 +75,8 @@ class JoiningGroup:
         else:
             self._pending.append(bytes(payload))
 
-    def poll(self, timeout: float = 0.0) -> list:
-        return self.group.poll(timeout) if self._ready(False) else []
+    def poll(self, timeout: float = 0.0, numbered: bool = False) -> list:
+        return self.group.poll(timeout, numbered) if self._ready(False) else []
 
     def behind(self, count: int) -> list:
         """:meth:`PeerGroup.behind`, after waiting for the peers' addresses
@@ -85,9 +85,9 @@ class JoiningGroup:
         self._ready(True)
         return self.group.behind(count)
 
-    def finish(self, stall_timeout: float) -> list:
+    def finish(self, stall_timeout: float, numbered: bool = False) -> list:
         self._ready(True)
-        return self.group.finish(stall_timeout)
+        return self.group.finish(stall_timeout, numbered)
 
     def leave(self, stall_timeout: float) -> None:
         self.group.leave(stall_timeout)

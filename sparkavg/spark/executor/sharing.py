@@ -8,11 +8,15 @@ each iteration with its phases recorded (its ``phase`` hook), flushes, leaves
 together with its peers (:meth:`~sparkavg.transport.PeerGroup.leave`) and
 returns its replica.  Every replica applies
 exactly the same messages, so replicas agree at the end of the epoch (up
-to the order of float additions).
+to the order of float additions).  With ``staleness=0`` (the default) a
+replica applies its peers' messages of iteration k just before its step
+k + 1, in (iteration, rank) order: a run is reproducible, whatever the
+arrival times.
 """
 from __future__ import annotations
 
 import glob
+import heapq
 import os
 import tempfile
 from typing import Iterator, Optional
@@ -223,18 +227,36 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
             group = JoiningGroup(ctx, endpoint, rank, world, master.topology, master.transport.stall_timeout)
             losses, examples, iterations = LossSum(), 0, 0
             start_iteration = net.iteration
+            # staleness=0: peers' messages wait in `ordered` for their turn -- those of iteration k are applied
+            # before step k + 1, in (iteration, rank) order -- so the run does not depend on arrival times.
+            ordered = InOrder() if staleness == 0 else None
+            if ordered is not None:
+                def receive(timeout: float) -> None:
+                    ordered.add(group.poll(timeout, numbered=True))
+
+                def inbox() -> list:
+                    receive(0)  # keeps acks and MESH relays flowing; applied at the next step's wait
+                    return []
+            else:
+                def receive(timeout: float) -> None:
+                    apply_received(state, [p for _, p in group.poll(timeout)], net.params)
+
+                def inbox() -> list:
+                    return [p for _, p in group.poll(0)]
             for x, y in recorded_minibatches(items, prefetch, rec, value.get("transform"), rank):
                 if staleness is not None and iterations > staleness:
                     with rec.phase(Phase.WAIT):
-                        _wait_for_peers(group, state, net.params, iterations - staleness, stall_timeout, rank)
+                        _wait_for_peers(group, receive, iterations - staleness, stall_timeout, rank)
+                    if ordered is not None:
+                        with rec.phase(Phase.APPLY):
+                            apply_received(state, ordered.take(iterations), net.params)
                 with rec.phase(Phase.FIT):
                     losses.add(net.compute_update(x, y, update, sync=False), len(y))
                     if scale != 1.0:
                         update *= scale
                 tau = state.tau
                 try:
-                    sharing_step(state, update, net.params, group.publish,
-                                 lambda: [p for _, p in group.poll(0)], phase=rec.phase,
+                    sharing_step(state, update, net.params, group.publish, inbox, phase=rec.phase,
                                  always_publish=staleness is not None)
                 except ValueError as exc:
                     _raise_if_diverged(state, exc, rank, net.iteration)
@@ -252,9 +274,13 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
             if hooks is not None:
                 hooks.on_epoch_end(rank)
             with rec.phase(Phase.WAIT):
-                remaining = group.finish(master.transport.stall_timeout)
+                remaining = group.finish(master.transport.stall_timeout, numbered=True)
             with rec.phase(Phase.APPLY):
-                apply_received(state, [p for _, p in remaining], net.params)
+                if ordered is not None:
+                    ordered.add(remaining)
+                    apply_received(state, ordered.take(None), net.params)
+                else:
+                    apply_received(state, [p for _, _, p in remaining], net.params)
             with rec.phase(Phase.WAIT):  # not ctx.barrier(): Spark's polls once a second
                 group.leave(master.transport.stall_timeout)
             t = endpoint.stats()
@@ -278,10 +304,31 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
     return run
 
 
-def _wait_for_peers(group, state: SharingState, params, count: int, stall_timeout: float, rank: int) -> None:
-    """Apply peer messages until every peer that has not ended has published
-    ``count`` iterations' payloads (a bounded-staleness wait; the first one
-    also waits for the peers' addresses)."""
+class InOrder:
+    """Peer messages held until their turn, handed out in (iteration, rank)
+    order: what a replica applies before each step then depends only on the
+    iterations, never on when datagrams arrived (``staleness=0``)."""
+
+    def __init__(self):
+        self._held: list = []
+
+    def add(self, numbered) -> None:
+        """Hold ``(origin, number, payload)`` messages (``poll(numbered=True)``)."""
+        for origin, number, payload in numbered:
+            heapq.heappush(self._held, (number, origin, payload))
+
+    def take(self, below: Optional[int]) -> list:
+        """The held payloads numbered below ``below`` (all when None), in order."""
+        out = []
+        while self._held and (below is None or self._held[0][0] < below):
+            out.append(heapq.heappop(self._held)[2])
+        return out
+
+
+def _wait_for_peers(group, receive, count: int, stall_timeout: float, rank: int) -> None:
+    """``receive(timeout)`` peer messages until every peer has published
+    ``count`` iterations' payloads, or ended with fewer (a bounded-staleness
+    wait; the first one also waits for the peers' addresses)."""
     import time
 
     deadline = None
@@ -294,7 +341,7 @@ def _wait_for_peers(group, state: SharingState, params, count: int, stall_timeou
         elif time.monotonic() > deadline:
             raise PeerStalledError(f"rank {rank}: peer rank(s) {behind} sent fewer than {count} iterations' "
                                    f"messages within {stall_timeout:g} s (GradientSharing.staleness)", behind, [])
-        apply_received(state, [p for _, p in group.poll(0.05)], params)
+        receive(0.05)
 
 
 def _raise_if_diverged(state: SharingState, exc: ValueError, rank: int, iteration: int) -> None:

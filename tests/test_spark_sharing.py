@@ -44,10 +44,11 @@ def test_sharing_learns_and_replicas_agree(sc):
     # Lost with their executor: the epoch fails at its start, runs again with the driver's whole state.
     import glob
     import os
+    import time
 
     from pyspark import SparkFiles
 
-    from sparkavg.spark.executor.sharing import RESIDENT_DIR
+    from sparkavg.spark.executor.sharing import RESIDENT_DIR, RESIDENT_MAX_AGE
 
     # This fit's files (other fits of the session keep theirs: named by job id, token and rank).
     job = f"{trainer._runner.job_id & 0xFFFFFFFF:08x}-"
@@ -55,7 +56,15 @@ def test_sharing_learns_and_replicas_agree(sc):
     assert len(files) == 2, files  # one per rank, the last epoch's only
     for path in files:
         os.remove(path)
+    # A finished fit's state, long untouched, goes with the next state kept on the executor; a recent one stays.
+    folder = os.path.join(SparkFiles.getRootDirectory(), RESIDENT_DIR)
+    old, recent = (os.path.join(folder, f"0000000{i}-{0:016x}-0.npz") for i in (1, 2))
+    for path in (old, recent):
+        open(path, "wb").close()
+    os.utime(old, (time.time() - RESIDENT_MAX_AGE - 60,) * 2)
     trainer.fit(rdd, epochs=3)
+    assert not os.path.exists(old) and os.path.exists(recent)
+    os.remove(recent)
     assert trainer.stats.counters["resident_state_misses"] == 1
     assert trainer.history[-1]["examples"] == 400 and trainer.history[-1]["replica_max_abs_diff"] < 1e-5
     assert trainer.evaluate(rdd).accuracy() > 0.9

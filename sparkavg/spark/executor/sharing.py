@@ -19,6 +19,7 @@ import glob
 import heapq
 import os
 import tempfile
+import time
 from typing import Iterator, Optional
 
 import numpy as np
@@ -36,7 +37,7 @@ from .minibatches import recorded_minibatches
 from .peers import JoiningGroup
 
 __all__ = ["SharingResult", "make_sharing_task", "replica_sample", "REPLICA_SAMPLE", "ResidentStateMissing",
-           "keep_resident", "take_resident", "RESIDENT_DIR"]
+           "keep_resident", "take_resident", "RESIDENT_DIR", "RESIDENT_MAX_AGE"]
 
 register_error(PeerStalledError)
 
@@ -66,6 +67,12 @@ def _resident_dir() -> str:
     return path
 
 
+#: Seconds after which a kept state of ANY job is removed by the next state kept on the executor: finished
+#: fits never claim theirs, and a fit that comes back later only misses it (its epoch reruns with the
+#: driver's whole state, counter ``resident_state_misses``).
+RESIDENT_MAX_AGE = 3600.0
+
+
 def _resident_name(job_id: int, token: int, rank) -> str:
     return f"{job_id & 0xFFFFFFFF:08x}-{token:016x}-{rank}.npz"
 
@@ -74,7 +81,8 @@ def keep_resident(job_id: int, rank: int, token: int, net, state: SharingState) 
     """Keep this rank's end-of-epoch state (parameters, updater state,
     buffers, sharing state) in a ``.npz`` file on its executor, named by the
     job, the epoch's ``token`` and the rank, for the next epoch's task; the
-    job's files of older tokens are removed (written whole, then renamed)."""
+    job's files of older tokens are removed, and those of any job untouched
+    for :data:`RESIDENT_MAX_AGE` (written whole, then renamed)."""
     folder = _resident_dir()
     live = net.state
     plain = state.to_plain()
@@ -86,12 +94,15 @@ def keep_resident(job_id: int, rank: int, token: int, net, state: SharingState) 
     np.savez(partial, **arrays)
     os.replace(partial, os.path.join(folder, name))
     prefix = f"{job_id & 0xFFFFFFFF:08x}-"
-    for old in glob.glob(os.path.join(folder, prefix + "*.npz")):
-        if not os.path.basename(old).startswith(f"{prefix}{token:016x}-"):
-            try:
+    stale = time.time() - RESIDENT_MAX_AGE
+    for old in glob.glob(os.path.join(folder, "*.npz*")) + glob.glob(os.path.join(folder, ".*.partial.npz")):
+        base = os.path.basename(old)
+        try:
+            if (base.startswith(prefix) and base.endswith(".npz") and not base.startswith(f"{prefix}{token:016x}-")
+                    or os.path.getmtime(old) < stale):  # this job's older epochs; any job's long untouched
                 os.remove(old)
-            except OSError:
-                pass
+        except OSError:
+            pass
 
 
 def take_resident(job_id: int, rank: int, token: int) -> Optional[dict]:

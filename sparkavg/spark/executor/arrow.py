@@ -276,6 +276,33 @@ def compact_features(x: np.ndarray, dtype: str, where: Callable[[int], str], wha
     return x.astype(target)
 
 
+def _binary(t) -> bool:
+    pa = _pa()
+    return pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
+
+
+def _images(column, spec: Optional[DataSpec], where: Callable[[int], str], dtype: Optional[str]) -> np.ndarray:
+    """A binary features column's encoded images as ``(n, *input_shape)``
+    (uint8 when ``dtype`` keeps it, else float32 of the same values);
+    without a spec ``(n, C * H * W)`` uint8 (the task's validation casts)."""
+    from ...data.images import decode_images
+
+    pa = _pa()
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    nulls = _null_rows(column)
+    if nulls is not None:
+        raise DataValidationError(f"Bad features at {where(_first(nulls))}: expected an encoded image, got null")
+    values = column.to_pylist()
+    if spec is None:
+        return decode_images(values, None, where)
+    if spec.dtype == "int64":
+        raise DataValidationError(f"Bad features column: expected integer ids (array<int>, array<long>) for this "
+                                  f"model's embedding input, got {column.type} (encoded images)")
+    x = decode_images(values, spec.input_shape, where)
+    return x.astype(np.float32) if dtype is None else compact_features(x, dtype, where)
+
+
 def read_features(batch, features_col, where: Callable[[int], str], spec: Optional[DataSpec] = None,
                   dtype: Optional[str] = None):
     """A record batch's features: one column (``features_col`` a str) as
@@ -288,6 +315,8 @@ def read_features(batch, features_col, where: Callable[[int], str], spec: Option
     n = batch.num_rows
     if isinstance(features_col, str):
         column = batch_column(batch, features_col)
+        if _binary(column.type):  # encoded images: decoded here, on the executor (sparkavg.data.images)
+            return _images(column, spec, where, dtype)
         if spec is None:  # integer columns stay integer (ids); the task's validation casts features
             return features_matrix(column, None, where, native=_integers(column.type))
         ids = spec.dtype == "int64"

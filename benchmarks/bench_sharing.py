@@ -7,6 +7,7 @@ accuracy, epoch throughput; and sharing again with simulated datagram loss
 Prints JSON (and writes it with --out).
 
     python benchmarks/bench_sharing.py --epochs 2
+    python benchmarks/bench_sharing.py --also-staleness none,2 --skip-loss-run   # what waiting costs
 """
 from __future__ import annotations
 
@@ -67,6 +68,9 @@ def main(argv=None):
     p.add_argument("--limit-train", type=int, default=None)
     p.add_argument("--seed", type=int, default=123)
     p.add_argument("--skip-loss-run", action="store_true")
+    p.add_argument("--also-staleness", default="",
+                   help="comma-separated GradientSharing.staleness values ('none': fully asynchronous) to run "
+                        "sharing at as well, after the default (0): the cost of waiting for the peers")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -91,6 +95,12 @@ def main(argv=None):
                                                             seed=args.seed), rdd, test, args.epochs, args.seed)
         sharing = dict(threshold=threshold, batch_size_per_worker=args.batch_size, workers=args.workers, seed=args.seed)
         result["sharing"] = run(spark, GradientSharing(**sharing), rdd, test, args.epochs, args.seed)
+        for value in filter(None, args.also_staleness.split(",")):
+            staleness = None if value.strip().lower() == "none" else int(value)
+            run_ = run(spark, GradientSharing(**sharing, staleness=staleness), rdd, test, args.epochs, args.seed)
+            run_["staleness"] = staleness
+            run_["throughput_over_default"] = run_["examples_per_second"] / result["sharing"]["examples_per_second"]
+            result[f"sharing_staleness_{value.strip().lower()}"] = run_
         if not args.skip_loss_run:
             result["sharing_lossy"] = run(spark, GradientSharing(**sharing, simulate_loss=args.loss,
                                                                  transport=EndpointConfig(retransmit_timeout=0.05)),

@@ -15,6 +15,7 @@ arrival times.
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import heapq
 import os
@@ -188,7 +189,7 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
         rank = ctx.partitionId()
         # Every error fails the task (marked with its origin), and Spark aborts the barrier stage:
         # returned as a result, it would leave the other ranks waiting in allGather forever.
-        with task_failure_guard(None, **{"worker rank": rank, "epoch": epoch + 1}):
+        with task_failure_guard(None, **{"worker rank": rank, "epoch": epoch + 1}), _prompt_io_thread():
             result = _epoch(items, ctx, rank, task_device(device, ctx))
         yield result
 
@@ -313,6 +314,26 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
                              [choice.to_plain(rank)], host_copy(live["buffers"]))
 
     return run
+
+
+@contextlib.contextmanager
+def _prompt_io_thread():
+    """Let the endpoint's I/O thread take the GIL within :data:`IO_SWITCH_INTERVAL`
+    of a datagram's arrival while the training loop runs Python code (the
+    interpreter's default, 5 ms, is most of a small model's step: a peer
+    waiting for this rank's message would wait for it)."""
+    import sys
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(min(before, IO_SWITCH_INTERVAL))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
+#: Seconds between the interpreter's thread switches during a sharing task (:func:`_prompt_io_thread`).
+IO_SWITCH_INTERVAL = 0.0005
 
 
 class InOrder:

@@ -16,9 +16,12 @@ values) plus a label, written once per feature type -- ``float32`` and
   cluster default; classic only: a Connect fit keeps them as a cached
   DataFrame -- that is its ``spark`` row).
 
-and, for the uint8 frame, the same with compact minibatches
-(``files-uint8``, ``spark-uint8``: ``DataOptions(feature_dtype="uint8",
-scale=1/255)``, features kept as uint8), with the bytes the prepared
+at the defaults (``DataOptions()``: ``feature_dtype="auto"`` keeps the
+uint8 frame's features uint8), and, for the uint8 frame, the same with
+an explicit dtype (``files-uint8``, ``spark-uint8``:
+``DataOptions(feature_dtype="uint8", scale=1/255)``; ``files-none``,
+``spark-none``: ``feature_dtype=None``, float32 minibatches, the default
+before ``auto``), with the bytes the prepared
 minibatches take (files on disk; a classic session's blocks in memory and
 on disk, from Spark's storage status; Connect does not say),
 on a classic session and on a Spark Connect server (its own JVM,
@@ -93,13 +96,15 @@ def scan(df) -> int:
 
 
 def prepare(seam, df, placement: str):
-    """``placement`` is ``files`` or ``spark``, ``-uint8`` appended for
-    compact minibatches (``DataOptions(feature_dtype="uint8", scale=1/255)``)."""
+    """``placement`` is ``files`` or ``spark`` (the defaults), ``-uint8``
+    appended for ``DataOptions(feature_dtype="uint8", scale=1/255)``,
+    ``-none`` for ``feature_dtype=None`` (float32 minibatches)."""
     from sparkavg.data.validation import DataSpec
     from sparkavg.spark import DataOptions
 
     where, _, compact = placement.partition("-")
-    extra = {"feature_dtype": compact, "scale": 1 / 255} if compact else {}
+    extra = ({"feature_dtype": None} if compact == "none" else
+             {"feature_dtype": compact, "scale": 1 / 255} if compact else {})
     prepared = seam.prepare(df, DataSpec((WIDTH,), 10), BATCH, DataOptions(placement=where, shared_dir=(
         tempfile.mkdtemp(prefix="bench-data-", dir=os.environ.get("BENCH_DATA_TMP")) if where == "files"
         else None), **extra), "features", "label")
@@ -129,12 +134,12 @@ def measure(session, seam, frames: dict, dtypes, placements, repeats: int, flavo
         assert scan(df) == ROWS  # warm-up: the JVM's code paths, the files in the page cache
         stored = {}
         for placement in placements:
-            if placement.endswith("-uint8") and dtype != "uint8":
+            if "-" in placement and dtype != "uint8":
                 continue
             prepared = prepare(seam, df, placement)
             stored[placement] = stored_bytes(session, prepared)
             prepared.release()
-        placements_here = [p for p in placements if not p.endswith("-uint8") or dtype == "uint8"]
+        placements_here = [p for p in placements if "-" not in p or dtype == "uint8"]
         times = {"scan": []} | {f"prepare_{p}": [] for p in placements_here}
         for _ in range(repeats):
             t0 = time.perf_counter()
@@ -198,7 +203,8 @@ def main(argv=None):
     p.add_argument("--dtypes", default="float32,uint8")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--placements", default="files,spark,files-uint8,spark-uint8",
-                   help="files, spark; -uint8: compact minibatches of the uint8 frame (feature_dtype='uint8')")
+                   help="files, spark (the defaults); for the uint8 frame also -uint8 (feature_dtype='uint8', "
+                        "scale=1/255) and -none (feature_dtype=None: float32 minibatches)")
     p.add_argument("--rows", type=int, default=60_000, help="rows of the frame (default 60000)")
     p.add_argument("--profile", default=None, metavar="FLAVOUR-DTYPE-PLACEMENT",
                    help="also cProfile the executor's minibatching of one partition (e.g. classic-float32-files)")

@@ -136,10 +136,12 @@ def test_regression_on_ml_vectors_and_bad_rows(spark):
 
 
 def test_uint8_features_stay_compact_train_as_scaled_floats_and_predict_alike_after_save_load(spark, tmp_path):
-    """DataOptions(feature_dtype='uint8', scale=1/255): the prepared blocks
-    keep uint8 (a quarter of float32's bytes), the fit equals one on the
-    float32 frame x * (1/255), and the fitted model's transform applies the
-    scale after save/load; a value uint8 cannot hold is named."""
+    """At the defaults (feature_dtype='auto') a uint8 frame's prepared
+    blocks keep uint8 (a quarter of float32's bytes; None opts out) and the
+    fit equals one on the same values given as float32, unscaled; with a
+    declared scale (feature_dtype='uint8', scale=1/255) the fit equals one
+    on the float32 frame x * (1/255), and the fitted model's transform
+    applies the scale after save/load; a value uint8 cannot hold is named."""
     from sparkavg.data.validation import DataSpec, DataValidationError
     from sparkavg.spark import DataOptions
     from sparkavg.spark.seam import seam_for
@@ -147,27 +149,40 @@ def test_uint8_features_stay_compact_train_as_scaled_floats_and_predict_alike_af
     x, y = blobs(96, seed=41)
     u8 = np.clip(np.round(x * 40 + 128), 0, 255).astype(np.uint8)
     scaled = u8.astype(np.float32) * np.float32(1 / 255)
-    # array<smallint>: how Spark reads a Parquet UINT_8 column; partitioned by id: both frames alike
-    df_u8 = spark.createDataFrame([(i, r.reshape(-1).tolist(), int(label)) for i, (r, label) in enumerate(zip(u8, y))],
-                                  "id long, features array<smallint>, label long").repartition(2, "id")
-    df_f32 = spark.createDataFrame([(i, r.reshape(-1).tolist(), int(label))
-                                    for i, (r, label) in enumerate(zip(scaled, y))],
-                                   "id long, features array<float>, label long").repartition(2, "id")
+
+    def frame(values, kind):  # partitioned by id: the frames alike
+        return spark.createDataFrame([(i, r.reshape(-1).tolist(), int(label)) for i, (r, label) in
+                                      enumerate(zip(values, y))],
+                                     f"id long, features array<{kind}>, label long").repartition(2, "id")
+
+    # array<smallint>: how Spark reads a Parquet UINT_8 column
+    df_u8, df_f32, df_raw = frame(u8, "smallint"), frame(scaled, "float"), frame(u8.astype(np.float32), "float")
+    defaults = DataOptions(placement="spark")
     compact = DataOptions(feature_dtype="uint8", scale=1 / 255, placement="spark")
 
     seam, spec = seam_for(spark), DataSpec.of(small_net().spec)
-    prepared = seam.prepare(df_u8, spec, 8, compact, "features", "label")
-    try:
-        kept = prepared.rdd.map(lambda kv: (kv[1][0].dtype.str, kv[1][0].nbytes)).collect()
-    finally:
-        prepared.release()
-    assert {d for d, _ in kept} == {"|u1"} and sum(n for _, n in kept) * 4 == scaled.nbytes  # float32's quarter
+
+    def kept(data):
+        prepared = seam.prepare(df_u8, spec, 8, data, "features", "label")
+        try:
+            blocks = prepared.rdd.map(lambda kv: (kv[1][0].dtype.str, kv[1][0].nbytes)).collect()
+        finally:
+            prepared.release()
+        return {d for d, _ in blocks}, sum(n for _, n in blocks)
+
+    assert kept(defaults) == ({"|u1"}, scaled.nbytes // 4)  # float32's quarter
+    assert kept(DataOptions(feature_dtype=None, placement="spark")) == ({"<f4"}, scaled.nbytes)
 
     def fit(df, data):
         master = ParameterAveraging(batch_size_per_worker=8, averaging_frequency=2, workers=2, data=data)
         return NetworkEstimator(network=small_net(seed=42), master=master, epochs=1).fit(df)
 
-    model_u8, model_f32 = fit(df_u8, compact), fit(df_f32, DataOptions(placement="spark"))
+    # The defaults: uint8 blocks train as the float32 values 0.0 .. 255.0 (no scale unless declared), bit for bit.
+    model_auto, model_raw = fit(df_u8, defaults), fit(df_raw, defaults)
+    assert model_auto.input_encoding is None and model_raw.input_encoding is None
+    np.testing.assert_array_equal(model_auto.network.params, model_raw.network.params)
+
+    model_u8, model_f32 = fit(df_u8, compact), fit(df_f32, defaults)
     assert model_u8.input_encoding == {"scale": 1 / 255, "normalize": None} and model_f32.input_encoding is None
     np.testing.assert_allclose(model_u8.network.params, model_f32.network.params, rtol=1e-6, atol=1e-7)
     path = str(tmp_path / "compact")
@@ -181,6 +196,6 @@ def test_uint8_features_stay_compact_train_as_scaled_floats_and_predict_alike_af
     with pytest.raises(DataValidationError, match=r"partition 0, row 0: expected integers in \[0, 255\] for "
                                                   r"feature_dtype='uint8', got 300"):
         seam.prepare(bad, spec, 8, compact, "features", "label")
-    with pytest.raises(ValueError, match=r"Expect feature_dtype one of \['uint8', 'int8', 'uint16', 'int16', "
-                                         r"'float16', 'float32'\] or None, got 'float64'"):
+    with pytest.raises(ValueError, match=r"Expect feature_dtype 'auto', one of \['uint8', 'int8', 'uint16', "
+                                         r"'int16', 'float16', 'float32'\] or None, got 'float64'"):
         DataOptions(feature_dtype="float64")

@@ -207,6 +207,38 @@ def test_rows_and_arrow_batches_break_a_rule_with_one_message(bad):
     assert "partition 0, row 1" in failure.message
 
 
+@pytest.mark.parametrize("source, kept", [
+    ("uint8", "uint8"), ("int16:0..255", "uint8"), ("int16:-3..100", "int8"), ("int64:0..300", "uint16"),
+    ("int32:-300..300", "int16"), ("int32:0..70000", "float32"), ("float16", "float16"), ("float64", "float32"),
+])
+def test_feature_dtype_auto_keeps_integers_and_float16_compact_with_float32_values(source, kept):
+    """feature_dtype='auto' (the default): the rows path (RDD) and the Arrow
+    path (DataFrame, outside Spark) keep a minibatch's integers in the
+    narrowest compact integer dtype holding them and float16 as it is, else
+    float32; converted to float32 the values are what None (float32) gives."""
+    import pyarrow as pa
+
+    from sparkavg.spark.executor.arrow import inputs_from_bytes, make_minibatcher
+
+    assert DataOptions().feature_dtype == "auto" and "feature_dtype" not in DataOptions().config_arguments()
+    dtype, _, bounds = source.partition(":")
+    lo, hi = (int(v) for v in bounds.split("..")) if bounds else (0, 200)
+    x = np.linspace(lo, hi, 16).round().astype(dtype).reshape(4, 4)
+    rows = [(x[i], i % 3) for i in range(4)]
+    auto = [mb for mb, _ in rebatch_partition(SPEC, 4, "auto")(0, iter(rows))]
+    old = [mb for mb, _ in rebatch_partition(SPEC, 4)(0, iter(rows))]
+    assert auto[0].dtype == np.dtype(kept) and old[0].dtype == np.float32
+    np.testing.assert_array_equal(auto[0].astype(np.float32), old[0])
+    arrow_type = pa.from_numpy_dtype(x.dtype)
+    batch = pa.RecordBatch.from_pydict({"features": pa.array(list(x), pa.list_(arrow_type)),
+                                        "label": pa.array([i % 3 for i in range(4)], pa.int64())})
+    for feature_dtype, want in (("auto", kept), (None, "float32")):
+        out = list(make_minibatcher(SPEC, 4, "features", "label", feature_dtype=feature_dtype)(iter([batch])))
+        got = inputs_from_bytes(out[0].column("x")[0])
+        assert got.dtype == np.dtype(want)
+        np.testing.assert_array_equal(got.astype(np.float32), old[0])
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"storage_level": "IN_THE_CLOUD"}, "Expect storage_level"),
     ({"placement": "ftp"}, "Expect placement in"),

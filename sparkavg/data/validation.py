@@ -44,6 +44,8 @@ __all__ = [
     "count_examples",
     "take_examples",
     "concat_examples",
+    "compact_features",
+    "kept_features",
 ]
 
 #: Rows of ``(features, label)`` pairs validated together.
@@ -225,6 +227,66 @@ def check_finite(x: np.ndarray, where: Where, what: str = "features") -> None:
                                   "value(s); expected finite numbers")
 
 
+def compact_features(x: np.ndarray, dtype: str, where: Where, what: str = "features") -> np.ndarray:
+    """``x`` (finite numbers in their own dtype) in ``dtype``: integers
+    must be integral and in the dtype's range, float16 values within its
+    range; else a :class:`DataValidationError` naming the first bad row,
+    the dtype and what it takes."""
+    target = np.dtype(dtype)
+    if x.dtype == target:
+        return x
+    if target.kind in "iu":
+        info = np.iinfo(target)
+        if x.dtype.kind == "f":
+            bad = (x != np.floor(x)) | (x < info.min) | (x > info.max)
+        elif x.dtype.kind in "iu" and (np.iinfo(x.dtype).min < info.min or np.iinfo(x.dtype).max > info.max):
+            bad = (x < info.min) | (x > info.max)
+        else:
+            bad = None
+        if bad is not None and bad.any():
+            flat = int(np.flatnonzero(bad.reshape(len(x), -1).any(axis=1))[0])
+            value = x.reshape(len(x), -1)[flat][bad.reshape(len(x), -1)[flat]][0]
+            raise DataValidationError(f"Bad {what} at {where(flat)}: expected integers in [{info.min}, {info.max}] "
+                                      f"for feature_dtype={dtype!r}, got {value.item()!r}")
+        return x.astype(target)
+    if target == np.float16:
+        bad = np.abs(x) > np.finfo(np.float16).max
+        if bad.any():
+            row = int(np.flatnonzero(bad.reshape(len(x), -1).any(axis=1))[0])
+            raise DataValidationError(f"Bad {what} at {where(row)}: expected values within +-65504 for "
+                                      f"feature_dtype='float16', got {x.reshape(len(x), -1)[row].max().item()!r}")
+    return x.astype(target)
+
+
+#: Integer dtypes ``feature_dtype="auto"`` keeps features in, narrowest first.
+_AUTO_INTEGERS = tuple(np.dtype(d) for d in ("uint8", "int8", "uint16", "int16"))
+
+
+def kept_features(x: np.ndarray, feature_dtype: Optional[str], where: Where, what: str = "features") -> np.ndarray:
+    """Checked features (finite numbers in their own dtype) in the dtype
+    prepared minibatches keep them in (``DataOptions.feature_dtype``).
+
+    None or ``"float32"``: float32.  ``"auto"``: integers in the narrowest
+    of uint8, int8, uint16, int16 that holds these values (Spark reads a
+    Parquet ``UINT_8`` column as ``smallint``: its 0..255 come back to
+    uint8), float16 as it is, anything else float32 -- every value converts
+    to the same float32 as before.  Another compact dtype:
+    :func:`compact_features` (values that do not fit are an error)."""
+    if feature_dtype is None or feature_dtype == "float32":
+        return x.astype(np.float32, copy=False)
+    if feature_dtype != "auto":
+        return compact_features(x, feature_dtype, where, what)
+    if x.dtype == np.float16:
+        return x
+    if x.dtype.kind in "iu" and x.size:
+        lo, hi = x.min(), x.max()
+        for target in _AUTO_INTEGERS:
+            info = np.iinfo(target)
+            if info.min <= lo and hi <= info.max:
+                return x.astype(target, copy=False)
+    return x.astype(np.float32, copy=False)
+
+
 def as_arrays(values: Iterable, where: Where, what: str, want: str) -> List[np.ndarray]:
     """Each row's value as an array; a ragged nested sequence (rows of
     different lengths, which numpy refuses) is named by its row."""
@@ -239,10 +301,11 @@ def as_arrays(values: Iterable, where: Where, what: str, want: str) -> List[np.n
 
 
 def check_feature_rows(values: Sequence, input_shape, where: Where, dtype: str = "float32",
-                       what: str = "features") -> np.ndarray:
+                       what: str = "features", feature_dtype: Optional[str] = None) -> np.ndarray:
     """Rows of features (one array-like each) as one float32
     ``(n, *input_shape)`` matrix: numbers, the input's size each, finite
-    (``dtype="int64"``: integer ids, :func:`check_ids`)."""
+    (``dtype="int64"``: integer ids, :func:`check_ids`; ``feature_dtype``:
+    kept as :func:`kept_features` says)."""
     shape = tuple(int(s) for s in input_shape)
     size, note = int(np.prod(shape, dtype=np.int64)), shape_note(shape)
     xs = as_arrays(values, where, what, f"{size} values{note}")
@@ -253,21 +316,21 @@ def check_feature_rows(values: Sequence, input_shape, where: Where, dtype: str =
     if dtype == "int64":
         return check_ids(flat, where, what).reshape((len(xs),) + shape)
     check_finite(flat, where, what)
-    return flat.astype(np.float32, copy=False).reshape((len(xs),) + shape)
+    return kept_features(flat, feature_dtype, where, what).reshape((len(xs),) + shape)
 
 
-def check_input_rows(values: Sequence, spec: DataSpec, where: Where):
+def check_input_rows(values: Sequence, spec: DataSpec, where: Where, feature_dtype: Optional[str] = None):
     """Rows of one example's features each (arrays; dicts by input name for
     several inputs) as one checked chunk (:func:`check_feature_rows` per input)."""
     if not spec.named:
-        return check_feature_rows(values, spec.input_shape, where, spec.dtype)
+        return check_feature_rows(values, spec.input_shape, where, spec.dtype, feature_dtype=feature_dtype)
     names = [i.name for i in spec.inputs]
     for r, value in enumerate(values):
         if not isinstance(value, Mapping) or sorted(value) != sorted(names):
             got = f"keys {list(value)}" if isinstance(value, Mapping) else type(value).__name__
             raise DataValidationError(f"Bad features at {where(r)}: expected a dict keyed by the inputs {names}, "
                                       f"got {got}")
-    return {i.name: check_feature_rows([v[i.name] for v in values], i.shape, where, i.dtype, i.what)
+    return {i.name: check_feature_rows([v[i.name] for v in values], i.shape, where, i.dtype, i.what, feature_dtype)
             for i in spec.inputs}
 
 
@@ -329,8 +392,9 @@ def check_ids(x: np.ndarray, where: Where, what: str = "features") -> np.ndarray
     return x.astype(np.int64, copy=False)
 
 
-def _check_input(x, shape, dtype: str, where: Where, what: str) -> np.ndarray:
-    """One input's chunk as ``(n, *shape)`` float32 features or int64 ids."""
+def _check_input(x, shape, dtype: str, where: Where, what: str, feature_dtype: Optional[str] = None) -> np.ndarray:
+    """One input's chunk as ``(n, *shape)`` float32 features (``feature_dtype``:
+    :func:`kept_features`) or int64 ids."""
     x = np.asarray(x)
     check_numbers([x.dtype], where, what)
     shape = tuple(int(s) for s in shape)
@@ -341,19 +405,20 @@ def _check_input(x, shape, dtype: str, where: Where, what: str) -> np.ndarray:
     if dtype == "int64":
         return check_ids(flat, where, what).reshape((len(x),) + shape)
     check_finite(flat, where, what)
-    return flat.astype(np.float32, copy=False).reshape((len(x),) + shape)
+    return kept_features(flat, feature_dtype, where, what).reshape((len(x),) + shape)
 
 
-def check_features(x: np.ndarray, spec: DataSpec, where: Where) -> np.ndarray:
+def check_features(x: np.ndarray, spec: DataSpec, where: Where, feature_dtype: Optional[str] = None) -> np.ndarray:
     """A chunk of examples' features, ``(n, ...)``, as float32 ``(n, *input_shape)``:
     numbers, ``input_size`` values each, all finite (``int64`` ids when the
-    spec's dtype says so).  Several named inputs: :func:`check_inputs`."""
+    spec's dtype says so; ``feature_dtype``: kept as :func:`kept_features`
+    says).  Several named inputs: :func:`check_inputs`."""
     if spec.named:
-        return check_inputs(x, spec, where)
-    return _check_input(x, spec.input_shape, spec.dtype, where, "features")
+        return check_inputs(x, spec, where, feature_dtype)
+    return _check_input(x, spec.input_shape, spec.dtype, where, "features", feature_dtype)
 
 
-def check_inputs(x, spec: DataSpec, where: Where) -> dict:
+def check_inputs(x, spec: DataSpec, where: Where, feature_dtype: Optional[str] = None) -> dict:
     """A chunk of several named inputs (a dict by input name) checked each
     as :func:`check_features` does, naming the input; one count of examples."""
     if not isinstance(x, Mapping):
@@ -363,7 +428,7 @@ def check_inputs(x, spec: DataSpec, where: Where) -> dict:
     if sorted(x) != sorted(names):
         raise DataValidationError(f"Bad features at {where(0)}: expected arrays keyed by the inputs {names}, "
                                   f"got keys {list(x)}")
-    out = {i.name: _check_input(x[i.name], i.shape, i.dtype, where, i.what) for i in spec.inputs}
+    out = {i.name: _check_input(x[i.name], i.shape, i.dtype, where, i.what, feature_dtype) for i in spec.inputs}
     counts = {k: len(v) for k, v in out.items()}
     if len(set(counts.values())) > 1:
         raise DataValidationError(f"Bad features at {where(0)}: expected one count of examples for every input, "
@@ -450,9 +515,10 @@ def _is_named_minibatch(record, spec: DataSpec) -> bool:
     return batched and not (one and y.ndim == 1 and y.size == spec.num_outputs and n != 1)
 
 
-def _pair_chunk(spec: DataSpec, pairs: List[tuple], where: Where) -> Tuple[np.ndarray, np.ndarray]:
+def _pair_chunk(spec: DataSpec, pairs: List[tuple], where: Where,
+                feature_dtype: Optional[str] = None) -> Tuple[np.ndarray, np.ndarray]:
     """``(features, label)`` pairs as one checked ``(x, y)`` chunk."""
-    x = check_input_rows([f for f, _ in pairs], spec, where)
+    x = check_input_rows([f for f, _ in pairs], spec, where, feature_dtype)
     labels = as_arrays((label for _, label in pairs), where, "label", spec.label_want)
     i = _first_non_numeric(a.dtype for a in labels)
     if i is not None:
@@ -475,7 +541,8 @@ def _pair_chunk(spec: DataSpec, pairs: List[tuple], where: Where) -> Tuple[np.nd
     return x, y
 
 
-def _checked_chunks(spec: DataSpec, index: int, rows: Iterable) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
+def _checked_chunks(spec: DataSpec, index: int, rows: Iterable,
+                    feature_dtype: Optional[str] = None) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
     """A partition's rows as checked ``(x, y)`` chunks in order: each
     minibatch record as one, runs of pairs gathered into chunks."""
     row_no = 0
@@ -483,7 +550,7 @@ def _checked_chunks(spec: DataSpec, index: int, rows: Iterable) -> Iterator[Tupl
 
     def pair_chunk():
         nonlocal row_no
-        chunk = _pair_chunk(spec, pairs, row_namer(index, row_no))
+        chunk = _pair_chunk(spec, pairs, row_namer(index, row_no), feature_dtype)
         row_no += len(pairs)
         pairs.clear()
         return chunk
@@ -497,7 +564,7 @@ def _checked_chunks(spec: DataSpec, index: int, rows: Iterable) -> Iterator[Tupl
             bx = record[0] if named else np.asarray(record[0])
             by = np.asarray(record[1])
             where = row_namer(index, row_no)
-            yield check_features(bx, spec, where), check_labels(by, spec, where)
+            yield check_features(bx, spec, where, feature_dtype), check_labels(by, spec, where)
             row_no += len(by)
         elif isinstance(record, tuple) and len(record) == 2:
             pairs.append(record)
@@ -549,7 +616,7 @@ def cut_minibatches(chunks: Iterable[Tuple[np.ndarray, np.ndarray]], batch_size:
         yield concat_examples(xs), _concat_labels(ys, spec)
 
 
-def rebatch_partition(spec: DataSpec, batch_size: int):
+def rebatch_partition(spec: DataSpec, batch_size: int, feature_dtype: Optional[str] = None):
     """Executor function ``(partition_index, rows) -> minibatches``.
 
     Validates every example (:func:`check_features`, :func:`check_labels`;
@@ -557,9 +624,12 @@ def rebatch_partition(spec: DataSpec, batch_size: int):
     yields ``(x float32 (b, *input_shape), y)`` minibatches of exactly
     ``batch_size`` examples (the partition's last may be smaller; nothing
     is dropped).  Rows may be pairs or already-made minibatches.
+    ``feature_dtype`` (``DataOptions.feature_dtype``; None: float32): the
+    features kept as :func:`kept_features` says (``"auto"``: integers in
+    the narrowest compact integer dtype, float16 as it is).
     """
 
     def run(index: int, rows) -> Iterator[tuple]:
-        return cut_minibatches(_checked_chunks(spec, index, rows), batch_size, spec)
+        return cut_minibatches(_checked_chunks(spec, index, rows, feature_dtype), batch_size, spec)
 
     return run

@@ -157,7 +157,8 @@ def minibatch_frame(df, spec: DataSpec, batch_size: int, features_col, label_col
     (both Spark flavours): rows ``(id, n, x, y, error)``, or with ``folder``
     ``(id, n, path, error)`` after writing each minibatch there.  Partitions
     keep their order; ``id`` is ``partition << 32 | index``; features in
-    ``feature_dtype`` (``DataOptions.feature_dtype``; None: float32)."""
+    ``feature_dtype`` (``DataOptions.feature_dtype``; None: float32; ``"auto"``:
+    integer and float16 columns stay compact)."""
     from .executor.arrow import MINIBATCH_FILE_SCHEMA, MINIBATCH_SCHEMA, make_minibatcher
 
     check_columns(df, features_col, label_col)
@@ -340,8 +341,8 @@ class PreparedData:
             r.unpersist(blocking=True)
 
 
-def _write_partition(spec: DataSpec, batch_size: int, folder: str):
-    rebatch = rebatch_partition(spec, batch_size)
+def _write_partition(spec: DataSpec, batch_size: int, folder: str, feature_dtype: Optional[str] = None):
+    rebatch = rebatch_partition(spec, batch_size, feature_dtype)
 
     def run(index, rows):
         for j, (x, y) in enumerate(rebatch(index, rows)):
@@ -358,8 +359,10 @@ def prepare(rdd, spec: DataSpec, batch_size: int, location: Optional[SharedLocat
 
     With a ``location`` the minibatches are written there (the location is
     released with the data); else they are persisted as Spark blocks.  A
-    DataFrame (:class:`ExampleFrame`) is validated and cut through Arrow,
-    its features kept in ``feature_dtype`` (None: float32; an RDD's are float32).
+    DataFrame (:class:`ExampleFrame`) is validated and cut through Arrow;
+    features are kept in ``feature_dtype`` (``DataOptions.feature_dtype``,
+    :func:`~sparkavg.data.validation.kept_features`; None: float32), a
+    DataFrame's and an RDD's alike.
     """
     if isinstance(rdd, ExampleFrame):
         return _prepare_frame(rdd, spec, batch_size, location, storage_level, feature_dtype)
@@ -367,16 +370,16 @@ def prepare(rdd, spec: DataSpec, batch_size: int, location: Optional[SharedLocat
         try:
             folder = location.make()
             with executor_errors("writing minibatches to the shared location"):
-                meta = rdd.mapPartitionsWithIndex(_write_partition(spec, batch_size, folder)).collect()
+                meta = rdd.mapPartitionsWithIndex(_write_partition(spec, batch_size, folder, feature_dtype)).collect()
             raise_failures(meta, "minibatching")
         except BaseException:
             location.release()
             raise
         meta.sort()
         return PreparedData([n for _, n in meta], paths=[p for p, _ in meta], location=location)
-    prepared = _persist_blocks(rdd.mapPartitionsWithIndex(guarded_partitions(rebatch_partition(spec, batch_size))),
-                               storage_level, _classes(spec))
-    prepared._remake = lambda: prepare(rdd, spec, batch_size, None, storage_level)
+    rebatch = rebatch_partition(spec, batch_size, feature_dtype)
+    prepared = _persist_blocks(rdd.mapPartitionsWithIndex(guarded_partitions(rebatch)), storage_level, _classes(spec))
+    prepared._remake = lambda: prepare(rdd, spec, batch_size, None, storage_level, feature_dtype)
     return prepared
 
 

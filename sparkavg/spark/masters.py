@@ -156,16 +156,23 @@ class DataOptions(Configurable):
         not fit the executors' storage memory (Spark blocks) or the shared
         location's free disk.  The choice and its reason are the decision
         ``data_storage``.  See :mod:`sparkavg.spark.streaming`.
-    feature_dtype : str or None, default None
-        The dtype a DataFrame's features keep in the prepared minibatches
-        (compact minibatches): ``"uint8"``, ``"int8"``, ``"uint16"``,
-        ``"int16"``, ``"float16"`` or ``"float32"``; None: float32, the
-        model's (as before).  Every value must fit it (integers in its
-        range; float16: finite within +-65504), else a
-        ``DataValidationError`` names the row.  The executors convert each
-        minibatch to float32 as they read it, then apply ``scale`` and
-        ``normalize``; uint8 images take a quarter of float32's memory and
-        disk.  Integer id inputs stay int64.  An RDD's features stay float32.
+    feature_dtype : str or None, default "auto"
+        The dtype features keep in the prepared minibatches (compact
+        minibatches).  ``"auto"``: as the data gives them -- integer
+        features in the narrowest of uint8, int8, uint16, int16 that holds
+        their values (uint8 images stay uint8, also when Spark reads a
+        Parquet ``UINT_8`` column as ``smallint``), float16 as float16,
+        anything else float32.  Or one dtype for all: ``"uint8"``,
+        ``"int8"``, ``"uint16"``, ``"int16"``, ``"float16"`` or
+        ``"float32"``; every value must fit it (integers in its range;
+        float16: finite within +-65504), else a ``DataValidationError``
+        names the row.  None: float32 always (the default before "auto").
+        The executors convert each minibatch to float32 as they read it --
+        the values float32 features would have given, no scale unless
+        ``scale`` says so -- then apply ``scale`` and ``normalize``; uint8
+        images take a quarter of float32's memory and disk.  Integer id
+        inputs stay int64.  An RDD's features (numpy arrays, lists) follow
+        the same rules as a DataFrame's columns.
     scale : float or None, default None
         Multiplies the features (as float32) on the executors, per
         minibatch (``1/255`` for uint8 pixels).
@@ -184,7 +191,7 @@ class DataOptions(Configurable):
     prefetch: Union[int, Literal["auto"]] = "auto"
     transform: Optional[str] = None
     storage: Literal["auto", "memory", "stream"] = "auto"
-    feature_dtype: Optional[str] = None
+    feature_dtype: Optional[str] = "auto"
     scale: Optional[float] = None
     normalize: Optional[Tuple[float, float]] = None
 
@@ -213,9 +220,11 @@ class DataOptions(Configurable):
 
     def config_arguments(self) -> dict:
         arguments = super().config_arguments()
-        for name in ("transform", "feature_dtype", "scale", "normalize"):
+        for name in ("transform", "scale", "normalize"):
             if arguments[name] is None:  # configs (and checkpoints) from before these fields stay equal
                 del arguments[name]
+        if arguments["feature_dtype"] == "auto":  # the default: configs from before it stay equal
+            del arguments["feature_dtype"]
         if arguments.get("storage") == "auto":  # configs (and checkpoints) from before streaming stay equal
             del arguments["storage"]
         return arguments

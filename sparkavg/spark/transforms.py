@@ -25,7 +25,8 @@ retried task draws the same numbers again.  ``w`` is the task's Spark
 partition (in a Spark-block averaging plan ``round * workers + worker``).
 
 Compact minibatches and the input encoding (``DataOptions(feature_dtype=,
-scale=, normalize=)``): features kept in a compact dtype (uint8 ...) are
+scale=, normalize=)``): features kept in a compact dtype (uint8 ...; by
+default, ``"auto"``, integer and float16 features stay compact) are
 converted to float32 as a task reads each minibatch, then scaled and
 normalised (:func:`encode_inputs`) -- before the transform, so a transform
 sees what the model sees.  ``evaluate``, ``predict`` and a fitted
@@ -115,8 +116,9 @@ def resolve_transform(reference: str) -> Callable:
 def check_encoding(feature_dtype, scale, normalize) -> None:
     """Raise ``ValueError`` naming what is wrong with an input encoding
     (:class:`~sparkavg.spark.masters.DataOptions` fields)."""
-    if feature_dtype is not None and feature_dtype not in COMPACT_DTYPES:
-        raise ValueError(f"Expect feature_dtype one of {list(COMPACT_DTYPES)} or None, got {feature_dtype!r}")
+    if feature_dtype is not None and feature_dtype != "auto" and feature_dtype not in COMPACT_DTYPES:
+        raise ValueError(f"Expect feature_dtype 'auto', one of {list(COMPACT_DTYPES)} or None, "
+                         f"got {feature_dtype!r}")
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating))
                               or not np.isfinite(scale) or scale == 0):
         raise ValueError(f"Expect scale a finite non-zero number (1/255 for uint8 pixels) or None, got {scale!r}")

@@ -33,7 +33,8 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional
 import numpy as np
 
 from ...data.validation import (DataSpec, DataValidationError, check_finite, check_ids, check_label_values,
-                                check_widths, count_examples, cut_minibatches, row_namer, shape_note)
+                                check_widths, compact_features, count_examples, cut_minibatches, kept_features,
+                                row_namer, shape_note)
 from ...npzfile import load_npy_bytes
 from ..errors import TaskFailure, task_failure_guard
 from .context import task_partition
@@ -201,8 +202,9 @@ def features_matrix(column, width: Optional[int], where: Callable[[int], str], w
         Keep the values' own dtype (integers stay integer), unchecked
         beyond nulls and finiteness: the task's validation checks them.
     dtype : str, optional
-        A compact dtype to keep the features in (``DataOptions.feature_dtype``:
-        :func:`compact_features`); None: float32.
+        The dtype to keep the features in (``DataOptions.feature_dtype``:
+        :func:`~sparkavg.data.validation.kept_features`; ``"auto"`` keeps
+        integer and float16 columns compact); None: float32.
 
     Raises
     ------
@@ -241,39 +243,28 @@ def features_matrix(column, width: Optional[int], where: Callable[[int], str], w
     if x.dtype.kind == "f":
         check_finite(x, where, what)
     if dtype is not None:
-        return compact_features(x, dtype, where, what)
+        return kept_features(x, dtype, where, what)
     return x.astype(np.int64, copy=False) if x.dtype.kind in "iu" else x
 
 
-def compact_features(x: np.ndarray, dtype: str, where: Callable[[int], str], what: str = "features") -> np.ndarray:
-    """``x`` (finite numbers in their own dtype) in ``dtype``: integers
-    must be integral and in the dtype's range, float16 values within its
-    range; else a :class:`DataValidationError` naming the first bad row,
-    the dtype and what it takes."""
-    target = np.dtype(dtype)
-    if x.dtype == target:
-        return x
-    if target.kind in "iu":
-        info = np.iinfo(target)
-        if x.dtype.kind == "f":
-            bad = (x != np.floor(x)) | (x < info.min) | (x > info.max)
-        elif x.dtype.kind in "iu" and (np.iinfo(x.dtype).min < info.min or np.iinfo(x.dtype).max > info.max):
-            bad = (x < info.min) | (x > info.max)
-        else:
-            bad = None
-        if bad is not None and bad.any():
-            flat = int(np.flatnonzero(bad.reshape(len(x), -1).any(axis=1))[0])
-            value = x.reshape(len(x), -1)[flat][bad.reshape(len(x), -1)[flat]][0]
-            raise DataValidationError(f"Bad {what} at {where(flat)}: expected integers in [{info.min}, {info.max}] "
-                                      f"for feature_dtype={dtype!r}, got {value.item()!r}")
-        return x.astype(target)
-    if target == np.float16:
-        bad = np.abs(x) > np.finfo(np.float16).max
-        if bad.any():
-            row = int(np.flatnonzero(bad.reshape(len(x), -1).any(axis=1))[0])
-            raise DataValidationError(f"Bad {what} at {where(row)}: expected values within +-65504 for "
-                                      f"feature_dtype='float16', got {x.reshape(len(x), -1)[row].max().item()!r}")
-    return x.astype(target)
+def _auto_keeps(t) -> bool:
+    """Whether ``feature_dtype="auto"`` reads a features column of Arrow type
+    ``t`` in its own dtype (integers or float16, plain or in lists), to keep
+    it compact; other columns (float32/float64, ml Vectors) become float32
+    as they are read."""
+    pa = _pa()
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        t = t.value_type
+    return pa.types.is_integer(t) or pa.types.is_float16(t)
+
+
+def _native_for(column, dtype: Optional[str]) -> bool:
+    """Whether features of ``dtype`` (``DataOptions.feature_dtype``) are read
+    in the column's own dtype (then checked and kept by
+    :func:`~sparkavg.data.validation.kept_features`)."""
+    if dtype is None:
+        return False
+    return dtype != "auto" or _auto_keeps(column.type)
 
 
 def _binary(t) -> bool:
@@ -321,12 +312,15 @@ def read_features(batch, features_col, where: Callable[[int], str], spec: Option
             return features_matrix(column, None, where, native=_integers(column.type))
         ids = spec.dtype == "int64"
         x = features_matrix(column, spec.input_size, where, note=spec.shape_note, ids=ids,
-                            native=dtype is not None, dtype=None if ids else dtype)
+                            native=_native_for(column, dtype), dtype=None if ids else dtype)
         return x.reshape((n,) + tuple(spec.input_shape))
-    return {i.name: features_matrix(batch_column(batch, i.column), i.size, where, i.what, shape_note(i.shape),
-                                    i.dtype == "int64", native=dtype is not None,
-                                    dtype=None if i.dtype == "int64" else dtype).reshape((n,) + tuple(i.shape))
-            for i in features_col}
+    out = {}
+    for i in features_col:
+        column = batch_column(batch, i.column)
+        out[i.name] = features_matrix(column, i.size, where, i.what, shape_note(i.shape), i.dtype == "int64",
+                                      native=_native_for(column, dtype),
+                                      dtype=None if i.dtype == "int64" else dtype).reshape((n,) + tuple(i.shape))
+    return out
 
 
 def _integers(t) -> bool:

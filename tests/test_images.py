@@ -67,9 +67,9 @@ def test_names_the_row_and_what_was_expected():
 @pytest.mark.spark
 def test_a_binary_column_of_png_trains_and_predicts_as_its_pixels(spark):
     """The same pixels as PNG bytes and as array<float> train the same
-    parameters (decoded on the executors, float32 unless kept compact), the
-    fitted model transforms the PNG frame as its pixels, a compact prepare
-    keeps uint8, and an undecodable row is named by partition and row."""
+    parameters (decoded on the executors), the fitted model transforms and
+    evaluates the PNG frame as its pixels, prepared blocks keep uint8 at the
+    defaults, and an undecodable row is named by partition and row."""
     from sparkavg.data.validation import DataSpec
     from sparkavg.ml import NetworkEstimator
     from sparkavg.spark import DataOptions, ParameterAveraging, SparkTrainer
@@ -99,7 +99,7 @@ def test_a_binary_column_of_png_trains_and_predicts_as_its_pixels(spark):
         assert trainer.evaluate(df_png).stats() == trainer.evaluate(df_f32).stats()
 
     seam, spec = seam_for(spark), DataSpec.of(small_net().spec)
-    prepared = seam.prepare(df_png, spec, 8, DataOptions(placement="spark", feature_dtype="uint8"), "features", "label")
+    prepared = seam.prepare(df_png, spec, 8, data, "features", "label")  # the default keeps a byte a pixel
     try:
         assert set(prepared.rdd.map(lambda kv: kv[1][0].dtype.str).collect()) == {"|u1"}
     finally:

@@ -274,7 +274,7 @@ def _binary(t) -> bool:
 
 def _images(column, spec: Optional[DataSpec], where: Callable[[int], str], dtype: Optional[str]) -> np.ndarray:
     """A binary features column's encoded images as ``(n, *input_shape)``
-    (uint8 when ``dtype`` keeps it, else float32 of the same values);
+    uint8, kept as ``dtype`` says (``kept_features``: ``"auto"`` keeps uint8);
     without a spec ``(n, C * H * W)`` uint8 (the task's validation casts)."""
     from ...data.images import decode_images
 
@@ -291,7 +291,7 @@ def _images(column, spec: Optional[DataSpec], where: Callable[[int], str], dtype
         raise DataValidationError(f"Bad features column: expected integer ids (array<int>, array<long>) for this "
                                   f"model's embedding input, got {column.type} (encoded images)")
     x = decode_images(values, spec.input_shape, where)
-    return x.astype(np.float32) if dtype is None else compact_features(x, dtype, where)
+    return kept_features(x, dtype, where)
 
 
 def read_features(batch, features_col, where: Callable[[int], str], spec: Optional[DataSpec] = None,

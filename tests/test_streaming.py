@@ -82,6 +82,20 @@ def test_what_cannot_stream_keeps_its_minibatches_and_says_why(spark):
     assert storage_choice(seam, df, forced, spec, streams_master=True).stream
 
 
+def test_auto_storage_counts_the_bytes_the_prepared_dtype_keeps(spark):
+    """feature_dtype='auto' keeps byte, short (Parquet UINT_8) and encoded-image columns compact: the storage
+    decision must not count them at float32's 4 bytes a value, or it would stream data that fits."""
+    from sparkavg.data.validation import DataSpec
+    from sparkavg.spark.streaming import feature_value_bytes, prepared_bytes_per_example
+
+    cols = {"b": "array<tinyint>", "s": "array<smallint>", "i": "array<int>", "f": "array<float>", "png": "binary"}
+    df = spark.createDataFrame([], ", ".join(f"{k} {v}" for k, v in cols.items()))
+    assert {k: feature_value_bytes(df, k, "auto") for k in cols} == {"b": 1, "s": 2, "i": 4, "f": 4, "png": 1}
+    assert feature_value_bytes(df, "f", "float16") == 2 and feature_value_bytes(df, "b", None) == 4
+    spec = DataSpec((1, 28, 28), 10)
+    assert prepared_bytes_per_example(spec) - prepared_bytes_per_example(spec, 1) == 3 * 784
+
+
 def test_a_streamed_epoch_deals_every_partition_once_the_same_for_the_same_epoch():
     from sparkavg.spark.streaming import StreamedData
 

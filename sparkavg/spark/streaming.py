@@ -45,13 +45,15 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+import numpy as np
+
 from ..data.validation import DataSpec
 from .data import PreparedData, check_columns, feature_columns, is_dataframe, require_arrow
 from .deal import Dealt, deal
 from .errors import executor_errors, raise_failures
 
 __all__ = ["STORAGE_DECISION", "MEMORY_SHARE", "StorageChoice", "storage_choice", "storage_memory",
-           "prepared_bytes_per_example", "files_root", "StreamedData", "StreamPlan", "prepare_stream"]
+           "prepared_bytes_per_example", "feature_value_bytes", "files_root", "StreamedData", "StreamPlan", "prepare_stream"]
 
 logger = logging.getLogger(__name__)
 
@@ -80,16 +82,42 @@ class StorageChoice:
         return "stream" if self.stream else "memory"
 
 
-def prepared_bytes_per_example(spec: DataSpec) -> int:
-    """Bytes one example takes in prepared minibatches: float32 features
-    (int64 ids: 8 bytes) and its label."""
+def prepared_bytes_per_example(spec: DataSpec, value_bytes: int = 4) -> int:
+    """Bytes one example takes in prepared minibatches: features of
+    ``value_bytes`` a value (:func:`feature_value_bytes`; int64 ids: 8
+    bytes) and its label."""
     inputs = spec.inputs if spec.named else ((spec.input_shape, spec.dtype),)
     feature = 0
     for item in inputs:
         shape, dtype = (item.shape, item.dtype) if hasattr(item, "shape") else item
-        feature += int(math.prod(shape)) * (8 if dtype == "int64" else 4)
+        feature += int(math.prod(shape)) * (8 if dtype == "int64" else value_bytes)
     label = _INDEX_LABEL_BYTES if spec.classification else 4 * spec.num_outputs
     return feature + label
+
+
+def feature_value_bytes(data, features_col, feature_dtype) -> int:
+    """Bytes a prepared minibatch keeps per feature value of a DataFrame
+    (``DataOptions.feature_dtype``): ``"auto"`` keeps a byte column, a
+    binary column of encoded images, and at most 2 bytes of a short column
+    (narrowed to uint8 when its values fit: Parquet's UINT_8); other
+    columns, and several named ones, are counted at float32's 4."""
+    if feature_dtype is None or feature_dtype == "float32":
+        return 4
+    if feature_dtype != "auto":
+        return int(np.dtype(feature_dtype).itemsize)
+    if not isinstance(features_col, str):
+        return 4
+    try:
+        from pyspark.sql.types import ArrayType, BinaryType, ByteType, ShortType
+
+        t = data.schema[features_col].dataType
+    except Exception:  # noqa: BLE001 -- an estimate: the column's own errors come when it is read
+        return 4
+    if isinstance(t, ArrayType):
+        t = t.elementType
+    if isinstance(t, (BinaryType, ByteType)):
+        return 1
+    return 2 if isinstance(t, ShortType) else 4
 
 
 def storage_memory(sc) -> tuple:
@@ -125,7 +153,8 @@ def files_root(options, local_master: bool) -> Optional[str]:
     return tempfile.gettempdir() if local_master else None
 
 
-def storage_choice(seam, data, options, spec: DataSpec, streams_master: bool) -> StorageChoice:
+def storage_choice(seam, data, options, spec: DataSpec, streams_master: bool,
+                   features_col="features") -> StorageChoice:
     """Whether this fit streams its data (see the module docstring).
 
     Parameters
@@ -136,6 +165,9 @@ def storage_choice(seam, data, options, spec: DataSpec, streams_master: bool) ->
     spec : DataSpec
     streams_master : bool
         Whether the master's epoch can stream (parameter averaging).
+    features_col : str or tuple
+        The DataFrame's features column(s): the prepared bytes follow its
+        type (:func:`feature_value_bytes`).
     """
     mode = options.storage
     if mode == "memory":
@@ -156,7 +188,7 @@ def storage_choice(seam, data, options, spec: DataSpec, streams_master: bool) ->
                                    "nothing of the whole set is kept")
     if why_not is not None:
         return StorageChoice(False, f"auto: {why_not}: minibatches prepared once and kept")
-    per_example = prepared_bytes_per_example(spec)
+    per_example = prepared_bytes_per_example(spec, feature_value_bytes(data, features_col, options.feature_dtype))
     sc = seam.sc
     planned = _plan_bytes(data)
     root = files_root(options, seam.local)

@@ -212,7 +212,8 @@ class SparkTrainer:
         self.release_data()
         m = self.master
         with self.stats.timed(Phase.EXPORT):
-            choice = storage_choice(self.seam, data, m.data, self.spec, isinstance(m, ParameterAveraging))
+            choice = storage_choice(self.seam, data, m.data, self.spec, isinstance(m, ParameterAveraging),
+                                    self._features_for(data))
             if choice.stream:
                 prepared = prepare_stream(self.seam, data, self.spec, m.batch_size_per_worker,
                                           self._features_for(data), self.label_col)

@@ -122,6 +122,18 @@ def make_master(spec: str, batch: int, workers: int, seed: int):
         names = {f.name for f in dataclasses.fields(GradientSharing)}
         extra = {"update_scale": "sum"} if "update_scale" in names else {}
         return GradientSharing(threshold=FixedThreshold(1e-3), **common, **extra)
+    if spec.startswith("sharing@"):  # sharing with a sim_sharing.py variant: sharing@adaptive:1e-3:max=0.05:scale=mean
+        from sim_sharing import parse_variant
+
+        text = spec[len("sharing@"):]
+        scale = None
+        if ":scale=" in text:
+            head, _, rest = text.partition(":scale=")
+            scale, _, tail = rest.partition(":")
+            text = head + (":" + tail if tail else "")
+        rule, clipping, _, _, _ = parse_variant(text)
+        extra = {"update_scale": scale} if scale else {}
+        return GradientSharing(threshold=rule, residual_post_processor=clipping, **common, **extra)
     base, _, variant = spec.partition("-")
     if base == "auto":
         frequency = "auto"

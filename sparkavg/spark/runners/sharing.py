@@ -91,7 +91,7 @@ class SharingRunner(EpochRunner):
             self.rank_states = None
         if self.rank_states is None:
             self._resident = None
-        self.update_scale, why = self.master.scale_for(getattr(network, "updater", None), workers)
+        self.update_scale, why = self.master.scale_for(getattr(network, "updater", None), workers, epoch)
         stats.decision("update_scale", self.update_scale, why, epoch=epoch)
         return -(-len(prepared.sizes) // workers)  # the whole epoch in one round
 

@@ -32,6 +32,9 @@ also ``f<N>`` / ``auto`` with ``-bm`` (block momentum forced on at every
 frequency and updater) or ``-plain`` (off), e.g. ``f5-bm,f5-plain``.
 ``sharing-fixed`` is sharing at its defaults before issue 22's sharing work
 (``FixedThreshold(1e-3)``, updates summed; bounded staleness stays).
+``sharing@VARIANT`` is sharing with a threshold rule written as
+``sim_sharing.py``'s variants, e.g. ``sharing@adaptive:1e-3:max=0.02`` or
+``sharing@fixed:1e-3:scale=mean`` (``scale=`` sets ``update_scale``).
 ``--seeds 123,124`` runs every cell per seed (the table shows the mean).
 ``--baseline FILE...`` reuses the one-process runs of earlier ``--out`` files
 (same model, data and seed) instead of training them again.  Sharing cells

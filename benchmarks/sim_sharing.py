@@ -24,7 +24,13 @@ the dense update itself is exchanged, no threshold; TAU ignored);
 workers: ``GradientSharing(update_scale="mean")``); ``clip=0`` turns residual
 clipping off, ``clip=K`` clips at K τ; ``levels=L`` also sends the residual
 at τ·2^(L-1) .. τ·2 before τ (several messages an iteration, so no entry is
-capped at one τ per step; an experiment, not in the library).  Prints accuracy after the epochs, the payload compression against
+capped at one τ per step; an experiment, not in the library);
+``exact=gamma`` (BatchNorm's gamma and beta), ``exact=unreg`` (every
+unregularised vector: biases too) or ``exact=out`` (the last layer) exchanges
+those entries densely and thresholds the rest (an experiment: one τ per
+message is the library's); ``switch=E`` divides each worker's update by W
+from epoch E on (``switch=1``: ``update_scale="auto"``'s rule for Adam, summed
+in the first epoch only).  Prints accuracy after the epochs, the payload compression against
 dense float32 updates (4 N bytes per peer per iteration), and the same for
 one process at batch ``W B`` when ``--local`` is given.
 """

@@ -694,7 +694,7 @@ class GradientSharing(Master):
             return ("the default: DL4J's adaptive rule from its documented 1e-3, keeping 0.01-2% of the entries a "
                     "step (DL4J's band ends at 1%, where LeNet's 12k epoch trailed one process by 0.46 points "
                     "over 4 seeds, 3.2 on one, and DL4J's MLP by 3.0; at 2%: +0.69 and -2.1; about 44x fewer bytes "
-                    "than dense on a 12k epoch, 118x on LeNet's 60k x 3; issue 22)")
+                    "than dense on a 12k epoch, 113-118x on LeNet's 60k x 3; issue 22)")
         return f"threshold={self.threshold!r} (set by user)"
 
     def fault_injection(self, rank: int, epoch: int) -> Optional[FaultInjection]:

@@ -32,6 +32,9 @@ also ``f<N>`` / ``auto`` with ``-bm`` (block momentum forced on at every
 frequency and updater) or ``-plain`` (off), e.g. ``f5-bm,f5-plain``.
 ``sharing-fixed`` is sharing at its defaults before issue 22's sharing work
 (``FixedThreshold(1e-3)``, updates summed; bounded staleness stays).
+``sharing@VARIANT`` is sharing with a threshold rule written as
+``sim_sharing.py``'s variants, e.g. ``sharing@adaptive:1e-3:max=0.02`` or
+``sharing@fixed:1e-3:scale=mean`` (``scale=`` sets ``update_scale``).
 ``--seeds 123,124`` runs every cell per seed (the table shows the mean).
 ``--baseline FILE...`` reuses the one-process runs of earlier ``--out`` files
 (same model, data and seed) instead of training them again.  Sharing cells
@@ -122,6 +125,18 @@ def make_master(spec: str, batch: int, workers: int, seed: int):
         names = {f.name for f in dataclasses.fields(GradientSharing)}
         extra = {"update_scale": "sum"} if "update_scale" in names else {}
         return GradientSharing(threshold=FixedThreshold(1e-3), **common, **extra)
+    if spec.startswith("sharing@"):  # sharing with a sim_sharing.py variant: sharing@adaptive:1e-3:max=0.05:scale=mean
+        from sim_sharing import parse_variant
+
+        text = spec[len("sharing@"):]
+        scale = None
+        if ":scale=" in text:
+            head, _, rest = text.partition(":scale=")
+            scale, _, tail = rest.partition(":")
+            text = head + (":" + tail if tail else "")
+        rule, clipping, _, _, _ = parse_variant(text)
+        extra = {"update_scale": scale} if scale else {}
+        return GradientSharing(threshold=rule, residual_post_processor=clipping, **common, **extra)
     base, _, variant = spec.partition("-")
     if base == "auto":
         frequency = "auto"

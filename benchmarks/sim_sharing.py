@@ -24,7 +24,13 @@ the dense update itself is exchanged, no threshold; TAU ignored);
 workers: ``GradientSharing(update_scale="mean")``); ``clip=0`` turns residual
 clipping off, ``clip=K`` clips at K τ; ``levels=L`` also sends the residual
 at τ·2^(L-1) .. τ·2 before τ (several messages an iteration, so no entry is
-capped at one τ per step; an experiment, not in the library).  Prints accuracy after the epochs, the payload compression against
+capped at one τ per step; an experiment, not in the library);
+``exact=gamma`` (BatchNorm's gamma and beta), ``exact=unreg`` (every
+unregularised vector: biases too) or ``exact=out`` (the last layer) exchanges
+those entries densely and thresholds the rest (an experiment: one τ per
+message is the library's); ``switch=E`` divides each worker's update by W
+from epoch E on (``switch=1``: ``update_scale="auto"``'s rule for Adam, summed
+in the first epoch only).  Prints accuracy after the epochs, the payload compression against
 dense float32 updates (4 N bytes per peer per iteration), and the same for
 one process at batch ``W B`` when ``--local`` is given.
 """
@@ -42,6 +48,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 log = logging.getLogger("sim_sharing")
+EXACT = None  # set by parse_variant (option exact=unreg|out|gamma)
+SWITCH = 0  # set by parse_variant (option switch=E)
 
 
 def parse_variant(text: str):
@@ -53,6 +61,9 @@ def parse_variant(text: str):
     opts = dict(p.split("=", 1) for p in parts[2:])
     scale = float(opts.pop("scale", 1.0))
     levels = int(opts.pop("levels", 1))
+    global EXACT, SWITCH
+    EXACT = opts.pop("exact", None)
+    SWITCH = int(opts.pop("switch", 0))  # experiment: from this epoch on (when > 0), the update is divided by W
     clip = opts.pop("clip", "5")
     clipping = None if clip == "0" else ResidualClipping(5, float(clip))
     if kind == "exact":  # a control: the dense update itself, no encoding
@@ -94,6 +105,15 @@ def simulate(model, x, y, xt, yt, batch, workers, epochs, seed, variant, delay):
         e.format = ops.SPARSE
     payload, messages, entries, iterations = 0, 0, 0, 0
     pending = []  # (due iteration, sender, bytes)
+    mask = None
+    if EXACT:  # experiment: these segments exchanged densely, the rest thresholded
+        mask = np.zeros(n, np.float32)
+        segs = nets[0].param_segments
+        last = max(s.layer for s in segs)
+        for s in segs:
+            if (EXACT == "unreg" and not s.regularized) or (EXACT == "out" and s.layer == last) or \
+                    (EXACT == "gamma" and s.name in ("gamma", "beta")):
+                mask[s.start:s.stop] = 1.0
     t0 = time.perf_counter()
     for epoch in range(epochs):
         order = np.random.default_rng(seed + epoch).permutation(len(x))
@@ -103,9 +123,16 @@ def simulate(model, x, y, xt, yt, batch, workers, epochs, seed, variant, delay):
             for w, (net, state) in enumerate(zip(nets, states)):
                 idx = shards[w][it * batch:(it + 1) * batch]
                 net.compute_update(x[idx], y[idx], update)
-                if scale != 1.0:
+                if SWITCH and epoch >= SWITCH:
+                    update *= 1.0 / workers
+                elif scale != 1.0:
                     update *= scale
                 out = []
+                if mask is not None:
+                    dense = update * mask
+                    update *= 1.0 - mask
+                    net.apply_update(dense)
+                    pending.append((iterations + delay, w, dense))
                 if levels == 0:
                     net.apply_update(update)
                     pending.append((iterations + delay, w, update.copy()))

@@ -7,7 +7,7 @@ from sparkavg.configurable import ConfigError
 from sparkavg.data.validation import DataSpec, DataValidationError, rebatch_partition
 from sparkavg.spark.data import PreparedData
 from sparkavg.spark.deal import deal, deal_choice, deal_shards, local_shards, shard_label_skew
-from sparkavg.spark.masters import (AdaptiveThreshold, DataOptions, EndpointConfig, FixedThreshold,
+from sparkavg.spark.masters import (DEFAULT_THRESHOLD, AdaptiveThreshold, DataOptions, EndpointConfig, FixedThreshold,
                                     GradientSharing, ParameterAveraging, Placement, ResidualClipping,
                                     TargetSparsityThreshold, Topology, Weighting, master_from_config)
 
@@ -38,7 +38,10 @@ def test_gradient_sharing_validation_and_float_threshold():
     g = GradientSharing(threshold=1e-3)
     assert g.threshold == FixedThreshold(1e-3)
     d = GradientSharing()  # issue 22's defaults
-    assert d.threshold == AdaptiveThreshold(initial=1e-3) and d.staleness == 0 and d.update_scale == "auto"
+    assert d.threshold == AdaptiveThreshold(initial=1e-3, max_sparsity=2e-2) == DEFAULT_THRESHOLD
+    assert d.staleness == 0 and d.update_scale == "auto"
+    assert "the default" in d.threshold_reason() and "0.01-2%" in d.threshold_reason()
+    assert g.threshold_reason() == "threshold=FixedThreshold(threshold=0.001) (set by user)"
     with pytest.raises(ValueError, match="Expect staleness >= 0"):
         GradientSharing(staleness=-1)
     with pytest.raises(ValueError, match="Expect update_scale 'auto', 'mean' or 'sum', got 'avg'"):
@@ -328,5 +331,10 @@ def test_gradient_sharing_update_scale_follows_the_updater():
     for updater, scale in ((Nesterov(lr=0.05), 0.25), (SGD(lr=0.1), 0.25), (Adam(lr=1e-3), 1.0)):
         value, why = auto.scale_for(updater, 4)
         assert value == scale and type(updater).__name__ in why
+    # Normalising updaters: summed in the trainer's first epoch only, divided from the second on.
+    assert auto.scale_for(Adam(), 4, epoch=0)[0] == 1.0 and "first epoch" in auto.scale_for(Adam(), 4, 0)[1]
+    value, why = auto.scale_for(Adam(), 4, epoch=2)
+    assert value == 0.25 and "epoch 3" in why and "divided by 4" in why
+    assert auto.scale_for(Nesterov(), 4, epoch=2)[0] == 0.25
     assert GradientSharing(update_scale="sum").scale_for(Nesterov(), 4)[0] == 1.0
     assert GradientSharing(update_scale="mean").scale_for(Adam(), 4)[0] == 0.25

@@ -36,7 +36,11 @@ def test_sharing_learns_and_replicas_agree(sc):
     # crossed τ), so with 2 ranks each iteration of one rank is received once by the other.
     assert c["messages_received"] == c["iterations"] == 80  # 2 epochs x 400 examples / 10
     scale = [d for d in trainer.stats.decisions if d["name"] == "update_scale"]
-    assert [d["value"] for d in scale] == [1.0, 1.0] and "Adam normalises its step" in scale[0]["reason"]
+    # Adam: summed in the first epoch, divided by the workers from the second (issue 22).
+    assert [d["value"] for d in scale] == [1.0, 0.5] and "Adam normalises its step" in scale[0]["reason"]
+    rule = [d for d in trainer.stats.decisions if d["name"] == "threshold"]
+    assert [(d["epoch"], d["value"]["type"], d["value"]["threshold"]) for d in rule] == [(0, "FixedThreshold", 1e-3)]
+    assert rule[0]["reason"].endswith("(set by user)")
     # Epoch 2 started from the states the ranks kept on their executor: the driver shipped no state.
     kept = [d["value"] for d in trainer.stats.decisions if d["name"] == "sharing_state"]
     assert kept == ["shipped", "executors"], kept

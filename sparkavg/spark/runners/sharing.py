@@ -91,8 +91,10 @@ class SharingRunner(EpochRunner):
             self.rank_states = None
         if self.rank_states is None:
             self._resident = None
-        self.update_scale, why = self.master.scale_for(getattr(network, "updater", None), workers)
+        self.update_scale, why = self.master.scale_for(getattr(network, "updater", None), workers, epoch)
         stats.decision("update_scale", self.update_scale, why, epoch=epoch)
+        if epoch == 0 or self.rank_states is None:  # the rule in use (its τ then carries over between epochs)
+            stats.decision("threshold", self.master.threshold.to_config(), self.master.threshold_reason(), epoch=epoch)
         return -(-len(prepared.sizes) // workers)  # the whole epoch in one round
 
     def _decide_state(self, epoch, stats) -> None:

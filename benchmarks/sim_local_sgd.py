@@ -97,7 +97,8 @@ def run(spec, seed, make, x, y, xt, yt, epochs, b, evaluate_local, minibatches):
                 if name == "updater" and moment is not None:
                     m_sq = 0.5 * (sa[name][moment].astype(np.float64) ** 2 + sb[name][moment].astype(np.float64) ** 2)
                     state = 0.5 * (sa[name].astype(np.float64) + sb[name])
-                    replicas[0].updater.correct_averaged_state(state, m_sq, sent, 2, steps)
+                    replicas[0].updater.correct_averaged_state(state, m_sq, sent, 2, steps, [
+                        (seg.start, seg.stop) for seg in replicas[0].param_segments])
                     sa[name][...] = state
                 else:
                     sa[name][...] = 0.5 * (sa[name] + sb[name])

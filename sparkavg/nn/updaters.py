@@ -81,7 +81,7 @@ class Updater(Configurable):
         :meth:`correct_averaged_state`)."""
         return None
 
-    def correct_averaged_state(self, state, moment_sq, sent, workers: int, steps: int) -> None:
+    def correct_averaged_state(self, state, moment_sq, sent, workers: int, steps: int, blocks=None) -> None:
         """Correct an average of ``workers`` workers' states in place (nothing
         to correct here; :class:`Adam` corrects its second moment)."""
 
@@ -196,7 +196,7 @@ class Adam(Updater):
         """``m``: its spread across workers measures their gradient noise."""
         return slice(0, num_params)
 
-    def correct_averaged_state(self, state, moment_sq, sent, workers, steps):
+    def correct_averaged_state(self, state, moment_sq, sent, workers, steps, blocks=None):
         """The averaged second moment as one process at the workers' combined
         batch would have it (parameter averaging, issue 21).
 
@@ -205,15 +205,17 @@ class Adam(Updater):
         at ``K B`` examples per step adds ``mu^2 + s^2 / (K B)``.  The plain
         average of the workers' ``v`` is therefore too large by ``(1 - 1/K)
         s^2 / B`` in the share of ``v`` written this round, and Adam's steps
-        ``m / sqrt(v)`` are too small: up to ``1/sqrt(K)`` where the noise
-        dominates (measured: 2 workers averaging after every step trailed one
-        process by 0.5 points, and by 1.3 more than with this correction,
-        benchmarks/RESULTS.md).  The workers' ``m`` started the round equal,
-        so their spread is pure noise: its variance across workers is
-        ``c s^2 / B`` with ``c = (1 - b1) / (1 + b1) (1 - b1^(2 F))`` after
-        ``F = steps`` steps, which gives the excess to take off the round's
-        share ``1 - b2^F`` of ``v``.  What is taken off is at most ``1 - 1/K``
-        of what the round added to ``v`` (``E[g_KB^2] >= E[g_B^2] / K``).
+        ``m / sqrt(v)`` too small: up to ``1/sqrt(K)`` where the noise
+        dominates (benchmarks/RESULTS.md, issue 21).  The workers' ``m``
+        started the round equal, so their spread is noise: its variance
+        across workers is ``c s^2 / B`` with ``c = (1 - b1) / (1 + b1) (1 -
+        b1^(2 F))`` after ``F = steps`` steps, which gives the excess to take
+        off the round's share ``1 - b2^F`` of ``v``.  With few workers one
+        coordinate's spread is too noisy to use alone (2 workers: one
+        degree of freedom), so the excess is pooled per block (a parameter
+        tensor): each block keeps the fraction ``1 - excess / added`` of
+        what the round added to its ``v``, in ``[1/K, 1]`` (``E[g_KB^2] >=
+        E[g_B^2] / K``).
 
         Parameters
         ----------
@@ -227,6 +229,9 @@ class Adam(Updater):
             Workers averaged (nothing is corrected below 2).
         steps : int
             Minibatches each worker fitted this round.
+        blocks : list of (start, stop), optional
+            Ranges of the parameters pooled together (the model's
+            parameter segments); default: all of them as one block.
         """
         n = state.shape[0] // 2
         if workers < 2 or steps < 1 or n == 0:
@@ -239,7 +244,11 @@ class Adam(Updater):
         # (1 - 1/K) s^2/B from a population variance of K values: spread * K/(K-1) / c * (1 - 1/K) = spread / c
         excess = spread * ((1.0 - b2 ** steps) / c)
         added = xp.maximum(v - (b2 ** steps) * sent[n:], 0.0)  # what this round wrote into v
-        v -= xp.minimum(excess, (1.0 - 1.0 / workers) * added)
+        for start, stop in blocks or [(0, n)]:
+            total = float(added[start:stop].sum())
+            if total > 0.0:
+                keep = min(1.0, max(1.0 / workers, 1.0 - float(excess[start:stop].sum()) / total))
+                v[start:stop] -= (1.0 - keep) * added[start:stop]
 
 
 @register("updater")

@@ -78,7 +78,6 @@ def block_momentum_step(model, averaged, delta, momentum: float, block_lr: float
     ops.accumulate(averaged, delta)
 
 
-@runs(ParameterAveraging)
 def correct_moments(network, result) -> None:
     """The averaged updater state of ``result`` (weighted sums, in place)
     corrected for the workers' gradient noise
@@ -93,10 +92,12 @@ def correct_moments(network, result) -> None:
     state = result.state.astype(np.float64) * inv
     sent = np.asarray(to_cpu(network.state["updater"]), dtype=np.float64)
     network.updater.correct_averaged_state(state, result.moment_sq.astype(np.float64) * inv, sent, workers,
-                                           max(1, round(result.batches / workers)))
+                                           max(1, round(result.batches / workers)),
+                                           [(seg.start, seg.stop) for seg in network.param_segments])
     result.state[...] = state * result.weight
 
 
+@runs(ParameterAveraging)
 class AveragingRunner(EpochRunner):
     """Runs epochs of :class:`ParameterAveraging`."""
 

@@ -485,8 +485,10 @@ class ParameterAveraging(Master):
         larger by their gradient noise and shrinks every step after it).
         The noise is measured from the spread of the workers' first
         moments (one more vector per worker in the round's result).
-        Measured on the torch LSTM, 12k x 2 (benchmarks/RESULTS.md,
-        issue 21).  False averages the state plainly (DL4J).
+        Measured (benchmarks/RESULTS.md, issue 21): the torch LSTM on 12k x
+        2 against one process went from -0.36 to +0.06 points (mean of 8
+        seeds); averaging after every step, simulated, from -0.46 to +0.71.
+        False averages the state plainly (DL4J).
     worker_shares : {"auto", "equal"}, default "auto"
         ``auto`` tolerates a slow worker (a busy or smaller host): each
         epoch cuts the workers' shares of the minibatches in proportion to

@@ -132,7 +132,8 @@ def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: b
         live = net.state
         if save_updater and live["updater"].size:
             updater_state = host_copy(live["updater"])
-            moment = net.updater.noise_moment(net.num_params) if moment_spread else None
+            noise_moment = getattr(getattr(net, "updater", None), "noise_moment", None) if moment_spread else None
+            moment = noise_moment(live["params"].size) if noise_moment is not None else None
             if moment is not None:
                 moment_sq = np.square(updater_state[moment])
                 ops.scale(moment_sq, weight)

@@ -91,9 +91,10 @@ def correct_moments(network, result) -> None:
     inv = 1.0 / result.weight
     state = result.state.astype(np.float64) * inv
     sent = np.asarray(to_cpu(network.state["updater"]), dtype=np.float64)
+    segments = getattr(network, "param_segments", None)  # a contract model may have none: one block
     network.updater.correct_averaged_state(state, result.moment_sq.astype(np.float64) * inv, sent, workers,
                                            max(1, round(result.batches / workers)),
-                                           [(seg.start, seg.stop) for seg in network.param_segments])
+                                           [(seg.start, seg.stop) for seg in segments] if segments else None)
     result.state[...] = state * result.weight
 
 
@@ -300,7 +301,8 @@ class AveragingRunner(EpochRunner):
     def result_bytes(self, network) -> int:
         live = network.state
         state = live["updater"].size if self.master.save_updater else 0
-        if state and self.master.moment_correction and network.updater.noise_moment(network.num_params) is not None:
+        noise_moment = getattr(getattr(network, "updater", None), "noise_moment", None)
+        if state and self.master.moment_correction and noise_moment and noise_moment(live["params"].size):
             state += live["params"].size  # the workers' m * m
         return 4 * (live["params"].size + state + live["buffers"].size)
 

@@ -26,8 +26,9 @@ Models (``--models``):
 Data (``--data``): ``12k`` (the first 12,000 training images, 1 epoch),
 ``60k`` (all 60,000, 3 epochs), ``12kx2`` (12,000 x 2 epochs, issue 21's
 torch cells).  Masters (``--masters``): ``defaults``
-(``ParameterAveraging()``), ``f5`` (``averaging_frequency=5``, the rest
-default), ``sharing`` (``GradientSharing()``); for measuring block momentum
+(``ParameterAveraging()``), ``defaults-uncorrected`` (the same with
+``moment_correction=False``: the updater state averaged plainly), ``f5``
+(``averaging_frequency=5``, the rest default), ``sharing`` (``GradientSharing()``); for measuring block momentum
 also ``f<N>`` / ``auto`` with ``-bm`` (block momentum forced on at every
 frequency and updater) or ``-plain`` (off), e.g. ``f5-bm,f5-plain``.
 ``sharing-fixed`` is sharing at its defaults before issue 22's sharing work
@@ -117,6 +118,9 @@ def make_master(spec: str, batch: int, workers: int, seed: int):
     common = {"batch_size_per_worker": batch, "workers": workers, "seed": seed}
     if spec == "defaults":
         return ParameterAveraging(**common)
+    if spec == "defaults-uncorrected":  # the defaults before issue 21's moment correction (state averaged plainly)
+        names = {f.name for f in dataclasses.fields(ParameterAveraging)}
+        return ParameterAveraging(**common, **({"moment_correction": False} if "moment_correction" in names else {}))
     if spec == "sharing":
         return GradientSharing(**common)
     if spec == "sharing-fixed":  # the defaults before issue 22's sharing work: FixedThreshold(1e-3), updates summed

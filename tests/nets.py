@@ -47,6 +47,22 @@ def fit_replicas(start, x, y, shards, size: int = 4) -> list:
     return replicas
 
 
+def averaged_updater_state(start, replicas):
+    """The updater state one averaging round of equally weighted ``replicas``
+    (each fitted from ``start``) gives at ``moment_correction=True`` (the
+    default): their mean, Adam's ``v`` corrected from the spread of their
+    ``m`` (``Updater.correct_averaged_state``, pooled per parameter tensor)."""
+    k, n = len(replicas), start.num_params
+    state = sum(r.updater_state.astype(np.float64) for r in replicas) / k
+    moment = start.updater.noise_moment(n)
+    if moment is not None and k > 1:
+        m_sq = sum(r.updater_state[moment].astype(np.float64) ** 2 for r in replicas) / k
+        steps = replicas[0].iteration - start.iteration
+        start.updater.correct_averaged_state(state, m_sq, start.updater_state.astype(np.float64), k, steps,
+                                             [(seg.start, seg.stop) for seg in start.param_segments])
+    return state
+
+
 def straight_and_resumed(session, make_model, master, data, ckpt: str, seed: int = 14, stop_after: int = 2,
                          epochs: int = 3):
     """The resume pattern every flavour's checkpoint test checks: a model

@@ -344,7 +344,7 @@ def test_block_momentum_over_spark_rounds_matches_numpy(sc, nesterov, zeta):
     start = small_net(seed=22)
     net = start.clone()
     master = ParameterAveraging(batch_size_per_worker=4, averaging_frequency=2, workers=2,
-                                data=DataOptions(repartition="never"),
+                                data=DataOptions(repartition="never"), moment_correction=False,  # plain state
                                 block_momentum=BlockMomentum(momentum=0.5, block_lr=zeta, nesterov=nesterov,
                                                              min_frequency=1))
     trainer = SparkTrainer(sc, net, master)

@@ -16,7 +16,7 @@ from sparkavg.spark import (DataOptions, DivergenceError, GradientSharing, Param
 from sparkavg.spark.connect import ConnectSpark, ShippedValue
 from sparkavg.spark.seam import ClassicSpark, seam_for
 
-from .nets import blobs, fit_replicas, small_net, straight_and_resumed
+from .nets import averaged_updater_state, blobs, fit_replicas, small_net, straight_and_resumed
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -59,7 +59,7 @@ def _mode(flavour):
 
 def _replicas_mean(start, x, y, shards, size):
     replicas = fit_replicas(start, x, y, shards, size)
-    return sum(r.params for r in replicas) / len(replicas), sum(r.updater_state for r in replicas) / len(replicas)
+    return sum(r.params for r in replicas) / len(replicas), averaged_updater_state(start, replicas)
 
 
 def test_seam_for_tells_the_flavours_apart(spark, connect):

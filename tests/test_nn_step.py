@@ -301,3 +301,53 @@ def test_gpu_unsynced_loss_stays_on_the_device_and_sums_to_the_synced_losses():
         total.add(loss, len(x))
         want += expected * len(x)
     assert total.value() == pytest.approx(want, rel=1e-12)
+
+
+def test_averaged_adam_state_corrected_to_the_combined_batch_second_moment():
+    """Two Adam workers fit F steps of their own B-example gradients from one
+    state; the plain mean of their v over-counts the gradient noise against one
+    process fitting the mean of each step's two gradients (2 B examples);
+    ``correct_averaged_state`` recovers that process's v from the spread of
+    the workers' m, and takes off at most half of what the round added."""
+    from sparkavg.nn import SGD, Adam
+
+    rng = np.random.default_rng(0)
+    n, steps, mu, sigma = 100_000, 32, 5e-4, 2e-3
+    adam = Adam(lr=1e-3)
+    sent = np.concatenate([np.zeros(n), np.full(n, 3e-6)]).astype(np.float32)
+    workers = [sent.copy(), sent.copy()]
+    one = sent.copy()
+    update = np.zeros(n, dtype=np.float32)
+    for t in range(steps):
+        grads = [(mu + sigma * rng.standard_normal(n)).astype(np.float32) for _ in workers]
+        for state, g in zip(workers, grads):
+            adam.apply(update, g, state, 100 + t)
+        adam.apply(update, ((grads[0] + grads[1]) / 2).astype(np.float32), one, 100 + t)
+    state = (workers[0].astype(np.float64) + workers[1]) / 2
+    plain = state.copy()
+    m_sq = (workers[0][:n].astype(np.float64) ** 2 + workers[1][:n].astype(np.float64) ** 2) / 2
+    adam.correct_averaged_state(state, m_sq, sent.astype(np.float64), 2, steps)
+
+    def added(v):  # what the round wrote into v, summed over the coordinates
+        return float((v[n:] - adam.beta2 ** steps * sent[n:]).sum())
+
+    assert added(plain) / added(one) > 1.5  # the plain mean: noise of B-example gradients
+    assert added(state) / added(one) == pytest.approx(1.0, abs=0.03)
+    np.testing.assert_array_equal(state[:n], plain[:n])  # m stays the mean
+    assert (state[n:] >= plain[n:] - 0.5 * (plain[n:] - adam.beta2 ** steps * sent[n:]) - 1e-15).all()
+    # per block: a block of pure noise keeps half its round's share, one without spread all of it
+    blocks = plain.copy()
+    m_sq_blocks = m_sq.copy()
+    m_sq_blocks[n // 2:] = plain[n // 2:n] ** 2  # no spread in the second block
+    adam.correct_averaged_state(blocks, m_sq_blocks, sent.astype(np.float64), 2, steps, [(0, n // 2), (n // 2, n)])
+    np.testing.assert_array_equal(blocks[n + n // 2:], plain[n + n // 2:])
+    assert (blocks[n:n + n // 2] < plain[n:n + n // 2]).all()
+    # a spread far beyond noise (replicas drifted apart): at most 1 - 1/K of the round's share comes off
+    capped = plain.copy()
+    adam.correct_averaged_state(capped, m_sq + 1.0, sent.astype(np.float64), 2, steps)
+    np.testing.assert_allclose(added(capped), added(plain) / 2, rtol=1e-6)
+    # nothing to correct with one worker, or for an updater without a first moment
+    alone = plain.copy()
+    adam.correct_averaged_state(alone, m_sq, sent.astype(np.float64), 1, steps)
+    np.testing.assert_array_equal(alone, plain)
+    assert SGD(lr=0.1).noise_moment(n) is None and adam.noise_moment(n) == slice(0, n)

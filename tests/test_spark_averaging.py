@@ -10,7 +10,7 @@ from sparkavg.data.validation import DataValidationError
 from sparkavg.evaluation import Evaluation
 from sparkavg.spark import DataOptions, ParameterAveraging, SparkTrainer
 
-from .nets import blobs, fit_replicas, small_net
+from .nets import averaged_updater_state, blobs, fit_replicas, small_net
 
 pytestmark = pytest.mark.spark
 
@@ -31,9 +31,18 @@ def test_one_round_is_the_weighted_mean_of_worker_replicas(sc):
     replicas = fit_replicas(start, x, y, ([0, 2], [1, 3]))
     expected = (replicas[0].params + replicas[1].params) / 2
     np.testing.assert_allclose(net.params, expected, rtol=1e-5, atol=1e-6)
-    expected_state = (replicas[0].updater_state + replicas[1].updater_state) / 2
+    plain = (replicas[0].updater_state + replicas[1].updater_state) / 2
+    # moment_correction (default): Adam's averaged v corrected for the workers' noise, from their m's spread
+    expected_state = averaged_updater_state(start, replicas)
+    n = net.num_params
+    assert (expected_state[n:] < plain[n:] * (1 - 1e-3)).mean() > 0.5  # the correction is not a no-op here
     np.testing.assert_allclose(net.updater_state, expected_state, rtol=1e-5, atol=1e-7)
     assert net.iteration == start.iteration + 2
+    plainly = start.clone()  # moment_correction=False: the plain mean (DL4J)
+    SparkTrainer(sc, plainly, ParameterAveraging(batch_size_per_worker=4, averaging_frequency=2, workers=2,
+                                                 moment_correction=False,
+                                                 data=DataOptions(repartition="never"))).fit(rdd, epochs=1)
+    np.testing.assert_allclose(plainly.updater_state, plain, rtol=1e-5, atol=1e-7)
 
 
 def test_uneven_and_empty_partitions_train_every_example(sc):

@@ -74,6 +74,17 @@ class Updater(Configurable):
         """Add this step's update to ``update`` in place, advancing ``state``."""
         raise NotImplementedError
 
+    def noise_moment(self, num_params: int):
+        """The slice of the state holding a first moment (a running mean of
+        the gradients) whose spread across averaged workers measures their
+        gradient noise, or None: nothing to correct after averaging (see
+        :meth:`correct_averaged_state`)."""
+        return None
+
+    def correct_averaged_state(self, state, moment_sq, sent, workers: int, steps: int, blocks=None) -> None:
+        """Correct an average of ``workers`` workers' states in place (nothing
+        to correct here; :class:`Adam` corrects its second moment)."""
+
 
 @register("updater")
 @dataclass(frozen=True)
@@ -180,6 +191,64 @@ class Adam(Updater):
         n = grads.shape[0]
         ops.adam_step(update, grads, state[:n], state[n:], self.lr, self.beta1, self.beta2,
                       self.eps, t=iteration + 1)
+
+    def noise_moment(self, num_params):
+        """``m``: its spread across workers measures their gradient noise."""
+        return slice(0, num_params)
+
+    def correct_averaged_state(self, state, moment_sq, sent, workers, steps, blocks=None):
+        """The averaged second moment as one process at the workers' combined
+        batch would have it (parameter averaging, issue 21).
+
+        Each of ``K = workers`` workers adds ``g^2`` of its own ``B``-example
+        gradients to ``v``: ``E[g_B^2] = mu^2 + s^2 / B``, where one process
+        at ``K B`` examples per step adds ``mu^2 + s^2 / (K B)``.  The plain
+        average of the workers' ``v`` is therefore too large by ``(1 - 1/K)
+        s^2 / B`` in the share of ``v`` written this round, and Adam's steps
+        ``m / sqrt(v)`` too small: up to ``1/sqrt(K)`` where the noise
+        dominates (benchmarks/RESULTS.md, issue 21).  The workers' ``m``
+        started the round equal, so their spread is noise: its variance
+        across workers is ``c s^2 / B`` with ``c = (1 - b1) / (1 + b1) (1 -
+        b1^(2 F))`` after ``F = steps`` steps, which gives the excess to take
+        off the round's share ``1 - b2^F`` of ``v``.  With few workers one
+        coordinate's spread is too noisy to use alone (2 workers: one
+        degree of freedom), so the excess is pooled per block (a parameter
+        tensor): each block keeps the fraction ``1 - excess / added`` of
+        what the round added to its ``v``, in ``[1/K, 1]`` (``E[g_KB^2] >=
+        E[g_B^2] / K``).
+
+        Parameters
+        ----------
+        state : ndarray (2n,)
+            The workers' average ``[m | v]``; ``v`` corrected in place.
+        moment_sq : ndarray (n,)
+            The workers' average of ``m * m`` (same weights).
+        sent : ndarray (2n,)
+            The state every worker started the round from.
+        workers : int
+            Workers averaged (nothing is corrected below 2).
+        steps : int
+            Minibatches each worker fitted this round.
+        blocks : list of (start, stop), optional
+            Ranges of the parameters pooled together (the model's
+            parameter segments); default: all of them as one block.
+        """
+        n = state.shape[0] // 2
+        if workers < 2 or steps < 1 or n == 0:
+            return
+        xp = get_array_module(state)
+        b1, b2 = self.beta1, self.beta2
+        c = (1.0 - b1) / (1.0 + b1) * (1.0 - b1 ** (2 * steps))
+        m, v = state[:n], state[n:]
+        spread = xp.maximum(moment_sq - m * m, 0.0)  # the workers' variance of m (weighted, population)
+        # (1 - 1/K) s^2/B from a population variance of K values: spread * K/(K-1) / c * (1 - 1/K) = spread / c
+        excess = spread * ((1.0 - b2 ** steps) / c)
+        added = xp.maximum(v - (b2 ** steps) * sent[n:], 0.0)  # what this round wrote into v
+        for start, stop in blocks or [(0, n)]:
+            total = float(added[start:stop].sum())
+            if total > 0.0:
+                keep = min(1.0, max(1.0 / workers, 1.0 - float(excess[start:stop].sum()) / total))
+                v[start:stop] -= (1.0 - keep) * added[start:stop]
 
 
 @register("updater")

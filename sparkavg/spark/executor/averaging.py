@@ -30,11 +30,14 @@ class RoundResult(Record):
     its first minibatch's wait to its last step, and from the task's start
     to its result, and the task's start (``time.time()`` on the executor:
     how long after the round's launch it began) -- what the runner's shares
-    by speed are cut from.
+    by speed are cut from.  ``moment_sq`` holds ``weight * m * m`` of the
+    updater's first moment (:meth:`~sparkavg.nn.updaters.Updater.noise_moment`)
+    when the master corrects the averaged state for the workers' gradient
+    noise, else None.
     """
 
     __slots__ = ("weight", "params", "state", "buffers", "loss_sum", "examples", "batches", "max_iterations",
-                 "stats", "devices", "speeds")
+                 "stats", "devices", "speeds", "moment_sq")
 
 
 @failure_aware
@@ -44,6 +47,8 @@ def combine_results(a, b):
     ops.accumulate(a.params, b.params)
     if a.state is not None and b.state is not None:
         ops.accumulate(a.state, b.state)
+    if a.moment_sq is not None and b.moment_sq is not None:
+        ops.accumulate(a.moment_sq, b.moment_sq)
     if a.buffers.size:
         ops.accumulate(a.buffers, b.buffers)
     a.weight += b.weight
@@ -69,14 +74,17 @@ def check_finite(net, loss_sum: float, where: str) -> None:
 
 
 def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: bool, uniform: bool,
-                    collect_stats: bool, prefetch: int, hooks=None, device: str = "auto"):
+                    collect_stats: bool, prefetch: int, hooks=None, device: str = "auto",
+                    moment_spread: bool = False):
     """Executor function for one averaging round: fit every minibatch of
     this worker's shard, return one :class:`RoundResult` (none if empty),
     or a :class:`TaskFailure` for an error retrying cannot fix.
 
     ``device`` is the master's ``device`` as a plain str (``"auto"``,
     ``"gpu"``, ``"cpu"``; :mod:`.device`): the network trains there and
-    only the round's result crosses to the host.
+    only the round's result crosses to the host.  ``moment_spread``: also
+    return ``weight * m * m`` of the updater's first moment (the master's
+    ``moment_correction``).
     """
 
     def run(items) -> Iterator:
@@ -120,10 +128,15 @@ def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: b
         weight = 1.0 if uniform else float(examples)
         params = host_copy(net.params)  # the round's one device -> host copy (GPU)
         ops.scale(params, weight)
-        updater_state = None
+        updater_state = moment_sq = None
         live = net.state
         if save_updater and live["updater"].size:
             updater_state = host_copy(live["updater"])
+            noise_moment = getattr(getattr(net, "updater", None), "noise_moment", None) if moment_spread else None
+            moment = noise_moment(live["params"].size) if noise_moment is not None else None
+            if moment is not None:
+                moment_sq = np.square(updater_state[moment])
+                ops.scale(moment_sq, weight)
             ops.scale(updater_state, weight)
         buffers = host_copy(live["buffers"])  # BatchNorm's statistics: averaged like parameters
         if buffers.size:
@@ -132,6 +145,6 @@ def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: b
                            net.iteration - start_iteration, [rec.to_payload()] if collect_stats else [],
                            [choice.to_plain(partition)],
                            [[int(partition), int(examples), float(seconds), float(time.perf_counter() - task_began),
-                             task_wall]])
+                             task_wall]], moment_sq)
 
     return run

@@ -78,6 +78,26 @@ def block_momentum_step(model, averaged, delta, momentum: float, block_lr: float
     ops.accumulate(averaged, delta)
 
 
+def correct_moments(network, result) -> None:
+    """The averaged updater state of ``result`` (weighted sums, in place)
+    corrected for the workers' gradient noise
+    (:meth:`~sparkavg.nn.updaters.Updater.correct_averaged_state`), while
+    ``network`` still holds the state the round started from; nothing
+    without the workers' first-moment spread (``moment_correction`` off, an
+    updater without one) or with one worker."""
+    workers = len(result.speeds)
+    if result.state is None or getattr(result, "moment_sq", None) is None or workers < 2:
+        return
+    inv = 1.0 / result.weight
+    state = result.state.astype(np.float64) * inv
+    sent = np.asarray(to_cpu(network.state["updater"]), dtype=np.float64)
+    segments = getattr(network, "param_segments", None)  # a contract model may have none: one block
+    network.updater.correct_averaged_state(state, result.moment_sq.astype(np.float64) * inv, sent, workers,
+                                           max(1, round(result.batches / workers)),
+                                           [(seg.start, seg.stop) for seg in segments] if segments else None)
+    result.state[...] = state * result.weight
+
+
 @runs(ParameterAveraging)
 class AveragingRunner(EpochRunner):
     """Runs epochs of :class:`ParameterAveraging`."""
@@ -281,6 +301,9 @@ class AveragingRunner(EpochRunner):
     def result_bytes(self, network) -> int:
         live = network.state
         state = live["updater"].size if self.master.save_updater else 0
+        noise_moment = getattr(getattr(network, "updater", None), "noise_moment", None)
+        if state and self.master.moment_correction and noise_moment and noise_moment(live["params"].size):
+            state += live["params"].size  # the workers' m * m
         return 4 * (live["params"].size + state + live["buffers"].size)
 
     def shipped(self, network, epoch):
@@ -296,7 +319,8 @@ class AveragingRunner(EpochRunner):
         m = self.master
         task = make_round_task(config_json, shipped, round_no=r + 1, save_updater=m.save_updater,
                                uniform=m.weighting is Weighting.UNIFORM, collect_stats=m.collect_stats,
-                               prefetch=m.data.prefetch_depth, device=m.device.value, hooks=self.seam.test_hooks())
+                               prefetch=m.data.prefetch_depth, device=m.device.value, hooks=self.seam.test_hooks(),
+                               moment_spread=m.save_updater and m.moment_correction)
         launched, began = time.time(), time.perf_counter()
         result = self.seam.aggregate_round(plan, r, task, combine_results, m.aggregation_depth, what)
         if self._rounds_run:  # the runner's first round warms the workers up: not a speed
@@ -309,6 +333,7 @@ class AveragingRunner(EpochRunner):
 
     def merge(self, network, result, epoch, r, stats) -> Merged:
         bm = self.master.block_momentum
+        correct_moments(network, result)
         if not self._bm_on:
             set_state(network, result.weight, result.max_iterations, params=result.params, updater=result.state,
                       buffers=result.buffers)

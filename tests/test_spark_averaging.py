@@ -26,7 +26,10 @@ def test_one_round_is_the_weighted_mean_of_worker_replicas(sc):
     start = net.clone()
     master = ParameterAveraging(batch_size_per_worker=4, averaging_frequency=2, workers=2,
                                 data=DataOptions(repartition="never"))
-    SparkTrainer(sc, net, master).fit(rdd, epochs=1)
+    trainer = SparkTrainer(sc, net, master)
+    trainer.fit(rdd, epochs=1)
+    decided = [d for d in trainer.stats.decisions if d["name"] == "moment_correction"]
+    assert [d["value"] for d in decided] == [True] and "Adam's averaged second moment" in decided[0]["reason"]
     # Minibatches 0..3 = examples [0:4], [4:8], [8:12], [12:16]; dealt [[0, 2], [1, 3]].
     replicas = fit_replicas(start, x, y, ([0, 2], [1, 3]))
     expected = (replicas[0].params + replicas[1].params) / 2
@@ -39,10 +42,13 @@ def test_one_round_is_the_weighted_mean_of_worker_replicas(sc):
     np.testing.assert_allclose(net.updater_state, expected_state, rtol=1e-5, atol=1e-7)
     assert net.iteration == start.iteration + 2
     plainly = start.clone()  # moment_correction=False: the plain mean (DL4J)
-    SparkTrainer(sc, plainly, ParameterAveraging(batch_size_per_worker=4, averaging_frequency=2, workers=2,
-                                                 moment_correction=False,
-                                                 data=DataOptions(repartition="never"))).fit(rdd, epochs=1)
+    trainer = SparkTrainer(sc, plainly, ParameterAveraging(batch_size_per_worker=4, averaging_frequency=2, workers=2,
+                                                           moment_correction=False,
+                                                           data=DataOptions(repartition="never")))
+    trainer.fit(rdd, epochs=1)
     np.testing.assert_allclose(plainly.updater_state, plain, rtol=1e-5, atol=1e-7)
+    assert [(d["value"], d["reason"][:23]) for d in trainer.stats.decisions if d["name"] == "moment_correction"] == [
+        (False, "moment_correction=False")]
 
 
 def test_uneven_and_empty_partitions_train_every_example(sc):

@@ -113,6 +113,7 @@ class AveragingRunner(EpochRunner):
         self._epoch: Optional[int] = None  # the running epoch
         self._bm_on = False  # block momentum applies in the running epoch
         self._bm_recorded = None  # (stats id, on) last recorded
+        self._mc_recorded = None  # stats id the moment_correction decision was recorded in
         # worker -> [examples, fit seconds, fixed seconds, tasks] since the last plan (worker_shares)
         self._speed_log: dict = {}
         # [(examples/s, seconds measured, fixed seconds per task) or None] per worker, for the next plan
@@ -142,6 +143,7 @@ class AveragingRunner(EpochRunner):
             logger.info("epoch %d: averaging_frequency %d: %s", epoch + 1, frequency, reason)
         self._frequency = frequency
         self._decide_block_momentum(frequency, workers, network, epoch, stats)
+        self._decide_moment_correction(workers, network, epoch, stats)
         return frequency
 
     def frequency_bound(self, per_worker: int, workers: int, epoch: int, updater=None):
@@ -190,6 +192,33 @@ class AveragingRunner(EpochRunner):
             self._bm_recorded = key
             stats.decision("block_momentum", self._momentum if on else 0.0, why, epoch=epoch)
             logger.info("epoch %d: block momentum %s", epoch + 1, why)
+
+    def _decide_moment_correction(self, workers, network, epoch, stats) -> None:
+        """Record once per fit (decision ``moment_correction``) whether the
+        averaged updater state is corrected for the workers' gradient noise
+        (:func:`correct_moments`), and why."""
+        if self._mc_recorded == id(stats):
+            return
+        self._mc_recorded = id(stats)
+        m = self.master
+        updater = getattr(network, "updater", None)
+        name = type(updater).__name__ if updater is not None else "the model's updater"
+        noise_moment = getattr(updater, "noise_moment", None)
+        has_moment = noise_moment is not None and noise_moment(network.num_params) is not None
+        if not m.moment_correction:
+            on, why = False, "moment_correction=False: the workers' updater states are averaged plainly (DL4J)"
+        elif not m.save_updater:
+            on, why = False, "save_updater=False: no updater state is averaged"
+        elif not has_moment:
+            on, why = False, f"{name} keeps no second moment to correct: its state is averaged plainly"
+        elif workers < 2:
+            on, why = False, "one worker: its state is one process's"
+        else:
+            on, why = True, (f"{name}'s averaged second moment is corrected to the second moment of the "
+                             f"{workers} workers' combined batch: each worker's measures the noise of its own "
+                             f"smaller minibatches, read from the spread of their first moments")
+        stats.decision("moment_correction", on, why, epoch=epoch)
+        logger.info("epoch %d: moment correction %s: %s", epoch + 1, "on" if on else "off", why)
 
     def _probe(self, prepared, workers, network, epoch, stats) -> Optional[RoundCosts]:
         """Run :data:`PROBE_ROUNDS` throw-away rounds of :data:`PROBE_MINIBATCHES`

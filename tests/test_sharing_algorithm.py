@@ -35,6 +35,7 @@ from sparkavg.sharing import (
     check_tau,
     encode_update,
     message_bytes,
+    sent_entries,
     sharing_step,
 )
 
@@ -177,6 +178,20 @@ def test_encode_update_sends_exactly_what_leaves_the_residual(residual, tau):
     assert np.all(err <= 0.5 * np.spacing(np.abs(state.residual)))
     assert state.entries_sent == int(touched.sum())
     assert state.last_sparsity == touched.sum() / n
+
+
+@given(n=st.integers(1, 300), seed=st.integers(0, 2**31 - 1), log2_tau=st.integers(-8, 2))
+@settings(max_examples=40)
+def test_sent_entries_are_the_entries_the_step_sends(n, seed, log2_tau):
+    """What momentum masking clears: sent_entries before the step is exactly where the message is non-zero
+    (bitmap and sparse encodings alike: the densities drawn cover both)."""
+    rng = np.random.default_rng(seed)
+    state = SharingState(FixedThreshold(2.0**log2_tau), None, n)
+    state.residual[:] = rng.standard_normal(n).astype(np.float32)
+    update = rng.standard_normal(n).astype(np.float32)
+    mask = sent_entries(state, update)
+    message = encode_update(state, update)
+    assert np.array_equal(mask, decoded(message, n) != 0)
 
 
 def test_apply_message_takes_bytes_and_arrays_alike():

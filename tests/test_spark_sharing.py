@@ -74,15 +74,23 @@ def test_sharing_learns_and_replicas_agree(sc):
     assert trainer.evaluate(rdd).accuracy() > 0.9
 
 
-def test_executor_runs_sharing_step_bit_for_bit(sc):
+@pytest.mark.parametrize("nesterov", [False, True], ids=["adam", "nesterov-masked"])
+def test_executor_runs_sharing_step_bit_for_bit(sc, nesterov):
     """Production against the algorithm: a one-worker Spark fit ends with
     exactly the parameters, updater state, residual and τ of a plain loop of
-    ``compute_update`` + :func:`sharing_step`.  Every minibatch is the same
-    block of examples, so neither the epoch's shuffle nor the deal can
-    change the order the loop sees."""
+    ``compute_update`` + :func:`sharing_step` (with Nesterov, the velocity of
+    the sent entries cleared after each step: momentum masking).  Every
+    minibatch is the same block of examples, so neither the epoch's shuffle
+    nor the deal can change the order the loop sees."""
     import numpy as np
 
-    from sparkavg.sharing import ResidualClipping, SharingState, sharing_step
+    from sparkavg.nn import Dense, Nesterov, Network, Output
+    from sparkavg.sharing import ResidualClipping, SharingState, sent_entries, sharing_step
+
+    def make(seed):
+        if not nesterov:
+            return small_net(seed=seed)
+        return Network((1, 4, 4), [Dense(8, activation="relu"), Output(2)], updater=Nesterov(lr=0.05), seed=seed)
 
     block_x, block_y = blobs(10, seed=41)
     reps, epochs = 6, 2
@@ -90,17 +98,23 @@ def test_executor_runs_sharing_step_bit_for_bit(sc):
     rule, clipping = AdaptiveThreshold(initial=1e-3, max_sparsity=0.05), ResidualClipping(frequency=4, k=3.0)
     master = GradientSharing(threshold=rule, residual_post_processor=clipping, batch_size_per_worker=10,
                              workers=1, device="cpu")
-    trainer = SparkTrainer(sc, small_net(seed=42), master)
+    trainer = SparkTrainer(sc, make(42), master)
     trainer.fit(rdd, epochs=epochs)
+    masking = [d["value"] for d in trainer.stats.decisions if d["name"] == "momentum_masking"]
+    assert masking == [nesterov]
 
-    net = small_net(seed=42)
+    net = make(42)
     state = SharingState(rule, clipping, net.num_params)
     update = np.zeros(net.num_params, np.float32)
     sent = []
     for _ in range(epochs * reps):
         net.compute_update(block_x, block_y, update)
+        mask = sent_entries(state, update)
         sharing_step(state, update, net.params, sent.append, [])
+        if nesterov:
+            net.updater_state[mask] = 0.0
     assert len(sent) > 0 and trainer.stats.counters["messages_sent"] == len(sent)
+    assert not nesterov or (net.updater_state == 0).any()
     assert np.array_equal(trainer.network.params.view(np.uint32), net.params.view(np.uint32))
     assert np.array_equal(trainer.network.updater_state.view(np.uint32), net.updater_state.view(np.uint32))
     saved = trainer._runner.rank_states[0]

@@ -81,6 +81,13 @@ class Updater(Configurable):
         :meth:`correct_averaged_state`)."""
         return None
 
+    def velocity(self, num_params: int):
+        """The slice of the state holding a velocity (a momentum that keeps
+        moving the parameters after its gradient), or None.  Gradient
+        sharing clears it where a message sent the entry
+        (``GradientSharing.momentum_masking``)."""
+        return None
+
     def correct_averaged_state(self, state, moment_sq, sent, workers: int, steps: int, blocks=None) -> None:
         """Correct an average of ``workers`` workers' states in place (nothing
         to correct here; :class:`Adam` corrects its second moment)."""
@@ -117,6 +124,10 @@ class Nesterov(Updater):
 
     def apply(self, update, grads, state, iteration):
         ops.nesterov_step(update, grads, state, self.lr, self.momentum)
+
+    def velocity(self, num_params):
+        """The whole state: the velocity."""
+        return slice(0, num_params)
 
 
 @register("updater")

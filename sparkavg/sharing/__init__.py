@@ -21,7 +21,7 @@ A worker's loop::
 (the Spark executors' loop; ``phase`` is an optional timing hook).
 """
 from .state import SharingState
-from .step import apply_message, apply_received, encode_update, message_bytes, sharing_step
+from .step import apply_message, apply_received, encode_update, message_bytes, sent_entries, sharing_step
 from .thresholds import (
     TAU_MAX,
     TAU_MIN,
@@ -40,6 +40,7 @@ __all__ = [
     "apply_received",
     "message_bytes",
     "sharing_step",
+    "sent_entries",
     "ThresholdRule",
     "FixedThreshold",
     "AdaptiveThreshold",

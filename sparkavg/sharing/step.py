@@ -95,6 +95,15 @@ def encode_update(state: SharingState, update) -> Optional[object]:
     return _encode(state, update)[0]
 
 
+def sent_entries(state: SharingState, update):
+    """Boolean mask of the entries the next :func:`sharing_step` (or
+    :func:`encode_update`) with ``update`` sends: ``|residual + update| >=
+    τ``, the encoder's own test on the same float32 sums.  Call it before
+    the step (gradient sharing's momentum masking)."""
+    xp = backend.get_array_module(state.residual)
+    return xp.abs(state.residual + update) >= xp.float32(state.tau)
+
+
 def message_bytes(message) -> bytes:
     """The wire form of a message: its int32 words, little-endian.
 

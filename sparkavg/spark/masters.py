@@ -619,6 +619,12 @@ class GradientSharing(Master):
         before it, as one process would.  None: fully asynchronous (DL4J's
         behaviour), where a peer's update typically lands one iteration
         late -- what cost sharing its accuracy (issue 22).
+    momentum_masking : bool, default True
+        For an updater with a velocity (``Nesterov``): after each message
+        a worker clears the velocity of the entries it sent (DGC's momentum
+        factor masking), so an update already in flight is not pushed again
+        by the momentum it left behind; no effect on other updaters.
+        Recorded as decision ``momentum_masking`` (:meth:`masking_for`).
     update_scale : {"auto", "mean", "sum"}, default "auto"
         ``"mean"``: each worker encodes its update divided by the number of
         workers, so the updates of one iteration sum to the step of one
@@ -647,6 +653,7 @@ class GradientSharing(Master):
     max_stage_attempts: int = 3
     staleness: Optional[int] = 0
     update_scale: Literal["auto", "mean", "sum"] = "auto"
+    momentum_masking: bool = True
 
     def __post_init__(self):
         super().__post_init__()
@@ -675,6 +682,8 @@ class GradientSharing(Master):
             check_int("staleness", self.staleness, minimum=0)
         check(self.update_scale in ("auto", "mean", "sum"),
               f"Expect update_scale 'auto', 'mean' or 'sum', got {self.update_scale!r}")
+        check(isinstance(self.momentum_masking, bool),
+              f"Expect momentum_masking to be a bool, got {self.momentum_masking!r}")
         if self.workers is not None:
             self.validate_for(self.workers)
 
@@ -711,6 +720,20 @@ class GradientSharing(Master):
         else:
             mode, why = self.update_scale, f"update_scale={self.update_scale!r} (set by user)"
         return (1.0 / workers if mode == "mean" else 1.0), why
+
+    def masking_for(self, updater) -> "tuple[bool, str]":
+        """Whether a worker clears its updater's velocity where its message
+        sent the entry, and why (:attr:`momentum_masking`)."""
+        name = type(updater).__name__ if updater is not None else "the model's updater"
+        has_velocity = getattr(updater, "velocity", None) is not None and updater.velocity(1) is not None
+        if not self.momentum_masking:
+            return False, "momentum_masking=False (set by user): the velocity keeps every entry"
+        if not has_velocity:
+            return False, f"{name} keeps no velocity to mask"
+        return True, (f"{name}'s velocity is cleared where a message sent the entry (DGC's momentum factor "
+                      f"masking, Lin et al. 2018): the residual already carries what the velocity would keep "
+                      f"pushing (DL4J's MLP with Nesterov, 60k x 3: +0.28 points masked against -2.63 not; 12k: "
+                      f"-0.95 against -3.17 over 4 seeds; issue 22)")
 
     def threshold_reason(self) -> str:
         """Why this master's threshold rule is the one in use (decision ``threshold``)."""

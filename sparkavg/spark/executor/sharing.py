@@ -27,7 +27,7 @@ import numpy as np
 
 from ...backend import get_array_module
 from ...configurable import register
-from ...sharing import SharingState, apply_received, sharing_step
+from ...sharing import SharingState, apply_received, sent_entries, sharing_step
 from ...transport import PeerStalledError, ReliableEndpoint, select_address
 from ..errors import DivergenceError, register_error, task_failure_guard
 from ..stats import CounterName, Phase, PhaseRecorder, SeriesName, task_lane
@@ -224,6 +224,8 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
             # GradientSharing.scale_for, decided on the driver: 1/workers or 1
             scale = float(value.get("update_scale", 1.0))
             scale = xp.float32(scale) if scale != 1.0 else 1.0
+            # GradientSharing.momentum_masking: the velocity of the entries each message sent is cleared
+            velocity = net.updater.velocity(n) if master.masking_for(getattr(net, "updater", None))[0] else None
         spark_host = infos[rank].address.rsplit(":", 1)[0] if infos[rank].address else None
         host = select_address(network_mask=master.network_mask, fallback=spark_host)
         rec.decision("udp_address", host, f"worker rank {rank}: network_mask {master.network_mask!r}, else "
@@ -267,12 +269,15 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
                     if scale != 1.0:
                         update *= scale
                 tau = state.tau
+                sent = sent_entries(state, update) if velocity is not None else None
                 try:
                     sharing_step(state, update, net.params, group.publish, inbox, phase=rec.phase,
                                  always_publish=staleness is not None)
                 except ValueError as exc:
                     _raise_if_diverged(state, exc, rank, net.iteration)
                     raise
+                if sent is not None:
+                    net.updater_state[velocity][sent] = 0.0
                 examples += len(y)  # x may be a dict of inputs by name
                 iterations += 1
                 if collect_stats:

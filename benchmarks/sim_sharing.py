@@ -105,6 +105,16 @@ def simulate(model, x, y, xt, yt, batch, workers, epochs, seed, variant, delay):
         e.format = ops.SPARSE
     payload, messages, entries, iterations = 0, 0, 0, 0
     pending = []  # (due iteration, sender, bytes)
+
+    def deliver(items) -> None:
+        """Each (due, sender, wire) to every replica but its sender: a dense update or a message."""
+        for _, sender, wire in items:
+            for w, net in enumerate(nets):
+                if w != sender:
+                    if isinstance(wire, np.ndarray):
+                        net.apply_update(wire)
+                    else:
+                        apply_message(wire, net.params)
     mask = None
     if EXACT:  # experiment: these segments exchanged densely, the rest thresholded
         mask = np.zeros(n, np.float32)
@@ -156,22 +166,9 @@ def simulate(model, x, y, xt, yt, batch, workers, epochs, seed, variant, delay):
                     ops.decode(message, net.params)
                     pending.append((iterations + delay, w, wire))
             iterations += 1
-            due = [p for p in pending if p[0] < iterations]
+            deliver([p for p in pending if p[0] < iterations])
             pending = [p for p in pending if p[0] >= iterations]
-            for _, sender, wire in due:
-                for w, net in enumerate(nets):
-                    if w != sender:
-                        if isinstance(wire, np.ndarray):
-                            net.apply_update(wire)
-                        else:
-                            apply_message(wire, net.params)
-        for _, sender, wire in pending:  # the epoch's flush
-            for w, net in enumerate(nets):
-                if w != sender:
-                    if isinstance(wire, np.ndarray):
-                        net.apply_update(wire)
-                    else:
-                        apply_message(wire, net.params)
+        deliver(pending)  # the epoch's flush
         pending = []
         for vec in ("updater", "buffers"):
             if nets[0].state[vec].size:

@@ -85,7 +85,7 @@ def test_executor_runs_sharing_step_bit_for_bit(sc, nesterov):
     import numpy as np
 
     from sparkavg.nn import Dense, Nesterov, Network, Output
-    from sparkavg.sharing import ResidualClipping, SharingState, sent_entries, sharing_step
+    from sparkavg.sharing import ResidualClipping, SharingState, sharing_step
 
     def make(seed):
         if not nesterov:
@@ -109,10 +109,7 @@ def test_executor_runs_sharing_step_bit_for_bit(sc, nesterov):
     sent = []
     for _ in range(epochs * reps):
         net.compute_update(block_x, block_y, update)
-        mask = sent_entries(state, update)
-        sharing_step(state, update, net.params, sent.append, [])
-        if nesterov:
-            net.updater_state[mask] = 0.0
+        sharing_step(state, update, net.params, sent.append, [], velocity=net.updater_state if nesterov else None)
     assert len(sent) > 0 and trainer.stats.counters["messages_sent"] == len(sent)
     assert not nesterov or (net.updater_state == 0).any()
     assert np.array_equal(trainer.network.params.view(np.uint32), net.params.view(np.uint32))

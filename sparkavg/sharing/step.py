@@ -99,7 +99,7 @@ def sent_entries(state: SharingState, update):
     """Boolean mask of the entries the next :func:`sharing_step` (or
     :func:`encode_update`) with ``update`` sends: ``|residual + update| >=
     τ``, the encoder's own test on the same float32 sums.  Call it before
-    the step (gradient sharing's momentum masking)."""
+    the step (``sharing_step``'s momentum masking)."""
     xp = backend.get_array_module(state.residual)
     return xp.abs(state.residual + update) >= xp.float32(state.tau)
 
@@ -167,7 +167,7 @@ def apply_received(state: SharingState, inbox: Iterable[Payload], params) -> int
 
 
 def sharing_step(state: SharingState, update, params, publish: Callable[[bytes], None], inbox: Inbox,
-                 phase: Optional[PhaseHook] = None, always_publish: bool = False) -> int:
+                 phase: Optional[PhaseHook] = None, always_publish: bool = False, velocity=None) -> int:
     """One full sharing iteration of one worker.
 
     In order: :func:`encode_update` (residual, encoding, τ, clipping);
@@ -200,6 +200,10 @@ def sharing_step(state: SharingState, update, params, publish: Callable[[bytes],
         Publish an empty payload when there is no message, so that every
         iteration publishes exactly one payload and peers can tell how many
         iterations this worker has taken (a bounded-staleness wait counts them).
+    velocity : float32 array of shape (N,), optional
+        The updater's velocity (a view into its state), cleared in place
+        where this step's message sent the entry: momentum masking (DGC,
+        Lin et al. 2018; ``GradientSharing.momentum_masking``).
 
     Returns
     -------
@@ -214,7 +218,10 @@ def sharing_step(state: SharingState, update, params, publish: Callable[[bytes],
     """
     phase = phase or _untimed
     with phase("encode"):
+        sent = sent_entries(state, update) if velocity is not None else None
         message, entries = _encode(state, update)
+        if sent is not None:
+            velocity[sent] = 0.0
     if message is not None or always_publish:
         with phase("send"):
             publish(b"" if message is None else message_bytes(message))

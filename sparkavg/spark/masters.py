@@ -558,6 +558,24 @@ class ParameterAveraging(Master):
         """Whether the frequency is chosen from measurements."""
         return self.averaging_frequency == AUTO
 
+    def corrects_moments(self, updater, workers: int = 2) -> "tuple[bool, str]":
+        """Whether the averaged updater state of ``workers`` workers is
+        corrected for their gradient noise (:attr:`moment_correction`:
+        :meth:`~sparkavg.nn.updaters.Updater.correct_averaged_state`), and why."""
+        name = type(updater).__name__ if updater is not None else "the model's updater"
+        noise_moment = getattr(updater, "noise_moment", None)
+        if not self.moment_correction:
+            return False, "moment_correction=False: the workers' updater states are averaged plainly (DL4J)"
+        if not self.save_updater:
+            return False, "save_updater=False: no updater state is averaged"
+        if noise_moment is None or noise_moment(1) is None:
+            return False, f"{name} keeps no second moment to correct: its state is averaged plainly"
+        if workers < 2:
+            return False, "one worker: its state is one process's"
+        return True, (f"{name}'s averaged second moment is corrected to the second moment of the {workers} "
+                      f"workers' combined batch: each worker's measures the noise of its own smaller minibatches, "
+                      f"read from the spread of their first moments")
+
 
 #: GradientSharing's default threshold rule: DL4J's adaptive rule from its documented 1e-3, keeping
 #: 0.01-2% of the entries a step (DL4J's band ends at 1%; issue 22, "Sharing parity, continued").

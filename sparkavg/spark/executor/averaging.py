@@ -132,9 +132,8 @@ def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: b
         live = net.state
         if save_updater and live["updater"].size:
             updater_state = host_copy(live["updater"])
-            noise_moment = getattr(getattr(net, "updater", None), "noise_moment", None) if moment_spread else None
-            moment = noise_moment(live["params"].size) if noise_moment is not None else None
-            if moment is not None:
+            if moment_spread:  # ParameterAveraging.corrects_moments, decided on the driver
+                moment = net.updater.noise_moment(live["params"].size)
                 moment_sq = np.square(updater_state[moment])
                 ops.scale(moment_sq, weight)
             ops.scale(updater_state, weight)

@@ -19,6 +19,7 @@ import contextlib
 import glob
 import heapq
 import os
+import sys
 import tempfile
 import time
 from typing import Iterator, Optional
@@ -27,7 +28,7 @@ import numpy as np
 
 from ...backend import get_array_module
 from ...configurable import register
-from ...sharing import SharingState, apply_received, sent_entries, sharing_step
+from ...sharing import SharingState, apply_received, sharing_step
 from ...transport import PeerStalledError, ReliableEndpoint, select_address
 from ..errors import DivergenceError, register_error, task_failure_guard
 from ..stats import CounterName, Phase, PhaseRecorder, SeriesName, task_lane
@@ -225,7 +226,8 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
             scale = float(value.get("update_scale", 1.0))
             scale = xp.float32(scale) if scale != 1.0 else 1.0
             # GradientSharing.momentum_masking: the velocity of the entries each message sent is cleared
-            velocity = net.updater.velocity(n) if master.masking_for(getattr(net, "updater", None))[0] else None
+            masked = master.masking_for(getattr(net, "updater", None))[0]
+            velocity = net.updater_state[net.updater.velocity(n)] if masked else None  # a view: stays live
         spark_host = infos[rank].address.rsplit(":", 1)[0] if infos[rank].address else None
         host = select_address(network_mask=master.network_mask, fallback=spark_host)
         rec.decision("udp_address", host, f"worker rank {rank}: network_mask {master.network_mask!r}, else "
@@ -269,15 +271,12 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
                     if scale != 1.0:
                         update *= scale
                 tau = state.tau
-                sent = sent_entries(state, update) if velocity is not None else None
                 try:
                     sharing_step(state, update, net.params, group.publish, inbox, phase=rec.phase,
-                                 always_publish=staleness is not None)
+                                 always_publish=staleness is not None, velocity=velocity)
                 except ValueError as exc:
                     _raise_if_diverged(state, exc, rank, net.iteration)
                     raise
-                if sent is not None:
-                    net.updater_state[velocity][sent] = 0.0
                 examples += len(y)  # x may be a dict of inputs by name
                 iterations += 1
                 if collect_stats:
@@ -327,8 +326,6 @@ def _prompt_io_thread():
     of a datagram's arrival while the training loop runs Python code (the
     interpreter's default, 5 ms, is most of a small model's step: a peer
     waiting for this rank's message would wait for it)."""
-    import sys
-
     before = sys.getswitchinterval()
     sys.setswitchinterval(min(before, IO_SWITCH_INTERVAL))
     try:
@@ -366,8 +363,6 @@ def _wait_for_peers(group, receive, count: int, stall_timeout: float, rank: int)
     """``receive(timeout)`` peer messages until every peer has published
     ``count`` iterations' payloads, or ended with fewer (a bounded-staleness
     wait; the first one also waits for the peers' addresses)."""
-    import time
-
     deadline = None
     while True:
         behind = group.behind(count)

@@ -114,6 +114,7 @@ class AveragingRunner(EpochRunner):
         self._bm_on = False  # block momentum applies in the running epoch
         self._bm_recorded = None  # (stats id, on) last recorded
         self._mc_recorded = None  # stats id the moment_correction decision was recorded in
+        self._corrects = False  # the running epoch's rounds correct the averaged updater state
         # worker -> [examples, fit seconds, fixed seconds, tasks] since the last plan (worker_shares)
         self._speed_log: dict = {}
         # [(examples/s, seconds measured, fixed seconds per task) or None] per worker, for the next plan
@@ -126,6 +127,7 @@ class AveragingRunner(EpochRunner):
     def minibatches_per_round(self, prepared, workers, network, epoch, stats) -> int:
         m = self.master
         self._epoch = epoch
+        self._decide_moment_correction(workers, network, epoch, stats)  # before the probe's rounds
         if not m.auto_frequency:
             frequency = int(m.averaging_frequency)
         else:
@@ -143,7 +145,6 @@ class AveragingRunner(EpochRunner):
             logger.info("epoch %d: averaging_frequency %d: %s", epoch + 1, frequency, reason)
         self._frequency = frequency
         self._decide_block_momentum(frequency, workers, network, epoch, stats)
-        self._decide_moment_correction(workers, network, epoch, stats)
         return frequency
 
     def frequency_bound(self, per_worker: int, workers: int, epoch: int, updater=None):
@@ -194,31 +195,16 @@ class AveragingRunner(EpochRunner):
             logger.info("epoch %d: block momentum %s", epoch + 1, why)
 
     def _decide_moment_correction(self, workers, network, epoch, stats) -> None:
-        """Record once per fit (decision ``moment_correction``) whether the
-        averaged updater state is corrected for the workers' gradient noise
-        (:func:`correct_moments`), and why."""
-        if self._mc_recorded == id(stats):
-            return
-        self._mc_recorded = id(stats)
-        m = self.master
-        updater = getattr(network, "updater", None)
-        name = type(updater).__name__ if updater is not None else "the model's updater"
-        noise_moment = getattr(updater, "noise_moment", None)
-        has_moment = noise_moment is not None and noise_moment(network.num_params) is not None
-        if not m.moment_correction:
-            on, why = False, "moment_correction=False: the workers' updater states are averaged plainly (DL4J)"
-        elif not m.save_updater:
-            on, why = False, "save_updater=False: no updater state is averaged"
-        elif not has_moment:
-            on, why = False, f"{name} keeps no second moment to correct: its state is averaged plainly"
-        elif workers < 2:
-            on, why = False, "one worker: its state is one process's"
-        else:
-            on, why = True, (f"{name}'s averaged second moment is corrected to the second moment of the "
-                             f"{workers} workers' combined batch: each worker's measures the noise of its own "
-                             f"smaller minibatches, read from the spread of their first moments")
-        stats.decision("moment_correction", on, why, epoch=epoch)
-        logger.info("epoch %d: moment correction %s: %s", epoch + 1, "on" if on else "off", why)
+        """Whether this epoch's rounds correct the averaged updater state for
+        the workers' gradient noise (:meth:`ParameterAveraging.corrects_moments`:
+        the workers then also return their first moments' squares); recorded
+        once per fit (decision ``moment_correction``)."""
+        on, why = self.master.corrects_moments(getattr(network, "updater", None), workers)
+        self._corrects = on
+        if self._mc_recorded != id(stats):
+            self._mc_recorded = id(stats)
+            stats.decision("moment_correction", on, why, epoch=epoch)
+            logger.info("epoch %d: moment correction %s: %s", epoch + 1, "on" if on else "off", why)
 
     def _probe(self, prepared, workers, network, epoch, stats) -> Optional[RoundCosts]:
         """Run :data:`PROBE_ROUNDS` throw-away rounds of :data:`PROBE_MINIBATCHES`
@@ -330,8 +316,7 @@ class AveragingRunner(EpochRunner):
     def result_bytes(self, network) -> int:
         live = network.state
         state = live["updater"].size if self.master.save_updater else 0
-        noise_moment = getattr(getattr(network, "updater", None), "noise_moment", None)
-        if state and self.master.moment_correction and noise_moment and noise_moment(live["params"].size):
+        if state and self.master.corrects_moments(getattr(network, "updater", None))[0]:
             state += live["params"].size  # the workers' m * m
         return 4 * (live["params"].size + state + live["buffers"].size)
 
@@ -349,7 +334,7 @@ class AveragingRunner(EpochRunner):
         task = make_round_task(config_json, shipped, round_no=r + 1, save_updater=m.save_updater,
                                uniform=m.weighting is Weighting.UNIFORM, collect_stats=m.collect_stats,
                                prefetch=m.data.prefetch_depth, device=m.device.value, hooks=self.seam.test_hooks(),
-                               moment_spread=m.save_updater and m.moment_correction)
+                               moment_spread=self._corrects)
         launched, began = time.time(), time.perf_counter()
         result = self.seam.aggregate_round(plan, r, task, combine_results, m.aggregation_depth, what)
         if self._rounds_run:  # the runner's first round warms the workers up: not a speed

@@ -46,6 +46,17 @@ def test_gradient_sharing_validation_and_float_threshold():
         GradientSharing(staleness=-1)
     with pytest.raises(ValueError, match="Expect update_scale 'auto', 'mean' or 'sum', got 'avg'"):
         GradientSharing(update_scale="avg")
+    with pytest.raises(ValueError, match="Expect momentum_masking to be a bool, got 'yes'"):
+        GradientSharing(momentum_masking="yes")
+    with pytest.raises(ValueError, match="Expect moment_correction to be a bool, got 1"):
+        ParameterAveraging(moment_correction=1)
+    from sparkavg.nn import SGD, Adam, Nesterov
+
+    assert d.masking_for(Nesterov())[0] and not d.masking_for(Adam())[0]
+    assert GradientSharing(momentum_masking=False).masking_for(Nesterov()) == (
+        False, "momentum_masking=False (set by user): the velocity keeps every entry")
+    assert ParameterAveraging().corrects_moments(Adam(), 2)[0] and not ParameterAveraging().corrects_moments(SGD(), 2)[0]
+    assert ParameterAveraging().corrects_moments(Adam(), 1) == (False, "one worker: its state is one process's")
     assert g.residual_post_processor == ResidualClipping(5, 5.0)
     with pytest.raises(ValueError, match="threshold"):
         GradientSharing(threshold=-1.0)

@@ -25,8 +25,17 @@ workers: ``GradientSharing(update_scale="mean")``); ``clip=0`` turns residual
 clipping off, ``clip=K`` clips at K τ; ``levels=L`` also sends the residual
 at τ·2^(L-1) .. τ·2 before τ (several messages an iteration, so no entry is
 capped at one τ per step; an experiment, not in the library);
+``view=1`` takes each worker's gradient at its own view, the shared
+parameters plus its residual (``GradientSharing(local_view=True)``, the
+library's default since issue 22; without ``view=1`` the simulation is
+sharing before it); ``group=segment|layer`` gives every parameter tensor
+(or layer) its own τ and ``out=TAU`` the last layer a fixed τ (experiments);
+``mask=m`` clears the first entries of the updater state (Nesterov's
+velocity; Adam's first moment) where a message sent the entry (the
+library's ``momentum_masking`` for Nesterov);
 ``exact=gamma`` (BatchNorm's gamma and beta), ``exact=unreg`` (every
-unregularised vector: biases too) or ``exact=out`` (the last layer) exchanges
+unregularised vector: biases too) or ``exact=out`` (the last layer), ``exact=conv`` (the convolutions' weights),
+``exact=notout`` (all but the last layer) exchanges
 those entries densely and thresholds the rest (an experiment: one τ per
 message is the library's); ``switch=E`` divides each worker's update by W
 from epoch E on (``switch=1``: ``update_scale="auto"``'s rule for Adam, summed
@@ -50,6 +59,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 log = logging.getLogger("sim_sharing")
 EXACT = None  # set by parse_variant (option exact=unreg|out|gamma)
 SWITCH = 0  # set by parse_variant (option switch=E)
+VIEW = 0  # set by parse_variant (option view=1: gradients at params + own residual, GradientSharing.local_view)
+OUTRULE = None  # set by parse_variant (option out=TAU: the last layer's groups at FixedThreshold(TAU))
+GROUP = None  # set by parse_variant (option group=segment|layer): one τ per group of entries
+MASK = None  # set by parse_variant (option mask=m): Adam's first moment cleared where a message sent the entry
 
 
 def parse_variant(text: str):
@@ -61,8 +74,14 @@ def parse_variant(text: str):
     opts = dict(p.split("=", 1) for p in parts[2:])
     scale = float(opts.pop("scale", 1.0))
     levels = int(opts.pop("levels", 1))
-    global EXACT, SWITCH
+    global EXACT, SWITCH, GROUP, MASK
     EXACT = opts.pop("exact", None)
+    GROUP = opts.pop("group", None)
+    MASK = opts.pop("mask", None)
+    global VIEW
+    VIEW = int(opts.pop("view", 0))
+    global OUTRULE
+    OUTRULE = opts.pop("out", None)
     SWITCH = int(opts.pop("switch", 0))  # experiment: from this epoch on (when > 0), the update is divided by W
     clip = opts.pop("clip", "5")
     clipping = None if clip == "0" else ResidualClipping(5, float(clip))
@@ -92,13 +111,31 @@ def simulate(model, x, y, xt, yt, batch, workers, epochs, seed, variant, delay):
     from mnist_lenet import evaluate_local
 
     from sparkavg import ops
-    from sparkavg.sharing import SharingState, apply_message, encode_update, message_bytes
+    from sparkavg.sharing import SharingState, apply_message, encode_update, local_view, message_bytes
 
     rule, clipping, scale, levels, name = variant
     nets = [build(model, seed) for _ in range(workers)]
     n = nets[0].num_params
     states = [SharingState(rule, clipping, n) for _ in range(workers)]
+    groups = [(0, n)]
+    if GROUP:  # experiment: one SharingState (one τ) per parameter tensor or per layer
+        segs = nets[0].param_segments
+        if GROUP == "segment":
+            groups = [(s.start, s.stop) for s in segs]
+        else:
+            bounds = {}
+            for s in segs:
+                lo, hi = bounds.get(s.layer, (s.start, s.stop))
+                bounds[s.layer] = (min(lo, s.start), max(hi, s.stop))
+            groups = sorted(bounds.values())
+        last = max(s.layer for s in segs)
+        out_start = min(s.start for s in segs if s.layer == last)
+        from sparkavg.sharing import FixedThreshold as _Fixed
+        def rule_for(lo):
+            return _Fixed(float(OUTRULE)) if OUTRULE and lo >= out_start else rule
+        states = [[SharingState(rule_for(lo), clipping, hi - lo) for lo, hi in groups] for _ in range(workers)]
     update = np.zeros(n, np.float32)
+    scratch = np.empty(n, np.float32)
     zeros = np.zeros(n, np.float32)
     extra = [ops.EncodingState() for _ in range(workers)]
     for e in extra:
@@ -113,6 +150,9 @@ def simulate(model, x, y, xt, yt, batch, workers, epochs, seed, variant, delay):
                 if w != sender:
                     if isinstance(wire, np.ndarray):
                         net.apply_update(wire)
+                    elif isinstance(wire, tuple):
+                        lo, hi, payload_ = wire
+                        apply_message(payload_, net.params[lo:hi])
                     else:
                         apply_message(wire, net.params)
     mask = None
@@ -122,7 +162,8 @@ def simulate(model, x, y, xt, yt, batch, workers, epochs, seed, variant, delay):
         last = max(s.layer for s in segs)
         for s in segs:
             if (EXACT == "unreg" and not s.regularized) or (EXACT == "out" and s.layer == last) or \
-                    (EXACT == "gamma" and s.name in ("gamma", "beta")):
+                    (EXACT == "gamma" and s.name in ("gamma", "beta")) or (EXACT == "conv" and len(s.shape) == 4) or \
+                    (EXACT == "notout" and s.layer != last):
                 mask[s.start:s.stop] = 1.0
     t0 = time.perf_counter()
     for epoch in range(epochs):
@@ -132,7 +173,17 @@ def simulate(model, x, y, xt, yt, batch, workers, epochs, seed, variant, delay):
         for it in range(steps):
             for w, (net, state) in enumerate(zip(nets, states)):
                 idx = shards[w][it * batch:(it + 1) * batch]
-                net.compute_update(x[idx], y[idx], update)
+                if VIEW and not GROUP:  # the library's GradientSharing(local_view=True)
+                    with local_view(state, net.params, scratch):
+                        net.compute_update(x[idx], y[idx], update)
+                elif VIEW:
+                    own = np.concatenate([g.residual for g in state])
+                    scratch[...] = net.params
+                    net.params[...] += own
+                    net.compute_update(x[idx], y[idx], update)
+                    net.params[...] = scratch
+                else:
+                    net.compute_update(x[idx], y[idx], update)
                 if SWITCH and epoch >= SWITCH:
                     update *= 1.0 / workers
                 elif scale != 1.0:
@@ -154,18 +205,32 @@ def simulate(model, x, y, xt, yt, batch, workers, epochs, seed, variant, delay):
                     for level in range(high, 0, -1):
                         out.append(ops.encode(state.residual, state.tau * 2.0 ** level, extra[w]))
                     out.append(encode_update(state, zeros))
+                elif GROUP:
+                    for (lo, hi), st in zip(groups, state):
+                        if MASK:
+                            m = net.state["updater"][:n]
+                            m[lo:hi][np.abs(st.residual + update[lo:hi]) >= np.float32(st.tau)] = 0.0
+                        out.append((lo, hi, encode_update(st, update[lo:hi])))
                 else:
+                    if MASK:
+                        net.state["updater"][:n][np.abs(state.residual + update) >= np.float32(state.tau)] = 0.0
                     out.append(encode_update(state, update))
                 for message in out:
+                    lo, hi = 0, n
+                    if isinstance(message, tuple):
+                        lo, hi, message = message
                     if message is None:
                         continue
                     wire = message_bytes(message)
-                    payload += len(wire) * (workers - 1)
+                    payload += (len(wire) + (8 if GROUP else 0)) * (workers - 1)
                     messages += 1
                     entries += ops.encoded_count(message)
-                    ops.decode(message, net.params)
-                    pending.append((iterations + delay, w, wire))
+                    ops.decode(message, net.params[lo:hi])
+                    pending.append((iterations + delay, w, (lo, hi, wire) if GROUP else wire))
             iterations += 1
+            if os.environ.get("SIM_TRACE") and iterations % int(os.environ["SIM_TRACE"]) == 0:
+                log.info("trace it %d: acc %.4f flushed %s", iterations, evaluate_local(nets[0], xt[:2000], yt[:2000]).accuracy(),
+                         "")
             deliver([p for p in pending if p[0] < iterations])
             pending = [p for p in pending if p[0] >= iterations]
         deliver(pending)  # the epoch's flush
@@ -178,10 +243,43 @@ def simulate(model, x, y, xt, yt, batch, workers, epochs, seed, variant, delay):
     seconds = time.perf_counter() - t0
     diff = max(float(np.abs(nets[0].params - net.params).max()) for net in nets)
     accuracy = evaluate_local(nets[0], xt, yt).accuracy()
+    extra_acc = {}
+    if os.environ.get("SIM_DIAG"):  # diagnostics: residuals flushed, BatchNorm statistics refreshed
+        def copy_of(net):
+            twin = build(model, seed)
+            twin.load_state({k: net.state[k] for k in ("params", "updater", "buffers")})
+            return twin
+        probe = copy_of(nets[0])
+        if not GROUP:
+            r = states[0].residual / np.float32(states[0].tau)
+            log.info("residual/tau: max %.2f, mean |.| %.3f, frac >0.5 %.3f; params rms %.4f",
+                     np.abs(r).max(), np.abs(r).mean(), (np.abs(r) > 0.5).mean(), np.sqrt((nets[0].params ** 2).mean()))
+            for sgm in nets[0].param_segments:
+                rr = states[0].residual[sgm.start:sgm.stop]
+                pp = nets[0].params[sgm.start:sgm.stop]
+                log.info("  %d %s %s: |r| mean %.2e, params rms %.2e", sgm.layer, sgm.name, sgm.shape,
+                         np.abs(rr).mean(), np.sqrt((pp ** 2).mean()))
+        total = sum((st.residual for st in states) if not GROUP else
+                    (np.concatenate([g.residual for g in st]) for st in states))
+        probe.params[...] += total
+        extra_acc["flushed"] = evaluate_local(probe, xt, yt).accuracy()
+        half = copy_of(nets[0])
+        half.params[...] += total / np.float32(workers)
+        extra_acc["flushed_mean"] = evaluate_local(half, xt, yt).accuracy()
+        for target, key in ((copy_of(nets[0]), "refreshed"), (probe, "flushed_refreshed")):
+            saved = target.params.copy()
+            rng = np.random.default_rng(0)
+            for _ in range(50):
+                idx = rng.choice(len(x), batch * workers, replace=False)
+                target.compute_update(x[idx], y[idx], update)
+            assert np.array_equal(saved, target.params)
+            extra_acc[key] = evaluate_local(target, xt, yt).accuracy()
+        log.info("diagnostics: %s", extra_acc)
     dense = 4 * n * (workers - 1) * iterations * workers
     return {"variant": name, "delay": delay, "accuracy": accuracy, "compression_payload": dense / max(payload, 1),
-            "entries_per_message": entries / max(iterations * workers, 1), "num_params": n, "final_tau": states[0].tau,
-            "replica_max_abs_diff": diff, "seconds": seconds, "iterations": iterations}
+            "entries_per_message": entries / max(iterations * workers, 1), "num_params": n,
+            "final_tau": states[0][0].tau if GROUP else states[0].tau,
+            "replica_max_abs_diff": diff, "seconds": seconds, "iterations": iterations, **extra_acc}
 
 
 def main(argv=None):

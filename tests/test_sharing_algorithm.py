@@ -11,6 +11,7 @@ the order of float additions, which we bound against a float64 sum.
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 
 import numpy as np
 import pytest
@@ -34,6 +35,7 @@ from sparkavg.sharing import (
     apply_received,
     check_tau,
     encode_update,
+    local_view,
     message_bytes,
     sent_entries,
     sharing_step,
@@ -192,6 +194,50 @@ def test_sent_entries_are_the_entries_the_step_sends(n, seed, log2_tau):
     mask = sent_entries(state, update)
     message = encode_update(state, update)
     assert np.array_equal(mask, decoded(message, n) != 0)
+
+
+@given(n=st.integers(1, 300), seed=st.integers(0, 2**31 - 1))
+@settings(max_examples=30)
+def test_local_view_shows_params_plus_residual_and_restores_them_bit_for_bit(n, seed):
+    """Inside the view the parameters are params + residual (the encoder's float32 sum); after it -- also
+    after an exception -- they are the very bits they were, residual untouched, so replicas still agree."""
+    rng = np.random.default_rng(seed)
+    state = SharingState(FixedThreshold(0.5), None, n)
+    state.residual[:] = rng.standard_normal(n).astype(np.float32)
+    params = rng.standard_normal(n).astype(np.float32)
+    before, residual = params.copy(), state.residual.copy()
+    scratch = np.empty_like(params)
+    with local_view(state, params, scratch) as view:
+        assert view is params and same_bits(params, before + residual)
+    assert same_bits(params, before) and same_bits(state.residual, residual)
+    with pytest.raises(RuntimeError, match="mid-step"):
+        with local_view(state, params, scratch):
+            raise RuntimeError("mid-step")
+    assert same_bits(params, before)
+
+
+def test_local_view_moves_the_gradient_to_the_workers_own_point():
+    """A worker whose updates stay below τ: without the view its gradient never sees them (the same gradient
+    every step, the residual grows linearly); with it the gradient follows the worker's own progress."""
+    from sparkavg.nn import SGD, Network, Output
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((16, 3)).astype(np.float32)
+    y = rng.integers(0, 2, 16)
+    grads = {}
+    for view in (False, True):
+        net = Network((3,), [Output(2)], updater=SGD(lr=0.01), seed=1)
+        state = SharingState(FixedThreshold(1e3), None, net.num_params)  # nothing ever crosses τ
+        update, scratch = np.zeros(net.num_params, np.float32), np.empty_like(net.params)
+        seen = []
+        for _ in range(3):
+            with local_view(state, net.params, scratch) if view else nullcontext():
+                net.compute_update(x, y, update)
+            seen.append(update.copy())
+            assert encode_update(state, update) is None
+        grads[view] = seen
+    assert same_bits(grads[False][0], grads[False][2]), "no view: the shared parameters never moved"
+    assert same_bits(grads[True][0], grads[False][0]) and not np.allclose(grads[True][2], grads[False][2])
 
 
 def test_apply_message_takes_bytes_and_arrays_alike():

@@ -48,6 +48,10 @@ def test_gradient_sharing_validation_and_float_threshold():
         GradientSharing(update_scale="avg")
     with pytest.raises(ValueError, match="Expect momentum_masking to be a bool, got 'yes'"):
         GradientSharing(momentum_masking="yes")
+    with pytest.raises(ValueError, match="Expect local_view to be a bool, got 0"):
+        GradientSharing(local_view=0)
+    assert d.local_view and "its own residual" in d.view_reason()
+    assert "set by user" in GradientSharing(local_view=False).view_reason()
     with pytest.raises(ValueError, match="Expect moment_correction to be a bool, got 1"):
         ParameterAveraging(moment_correction=1)
     from sparkavg.nn import SGD, Adam, Nesterov

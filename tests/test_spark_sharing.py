@@ -78,14 +78,15 @@ def test_sharing_learns_and_replicas_agree(sc):
 def test_executor_runs_sharing_step_bit_for_bit(sc, nesterov):
     """Production against the algorithm: a one-worker Spark fit ends with
     exactly the parameters, updater state, residual and τ of a plain loop of
-    ``compute_update`` + :func:`sharing_step` (with Nesterov, the velocity of
-    the sent entries cleared after each step: momentum masking).  Every
+    ``compute_update`` inside :func:`local_view` + :func:`sharing_step` (with
+    Nesterov, the velocity of the sent entries cleared after each step:
+    momentum masking).  Every
     minibatch is the same block of examples, so neither the epoch's shuffle
     nor the deal can change the order the loop sees."""
     import numpy as np
 
     from sparkavg.nn import Dense, Nesterov, Network, Output
-    from sparkavg.sharing import ResidualClipping, SharingState, sharing_step
+    from sparkavg.sharing import ResidualClipping, SharingState, local_view, sharing_step
 
     def make(seed):
         if not nesterov:
@@ -102,13 +103,16 @@ def test_executor_runs_sharing_step_bit_for_bit(sc, nesterov):
     trainer.fit(rdd, epochs=epochs)
     masking = [d["value"] for d in trainer.stats.decisions if d["name"] == "momentum_masking"]
     assert masking == [nesterov]
+    assert [d["value"] for d in trainer.stats.decisions if d["name"] == "local_view"] == [True]
 
     net = make(42)
     state = SharingState(rule, clipping, net.num_params)
     update = np.zeros(net.num_params, np.float32)
     sent = []
+    scratch = np.empty_like(net.params)
     for _ in range(epochs * reps):
-        net.compute_update(block_x, block_y, update)
+        with local_view(state, net.params, scratch):  # GradientSharing.local_view, the default
+            net.compute_update(block_x, block_y, update)
         sharing_step(state, update, net.params, sent.append, [], velocity=net.updater_state if nesterov else None)
     assert len(sent) > 0 and trainer.stats.counters["messages_sent"] == len(sent)
     assert not nesterov or (net.updater_state == 0).any()

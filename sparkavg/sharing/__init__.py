@@ -8,20 +8,30 @@
   ``to_plain`` / ``from_plain`` to carry it between epochs).
 - Steps: :func:`encode_update`, :func:`apply_message`,
   :func:`apply_received`, :func:`message_bytes` and the whole iteration
-  :func:`sharing_step`.
+  :func:`sharing_step`; :func:`local_view` (the gradient taken at the
+  shared parameters plus the worker's own residual).
 
 A worker's loop::
 
     state = SharingState(AdaptiveThreshold(), ResidualClipping(), n)
     for x, y in minibatches:
-        net.compute_update(x, y, update)
+        with local_view(state, net.params, scratch):
+            net.compute_update(x, y, update)
         sharing_step(state, update, net.params, group.publish,
                      lambda: [p for _, p in group.poll(0)], phase=recorder.phase)
 
 (the Spark executors' loop; ``phase`` is an optional timing hook).
 """
 from .state import SharingState
-from .step import apply_message, apply_received, encode_update, message_bytes, sent_entries, sharing_step
+from .step import (
+    apply_message,
+    apply_received,
+    encode_update,
+    local_view,
+    message_bytes,
+    sent_entries,
+    sharing_step,
+)
 from .thresholds import (
     TAU_MAX,
     TAU_MIN,
@@ -41,6 +51,7 @@ __all__ = [
     "message_bytes",
     "sharing_step",
     "sent_entries",
+    "local_view",
     "ThresholdRule",
     "FixedThreshold",
     "AdaptiveThreshold",

@@ -21,7 +21,7 @@ the caller only observes it).
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Callable, ContextManager, Iterable, Optional, Union
 
 import numpy as np
@@ -29,7 +29,8 @@ import numpy as np
 from .. import backend, ops
 from .state import SharingState
 
-__all__ = ["encode_update", "apply_message", "apply_received", "message_bytes", "sharing_step", "PHASES"]
+__all__ = ["encode_update", "apply_message", "apply_received", "message_bytes", "sharing_step", "local_view",
+           "PHASES"]
 
 Payload = Union[bytes, bytearray, memoryview]
 Inbox = Union[Iterable[Payload], Callable[[], Iterable[Payload]]]
@@ -102,6 +103,39 @@ def sent_entries(state: SharingState, update):
     the step (``sharing_step``'s momentum masking)."""
     xp = backend.get_array_module(state.residual)
     return xp.abs(state.residual + update) >= xp.float32(state.tau)
+
+
+@contextmanager
+def local_view(state: SharingState, params, scratch):
+    """Inside the block ``params`` holds this worker's own view: the shared
+    parameters plus its residual (what it has added but not yet sent).
+
+    A worker computes its gradient there, so its own unsent updates are
+    never invisible to it (the point each worker computes at in
+    Qsparse-local-SGD's error-compensated local iterates, Basu et al. 2019).
+    Without it a worker keeps stepping from parameters its residual has
+    already moved past in every entry under τ, and its updater keeps
+    pushing them (``GradientSharing.local_view``).  On leaving, ``params``
+    is restored from ``scratch`` bit for bit -- not by subtracting the
+    residual again, which would round differently on every replica -- so
+    the replicas still agree exactly.
+
+    Parameters
+    ----------
+    state : SharingState
+        This worker's state; its residual is read, not changed.
+    params : float32 array of shape (N,)
+        The replica's flat parameters (numpy or CuPy), written in place.
+    scratch : float32 array of shape (N,)
+        Room for the saved parameters, same array module (reused between
+        steps, so a step allocates nothing).
+    """
+    scratch[...] = params
+    ops.accumulate(params, state.residual)
+    try:
+        yield params
+    finally:
+        params[...] = scratch
 
 
 def message_bytes(message) -> bytes:

@@ -16,6 +16,7 @@ arrival times.
 from __future__ import annotations
 
 import contextlib
+from contextlib import nullcontext
 import glob
 import heapq
 import os
@@ -28,7 +29,7 @@ import numpy as np
 
 from ...backend import get_array_module
 from ...configurable import register
-from ...sharing import SharingState, apply_received, sharing_step
+from ...sharing import SharingState, apply_received, local_view, sharing_step
 from ...transport import PeerStalledError, ReliableEndpoint, select_address
 from ..errors import DivergenceError, register_error, task_failure_guard
 from ..stats import CounterName, Phase, PhaseRecorder, SeriesName, task_lane
@@ -228,6 +229,8 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
             # GradientSharing.momentum_masking: the velocity of the entries each message sent is cleared
             masked = master.masking_for(getattr(net, "updater", None))[0]
             velocity = net.updater_state[net.updater.velocity(n)] if masked else None  # a view: stays live
+            # GradientSharing.local_view: gradients at the shared parameters plus this worker's residual
+            scratch = xp.empty_like(net.params) if master.local_view else None
         spark_host = infos[rank].address.rsplit(":", 1)[0] if infos[rank].address else None
         host = select_address(network_mask=master.network_mask, fallback=spark_host)
         rec.decision("udp_address", host, f"worker rank {rank}: network_mask {master.network_mask!r}, else "
@@ -267,7 +270,8 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
                         with rec.phase(Phase.APPLY):
                             apply_received(state, ordered.take(iterations), net.params)
                 with rec.phase(Phase.FIT):
-                    losses.add(net.compute_update(x, y, update, sync=False), len(y))
+                    with local_view(state, net.params, scratch) if scratch is not None else nullcontext():
+                        losses.add(net.compute_update(x, y, update, sync=False), len(y))
                     if scale != 1.0:
                         update *= scale
                 tau = state.tau

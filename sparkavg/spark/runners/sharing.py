@@ -84,7 +84,7 @@ class SharingRunner(EpochRunner):
         self._storing = None  # the running epoch's token
         self._recorded = None  # (stats, value) of the last sharing_state decision
         self.update_scale = 1.0  # each worker's update is multiplied by it (GradientSharing.scale_for)
-        self._masking_recorded = None  # stats id the momentum_masking decision was recorded in
+        self._masking_recorded = None  # stats id the momentum_masking and local_view decisions were recorded in
 
     def minibatches_per_round(self, prepared, workers, network, epoch, stats) -> int:
         if self.rank_states is not None and len(self.rank_states) != workers:
@@ -98,6 +98,7 @@ class SharingRunner(EpochRunner):
             self._masking_recorded = id(stats)
             masking, why = self.master.masking_for(getattr(network, "updater", None))
             stats.decision("momentum_masking", masking, why, epoch=epoch)
+            stats.decision("local_view", self.master.local_view, self.master.view_reason(), epoch=epoch)
         if epoch == 0 or self.rank_states is None:  # the rule in use (its τ then carries over between epochs)
             stats.decision("threshold", self.master.threshold.to_config(), self.master.threshold_reason(), epoch=epoch)
         return -(-len(prepared.sizes) // workers)  # the whole epoch in one round

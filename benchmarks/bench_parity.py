@@ -31,6 +31,7 @@ torch cells).  Masters (``--masters``): ``defaults``
 (``averaging_frequency=5``, the rest default), ``sharing`` (``GradientSharing()``); for measuring block momentum
 also ``f<N>`` / ``auto`` with ``-bm`` (block momentum forced on at every
 frequency and updater) or ``-plain`` (off), e.g. ``f5-bm,f5-plain``.
+``sharing-noview`` is sharing at its defaults with ``local_view=False``.
 ``sharing-fixed`` is sharing at its defaults before issue 22's sharing work
 (``FixedThreshold(1e-3)``, updates summed; bounded staleness stays).
 ``sharing@VARIANT`` is sharing with a threshold rule written as
@@ -123,6 +124,8 @@ def make_master(spec: str, batch: int, workers: int, seed: int):
         return ParameterAveraging(**common, **({"moment_correction": False} if "moment_correction" in names else {}))
     if spec == "sharing":
         return GradientSharing(**common)
+    if spec == "sharing-noview":  # the defaults without the local view (DL4J's: gradients at the shared parameters)
+        return GradientSharing(local_view=False, **common)
     if spec == "sharing-fixed":  # the defaults before issue 22's sharing work: FixedThreshold(1e-3), updates summed
         from sparkavg.sharing import FixedThreshold
 

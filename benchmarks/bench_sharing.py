@@ -8,6 +8,7 @@ Prints JSON (and writes it with --out).
 
     python benchmarks/bench_sharing.py --epochs 2
     python benchmarks/bench_sharing.py --also-staleness none,2 --skip-loss-run   # what waiting costs
+    python benchmarks/bench_sharing.py --also-local-view --skip-loss-run   # what the local view costs
 """
 from __future__ import annotations
 
@@ -71,6 +72,8 @@ def main(argv=None):
     p.add_argument("--also-staleness", default="",
                    help="comma-separated GradientSharing.staleness values ('none': fully asynchronous) to run "
                         "sharing at as well, after the default (0): the cost of waiting for the peers")
+    p.add_argument("--also-local-view", action="store_true",
+                   help="also sharing with local_view=False, then the default again (what the view costs)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -101,6 +104,13 @@ def main(argv=None):
             run_["staleness"] = staleness
             run_["throughput_over_default"] = run_["examples_per_second"] / result["sharing"]["examples_per_second"]
             result[f"sharing_staleness_{value.strip().lower()}"] = run_
+        if args.also_local_view:  # without the view between two runs with it: the machine's drift shows
+            run_ = run(spark, GradientSharing(**sharing, local_view=False), rdd, test, args.epochs, args.seed)
+            again = run(spark, GradientSharing(**sharing), rdd, test, args.epochs, args.seed)
+            with_view = statistics.mean([result["sharing"]["examples_per_second"], again["examples_per_second"]])
+            run_["throughput_with_view_over_without"] = with_view / run_["examples_per_second"]
+            result["sharing_without_local_view"] = run_
+            result["sharing_again"] = again
         if not args.skip_loss_run:
             result["sharing_lossy"] = run(spark, GradientSharing(**sharing, simulate_loss=args.loss,
                                                                  transport=EndpointConfig(retransmit_timeout=0.05)),

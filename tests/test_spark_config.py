@@ -38,9 +38,9 @@ def test_gradient_sharing_validation_and_float_threshold():
     g = GradientSharing(threshold=1e-3)
     assert g.threshold == FixedThreshold(1e-3)
     d = GradientSharing()  # issue 22's defaults
-    assert d.threshold == AdaptiveThreshold(initial=1e-3, max_sparsity=2e-2) == DEFAULT_THRESHOLD
+    assert d.threshold == AdaptiveThreshold(initial=1e-3) == DEFAULT_THRESHOLD  # DL4J's rule, band and 1e-3
     assert d.staleness == 0 and d.update_scale == "auto"
-    assert "the default" in d.threshold_reason() and "0.01-2%" in d.threshold_reason()
+    assert "the default" in d.threshold_reason() and "0.01-1%" in d.threshold_reason()
     assert g.threshold_reason() == "threshold=FixedThreshold(threshold=0.001) (set by user)"
     with pytest.raises(ValueError, match="Expect staleness >= 0"):
         GradientSharing(staleness=-1)

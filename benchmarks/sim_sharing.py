@@ -173,9 +173,11 @@ def simulate(model, x, y, xt, yt, batch, workers, epochs, seed, variant, delay):
         for it in range(steps):
             for w, (net, state) in enumerate(zip(nets, states)):
                 idx = shards[w][it * batch:(it + 1) * batch]
-                if VIEW and not GROUP:  # the library's GradientSharing(local_view=True)
-                    with local_view(state, net.params, scratch):
-                        net.compute_update(x[idx], y[idx], update)
+                if VIEW and not GROUP:  # the library's GradientSharing(local_view=True): the same sums
+                    scratch[...] = net.params  # the shared parameters (the replica applies messages to net.params)
+                    local_view(state, scratch, net.params)
+                    net.compute_update(x[idx], y[idx], update)
+                    net.params[...] = scratch
                 elif VIEW:
                     own = np.concatenate([g.residual for g in state])
                     scratch[...] = net.params

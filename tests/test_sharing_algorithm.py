@@ -11,7 +11,6 @@ the order of float additions, which we bound against a float64 sum.
 from __future__ import annotations
 
 import json
-from contextlib import nullcontext
 
 import numpy as np
 import pytest
@@ -198,22 +197,20 @@ def test_sent_entries_are_the_entries_the_step_sends(n, seed, log2_tau):
 
 @given(n=st.integers(1, 300), seed=st.integers(0, 2**31 - 1))
 @settings(max_examples=30)
-def test_local_view_shows_params_plus_residual_and_restores_them_bit_for_bit(n, seed):
-    """Inside the view the parameters are params + residual (the encoder's float32 sum); after it -- also
-    after an exception -- they are the very bits they were, residual untouched, so replicas still agree."""
+def test_local_view_is_shared_plus_residual_and_leaves_both_alone(n, seed):
+    """The view is the float32 sum shared + residual, written over ``out`` only; the shared parameters and the
+    residual keep their bits, so replicas (which apply messages to ``shared``) still agree."""
     rng = np.random.default_rng(seed)
     state = SharingState(FixedThreshold(0.5), None, n)
     state.residual[:] = rng.standard_normal(n).astype(np.float32)
-    params = rng.standard_normal(n).astype(np.float32)
-    before, residual = params.copy(), state.residual.copy()
-    scratch = np.empty_like(params)
-    with local_view(state, params, scratch) as view:
-        assert view is params and same_bits(params, before + residual)
-    assert same_bits(params, before) and same_bits(state.residual, residual)
-    with pytest.raises(RuntimeError, match="mid-step"):
-        with local_view(state, params, scratch):
-            raise RuntimeError("mid-step")
-    assert same_bits(params, before)
+    shared = rng.standard_normal(n).astype(np.float32)
+    before, residual = shared.copy(), state.residual.copy()
+    out = np.full(n, np.nan, np.float32)
+    assert local_view(state, shared, out) is out
+    assert same_bits(out, before + residual)
+    assert same_bits(shared, before) and same_bits(state.residual, residual)
+    with pytest.raises(ValueError, match="another array than shared"):
+        local_view(state, shared, shared)
 
 
 def test_local_view_moves_the_gradient_to_the_workers_own_point():
@@ -228,11 +225,12 @@ def test_local_view_moves_the_gradient_to_the_workers_own_point():
     for view in (False, True):
         net = Network((3,), [Output(2)], updater=SGD(lr=0.01), seed=1)
         state = SharingState(FixedThreshold(1e3), None, net.num_params)  # nothing ever crosses τ
-        update, scratch = np.zeros(net.num_params, np.float32), np.empty_like(net.params)
+        update, shared = np.zeros(net.num_params, np.float32), net.params.copy()
         seen = []
         for _ in range(3):
-            with local_view(state, net.params, scratch) if view else nullcontext():
-                net.compute_update(x, y, update)
+            if view:
+                local_view(state, shared, net.params)
+            net.compute_update(x, y, update)
             seen.append(update.copy())
             assert encode_update(state, update) is None
         grads[view] = seen

@@ -78,7 +78,7 @@ def test_sharing_learns_and_replicas_agree(sc):
 def test_executor_runs_sharing_step_bit_for_bit(sc, nesterov):
     """Production against the algorithm: a one-worker Spark fit ends with
     exactly the parameters, updater state, residual and τ of a plain loop of
-    ``compute_update`` inside :func:`local_view` + :func:`sharing_step` (with
+    :func:`local_view` + ``compute_update`` + :func:`sharing_step` (with
     Nesterov, the velocity of the sent entries cleared after each step:
     momentum masking).  Every
     minibatch is the same block of examples, so neither the epoch's shuffle
@@ -109,11 +109,12 @@ def test_executor_runs_sharing_step_bit_for_bit(sc, nesterov):
     state = SharingState(rule, clipping, net.num_params)
     update = np.zeros(net.num_params, np.float32)
     sent = []
-    scratch = np.empty_like(net.params)
+    shared = net.params.copy()
     for _ in range(epochs * reps):
-        with local_view(state, net.params, scratch):  # GradientSharing.local_view, the default
-            net.compute_update(block_x, block_y, update)
-        sharing_step(state, update, net.params, sent.append, [], velocity=net.updater_state if nesterov else None)
+        local_view(state, shared, net.params)  # GradientSharing.local_view, the default
+        net.compute_update(block_x, block_y, update)
+        sharing_step(state, update, shared, sent.append, [], velocity=net.updater_state if nesterov else None)
+    net.params[...] = shared
     assert len(sent) > 0 and trainer.stats.counters["messages_sent"] == len(sent)
     assert not nesterov or (net.updater_state == 0).any()
     assert np.array_equal(trainer.network.params.view(np.uint32), net.params.view(np.uint32))

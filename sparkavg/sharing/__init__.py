@@ -8,17 +8,20 @@
   ``to_plain`` / ``from_plain`` to carry it between epochs).
 - Steps: :func:`encode_update`, :func:`apply_message`,
   :func:`apply_received`, :func:`message_bytes` and the whole iteration
-  :func:`sharing_step`; :func:`local_view` (the gradient taken at the
-  shared parameters plus the worker's own residual).
+  :func:`sharing_step`; :func:`local_view` (the worker's own view, the
+  shared parameters plus its residual, where its gradient is taken).
 
-A worker's loop::
+A worker's loop (``shared``: the replica's parameters, a copy of the
+network's; the network's own vector holds the view)::
 
     state = SharingState(AdaptiveThreshold(), ResidualClipping(), n)
+    shared = net.params.copy()
     for x, y in minibatches:
-        with local_view(state, net.params, scratch):
-            net.compute_update(x, y, update)
-        sharing_step(state, update, net.params, group.publish,
+        local_view(state, shared, net.params)
+        net.compute_update(x, y, update)
+        sharing_step(state, update, shared, group.publish,
                      lambda: [p for _, p in group.poll(0)], phase=recorder.phase)
+    net.params[...] = shared
 
 (the Spark executors' loop; ``phase`` is an optional timing hook).
 """

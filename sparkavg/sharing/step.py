@@ -21,7 +21,7 @@ the caller only observes it).
 """
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from typing import Callable, ContextManager, Iterable, Optional, Union
 
 import numpy as np
@@ -105,37 +105,39 @@ def sent_entries(state: SharingState, update):
     return xp.abs(state.residual + update) >= xp.float32(state.tau)
 
 
-@contextmanager
-def local_view(state: SharingState, params, scratch):
-    """Inside the block ``params`` holds this worker's own view: the shared
-    parameters plus its residual (what it has added but not yet sent).
+def local_view(state: SharingState, shared, out):
+    """Write this worker's own view into ``out``: the shared parameters plus
+    its residual (what it has added but not yet sent), ``out = shared +
+    residual`` in float32, one pass.
 
-    A worker computes its gradient there, so its own unsent updates are
-    never invisible to it (the point each worker computes at in
-    Qsparse-local-SGD's error-compensated local iterates, Basu et al. 2019).
-    Without it a worker keeps stepping from parameters its residual has
-    already moved past in every entry under τ, and its updater keeps
-    pushing them (``GradientSharing.local_view``).  On leaving, ``params``
-    is restored from ``scratch`` bit for bit -- not by subtracting the
-    residual again, which would round differently on every replica -- so
-    the replicas still agree exactly.
+    A worker computes its gradient there (``out`` is its network's live
+    parameter vector), so its own unsent updates are never invisible to it
+    (the point each worker computes at in Qsparse-local-SGD's
+    error-compensated local iterates, Basu et al. 2019).  Without it a
+    worker keeps stepping from parameters its residual has already moved
+    past in every entry under τ, and its updater keeps pushing them
+    (``GradientSharing.local_view``).  Messages -- the worker's own and its
+    peers' -- are applied to ``shared``, never to ``out``, so the replicas
+    keep agreeing on ``shared`` exactly; after the last step the caller
+    copies ``shared`` into the network.
 
     Parameters
     ----------
     state : SharingState
         This worker's state; its residual is read, not changed.
-    params : float32 array of shape (N,)
-        The replica's flat parameters (numpy or CuPy), written in place.
-    scratch : float32 array of shape (N,)
-        Room for the saved parameters, same array module (reused between
-        steps, so a step allocates nothing).
+    shared : float32 array of shape (N,)
+        The replica's shared parameters (numpy or CuPy).
+    out : float32 array of shape (N,), same array module
+        Written in place (the network's parameters); not ``shared``.
+
+    Returns
+    -------
+    out
     """
-    scratch[...] = params
-    ops.accumulate(params, state.residual)
-    try:
-        yield params
-    finally:
-        params[...] = scratch
+    if out is shared:
+        raise ValueError("Expect out to be another array than shared (the view is written over out)")
+    xp = backend.get_array_module(shared)
+    return xp.add(shared, state.residual, out=out)
 
 
 def message_bytes(message) -> bytes:

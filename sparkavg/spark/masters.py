@@ -652,8 +652,8 @@ class GradientSharing(Master):
         :func:`sparkavg.sharing.local_view`).  Without it a worker's own
         progress in every entry below τ is invisible to it, and its updater
         keeps pushing those entries: the ResNet's 12k epoch trailed one
-        process by 9 points (issue 22).  Costs two copies and one addition
-        of the parameter vector a step.  Recorded as decision
+        process by 9 points (issue 22).  Costs one addition over the
+        parameter vector a step (LeNet: 4% of its step).  Recorded as decision
         ``local_view`` (:meth:`view_reason`).
     update_scale : {"auto", "mean", "sum"}, default "auto"
         ``"mean"``: each worker encodes its update divided by the number of

@@ -16,7 +16,6 @@ arrival times.
 from __future__ import annotations
 
 import contextlib
-from contextlib import nullcontext
 import glob
 import heapq
 import os
@@ -229,8 +228,9 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
             # GradientSharing.momentum_masking: the velocity of the entries each message sent is cleared
             masked = master.masking_for(getattr(net, "updater", None))[0]
             velocity = net.updater_state[net.updater.velocity(n)] if masked else None  # a view: stays live
-            # GradientSharing.local_view: gradients at the shared parameters plus this worker's residual
-            scratch = xp.empty_like(net.params) if master.local_view else None
+            # GradientSharing.local_view: the replica's parameters live in `shared`, every message is applied
+            # there; the network's own vector holds the view (shared + residual) its gradients are taken at
+            shared = net.params.copy() if master.local_view else net.params
         spark_host = infos[rank].address.rsplit(":", 1)[0] if infos[rank].address else None
         host = select_address(network_mask=master.network_mask, fallback=spark_host)
         rec.decision("udp_address", host, f"worker rank {rank}: network_mask {master.network_mask!r}, else "
@@ -258,7 +258,7 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
                     return []
             else:
                 def receive(timeout: float) -> None:
-                    apply_received(state, [p for _, p in group.poll(timeout)], net.params)
+                    apply_received(state, [p for _, p in group.poll(timeout)], shared)
 
                 def inbox() -> list:
                     return [p for _, p in group.poll(0)]
@@ -268,15 +268,16 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
                         _wait_for_peers(group, receive, iterations - staleness, stall_timeout, rank)
                     if ordered is not None:
                         with rec.phase(Phase.APPLY):
-                            apply_received(state, ordered.take(iterations), net.params)
+                            apply_received(state, ordered.take(iterations), shared)
                 with rec.phase(Phase.FIT):
-                    with local_view(state, net.params, scratch) if scratch is not None else nullcontext():
-                        losses.add(net.compute_update(x, y, update, sync=False), len(y))
+                    if shared is not net.params:
+                        local_view(state, shared, net.params)
+                    losses.add(net.compute_update(x, y, update, sync=False), len(y))
                     if scale != 1.0:
                         update *= scale
                 tau = state.tau
                 try:
-                    sharing_step(state, update, net.params, group.publish, inbox, phase=rec.phase,
+                    sharing_step(state, update, shared, group.publish, inbox, phase=rec.phase,
                                  always_publish=staleness is not None, velocity=velocity)
                 except ValueError as exc:
                     _raise_if_diverged(state, exc, rank, net.iteration)
@@ -298,9 +299,11 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
             with rec.phase(Phase.APPLY):
                 if ordered is not None:
                     ordered.add(remaining)
-                    apply_received(state, ordered.take(None), net.params)
+                    apply_received(state, ordered.take(None), shared)
                 else:
-                    apply_received(state, [p for _, _, p in remaining], net.params)
+                    apply_received(state, [p for _, _, p in remaining], shared)
+                if shared is not net.params:
+                    net.params[...] = shared  # the replica's parameters: what the driver and the next epoch see
             with rec.phase(Phase.WAIT):  # not ctx.barrier(): Spark's polls once a second
                 group.leave(master.transport.stall_timeout)
             t = endpoint.stats()

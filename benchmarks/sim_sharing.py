@@ -39,7 +39,9 @@ unregularised vector: biases too) or ``exact=out`` (the last layer), ``exact=con
 those entries densely and thresholds the rest (an experiment: one τ per
 message is the library's); ``switch=E`` divides each worker's update by W
 from epoch E on (``switch=1``: ``update_scale="auto"``'s rule for Adam, summed
-in the first epoch only).  Prints accuracy after the epochs, the payload compression against
+in the first epoch only).  ``--trace N`` logs the test accuracy every N
+iterations; ``--diagnose`` the residual per tensor and the accuracy with the
+residuals flushed into the parameters.  Prints accuracy after the epochs, the payload compression against
 dense float32 updates (4 N bytes per peer per iteration), and the same for
 one process at batch ``W B`` when ``--local`` is given.
 """
@@ -61,6 +63,8 @@ EXACT = None  # set by parse_variant (option exact=unreg|out|gamma)
 SWITCH = 0  # set by parse_variant (option switch=E)
 VIEW = 0  # set by parse_variant (option view=1: gradients at params + own residual, GradientSharing.local_view)
 OUTRULE = None  # set by parse_variant (option out=TAU: the last layer's groups at FixedThreshold(TAU))
+TRACE = 0  # set by main (--trace N): test accuracy every N iterations
+DIAGNOSE = False  # set by main (--diagnose): the residual per tensor, and accuracy with it flushed
 GROUP = None  # set by parse_variant (option group=segment|layer): one τ per group of entries
 MASK = None  # set by parse_variant (option mask=m): Adam's first moment cleared where a message sent the entry
 
@@ -230,9 +234,9 @@ def simulate(model, x, y, xt, yt, batch, workers, epochs, seed, variant, delay):
                     ops.decode(message, net.params[lo:hi])
                     pending.append((iterations + delay, w, (lo, hi, wire) if GROUP else wire))
             iterations += 1
-            if os.environ.get("SIM_TRACE") and iterations % int(os.environ["SIM_TRACE"]) == 0:
-                log.info("trace it %d: acc %.4f flushed %s", iterations, evaluate_local(nets[0], xt[:2000], yt[:2000]).accuracy(),
-                         "")
+            if TRACE and iterations % TRACE == 0:
+                log.info("trace it %d: accuracy on the first 2000 test images %.4f", iterations,
+                         evaluate_local(nets[0], xt[:2000], yt[:2000]).accuracy())
             deliver([p for p in pending if p[0] < iterations])
             pending = [p for p in pending if p[0] >= iterations]
         deliver(pending)  # the epoch's flush
@@ -246,7 +250,7 @@ def simulate(model, x, y, xt, yt, batch, workers, epochs, seed, variant, delay):
     diff = max(float(np.abs(nets[0].params - net.params).max()) for net in nets)
     accuracy = evaluate_local(nets[0], xt, yt).accuracy()
     extra_acc = {}
-    if os.environ.get("SIM_DIAG"):  # diagnostics: residuals flushed, BatchNorm statistics refreshed
+    if DIAGNOSE:  # residuals flushed into the parameters, BatchNorm statistics refreshed
         def copy_of(net):
             twin = build(model, seed)
             twin.load_state({k: net.state[k] for k in ("params", "updater", "buffers")})
@@ -293,8 +297,14 @@ def main(argv=None):
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--delay", type=int, default=1)
     p.add_argument("--local", action="store_true", help="also one process at batch W*B")
+    p.add_argument("--trace", type=int, default=0, help="log test accuracy (2000 images) every N iterations")
+    p.add_argument("--diagnose", action="store_true",
+                   help="log the residual per tensor and the accuracy with the residuals flushed into the "
+                        "parameters and with BatchNorm's statistics refreshed")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    global TRACE, DIAGNOSE
+    TRACE, DIAGNOSE = args.trace, args.diagnose
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     from bench_parity import BATCH, DATA, FLAT, local_run
 

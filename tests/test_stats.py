@@ -300,6 +300,18 @@ def test_timed_records_even_when_the_block_raises():
     assert event.phase == "checkpoint" and event.epoch == 1 and event.fields == {"failed": "RuntimeError"}
 
 
+def test_decision_when_changed_records_a_name_only_when_its_value_changes():
+    s = TrainingStats()
+    assert s.decision("sharing_state", "shipped", "first epoch", epoch=0, when_changed=True)
+    assert not s.decision("sharing_state", "shipped", "again", epoch=1, when_changed=True)
+    assert s.decision("device", "cpu", "another name in between")
+    assert s.decision("sharing_state", "executors", "kept", epoch=2, when_changed=True)
+    assert s.decision("sharing_state", "executors", "always recorded without when_changed", epoch=3)
+    assert [(d["name"], d["value"], d["epoch"]) for d in s.decisions] == [
+        ("sharing_state", "shipped", 0), ("device", "cpu", None), ("sharing_state", "executors", 2),
+        ("sharing_state", "executors", 3)]
+
+
 def test_stats_object_pickles_with_its_data():
     s = _stats_with_fit_mean(0.2)
     s.decision("device", "cpu", "no GPU assigned")

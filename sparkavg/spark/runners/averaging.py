@@ -113,7 +113,6 @@ class AveragingRunner(EpochRunner):
         self._epoch: Optional[int] = None  # the running epoch
         self._bm_on = False  # block momentum applies in the running epoch
         self._bm_recorded = None  # (stats id, on) last recorded
-        self._mc_recorded = None  # stats id the moment_correction decision was recorded in
         self._corrects = False  # the running epoch's rounds correct the averaged updater state
         # worker -> [examples, fit seconds, fixed seconds, tasks] since the last plan (worker_shares)
         self._speed_log: dict = {}
@@ -198,12 +197,10 @@ class AveragingRunner(EpochRunner):
         """Whether this epoch's rounds correct the averaged updater state for
         the workers' gradient noise (:meth:`ParameterAveraging.corrects_moments`:
         the workers then also return their first moments' squares); recorded
-        once per fit (decision ``moment_correction``)."""
+        when it changes (decision ``moment_correction``)."""
         on, why = self.master.corrects_moments(getattr(network, "updater", None), workers)
         self._corrects = on
-        if self._mc_recorded != id(stats):
-            self._mc_recorded = id(stats)
-            stats.decision("moment_correction", on, why, epoch=epoch)
+        if stats.decision("moment_correction", on, why, epoch=epoch, when_changed=True):
             logger.info("epoch %d: moment correction %s: %s", epoch + 1, "on" if on else "off", why)
 
     def _probe(self, prepared, workers, network, epoch, stats) -> Optional[RoundCosts]:

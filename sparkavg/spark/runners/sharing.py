@@ -82,9 +82,7 @@ class SharingRunner(EpochRunner):
         self._resident = None
         self._full = self._sent = None  # the running epoch's whole state and what was shipped
         self._storing = None  # the running epoch's token
-        self._recorded = None  # (stats, value) of the last sharing_state decision
         self.update_scale = 1.0  # each worker's update is multiplied by it (GradientSharing.scale_for)
-        self._masking_recorded = None  # stats id the momentum_masking and local_view decisions were recorded in
 
     def minibatches_per_round(self, prepared, workers, network, epoch, stats) -> int:
         if self.rank_states is not None and len(self.rank_states) != workers:
@@ -94,11 +92,10 @@ class SharingRunner(EpochRunner):
             self._resident = None
         self.update_scale, why = self.master.scale_for(getattr(network, "updater", None), workers, epoch)
         stats.decision("update_scale", self.update_scale, why, epoch=epoch)
-        if self._masking_recorded != id(stats):
-            self._masking_recorded = id(stats)
-            masking, why = self.master.masking_for(getattr(network, "updater", None))
-            stats.decision("momentum_masking", masking, why, epoch=epoch)
-            stats.decision("local_view", self.master.local_view, self.master.view_reason(), epoch=epoch)
+        masking, why = self.master.masking_for(getattr(network, "updater", None))
+        stats.decision("momentum_masking", masking, why, epoch=epoch, when_changed=True)
+        stats.decision("local_view", self.master.local_view, self.master.view_reason(), epoch=epoch,
+                       when_changed=True)
         if epoch == 0 or self.rank_states is None:  # the rule in use (its τ then carries over between epochs)
             stats.decision("threshold", self.master.threshold.to_config(), self.master.threshold_reason(), epoch=epoch)
         return -(-len(prepared.sizes) // workers)  # the whole epoch in one round
@@ -106,9 +103,6 @@ class SharingRunner(EpochRunner):
     def _decide_state(self, epoch, stats) -> None:
         """Record (decision ``sharing_state``) where this epoch's ranks start from, when it changes."""
         value = "executors" if (self._sent.get("resident") or {}).get("expect") is not None else "shipped"
-        if self._recorded is not None and self._recorded == (id(stats), value):
-            return
-        self._recorded = (id(stats), value)
         why = ("each rank continues from the state it kept on its executor at the last epoch's end: only a token "
                "crosses the driver's link, not the parameters, updater state and residuals (a rank whose state is "
                "missing fails the stage at its start and the epoch runs again with the whole state)"
@@ -116,8 +110,8 @@ class SharingRunner(EpochRunner):
                "the driver ships the network's state and every rank's residual: the first epoch of this runner, "
                "or the driver's state changed since the ranks kept theirs (a resume, a recovery, a new fit's "
                "network)")
-        stats.decision("sharing_state", value, why, epoch=epoch)
-        logger.info("epoch %d: sharing state %s: %s", epoch + 1, value, why)
+        if stats.decision("sharing_state", value, why, epoch=epoch, when_changed=True):
+            logger.info("epoch %d: sharing state %s: %s", epoch + 1, value, why)
 
     def result_bytes(self, network) -> int:
         live = network.state  # rank 0: replica, residual, updater state, buffers

@@ -153,7 +153,8 @@ class TrainingStats:
             self._rec.series.setdefault(key, {}).setdefault(str(lane), []).append([step, value, t])
             self._changed()
 
-    def decision(self, name: str, value: Any, reason: str, epoch: int | None = None) -> None:
+    def decision(self, name: str, value: Any, reason: str, epoch: int | None = None, *,
+                 when_changed: bool = False) -> bool:
         """Record a choice the library made, and why.
 
         Parameters
@@ -167,11 +168,24 @@ class TrainingStats:
             Why, in words: ``"no GPU assigned to the task"``.
         epoch : int, optional
             The epoch it applies to, if any.
+        when_changed : bool, default False
+            Record only when this name's last recorded value differs (a
+            choice made every epoch, recorded when it changes).
+
+        Returns
+        -------
+        bool
+            Whether it was recorded.
         """
         entry = check_decision(name, value, reason, epoch)
         with self._lock:
+            if when_changed:
+                last = next((d for d in reversed(self._rec.decisions) if d["name"] == name), None)
+                if last is not None and last["value"] == entry["value"]:
+                    return False
             self._rec.decisions.append(entry)
             self._changed()
+        return True
 
     def add_worker_payload(self, payload: Mapping[str, Any], epoch: int | None = None,
                            round: int | None = None, launched: float | None = None,

@@ -320,7 +320,7 @@ def _one_process(factory, data, args) -> dict:
     2 threads): test accuracy after every epoch."""
     import torch
 
-    from sparkavg.torch.factory import resolve
+    from sparkavg.references import resolve
 
     (x, y), (xt, yt) = data
     threads = torch.get_num_threads()

@@ -18,9 +18,11 @@ Annotations understood: ``int`` (numpy integers too, never ``bool``),
 ``float`` (ints accepted), ``str``, ``bool``, ``Optional[...]`` and unions,
 ``tuple[int, int]`` / ``tuple[int, ...]`` / ``Sequence[X]`` / ``list[X]``
 (a JSON list; elements checked, reported as ``field[i]``), ``dict[str, X]``,
-``Literal[...]``, enums (the constructor converts and names the choices), and
+``Literal[...]``, enums (the constructor converts and names the choices),
 configurable classes (a nested ``{"type": ...}`` dict is rebuilt from that
-class's kind).  Anything else is left to the constructor, whose
+class's kind), and ``Annotated[X, check]`` where ``check`` has a
+``check_config_value(where, value)`` method run after ``X``'s check (e.g.
+:class:`sparkavg.references.Names`: a field that names code).  Anything else is left to the constructor, whose
 ``ValueError`` / ``TypeError`` becomes a :class:`ConfigError` naming the type.
 
 Frozen dataclasses get :meth:`Configurable.to_config` for free; other classes
@@ -186,6 +188,12 @@ def _check_value(where: str, annotation: Any, value: Any) -> Any:
         return value  # unresolved forward reference or anything: the constructor validates
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
+    if origin is typing.Annotated:
+        value = _check_value(where, args[0], value)
+        for extra in annotation.__metadata__:
+            if hasattr(extra, "check_config_value"):
+                value = extra.check_config_value(where, value)
+        return value
     if origin in _UNIONS:
         if value is None and type(None) in args:
             return None
@@ -246,7 +254,7 @@ def _type_hints(cls: type) -> dict:
     hints = _HINTS.get(cls)
     if hints is None:
         try:
-            hints = typing.get_type_hints(cls.__init__)
+            hints = typing.get_type_hints(cls.__init__, include_extras=True)
         except (NameError, TypeError, AttributeError) as exc:
             # Only the pre-checks are lost: the constructor still validates.
             logger.debug("annotations of %s.__init__ unresolvable (%s); arguments not pre-checked",

@@ -235,6 +235,24 @@ class NpzArchive:
         except READ_ERRORS as exc:
             raise self.error(f"member {name!r} is truncated or corrupt ({exc})") from None
 
+    def hash_member(self, name: str, fp, nbytes: int, digest) -> None:
+        """Stream the ``nbytes`` of an opened member's data into ``digest``
+        in chunks, keeping none of it (a digest checked before anything is
+        built from the data)."""
+        try:
+            with fp:
+                done = 0
+                while done < nbytes:
+                    chunk = fp.read(min(CHUNK, nbytes - done))
+                    if not chunk:
+                        raise EOFError(f"data ends after {done:,} of {nbytes:,} bytes")
+                    digest.update(chunk)
+                    done += len(chunk)
+                if fp.read(1):
+                    raise ValueError("data continues past the array")
+        except READ_ERRORS as exc:
+            raise self.error(f"member {name!r} is truncated or corrupt ({exc})") from None
+
     def read_small(self, name: str, dtype, shape=None, max_length=None) -> np.ndarray:
         """A small member, checked by header first, read whole."""
         fp, got_shape = self.open(name, dtype, shape, max_length)

@@ -6,10 +6,13 @@ import tempfile
 
 import numpy as np
 
+import sparkavg
+
 #: Where :func:`random_flip` notes each call (one JSON line per call, a file per process).
 LOG = os.path.join(tempfile.gettempdir(), f"sparkavg-test-transform-{os.getuid()}")
 
 
+@sparkavg.transform
 def random_flip(x, y, rng):
     """Flip each example left-right with probability 1/2, as an augmentation
     would; note the process, the minibatch size and the generator's first draw."""
@@ -23,6 +26,7 @@ def random_flip(x, y, rng):
     return out, y
 
 
+@sparkavg.transform
 def drop_labels(x, y, rng):
     """A broken transform: returns fewer labels than examples."""
     return x, y[:-1]
@@ -32,6 +36,7 @@ def drop_labels(x, y, rng):
 IDS_LOG = os.path.join(tempfile.gettempdir(), f"sparkavg-test-ids-{os.getuid()}")
 
 
+@sparkavg.transform
 def note_ids(x, y, rng):
     """Change nothing; note the ids of the minibatch's examples (the
     tests' data carry ``id / 1000`` in feature ``[0, 0, 0]``)."""
@@ -40,3 +45,14 @@ def note_ids(x, y, rng):
         with open(os.path.join(IDS_LOG, f"{os.getpid()}.jsonl"), "a") as fh:
             fh.write(json.dumps({"pid": os.getpid(), "ids": ids}) + "\n")
     return x, y
+
+
+@sparkavg.transform
+def identity(x, y, rng):
+    """Returns the minibatch as it is (a marked transform any model can take)."""
+    return x, y
+
+
+def unmarked_flip(x, y, rng):
+    """:func:`random_flip` without the mark: a loader refuses a saved master naming it."""
+    return random_flip(x, y, rng)

@@ -232,7 +232,7 @@ def test_forged_config_with_10_to_the_12_params_allocates_nothing(net, tmp_path,
 def test_max_params_bounds_a_legitimate_file_too(net, tmp_path):
     path = tmp_path / "m.npz"
     net.save(path)
-    assert_refused(path, "has 23 parameters, more than max_params=22", max_params=22)
+    assert_refused(path, r"declares 23 values in .params., more than 22 \(max_params=22\)", max_params=22)
     assert Network.load(path, max_params=23).num_params == 23
     with pytest.raises(ValueError, match="Expect max_params as an int >= 1, got 0"):
         Network.load(path, max_params=0)
@@ -300,8 +300,8 @@ def test_truncated_member_with_a_forged_large_header_allocates_nothing(net, tmp_
     m[1] = Entry("params.npy", npy_header("<f4", (BIG,)) + bytes(64))
     path = tmp_path / "claims.npz"
     write_zip(path, m)
-    assert_refused(path, r"params should be float32 of shape \(23,\) for this configuration, "
-                         r"got float32 of shape \(268435456,\)")
+    assert_refused(path, r"member 'params' declares 192 bytes; expected 1,073,741,952 \(a 128-byte header and "
+                         r"float32 of shape \(268435456,\)\)")
 
 
 # ------------------------------------------------------------- not a zip
@@ -362,8 +362,8 @@ def test_structured_dtype_with_an_object_field_is_refused(net, tmp_path):
 # --------------------------------------------------------- mismatched shapes
 @pytest.mark.parametrize("name,array,expected", [
     ("params", np.zeros(22, np.float32), r"params should be float32 of shape \(23,\) .* got float32 of shape \(22,\)"),
-    ("params", np.zeros(23, np.float64), r"params should be float32 of shape \(23,\) .* got float64 of shape \(23,\)"),
-    ("params", np.zeros(23, ">f4"), r"params should be float32 of shape \(23,\) .* got >f4 of shape \(23,\)"),
+    ("params", np.zeros(23, np.float64), r"expected one dtype for every state vector, got \['float32', 'float64'\]"),
+    ("params", np.zeros(23, ">f4"), r"params should be a 1-D float32 or float64 vector, got >f4 of shape \(23,\)"),
     ("params", np.zeros((23, 1), np.float32), r"got float32 of shape \(23, 1\)"),
     ("updater_state", np.zeros(23, np.float32), r"updater_state should be float32 of shape \(46,\) .* \(23,\)"),
     ("counters", np.zeros(3, np.int64), r"counters should be int64 of shape \(2,\) .* got int64 of shape \(3,\)"),
@@ -383,7 +383,7 @@ def test_forged_large_state_header_allocates_nothing(net, tmp_path):
     m[2] = Entry("updater_state.npy", npy_header("<f4", (BIG,)) + bytes(184))
     path = tmp_path / "state.npz"
     write_zip(path, m)
-    assert_refused(path, r"updater_state should be float32 of shape \(46,\) .* got float32 of shape \(268435456,\)")
+    assert_refused(path, r"member 'updater_state' declares 312 bytes; expected 1,073,741,952")
 
 
 # ------------------------------------------------------------------ checksum

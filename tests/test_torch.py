@@ -201,7 +201,7 @@ def test_factory_errors_name_the_factory_the_host_and_what_to_install():
         TorchModel("nosuchpkg.models:net", input_shape=(4,))
     with pytest.raises(FactoryError, match="has no attribute 'nope'"):
         TorchModel("tests.torch_models:nope", input_shape=(4,))
-    with pytest.raises(FactoryError, match=r"Expect the module factory as 'package.module:function', got 'mlp'"):
+    with pytest.raises(FactoryError, match=r"Expect the torch module factory as 'package.module:function', got 'mlp'"):
         TorchModel("mlp", input_shape=(4,))
     with pytest.raises(ValueError, match="to return a torch.nn.Module, got str"):
         TorchModel("tests.torch_models:not_a_module", input_shape=(4,))

@@ -32,6 +32,7 @@ import contextlib
 
 from .. import backend
 from ..configurable import ConfigError, Configurable, from_config
+from ..references import trusting
 from ..threads import single_threaded_blas
 from .layers import Dropout
 from .model import STATE_VECTORS, config_fingerprint
@@ -512,9 +513,10 @@ class FlatModel(Configurable):
         return json.dumps(self.to_config(), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str):
+    def from_json(cls, text: str, *, trusted=None):
         """Inverse of :meth:`to_json`: a freshly initialised model (same
-        seed, so the same initial parameters).
+        seed, so the same initial parameters).  Code the configuration names
+        is called only if marked or ``trusted`` (:mod:`sparkavg.references`).
 
         Raises
         ------
@@ -528,7 +530,8 @@ class FlatModel(Configurable):
             config = json.loads(text)
         except (TypeError, ValueError, RecursionError) as exc:
             raise ConfigError(f"Expect a JSON network configuration, got text that does not parse: {exc}") from None
-        return from_config(upgrade_config(config), kind="network", expect=cls)
+        with trusting(trusted):
+            return from_config(upgrade_config(config), kind="network", expect=cls)
 
     def clone(self):
         """An independent copy: config, parameters, updater state, buffers,
@@ -549,7 +552,7 @@ class FlatModel(Configurable):
         save_network(self, path)
 
     @classmethod
-    def load(cls, path, *, max_params: int | None = None):
+    def load(cls, path, *, max_params: int | None = None, trusted=None):
         """Read a file written by :meth:`save`, verifying it in bounded memory.
 
         Parameters
@@ -559,6 +562,9 @@ class FlatModel(Configurable):
             Refuse a configuration with more parameters than this (before
             anything is allocated); default
             :data:`sparkavg.nn.serialization.MAX_PARAMS`.
+        trusted : collection of str, True or None
+            Code the file names (a torch factory or loss) that may be called
+            besides marked functions (:mod:`sparkavg.references`).
 
         Raises
         ------
@@ -566,7 +572,7 @@ class FlatModel(Configurable):
             Anything wrong with the file, naming the file and what was
             expected (see :mod:`sparkavg.nn.serialization`).
         """
-        return load_network(path, cls, max_params=max_params)
+        return load_network(path, cls, max_params=max_params, trusted=trusted)
 
     def __deepcopy__(self, memo):
         return self.clone()

@@ -20,7 +20,8 @@ name                 dtype      content
 ===================  =========  ===============================================
 
 Loading trusts nothing it has not checked, in this order, so that a hostile
-file costs little memory or time before it is refused:
+file costs little memory or time before it is refused, and no code it names
+runs unless you allowed it:
 
 1. the zip directory: exactly the members above, each stored or deflated
    (not encrypted, no other method), deflated ones expanding at most
@@ -28,15 +29,21 @@ file costs little memory or time before it is refused:
    :mod:`sparkavg.npzfile`, the one reader of every npz sparkavg opens);
 2. the small members (config at most :data:`MAX_CONFIG_BYTES`, counters,
    digest), each by its ``.npy`` header and declared size first;
-3. the JSON configuration, rebuilt as far as the sizes it implies
-   (``planned_sizes`` of the model class the config names), which must not
-   exceed ``max_params``
-   (:data:`MAX_PARAMS` by default);
-4. the ``.npy`` headers of ``params``, ``updater_state`` and ``buffers`` (dtype, shape,
-   no object dtype) and the zip entries' declared sizes against those
-   sizes -- before any array is read;
-5. then the network is built and the arrays streamed into it in 1 MiB
-   chunks while the digest is computed; a mismatch discards it.
+3. the ``.npy`` headers of ``params``, ``updater_state`` and ``buffers``
+   (1-D float32/float64, no object dtype) and the zip entries' declared
+   sizes: at most ``max_params`` (:data:`MAX_PARAMS` by default);
+4. the digest, streamed over the file's bytes in 1 MiB chunks (nothing
+   kept) -- so far nothing the configuration names is imported;
+5. the JSON configuration, rebuilt as far as the sizes it implies
+   (``planned_sizes`` of the model class the config names; a torch module
+   is built on torch's ``meta`` device, without memory), which must equal
+   the declared sizes.  A torch factory or loss the configuration names is
+   imported and called only if it is marked (``@sparkavg.torch.factory``,
+   ``@sparkavg.loss``) or trusted by the caller (``trusted=``); a name in
+   Python's standard library is refused without an import
+   (:mod:`sparkavg.references`);
+6. then the network is built and the arrays streamed into it in 1 MiB
+   chunks, hashed again; a mismatch discards it.
 
 Anything wrong raises :class:`ModelFileError` (a ``ValueError``) naming the
 file and what was expected.  A missing or unreadable path raises the usual
@@ -58,6 +65,7 @@ import numpy as np
 from .. import backend
 from ..configurable import checked_arguments
 from ..npzfile import MAX_COMPRESSION_RATIO, NpzArchive
+from ..references import UntrustedReference, trusting
 
 __all__ = ["ModelFileError", "save_network", "load_network", "FILE_TAG", "MAX_PARAMS", "MAX_CONFIG_BYTES",
            "MAX_COMPRESSION_RATIO"]
@@ -144,12 +152,60 @@ class _Archive(NpzArchive):
                          what="an .npz model archive")
 
 
+def _declared(archive: _Archive, max_params: int):
+    """``({state key: length}, dtype)`` of the state vectors as the file's
+    ``.npy`` headers declare them, bounded by ``max_params`` -- read before
+    the configuration is looked at."""
+    limits = {"params": max_params, "updater": 2 * max_params, "buffers": max_params}
+    sizes, dtypes = {}, set()
+    for member, key in _VECTORS:
+        if member not in archive.infos:
+            continue
+        # no byte bound here (the entry's own size must match its header and lie inside the file): the
+        # length is checked below, with a message in parameters
+        fp, shape, dtype = archive.open_plain(member, 1 << 62)
+        fp.close()
+        if len(shape) != 1 or dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+            raise archive.error(f"{member} should be a 1-D float32 or float64 vector, got {dtype} of shape {shape}")
+        if shape[0] > limits[key]:
+            raise archive.error(f"the file declares {shape[0]:,} values in {member!r}, more than "
+                                f"{limits[key]:,} (max_params={max_params:,}); pass a larger max_params to load a "
+                                f"trusted file this large")
+        sizes[key] = int(shape[0])
+        dtypes.add(dtype)
+    if "params" not in sizes or "updater" not in sizes:
+        raise archive.error("expected members 'params' and 'updater_state'")
+    if len(dtypes) != 1:
+        raise archive.error(f"expected one dtype for every state vector, got {sorted(map(str, dtypes))}")
+    return sizes, dtypes.pop()
+
+
+def _check_digest(archive: _Archive, config_bytes: bytes, counters, expected, dtype, sizes) -> None:
+    """The SHA-256 over the config and every vector, streamed from the file
+    (nothing kept), against the stored one -- before the configuration
+    builds anything."""
+    digest = _digest_start(config_bytes)
+    for member, key in _VECTORS:
+        if key not in sizes:
+            continue
+        fp, _ = archive.open(member, dtype, shape=(sizes[key],))
+        _digest_meta(digest, dtype, (sizes[key],))
+        archive.hash_member(member, fp, sizes[key] * dtype.itemsize, digest)
+    _digest_meta(digest, counters.dtype, counters.shape)
+    digest.update(counters.tobytes())
+    if digest.digest() != expected.tobytes():
+        raise archive.error("SHA-256 mismatch: expected the digest stored in the file; the file was modified or "
+                            "corrupted after it was saved")
+
+
 def _network_plan(archive: _Archive, config_bytes: bytes, max_params: int, network_cls):
     """The model class, its checked arguments and state sizes, from the
-    config member -- nothing allocated yet.  ``network_cls`` (the caller's
-    class, or None for any registered model) says what a config must build;
-    the model class's ``upgrade_config`` (if any), ``DTYPES`` and
-    ``planned_sizes`` do the rest."""
+    config member -- no state vector allocated yet (a torch module is
+    counted on torch's meta device).  ``network_cls`` (the caller's class,
+    or None for any registered model) says what a config must build; the
+    model class's ``upgrade_config`` (if any), ``DTYPES`` and
+    ``planned_sizes`` do the rest.  Code the config names is checked by
+    :mod:`sparkavg.references` (marked or trusted) before it is called."""
     try:
         config = json.loads(config_bytes.decode("utf-8"))
         if network_cls is None:
@@ -163,6 +219,8 @@ def _network_plan(archive: _Archive, config_bytes: bytes, max_params: int, netwo
         cls, args = checked_arguments(config, kind="network", expect=network_cls)
         sizes = cls.planned_sizes(args)
         num_params, state_size, num_buffers = sizes["params"], sizes["updater"], sizes["buffers"]
+    except UntrustedReference as exc:
+        raise archive.error(str(exc)) from None
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # ConfigError and JSONDecodeError included
         raise archive.error(f"expected a valid network configuration in member 'config' ({exc})") from None
     _DTYPES = getattr(cls, "DTYPES", ("float32",))
@@ -181,7 +239,7 @@ def _network_plan(archive: _Archive, config_bytes: bytes, max_params: int, netwo
     return cls, args, {"params": num_params, "updater": state_size, "buffers": num_buffers}, np.dtype(dtype)
 
 
-def load_network(path, network_cls, *, max_params: int | None = None):
+def load_network(path, network_cls, *, max_params: int | None = None, trusted=None):
     """Read, verify and rebuild a network written by :func:`save_network`
     (what :meth:`Network.load <sparkavg.nn.network.Network.load>` calls).
 
@@ -193,6 +251,10 @@ def load_network(path, network_cls, *, max_params: int | None = None):
         any registered model (:func:`sparkavg.nn.load_model`).
     max_params : int, optional
         Refuse configurations with more parameters (default :data:`MAX_PARAMS`).
+    trusted : collection of str, True or None
+        Code the file names (a torch factory or loss) that may be called
+        besides marked functions (:mod:`sparkavg.references`); ``True``
+        trusts every name in the file.
 
     Returns
     -------
@@ -203,7 +265,8 @@ def load_network(path, network_cls, *, max_params: int | None = None):
     ------
     ModelFileError
         The file is not a model file this library wrote, or was altered,
-        truncated, or is larger than allowed; the message names the file.
+        truncated, is larger than allowed, or names code that is neither
+        marked nor trusted; the message names the file.
     OSError
         ``path`` cannot be opened.
     """
@@ -212,38 +275,43 @@ def load_network(path, network_cls, *, max_params: int | None = None):
         max_params = MAX_PARAMS
     if isinstance(max_params, bool) or not isinstance(max_params, (int, np.integer)) or max_params < 1:
         raise ValueError(f"Expect max_params as an int >= 1, got {max_params!r}")
-    with open(path, "rb") as fh:
+    max_params = int(max_params)
+    with trusting(trusted), open(path, "rb") as fh:
         archive = _Archive(path, fh)
         with archive.zip:
             config = archive.read_small("config", np.uint8, max_length=MAX_CONFIG_BYTES)
             counters = archive.read_small("counters", np.int64, shape=(2,))
             expected_digest = archive.read_small("sha256", np.uint8, shape=(32,))
             config_bytes = config.tobytes()
-            cls, args, sizes, dtype = _network_plan(archive, config_bytes, int(max_params), network_cls)
-            present = [(member, key) for member, key in _VECTORS if member in archive.infos]
-            if "buffers" not in archive.infos and sizes["buffers"]:
+            # What the file declares, then its digest, before the configuration imports or builds anything.
+            declared, declared_dtype = _declared(archive, max_params)
+            _check_digest(archive, config_bytes, counters, expected_digest, declared_dtype, declared)
+            cls, args, sizes, dtype = _network_plan(archive, config_bytes, max_params, network_cls)
+            if "buffers" not in declared and sizes["buffers"]:
                 raise archive.error(f"expected a member 'buffers' of {sizes['buffers']:,} values for this "
                                     f"configuration (a file written before models had buffers cannot hold them)")
-            # Every big header before the model allocates anything.
-            for member, key in present:
-                fp, _ = archive.open(member, dtype, shape=(sizes[key],))
-                fp.close()
+            for member, key in _VECTORS:
+                if key in declared and (declared[key] != sizes[key] or declared_dtype != dtype):
+                    raise archive.error(f"{member} should be {dtype} of shape ({sizes[key]},) for this "
+                                        f"configuration, got {declared_dtype} of shape ({declared[key]},)")
             try:
                 network = cls(**args)
             except ValueError as exc:
                 raise archive.error(f"expected a valid network configuration in member 'config' ({exc})") from None
             digest = _digest_start(config_bytes)
             state = network.state
-            for member, key in present:
+            for member, key in _VECTORS:
+                if key not in declared:
+                    continue
                 target = state[key]
                 fp, _ = archive.open(member, dtype, shape=target.shape)
                 _digest_meta(digest, target.dtype, target.shape)
                 archive.read_into(member, fp, target, digest)
     _digest_meta(digest, counters.dtype, counters.shape)
     digest.update(counters.tobytes())
-    if digest.digest() != expected_digest.tobytes():
+    if digest.digest() != expected_digest.tobytes():  # the file changed while it was read
         raise ModelFileError(f"{path}: SHA-256 mismatch: expected the digest stored in the file; the file was "
-                             f"modified or corrupted after it was saved")
+                             f"modified while it was read")
     iteration, epoch = (int(v) for v in counters)
     if iteration < 0 or epoch < 0:
         raise ModelFileError(f"{path}: counters should be >= 0, got iteration={iteration}, epoch={epoch}")

@@ -32,6 +32,7 @@ import numpy as np
 
 from ..jsonfile import read_json
 from ..npzfile import load_npz
+from ..references import named_code
 
 __all__ = ["Checkpoint", "CheckpointError", "save_checkpoint", "list_checkpoints", "find_resumable",
            "check_fresh", "remove_other_runs", "architecture_fingerprint"]
@@ -66,10 +67,12 @@ class Checkpoint:
     written_at: str = ""
     extra: dict = field(default_factory=dict)
 
-    def load_network(self):
+    def load_network(self, trusted=None):
+        """The checkpoint's model; code it names is called only if marked or
+        ``trusted`` (:mod:`sparkavg.references`)."""
         from ..nn import load_model
 
-        return load_model(os.path.join(self.directory, "network.npz"))
+        return load_model(os.path.join(self.directory, "network.npz"), trusted=trusted)
 
     def load_runner_state(self) -> dict:
         """The runner state saved with this checkpoint (name -> ndarray; empty when none was saved),
@@ -263,7 +266,8 @@ def find_resumable(path: str, *, network, master: dict, epochs: int, run_id: Opt
                                   f"({'; '.join(diff)}); resume with the same master")
         at = os.path.join(ckpt.directory, "network.npz")
         try:
-            net = ckpt.load_network()
+            # the code the resuming model names was named by the user: a checkpoint may name that, no more
+            net = ckpt.load_network(trusted=named_code(network))
             _check_state(at, net, network)
             at = os.path.join(ckpt.directory, _RUNNER_FILE)
             runner_state = ckpt.load_runner_state()

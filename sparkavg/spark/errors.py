@@ -29,6 +29,7 @@ from typing import Optional
 
 from ..configurable import ConfigError
 from ..data.validation import DataValidationError
+from ..references import UnresolvedReference, UntrustedReference
 
 __all__ = [
     "WorkerFailure",
@@ -65,7 +66,8 @@ class DivergenceError(ArithmeticError):
     """A non-finite loss or parameter: training diverged (lower the learning rate)."""
 
 
-_KNOWN = {cls.__name__: cls for cls in (DataValidationError, ConfigError, DivergenceError)}
+_KNOWN = {cls.__name__: cls for cls in (DataValidationError, ConfigError, DivergenceError, UnresolvedReference,
+                                        UntrustedReference)}
 _PERMANENT = (DataValidationError, ConfigError, DivergenceError, TrainingCancelled, ValueError, TypeError, KeyError,
               IndexError, ArithmeticError)
 _MARKER = "SPARKAVG-TASK-ERROR "

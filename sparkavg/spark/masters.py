@@ -13,9 +13,10 @@ import enum
 import ipaddress
 import math
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal, Optional, Tuple, Union
+from typing import Annotated, ClassVar, Literal, Optional, Tuple, Union
 
 from ..configurable import Configurable, from_config, register, registered
+from ..references import Names
 from ..sharing.thresholds import (AdaptiveThreshold, FixedThreshold, ResidualClipping, TargetSparsityThreshold,
                                  ThresholdRule)
 from ..transport import EndpointConfig, FaultInjection, Topology
@@ -190,7 +191,7 @@ class DataOptions(Configurable):
     storage_level: str = "MEMORY_AND_DISK"
     repartition: Repartition = Repartition.AUTO
     prefetch: Union[int, Literal["auto"]] = "auto"
-    transform: Optional[str] = None
+    transform: Annotated[Optional[str], Names("transform")] = None
     storage: Literal["auto", "memory", "stream"] = "auto"
     feature_dtype: Optional[str] = "auto"
     scale: Optional[float] = None

@@ -35,13 +35,12 @@ sees what the model sees.  ``evaluate``, ``predict`` and a fitted
 """
 from __future__ import annotations
 
-import importlib
-import socket
-import sys
 from typing import Callable, Dict, Iterable, Iterator, Optional
 
 import numpy as np
 
+from ..configurable import ConfigError
+from ..references import resolve
 from .errors import register_error
 
 __all__ = ["TransformError", "transform_reference", "resolve_transform", "transform_plan", "transformed",
@@ -55,10 +54,6 @@ COMPACT_DTYPES = ("uint8", "int8", "uint16", "int16", "float16", "float32")
 class TransformError(ValueError):
     """A transform that cannot be imported, or that returned something other
     than an ``(x, y)`` minibatch; the message names it and what was expected."""
-
-
-def _where() -> str:
-    return f"on host {socket.gethostname()} (python {sys.executable})"
 
 
 def _check_reference(reference: str) -> str:
@@ -96,19 +91,10 @@ def resolve_transform(reference: str) -> Callable:
     found = _RESOLVED.get(reference)
     if found is not None:
         return found
-    module_name, _, qualname = _check_reference(reference).partition(":")
     try:
-        obj = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise TransformError(f"Cannot import the transform {reference!r} {_where()}: {exc}; install the package "
-                             "that provides it on every executor") from None
-    for part in qualname.split("."):
-        if not hasattr(obj, part):
-            raise TransformError(f"Cannot find the transform {reference!r} {_where()}: module {module_name!r} has "
-                                 f"no attribute {qualname!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise TransformError(f"Expect the transform {reference!r} to name a function, got {type(obj).__name__}")
+        obj = resolve(_check_reference(reference), "transform")
+    except ConfigError as exc:
+        raise TransformError(f"{exc}") from None
     _RESOLVED[reference] = obj
     return obj
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import numbers
-from typing import Any, Sequence
+from typing import Annotated, Any, Sequence
 
 import numpy as np
 
@@ -33,7 +33,7 @@ from ..configurable import ConfigError, register
 from ..nn.flat import FlatModel, Segment, check_updater
 from ..nn.model import InputSpec, ModelSpec, OutputSpec
 from ..nn.updaters import Updater
-from .factory import reference_of, resolve
+from ..references import Names, reference_of, resolve
 
 __all__ = ["TorchModel", "LOSSES"]
 
@@ -57,10 +57,10 @@ def _check_shape(input_shape):
     return tuple(int(d) for d in shape)
 
 
-def _callable_or_reference(value, what):
+def _callable_or_reference(value, kind, what):
     """``(reference or None, callable)`` for a factory or loss given either way."""
     if isinstance(value, str):
-        return value, resolve(value, what)
+        return value, resolve(value, kind)
     if callable(value):
         return reference_of(value), value
     raise ValueError(f"Expect the {what} as a 'package.module:function' string or a callable, got "
@@ -68,12 +68,16 @@ def _callable_or_reference(value, what):
 
 
 class _Plan:
-    """A built module and its layout (what the constructor and ``planned_sizes`` share)."""
+    """A built module and its layout (what the constructor and ``planned_sizes`` share).
 
-    def __init__(self, args: dict):
+    ``meta=True`` builds the module on torch's ``meta`` device: shapes
+    without memory, so a loader counts a file's parameters before it
+    allocates them (a factory that cannot build there is built on the CPU)."""
+
+    def __init__(self, args: dict, meta: bool = False):
         torch = _torch()
         self.input_shape = _check_shape(args["input_shape"])
-        self.factory_ref, factory = _callable_or_reference(args["factory"], "module factory")
+        self.factory_ref, factory = _callable_or_reference(args["factory"], "factory", "module factory")
         kwargs = args.get("factory_kwargs") or {}
         if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
             raise ValueError(f"Expect factory_kwargs as a dict of keyword arguments, got {kwargs!r:.100}")
@@ -86,9 +90,19 @@ class _Plan:
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ValueError(f"Expect seed as an int >= 0, got {seed!r}")
         name = self.factory_ref or getattr(factory, "__qualname__", repr(factory))
-        with torch.random.fork_rng(devices=[]):  # the user's global RNG is left as it was
-            torch.manual_seed(int(seed))
-            module = factory(**self.kwargs)
+        module = None
+        if meta:
+            try:
+                with torch.device("meta"):
+                    module = factory(**self.kwargs)
+            except Exception as exc:  # noqa: BLE001 -- any failure: count on the CPU instead
+                logger.debug("the factory %r does not build on torch's meta device (%s: %s); counting its "
+                             "parameters on the CPU", name, type(exc).__name__, exc)
+                module = None
+        if module is None:
+            with torch.random.fork_rng(devices=[]):  # the user's global RNG is left as it was
+                torch.manual_seed(int(seed))
+                module = factory(**self.kwargs)
         if not isinstance(module, torch.nn.Module):
             raise ValueError(f"Expect the factory {name!r} to return a torch.nn.Module, got "
                              f"{type(module).__name__}")
@@ -153,7 +167,8 @@ class TorchModel(FlatModel):
     module draws from torch's global generator.
     """
 
-    def __init__(self, factory: Any, loss: Any = "cross_entropy", updater: Updater | None = None,
+    def __init__(self, factory: Annotated[Any, Names("factory")],
+                 loss: Annotated[Any, Names("loss", plain=LOSSES)] = "cross_entropy", updater: Updater | None = None,
                  input_shape: Sequence[int] = (), factory_kwargs: dict | None = None,
                  targets: str = "classes", l2: float = 0.0, l2_bias: float = 0.0, weight_decay: float = 0.0,
                  seed: int = 123, dtype: str = "float32"):
@@ -208,7 +223,7 @@ class TorchModel(FlatModel):
         if isinstance(loss, str) and ":" not in loss:
             raise ValueError(f"Expect loss in {sorted(LOSSES)}, a 'package.module:function' or a callable, "
                              f"got {loss!r}")
-        ref, fn = _callable_or_reference(loss, "loss function")
+        ref, fn = _callable_or_reference(loss, "loss", "loss function")
         return ref, fn, "nll" if targets == "classes" else "mse"
 
     def _owner(self, name):
@@ -220,8 +235,8 @@ class TorchModel(FlatModel):
     @classmethod
     def planned_sizes(cls, args: dict) -> dict:
         """The state vectors' lengths for these constructor arguments (builds
-        the module once on the CPU, allocates no flat vector)."""
-        plan = _Plan(args)
+        the module on torch's meta device: no parameter is allocated)."""
+        plan = _Plan(args, meta=True)
         return {"params": plan.num_params, "updater": int(check_updater(args.get("updater")).state_size(
             plan.num_params)), "buffers": plan.num_buffers}
 

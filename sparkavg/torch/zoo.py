@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from torch import nn
 
+from ..references import factory
+
 __all__ = ["lenet", "lstm", "mlp", "resnet"]
 
 
+@factory
 def lenet(num_classes: int = 10) -> nn.Module:
     """The seeds' LeNet (:func:`sparkavg.nn.zoo.lenet`) as a torch module for
     1x28x28 inputs: conv 5x5x20 -> max-pool 2 -> conv 5x5x50 -> max-pool 2
@@ -25,6 +28,7 @@ def lenet(num_classes: int = 10) -> nn.Module:
     return model
 
 
+@factory
 def mlp(inputs: int, hidden: int = 32, outputs: int = 2, batch_norm: bool = False) -> nn.Module:
     """Flatten -> dense ``hidden`` (BatchNorm1d if asked) relu -> ``outputs``."""
     layers = [nn.Flatten(), nn.Linear(inputs, hidden)]
@@ -52,6 +56,7 @@ def _conv_bn(cin: int, cout: int) -> list:
     return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU()]
 
 
+@factory
 def resnet(num_classes: int = 10, width: int = 16, channels: int = 1, size: int = 28) -> nn.Module:
     """The small ResNet of ``examples/mnist_resnet.py`` as a torch module for
     ``channels x size x size`` inputs (``size`` divisible by 4): stem conv
@@ -90,6 +95,7 @@ class _RowLSTM(nn.Module):
         return self.head(out[:, -1])
 
 
+@factory
 def lstm(num_classes: int = 10, units: int = 128, features: int = 28) -> nn.Module:
     """The row LSTM of ``examples/mnist_lstm.py`` as a torch module: an
     image's rows as time steps (28 steps of 28 pixels for MNIST; give the

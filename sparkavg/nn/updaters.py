@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
+from typing import ClassVar
 
 from .. import ops
 from ..backend import get_array_module
@@ -63,6 +64,10 @@ class Updater(Configurable):
     lr: float = 0.1
     """Learning rate."""
 
+    #: Whether the step is linear in the gradient (SGD, Nesterov): the sum of
+    #: several workers' steps on their gradients is one step on the summed gradient.
+    linear: ClassVar[bool] = False
+
     def __post_init__(self):
         _positive("lr", self.lr)
 
@@ -85,7 +90,7 @@ class Updater(Configurable):
         """The slice of the state holding a velocity (a momentum that keeps
         moving the parameters after its gradient), or None.  Gradient
         sharing clears it where a message sent the entry
-        (``GradientSharing.momentum_masking``)."""
+        (:class:`~sparkavg.spark.policies.sharing.MomentumMasking`)."""
         return None
 
     def correct_averaged_state(self, state, moment_sq, sent, workers: int, steps: int, blocks=None) -> None:
@@ -98,6 +103,8 @@ class Updater(Configurable):
 class SGD(Updater):
     """Plain stochastic gradient descent: ``u = -lr * g``."""
 
+    linear: ClassVar[bool] = True
+
     lr: float = 0.1
     """Learning rate."""
 
@@ -109,6 +116,8 @@ class SGD(Updater):
 @dataclass(frozen=True)
 class Nesterov(Updater):
     """Nesterov momentum (DL4J's formulation); state = velocity (n)."""
+
+    linear: ClassVar[bool] = True
 
     lr: float = 0.1
     """Learning rate."""
@@ -209,7 +218,7 @@ class Adam(Updater):
 
     def correct_averaged_state(self, state, moment_sq, sent, workers, steps, blocks=None):
         """The averaged second moment as one process at the workers' combined
-        batch would have it (parameter averaging, issue 21).
+        batch would have it (parameter averaging).
 
         Each of ``K = workers`` workers adds ``g^2`` of its own ``B``-example
         gradients to ``v``: ``E[g_B^2] = mu^2 + s^2 / B``, where one process
@@ -217,7 +226,7 @@ class Adam(Updater):
         average of the workers' ``v`` is therefore too large by ``(1 - 1/K)
         s^2 / B`` in the share of ``v`` written this round, and Adam's steps
         ``m / sqrt(v)`` too small: up to ``1/sqrt(K)`` where the noise
-        dominates (benchmarks/RESULTS.md, issue 21).  The workers' ``m``
+        dominates (measured in benchmarks/).  The workers' ``m``
         started the round equal, so their spread is noise: its variance
         across workers is ``c s^2 / B`` with ``c = (1 - b1) / (1 + b1) (1 -
         b1^(2 F))`` after ``F = steps`` steps, which gives the excess to take

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -41,6 +42,8 @@ __all__ = [
 TAU_MIN = float(np.finfo(np.float32).tiny)
 #: Largest τ a rule produces or accepts: the largest float32 (~3.40e38).
 TAU_MAX = float(np.finfo(np.float32).max)
+#: The adaptive rules' step: τ halves (or doubles) in 20 steps (DL4J's).
+DECAY = 0.5 ** (1.0 / 20.0)
 
 _TAU_RANGE = "a finite float32 > 0 (between 1.2e-38 and 3.4e38)"
 
@@ -162,7 +165,7 @@ class FixedThreshold(ThresholdRule):
 class AdaptiveThreshold(ThresholdRule):
     """DL4J's default rule: keep τ while the last step's sparsity is inside
     ``[min_sparsity, max_sparsity]``; below it (too sparse) multiply τ by
-    ``decay``, above it (too dense) divide τ by ``decay``.
+    :data:`DECAY`, above it (too dense) divide τ by it.
 
     Parameters
     ----------
@@ -172,14 +175,12 @@ class AdaptiveThreshold(ThresholdRule):
         Lower end of the accepted fraction of entries sent, in (0, 1].
     max_sparsity : float, default 1e-2
         Upper end, ``min_sparsity < max_sparsity <= 1``.
-    decay : float, default 0.5 ** (1 / 20)
-        Factor in (0, 1): τ halves (or doubles) in 20 steps.
     """
 
     initial: float = 1e-4
     min_sparsity: float = 1e-4
     max_sparsity: float = 1e-2
-    decay: float = 0.5 ** (1.0 / 20.0)
+    decay: ClassVar[float] = DECAY
 
     def __post_init__(self):
         object.__setattr__(self, "initial", check_tau(self.initial, "initial"))
@@ -190,7 +191,6 @@ class AdaptiveThreshold(ThresholdRule):
                              f"max_sparsity={self.max_sparsity!r}")
         object.__setattr__(self, "min_sparsity", lo)
         object.__setattr__(self, "max_sparsity", hi)
-        object.__setattr__(self, "decay", _fraction("decay", self.decay, closed_right=False))
 
     def initial_tau(self) -> float:
         return self.initial
@@ -207,7 +207,7 @@ class AdaptiveThreshold(ThresholdRule):
 @dataclass(frozen=True)
 class TargetSparsityThreshold(ThresholdRule):
     """Steer τ so that about ``target`` of the entries are sent each step:
-    below the target multiply τ by ``decay``, at or above it divide.
+    below the target multiply τ by :data:`DECAY`, at or above it divide.
 
     Parameters
     ----------
@@ -215,18 +215,15 @@ class TargetSparsityThreshold(ThresholdRule):
         First τ; a finite normal float32 > 0.
     target : float, default 1e-3
         Wanted fraction of entries sent per step, in (0, 1).
-    decay : float, default 0.5 ** (1 / 20)
-        Factor in (0, 1).
     """
 
     initial: float = 1e-3
     target: float = 1e-3
-    decay: float = 0.5 ** (1.0 / 20.0)
+    decay: ClassVar[float] = DECAY
 
     def __post_init__(self):
         object.__setattr__(self, "initial", check_tau(self.initial, "initial"))
         object.__setattr__(self, "target", _fraction("target", self.target, closed_right=False))
-        object.__setattr__(self, "decay", _fraction("decay", self.decay, closed_right=False))
 
     def initial_tau(self) -> float:
         return self.initial

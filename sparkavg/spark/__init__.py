@@ -14,19 +14,15 @@ import importlib
 _EXPORTS = {
     "SparkTrainer": ".trainer",
     "ParameterAveraging": ".masters",
-    "BlockMomentum": ".masters",
     "GradientSharing": ".masters",
     "DataOptions": ".masters",
     "Device": ".masters",
     "Placement": ".masters",
-    "Weighting": ".masters",
     "Repartition": ".masters",
     "Topology": ".masters",
-    "EndpointConfig": ".masters",
     "FixedThreshold": ".masters",
     "AdaptiveThreshold": ".masters",
     "TargetSparsityThreshold": ".masters",
-    "ResidualClipping": ".masters",
     "TrainingStats": ".stats",
     "recommended_conf": ".session",
     "check_session": ".session",
@@ -35,6 +31,7 @@ _EXPORTS = {
     "TrainingCancelled": ".errors",
     "DivergenceError": ".errors",
     "CheckpointError": ".checkpoint",
+    "Recover": ".divergence",
 }
 
 __all__ = list(_EXPORTS)

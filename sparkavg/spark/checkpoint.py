@@ -33,6 +33,7 @@ import numpy as np
 from ..jsonfile import read_json
 from ..npzfile import load_npz
 from ..references import named_code
+from .upgrade import upgrade_master
 
 __all__ = ["Checkpoint", "CheckpointError", "save_checkpoint", "list_checkpoints", "find_resumable",
            "check_fresh", "remove_other_runs", "architecture_fingerprint"]
@@ -260,7 +261,7 @@ def find_resumable(path: str, *, network, master: dict, epochs: int, run_id: Opt
         if ckpt.architecture != arch:
             raise CheckpointError(f"{ckpt.describe()} has another network architecture than the trainer's "
                                   f"(fingerprint {ckpt.architecture} vs {arch}); build the same network to resume it")
-        diff = _differences(ckpt.master, master)
+        diff = _differences(upgrade_master(ckpt.master), master)
         if diff:
             raise CheckpointError(f"{ckpt.describe()} was trained with another master configuration "
                                   f"({'; '.join(diff)}); resume with the same master")

@@ -41,7 +41,7 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from ..data.validation import DataSpec
-from .data import (PreparedData, check_columns, describe_data, feature_columns, frame_failures, is_dataframe,
+from .data import (STORAGE_LEVEL, PreparedData, check_columns, describe_data, feature_columns, frame_failures, is_dataframe,
                    minibatch_frame, placement_for)
 from .deal import Dealt, deal_epoch
 from .errors import executor_errors
@@ -223,7 +223,7 @@ class ConnectSpark:
             paths = table.column("path").to_pylist()
             return FramePrepared(sizes, paths=[paths[i] for i in order], location=location)
         frame = minibatch_frame(df, spec, batch_size, features_col, label_col, feature_dtype=options.feature_dtype)
-        frame = frame.persist(getattr(StorageLevel, options.storage_level))
+        frame = frame.persist(getattr(StorageLevel, STORAGE_LEVEL))
         try:
             with executor_errors("minibatching"):
                 table = frame.select("id", "n", "error").toArrow()

@@ -43,7 +43,7 @@ from ..data.validation import DataSpec, DataValidationError, count_examples, reb
 from .errors import TaskFailure, executor_errors, guarded_partitions, raise_failures
 from .storage import SUFFIX, SharedLocation, load_minibatch, save_minibatch
 
-__all__ = ["as_example_rdd", "feature_rows", "ExampleFrame", "minibatch_frame", "check_columns", "require_arrow",
+__all__ = ["STORAGE_LEVEL", "as_example_rdd", "feature_rows", "ExampleFrame", "minibatch_frame", "check_columns", "require_arrow",
            "resolve_features", "feature_columns",
            "PreparedData", "prepare", "placement_for", "label_counts", "load_minibatch", "lost_checkpoint_blocks",
            "LINEAGE_REASON", "arrow_batch_rdd"]
@@ -257,6 +257,10 @@ def frame_failures(rows, what: str) -> None:
 
 
 #: Why prepared Spark blocks are local checkpoints (the ``data_lineage`` decision's reason).
+#: Storage level of persisted minibatch blocks: a local checkpoint (their lineage no longer
+#: reaches the source), so Spark also keeps them on disk when memory is short.
+STORAGE_LEVEL = "MEMORY_AND_DISK"
+
 LINEAGE_REASON = ("Spark blocks: lineage truncated after preparing (localCheckpoint), so no epoch's task "
                   "carries the source's partitions (a parallelized collection's hold its data: it would cross "
                   "the driver's link in every epoch); blocks lost with an executor are prepared again from the "

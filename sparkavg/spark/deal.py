@@ -359,7 +359,7 @@ def share_choice(speeds: Sequence[Optional[float]], local: bool, enabled: bool =
     for it says nothing about the next epoch's)."""
     workers = len(speeds)
     if not enabled:
-        return None, "worker_shares='equal'"
+        return None, "preset 'dl4j': equal shares"
     if workers <= 1:
         return None, "one worker: nothing to balance"
     if not local:

@@ -16,7 +16,7 @@ import time
 from typing import Callable, Optional
 
 from ..data.validation import DataSpec
-from .data import (PreparedData, as_example_rdd, check_rdd, feature_rows, is_dataframe, lost_checkpoint_blocks,
+from .data import (STORAGE_LEVEL, PreparedData, as_example_rdd, check_rdd, feature_rows, is_dataframe, lost_checkpoint_blocks,
                    placement_for, prepare)
 from .deal import EpochPlan
 from .errors import executor_errors
@@ -68,7 +68,7 @@ class ClassicSpark:
                 label_col: str) -> PreparedData:
         rdd = as_example_rdd(data, features_col, label_col)
         location = placement_for(options, self.local)
-        return prepare(rdd, spec, batch_size, location, options.storage_level, options.feature_dtype)
+        return prepare(rdd, spec, batch_size, location, STORAGE_LEVEL, options.feature_dtype)
 
     def plan(self, prepared: PreparedData, workers: int, per_round: int, seed: Optional[int],
              local: bool = False, weights=None) -> EpochPlan:

@@ -40,7 +40,7 @@ import numpy as np
 from ..data.validation import DataValidationError
 
 __all__ = ["SharedLocation", "save_minibatch", "load_minibatch", "is_url", "is_remote", "SUFFIX", "encode_minibatch",
-           "decode_minibatch", "release_live_locations"]
+           "decode_minibatch", "release_live_locations", "prefetch_depth"]
 
 #: File name suffix of a minibatch file.
 SUFFIX = ".minibatch"
@@ -60,6 +60,14 @@ def is_remote(location: str) -> bool:
     """Whether reading ``location`` waits on a network (a URL other than ``file://``)."""
     return is_url(location) and not location.startswith("file://")
 
+
+
+def prefetch_depth(options) -> int:
+    """Minibatches a worker loads ahead in a background thread: 1 when they
+    come from a remote ``shared_dir`` (the thread waits on I/O), else 0 (a
+    task owns one core; a loader thread decoding local files or Spark
+    blocks would take it from the training step)."""
+    return 1 if options.shared_dir is not None and is_remote(options.shared_dir) else 0
 
 def _plain(a: np.ndarray, name: str) -> np.ndarray:
     a = np.ascontiguousarray(a)

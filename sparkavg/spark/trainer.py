@@ -23,6 +23,7 @@ from ..listeners.base import EventDispatcher
 from ..listeners.progress import progress_listeners
 from . import checkpoint as ckpt_io
 from .data import is_dataframe, resolve_features
+from .divergence import divergence_policy
 from .errors import DivergenceError, TrainingCancelled, raise_failures
 from .executor.inference import add_scores, make_evaluator, make_predict_fn, make_scorer, merge_evaluations
 from .masters import ParameterAveraging
@@ -40,7 +41,8 @@ __all__ = ["SparkTrainer"]
 
 logger = logging.getLogger(__name__)
 
-_ON_DIVERGENCE = ("raise", "recover")
+#: Minibatch size of evaluate/score/predict (DL4J's default).
+EVAL_BATCH_SIZE = 64
 
 
 class SparkTrainer:
@@ -70,17 +72,14 @@ class SparkTrainer:
     overwrite_checkpoints : bool, default False
         Let a fresh fit replace another run's checkpoints: they are deleted
         before its first epoch (none of the old run's epochs is left to resume).
-    eval_batch_size : int, default 64
-        Minibatch size of evaluate/score/predict (DL4J's default).
-    on_divergence : {"raise", "recover"}, default "raise"
+    on_divergence : {"raise", "recover"} or Recover, default "raise"
         A non-finite loss or parameter on a worker stops the fit with
         :class:`~sparkavg.spark.DivergenceError` naming the worker and
         iteration (the last checkpoint is the last good state).
-        ``"recover"`` instead restores the state from the start of the
-        epoch, multiplies the learning rate by ``recovery_lr_factor`` and
-        trains the epoch again (up to ``max_recoveries`` times per fit).
-    max_recoveries : int, default 3
-    recovery_lr_factor : float, default 0.5
+        ``"recover"`` (or :class:`~sparkavg.spark.Recover` with its own
+        numbers) instead restores the state from the start of the epoch,
+        halves the learning rate and trains the epoch again (up to 3 times
+        per fit).
     listeners : list, optional
         Objects with ``on_<event>(trainer, event)`` methods, called on the
         driver (:mod:`sparkavg.listeners`: ``MLflowListener``,
@@ -104,8 +103,7 @@ class SparkTrainer:
 
     def __init__(self, spark_or_sc, network, master=None, *, features_col: str = "features",
                  label_col: str = "label", checkpoint_dir: Optional[str] = None,
-                 overwrite_checkpoints: bool = False, eval_batch_size: int = 64, on_divergence: str = "raise",
-                 max_recoveries: int = 3, recovery_lr_factor: float = 0.5, listeners: Optional[Sequence] = None,
+                 overwrite_checkpoints: bool = False, on_divergence="raise", listeners: Optional[Sequence] = None,
                  progress="auto"):
         from ..nn import Model
 
@@ -127,17 +125,8 @@ class SparkTrainer:
         self.features_col, self.label_col = features_col, label_col
         self.checkpoint_dir = checkpoint_dir
         self.overwrite_checkpoints = bool(overwrite_checkpoints)
-        if not isinstance(eval_batch_size, int) or isinstance(eval_batch_size, bool) or eval_batch_size < 1:
-            raise ValueError(f"Expect eval_batch_size >= 1 (an int), got {eval_batch_size!r}")
-        if on_divergence not in _ON_DIVERGENCE:
-            raise ValueError(f"Expect on_divergence in {_ON_DIVERGENCE}, got {on_divergence!r}")
-        if not isinstance(max_recoveries, int) or max_recoveries < 0:
-            raise ValueError(f"Expect max_recoveries >= 0 (an int), got {max_recoveries!r}")
-        if not (isinstance(recovery_lr_factor, (int, float)) and 0 < recovery_lr_factor < 1):
-            raise ValueError(f"Expect 0 < recovery_lr_factor < 1, got {recovery_lr_factor!r}")
-        self.recovery_lr_factor = float(recovery_lr_factor)
-        self.eval_batch_size = eval_batch_size
-        self.on_divergence, self.max_recoveries = on_divergence, max_recoveries
+        self.recover = divergence_policy(on_divergence)
+        self.eval_batch_size = EVAL_BATCH_SIZE
         self.run_id = uuid.uuid4().hex[:12]
         self.stats = TrainingStats(workers=self.workers)
         self.history: List[dict] = []
@@ -339,7 +328,7 @@ class SparkTrainer:
         while self.epochs_done < target:
             epoch = self._epoch_running = self.epochs_done
             snapshot = None
-            if self.on_divergence == "recover":  # copies: network_state() may hand out the live host arrays
+            if self.recover is not None:  # copies: network_state() may hand out the live host arrays
                 state = network_state(self.network, with_updater=True)
                 snapshot = ({k: v.copy() if hasattr(v, "copy") else v for k, v in state.items()},
                             self._runner.state_dict())
@@ -354,7 +343,7 @@ class SparkTrainer:
                 logger.warning("fit cancelled in epoch %d: %s", epoch + 1, kept)
                 raise TrainingCancelled(f"{exc}; the fit stopped in epoch {epoch + 1}: {kept}") from exc.__cause__
             except DivergenceError as exc:
-                if self.on_divergence != "recover" or recoveries >= self.max_recoveries:
+                if self.recover is None or recoveries >= self.recover.max_recoveries:
                     logger.error("%s; the last checkpoint (if any) holds the last good state", exc)
                     raise
                 recoveries += 1
@@ -399,7 +388,7 @@ class SparkTrainer:
         net.iteration = state["iteration"]
         self._runner.load_state_dict(runner_state)
         old = net.updater.lr
-        new = old * self.recovery_lr_factor
+        new = old * self.recover.lr_factor
         net.updater = dataclasses.replace(net.updater, lr=new)
         self.stats.decision("learning_rate", new, f"epoch {epoch + 1} diverged ({exc}); restored the epoch's "
                             f"starting state, learning rate {old:.3g} -> {new:.3g}", epoch=epoch)

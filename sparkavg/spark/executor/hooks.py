@@ -1,18 +1,25 @@
 """Fault-injection hooks for the tests, off in production.
 
 The driver reads the job-local properties ``sparkavg.test.kill_marker``,
-``sparkavg.test.stall_rank``, ``sparkavg.test.hold_marker`` and
-``sparkavg.test.slow_worker`` once per job (:meth:`TestHooks.from_properties`)
-and ships the result with the task; a production task gets ``None`` and
-runs no hook code at all.
+``sparkavg.test.stall_rank``, ``sparkavg.test.hold_marker``,
+``sparkavg.test.slow_worker`` and the gradient-sharing transport's
+``sparkavg.test.udp_loss`` (drop, duplicate and reorder this fraction of
+datagrams), ``sparkavg.test.stall_timeout``,
+``sparkavg.test.retransmit_timeout`` and ``sparkavg.test.stage_attempts``
+once per job (:meth:`TestHooks.from_properties`) and ships the result with
+the task; a production task gets ``None`` and runs no hook code at all.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from typing import Callable, Optional
 
-__all__ = ["TestHooks", "KILL_MARKER", "STALL_RANK", "HOLD_MARKER", "SLOW_WORKER"]
+from ...transport import EndpointConfig, FaultInjection
+
+__all__ = ["TestHooks", "KILL_MARKER", "STALL_RANK", "HOLD_MARKER", "SLOW_WORKER", "UDP_LOSS", "STALL_TIMEOUT",
+           "RETRANSMIT_TIMEOUT", "STAGE_ATTEMPTS", "endpoint_config", "stage_attempts", "MAX_STAGE_ATTEMPTS"]
 
 KILL_MARKER = "sparkavg.test.kill_marker"
 STALL_RANK = "sparkavg.test.stall_rank"
@@ -20,28 +27,42 @@ HOLD_MARKER = "sparkavg.test.hold_marker"
 #: ``"s0,s1,..."``: the averaging task of worker ``w`` (its partition modulo the list's length)
 #: sleeps ``s_w`` seconds after each minibatch (slow workers).
 SLOW_WORKER = "sparkavg.test.slow_worker"
+#: A fraction in [0, 1): the sharing transport drops it, and duplicates and reorders half of it.
+UDP_LOSS = "sparkavg.test.udp_loss"
+#: Seconds: the sharing transport's stall and retransmit timeouts.
+STALL_TIMEOUT = "sparkavg.test.stall_timeout"
+RETRANSMIT_TIMEOUT = "sparkavg.test.retransmit_timeout"
+#: Attempts of a gradient-sharing epoch whose stage failed (the default is :data:`MAX_STAGE_ATTEMPTS`).
+STAGE_ATTEMPTS = "sparkavg.test.stage_attempts"
+#: Spark never retries a failed barrier stage, so the driver does: a lost worker restarts the epoch
+#: from its starting state, up to this many attempts in all.
+MAX_STAGE_ATTEMPTS = 3
+_NUMBERS = {"udp_loss": UDP_LOSS, "stall_timeout": STALL_TIMEOUT, "retransmit_timeout": RETRANSMIT_TIMEOUT,
+            "stage_attempts": STAGE_ATTEMPTS}
 
 
 class TestHooks:
     """Plain values telling a task to die or hang (as crashed or stuck executors do)."""
 
     __test__ = False  # not a pytest test class
-    __slots__ = ("kill_marker", "stall_rank", "hold_marker", "slow_worker")
+    __slots__ = ("kill_marker", "stall_rank", "hold_marker", "slow_worker", "numbers")
 
     def __init__(self, kill_marker: Optional[str] = None, stall_rank: Optional[int] = None,
-                 hold_marker: Optional[str] = None, slow_worker: Optional[str] = None):
+                 hold_marker: Optional[str] = None, slow_worker: Optional[str] = None, numbers=None):
         self.kill_marker, self.stall_rank, self.hold_marker = kill_marker, stall_rank, hold_marker
         self.slow_worker = slow_worker
+        self.numbers = dict(numbers or {})  # udp_loss, stall_timeout, retransmit_timeout, stage_attempts
 
     def __reduce__(self):
-        return (TestHooks, (self.kill_marker, self.stall_rank, self.hold_marker, self.slow_worker))
+        return (TestHooks, (self.kill_marker, self.stall_rank, self.hold_marker, self.slow_worker, self.numbers))
 
     @classmethod
     def from_properties(cls, get: Callable[[str], Optional[str]]) -> Optional["TestHooks"]:
         marker, stall, hold, slow = get(KILL_MARKER), get(STALL_RANK), get(HOLD_MARKER), get(SLOW_WORKER)
-        if not marker and stall is None and not hold and not slow:
+        numbers = {name: float(get(key)) for name, key in _NUMBERS.items() if get(key)}
+        if not marker and stall is None and not hold and not slow and not numbers:
             return None
-        return cls(marker or None, int(stall) if stall is not None else None, hold or None, slow or None)
+        return cls(marker or None, int(stall) if stall is not None else None, hold or None, slow or None, numbers)
 
     def minibatch_delay(self, partition: int) -> float:
         """Seconds the averaging task of ``partition`` sleeps after each minibatch (0: none)."""
@@ -67,3 +88,25 @@ class TestHooks:
         """The named rank hangs before its last exchange; its peers must name it."""
         if self.stall_rank is not None and self.stall_rank == rank:
             threading.Event().wait()
+
+
+def endpoint_config(hooks: Optional[TestHooks], seed: int, rank: int, epoch: int) -> EndpointConfig:
+    """The transport configuration a sharing rank runs with: the transport's
+    defaults, or the tests' timeouts and simulated loss."""
+    numbers = hooks.numbers if hooks is not None else {}
+    if not numbers:
+        return EndpointConfig()
+    changes = {name: numbers[name] for name in ("stall_timeout", "retransmit_timeout") if name in numbers}
+    if "retransmit_timeout" in changes:
+        changes["min_retransmit_timeout"] = min(changes["retransmit_timeout"], 0.05)
+    p = numbers.get("udp_loss", 0.0)
+    if p:
+        changes["faults"] = FaultInjection(loss=p, duplicate=p / 2, reorder=p / 2, seed=seed * 1000 + rank + 17 * epoch)
+    return dataclasses.replace(EndpointConfig(), **changes)
+
+
+def stage_attempts(hooks: Optional[TestHooks]) -> int:
+    """Attempts of a gradient-sharing epoch (:data:`MAX_STAGE_ATTEMPTS`, or the tests' own)."""
+    if hooks is not None and "stage_attempts" in hooks.numbers:
+        return int(hooks.numbers["stage_attempts"])
+    return MAX_STAGE_ATTEMPTS

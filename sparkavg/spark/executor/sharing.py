@@ -29,12 +29,15 @@ import numpy as np
 from ...backend import get_array_module
 from ...configurable import register
 from ...sharing import SharingState, apply_received, local_view, sharing_step
+from ...sharing.thresholds import ResidualClipping
 from ...transport import PeerStalledError, ReliableEndpoint, select_address
 from ..errors import DivergenceError, register_error, task_failure_guard
 from ..stats import CounterName, Phase, PhaseRecorder, SeriesName, task_lane
+from ..storage import prefetch_depth
 from .averaging import check_finite
 from .context import LossSum, Record, cached_network, host_copy, load_state
 from .device import task_device
+from .hooks import endpoint_config
 from .minibatches import recorded_minibatches
 from .peers import JoiningGroup
 
@@ -168,7 +171,9 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
 
     ``shipped.value`` is ``{"state": network_state(...) (iteration and named vectors),
     "rank_states": per-rank SharingState.to_plain() or None, "key": HMAC key,
-    "update_scale": the factor of every update (GradientSharing.scale_for)}``;
+    "update_scale": the factor of every update, "masking": whether a velocity is
+    masked, "local_view": whether gradients are taken at the worker's own view}``
+    (decided on the driver: :mod:`sparkavg.spark.policies.sharing`);
     ``master`` is the (frozen, plain) :class:`GradientSharing`.
 
     ``device`` is the master's ``device`` as a plain str (``"auto"``,
@@ -177,9 +182,8 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
     bytes cross to the host; received bytes are copied to the device and
     applied there.
     """
-    rule, clipping = master.threshold, master.residual_post_processor
-    prefetch, collect_stats = master.data.prefetch_depth, master.collect_stats
-    staleness, stall_timeout = master.staleness, master.transport.stall_timeout
+    rule, clipping = master.threshold, ResidualClipping()  # DL4J's post-processor: every 5 iterations, 5 τ
+    prefetch, staleness = prefetch_depth(master.data), master.staleness
 
     def run(items) -> Iterator:
         from pyspark import BarrierTaskContext
@@ -222,15 +226,16 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
                      else SharingState.from_plain(rule, clipping, saved, xp=xp))
             state.reset_statistics()
             update = xp.zeros(n, xp.float32)
-            # GradientSharing.scale_for, decided on the driver: 1/workers or 1
+            # the update scale, decided on the driver: 1/workers or 1
             scale = float(value.get("update_scale", 1.0))
             scale = xp.float32(scale) if scale != 1.0 else 1.0
-            # GradientSharing.momentum_masking: the velocity of the entries each message sent is cleared
-            masked = master.masking_for(getattr(net, "updater", None))[0]
+            # momentum masking: the velocity of the entries each message sent is cleared
+            masked = bool(value.get("masking", False))
             velocity = net.updater_state[net.updater.velocity(n)] if masked else None  # a view: stays live
-            # GradientSharing.local_view: the replica's parameters live in `shared`, every message is applied
-            # there; the network's own vector holds the view (shared + residual) its gradients are taken at
-            shared = net.params.copy() if master.local_view else net.params
+            # the local view: the replica's parameters live in `shared`, every message is applied there;
+            # the network's own vector holds the view (shared + residual) its gradients are taken at
+            view = bool(value.get("local_view", False))
+            shared = net.params.copy() if view else net.params
         spark_host = infos[rank].address.rsplit(":", 1)[0] if infos[rank].address else None
         host = select_address(network_mask=master.network_mask, fallback=spark_host)
         rec.decision("udp_address", host, f"worker rank {rank}: network_mask {master.network_mask!r}, else "
@@ -239,11 +244,12 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
         # A fresh id per stage and attempt: sequence numbers restart with every endpoint, so
         # datagrams of an earlier epoch or a failed attempt must never be taken for new ones.
         stage_job = (job_id << 32) | ((ctx.stageId() & 0xFFFFFF) << 8) | (ctx.attemptNumber() & 0xFF)
-        endpoint = ReliableEndpoint(rank, value["key"], job_id=stage_job, host=host, port=port,
-                                    config=master.endpoint_config(rank, epoch))
+        config = endpoint_config(hooks, master.seed, rank, epoch)
+        stall_timeout = config.stall_timeout
+        endpoint = ReliableEndpoint(rank, value["key"], job_id=stage_job, host=host, port=port, config=config)
         try:
             # The peers' addresses come in a thread (Spark's allGather polls once a second): train meanwhile.
-            group = JoiningGroup(ctx, endpoint, rank, world, master.topology, master.transport.stall_timeout)
+            group = JoiningGroup(ctx, endpoint, rank, world, master.topology, stall_timeout)
             losses, examples, iterations = LossSum(), 0, 0
             start_iteration = net.iteration
             # staleness=0: peers' messages wait in `ordered` for their turn -- those of iteration k are applied
@@ -284,18 +290,18 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
                     raise
                 examples += len(y)  # x may be a dict of inputs by name
                 iterations += 1
-                if collect_stats:
-                    step = start_iteration + iterations - 1  # global iteration: series continue across epochs
-                    rec.series(SeriesName.THRESHOLD, step, tau)
-                    rec.series(SeriesName.SPARSITY, step, state.last_sparsity)
-                    if iterations % 10 == 1:
-                        rec.series(SeriesName.RESIDUAL_NORM, step, float(xp.linalg.norm(state.residual)))
+                # the series every sharing epoch records
+                step = start_iteration + iterations - 1  # global iteration: series continue across epochs
+                rec.series(SeriesName.THRESHOLD, step, tau)
+                rec.series(SeriesName.SPARSITY, step, state.last_sparsity)
+                if iterations % 10 == 1:
+                    rec.series(SeriesName.RESIDUAL_NORM, step, float(xp.linalg.norm(state.residual)))
                 if iterations % FINITE_CHECK_EVERY == 0:
                     check_finite(net, losses.value(), f"worker rank {rank}")
             if hooks is not None:
                 hooks.on_epoch_end(rank)
             with rec.phase(Phase.WAIT):
-                remaining = group.finish(master.transport.stall_timeout, numbered=True)
+                remaining = group.finish(stall_timeout, numbered=True)
             with rec.phase(Phase.APPLY):
                 if ordered is not None:
                     ordered.add(remaining)
@@ -305,7 +311,7 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
                 if shared is not net.params:
                     net.params[...] = shared  # the replica's parameters: what the driver and the next epoch see
             with rec.phase(Phase.WAIT):  # not ctx.barrier(): Spark's polls once a second
-                group.leave(master.transport.stall_timeout)
+                group.leave(stall_timeout)
             t = endpoint.stats()
         finally:
             endpoint.close()

@@ -44,7 +44,10 @@ import numpy as np
 from ... import ops
 from ..errors import TaskFailure, is_permanent
 from ..executor.sharing import ResidentStateMissing, make_sharing_task, replica_sample
-from ..masters import GradientSharing
+from ..executor.hooks import stage_attempts
+from ..masters import DEFAULT_THRESHOLD, GradientSharing
+from ..policies import record
+from ..policies.sharing import LocalView, MomentumMasking, ThresholdChoice, UpdateScale
 from . import runs
 from .base import EpochRunner, Merged, network_state
 
@@ -82,7 +85,12 @@ class SharingRunner(EpochRunner):
         self._resident = None
         self._full = self._sent = None  # the running epoch's whole state and what was shipped
         self._storing = None  # the running epoch's token
-        self.update_scale = 1.0  # each worker's update is multiplied by it (GradientSharing.scale_for)
+        sparkavg = master.preset == "sparkavg"
+        self.scale_policy, self.masking_policy = UpdateScale(sparkavg), MomentumMasking(sparkavg)
+        self.view_policy, self.threshold_policy = LocalView(sparkavg), ThresholdChoice()
+        # decided on the driver each epoch, shipped to the ranks: the factor of each worker's update,
+        # whether a Nesterov velocity is masked, whether gradients are taken at the worker's own view
+        self.decided = {"update_scale": 1.0, "masking": False, "local_view": False}
 
     def minibatches_per_round(self, prepared, workers, network, epoch, stats) -> int:
         if self.rank_states is not None and len(self.rank_states) != workers:
@@ -90,14 +98,17 @@ class SharingRunner(EpochRunner):
             self.rank_states = None
         if self.rank_states is None:
             self._resident = None
-        self.update_scale, why = self.master.scale_for(getattr(network, "updater", None), workers, epoch)
-        stats.decision("update_scale", self.update_scale, why, epoch=epoch)
-        masking, why = self.master.masking_for(getattr(network, "updater", None))
-        stats.decision("momentum_masking", masking, why, epoch=epoch, when_changed=True)
-        stats.decision("local_view", self.master.local_view, self.master.view_reason(), epoch=epoch,
-                       when_changed=True)
+        updater = getattr(network, "updater", None)
+        scale, why = self.scale_policy.decide(updater, workers, epoch)
+        stats.decision(self.scale_policy.name, scale, why, epoch=epoch)
+        masking, why = self.masking_policy.decide(updater)
+        record(stats, self.masking_policy.name, masking, why, epoch)
+        view, why = self.view_policy.decide()
+        record(stats, self.view_policy.name, view, why, epoch)
+        self.decided = {"update_scale": scale, "masking": masking, "local_view": view}
         if epoch == 0 or self.rank_states is None:  # the rule in use (its τ then carries over between epochs)
-            stats.decision("threshold", self.master.threshold.to_config(), self.master.threshold_reason(), epoch=epoch)
+            rule, why = self.threshold_policy.decide(self.master.threshold, DEFAULT_THRESHOLD)
+            stats.decision(self.threshold_policy.name, rule, why, epoch=epoch)
         return -(-len(prepared.sizes) // workers)  # the whole epoch in one round
 
     def _decide_state(self, epoch, stats) -> None:
@@ -121,21 +132,21 @@ class SharingRunner(EpochRunner):
         state = network_state(network, with_updater=True)
         self._storing = secrets.randbits(63)
         self._full = {"state": state, "rank_states": self.rank_states, "key": self.key,
-                      "resident": {"expect": None, "store": self._storing},
-                      "update_scale": self.update_scale}
+                      "resident": {"expect": None, "store": self._storing}, **self.decided}
         value = self._full
         if self._resident is not None and self._resident[1] == state_fingerprint(state):
             value = {"state": {"iteration": state["iteration"]}, "rank_states": None, "key": self.key,
-                     "resident": {"expect": self._resident[0], "store": self._storing},
-                     "update_scale": self.update_scale}
+                     "resident": {"expect": self._resident[0], "store": self._storing}, **self.decided}
         self._resident = None  # until this epoch's ranks kept theirs (merge)
         self._sent = value
         return value
 
     def launch(self, plan, r, config_json, shipped, epoch, stats):
         m = self.master
+        hooks = self.seam.test_hooks()
+        attempts = stage_attempts(hooks)
         task = make_sharing_task(config_json, shipped, m, epoch=epoch, job_id=self.job_id, device=m.device.value,
-                                 hooks=self.seam.test_hooks())
+                                 hooks=hooks)
         what = f"gradient-sharing epoch {epoch + 1}"
         self._decide_state(epoch, stats)
         whole = None  # the whole state, shipped after a rank found none kept
@@ -151,14 +162,14 @@ class SharingRunner(EpochRunner):
                     logger.warning("%s: %s; running it again with the whole state", what, str(exc).splitlines()[0])
                     whole = self.seam.ship({**self._full, "transform": self._sent.get("transform")})
                     task = make_sharing_task(config_json, whole, m, epoch=epoch, job_id=self.job_id,
-                                             device=m.device.value, hooks=self.seam.test_hooks())
+                                             device=m.device.value, hooks=hooks)
                     continue
                 except Exception as exc:
-                    if attempt >= m.max_stage_attempts or is_permanent(exc):
+                    if attempt >= attempts or is_permanent(exc):
                         raise
                     stats.count("stage_restarts", 1)
                     logger.warning("%s, attempt %d of %d failed (%s); restarting the epoch", what, attempt,
-                                   m.max_stage_attempts, str(exc).splitlines()[0][:300])
+                                   attempts, str(exc).splitlines()[0][:300])
                     attempt += 1
         finally:
             if whole is not None:

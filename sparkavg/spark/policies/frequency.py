@@ -14,9 +14,8 @@ clamped to ``[1, max_frequency]`` and to the convergence bound of the
 epoch (:func:`convergence_bound`), then evened out over the epoch
 (:func:`even_rounds`): no more rounds, and none left short.
 
-Overhead alone ignores statistical efficiency: LeNet on 12,000 images for
-one epoch chose F=279, one round per epoch, and lost 1.45 points against one
-process.  Local SGD needs a number of rounds that grows with the local steps:
+Overhead alone ignores statistical efficiency (one round an epoch on small
+data loses accuracy against one process).  Local SGD needs a number of rounds that grows with the local steps:
 ``R >= c * (p * T) ** (1/3)`` rounds suffice for ``T`` local steps on ``p``
 workers (Haddadpour et al., NeurIPS 2019).  :func:`convergence_bound`
 applies it at every epoch's end (``T`` the steps since the fit's first
@@ -37,16 +36,24 @@ from dataclasses import dataclass
 from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..stats import DRIVER_LANE, Phase
+from . import Policy
 
-__all__ = ["RoundCosts", "WorkerBusy", "RoundTiming", "round_costs", "rounds_from_events", "busy_from_payloads",
+__all__ = ["AveragingFrequency", "TARGET_OVERHEAD", "MAX_FREQUENCY", "MAX_PLAIN_MOMENTUM_FREQUENCY", "RoundCosts", "WorkerBusy", "RoundTiming", "round_costs", "rounds_from_events", "busy_from_payloads",
            "choose_frequency", "even_rounds", "convergence_bound", "rounds_needed", "CONVERGENCE_CONSTANT",
            "MIN_ROUNDS_PER_EPOCH"]
 
 #: ``c`` of the local-SGD bound ``R >= c * (p * T) ** (1/3)`` (rounds over ``T``
-#: local steps per worker on ``p`` workers); measured: benchmarks/RESULTS.md, issue 22.
+#: local steps per worker on ``p`` workers); measured in benchmarks/.
 CONVERGENCE_CONSTANT = 0.75
 #: Fewest rounds ``"auto"`` splits an epoch into (tiny data never runs one round an epoch).
 MIN_ROUNDS_PER_EPOCH = 4
+#: The largest share of a round's wall time its fixed overhead may take ("auto").
+TARGET_OVERHEAD = 0.03
+#: The largest frequency "auto" chooses (the convergence bound binds first on small data).
+MAX_FREQUENCY = 400
+#: The largest frequency "auto" chooses for an updater with a momentum of its own, averaged
+#: plainly (block momentum does not run for it): its replicas drift apart in longer rounds.
+MAX_PLAIN_MOMENTUM_FREQUENCY = 32
 
 #: Worker phases whose time grows with the minibatches of a round.
 _PER_MINIBATCH = (Phase.FIT, Phase.DATA_LOAD)
@@ -255,7 +262,7 @@ def choose_frequency(costs: RoundCosts, target: float, max_frequency: int,
                   f"{bound[1]}")
     elif wanted > max_frequency:
         reason = (f"{measured}: {rule} would keep overhead at {100 * target:.0f}% of a round; capped at "
-                  f"max_averaging_frequency {max_frequency}")
+                  f"the largest frequency, {max_frequency}")
     else:
         reason = f"{measured}: {rule} (target {100 * target:.0f}%)"
     if bound is not None and not reason.endswith(bound[1]):
@@ -289,3 +296,41 @@ def even_rounds(minibatches: int, frequency: int, max_frequency: int) -> Tuple[i
         return frequency, None
     return even, (f"{minibatches} minibatches per worker per epoch: {rounds} even round(s) of {even} "
                   f"instead of {as_given} of {frequency}")
+
+
+class AveragingFrequency(Policy):
+    """Decision ``averaging_frequency``: the minibatches each worker fits
+    between averagings in an epoch -- pinned, or ``"auto"``: from the
+    measured costs (:func:`choose_frequency`) under the convergence bound
+    (:func:`convergence_bound`) and, for an updater with a momentum of its
+    own (never under block momentum), under
+    :data:`MAX_PLAIN_MOMENTUM_FREQUENCY` (preset ``"sparkavg"``)."""
+
+    name = "averaging_frequency"
+
+    def __init__(self, frequency, momentum_cap: bool = True):
+        self.frequency, self.momentum_cap = frequency, momentum_cap
+
+    @property
+    def auto(self) -> bool:
+        return self.frequency == "auto"
+
+    def bound(self, per_worker: int, workers: int, epoch: int, updater=None) -> Tuple[int, str]:
+        """The largest frequency ``"auto"`` may choose in ``epoch``, and why."""
+        bound = convergence_bound(per_worker, workers, epoch)
+        own = float(getattr(updater, "momentum", 0.0) or 0.0)
+        cap = MAX_PLAIN_MOMENTUM_FREQUENCY
+        if not self.momentum_cap or own <= 0.0 or bound[0] <= cap:
+            return bound
+        return cap, (f"momentum bound {cap}: {type(updater).__name__} has its own momentum {own:g} and is "
+                     f"averaged plainly, whose replicas drift apart in longer rounds; the {bound[1]}")
+
+    def decide(self, costs: Optional[RoundCosts], per_worker: int, workers: int, epoch: int,
+               updater=None) -> Tuple[int, str]:
+        """``(frequency, reason)`` for an epoch of ``per_worker`` minibatches per worker."""
+        if not self.auto:
+            return int(self.frequency), f"averaging_frequency={self.frequency} (set by user)"
+        bound = self.bound(per_worker, workers, epoch, updater)
+        if costs is None:  # the probe saw no minibatch fitted: nothing to measure
+            return min(MAX_FREQUENCY, bound[0]), f"no probe round fitted a minibatch: the bound; {bound[1]}"
+        return choose_frequency(costs, TARGET_OVERHEAD, MAX_FREQUENCY, per_worker, bound)

@@ -1,0 +1,77 @@
+"""Master configurations written by earlier releases, brought up to date.
+
+Checkpoints, saved estimators and Pipelines hold a master's
+``to_config()``.  Fields that later became the library's behaviour (a
+measured win, no longer a switch) are dropped on load; a file that set one
+away from its old default loads with a warning naming it.  A file whose
+fields together say DL4J's behaviour (plain unweighted averaging without
+the moment correction or worker shares; sharing's summed updates without
+masking or the local view) loads as the ``"dl4j"`` preset.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping
+
+__all__ = ["upgrade_master", "RETIRED"]
+
+logger = logging.getLogger(__name__)
+
+_BLOCK_MOMENTUM = {"type": "BlockMomentum", "momentum": None, "block_lr": 1.0, "nesterov": True, "min_frequency": 32,
+                   "with_momentum_updaters": False}
+_MASTER = {"collect_stats": True}
+#: Retired fields by config type, with the defaults they had.
+RETIRED = {
+    "ParameterAveraging": {**_MASTER, "target_overhead": 0.03, "max_averaging_frequency": 400, "aggregation_depth": 2,
+                           "weighting": "examples", "worker_shares": "auto", "max_plain_momentum_frequency": 32,
+                           "moment_correction": True, "block_momentum": _BLOCK_MOMENTUM},
+    "GradientSharing": {**_MASTER, "residual_post_processor": {"type": "ResidualClipping", "frequency": 5, "k": 5.0},
+                        "transport": None, "simulate_loss": 0.0, "max_stage_attempts": 3, "update_scale": "auto",
+                        "momentum_masking": True, "local_view": True},
+    "DataOptions": {"prefetch": "auto", "storage_level": "MEMORY_AND_DISK"},
+    "AdaptiveThreshold": {"decay": 0.5 ** (1.0 / 20.0)},
+    "TargetSparsityThreshold": {"decay": 0.5 ** (1.0 / 20.0)},
+}
+#: The fields whose values together were DL4J's behaviour.
+_DL4J = {"ParameterAveraging": {"block_momentum": None, "moment_correction": False, "worker_shares": "equal",
+                                "weighting": "uniform"},
+         "GradientSharing": {"update_scale": "sum", "momentum_masking": False, "local_view": False}}
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        try:
+            return abs(float(a) - float(b)) <= 1e-12 * max(1.0, abs(float(b)))
+        except (TypeError, ValueError):
+            return False
+    return a == b
+
+
+def _upgrade(config: Any, where: str) -> Any:
+    if not isinstance(config, Mapping):
+        return config
+    config = dict(config)
+    kind = config.get("type")
+    retired = RETIRED.get(kind, {})
+    signature = _DL4J.get(kind)
+    if signature and all(key in config and _same(config[key], value) for key, value in signature.items()):
+        config.setdefault("preset", "dl4j")
+        for key in signature:
+            del config[key]
+    for key, default in retired.items():
+        if key not in config:
+            continue
+        value = config.pop(key)
+        if default is not None and not _same(value, default):
+            logger.warning("%s: the saved configuration sets %s=%r, a setting this release retired (the library "
+                           "now decides it, see sparkavg.spark.policies); loaded without it", where, key, value)
+    for key, value in list(config.items()):
+        if isinstance(value, Mapping) and "type" in value:
+            config[key] = _upgrade(value, f"{where}.{key}")
+    return config
+
+
+def upgrade_master(config: Any) -> Any:
+    """``config`` (a master's ``to_config()`` of any release) as this
+    release's configuration; anything that is not a mapping is returned as it is."""
+    return _upgrade(config, str(config.get("type", "master")) if isinstance(config, Mapping) else "master")

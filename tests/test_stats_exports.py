@@ -201,7 +201,7 @@ def test_html_is_self_contained_with_one_lane_per_worker_and_escaped(tmp_path):
     s = _rich_stats()
     evil = "<script>alert(1)</script>"
     s.add_worker_payload(_recorder(evil, [0.01]).to_payload())
-    s.decision("note", "<b>x</b>", "because <i>reasons</i>")
+    s.decision("device", "<b>x</b>", "because <i>reasons</i>")
     page = s.to_html(tmp_path / "report.html")
     assert (tmp_path / "report.html").read_text(encoding="utf-8") == page
     assert page.startswith("<!DOCTYPE html>")

@@ -29,7 +29,7 @@ them all), :mod:`.analysis` (time split, verdict, summary), :mod:`.export` (JSON
 from .analysis import (NEAR_LINEAR_SECONDS, SINGLE_MACHINE_SECONDS, WORTH_IT_SECONDS, Regime, datagram_breakdown,
                        format_bytes, format_seconds, iteration_verdict)
 from .names import (COMPUTE_PHASES, DRIVER_PHASES, NON_TRAINING_PHASES, SHARING_PHASES, SPAN_PHASES, WORKER_PHASES,
-                    CounterName, Phase, SeriesName, phase_kind)
+                    CounterName, DecisionName, Phase, SeriesName, phase_kind)
 from .recorder import DRIVER_LANE, PhaseRecorder, task_lane
 from .timeline import Event, Task
 from .training_stats import TrainingStats
@@ -38,6 +38,7 @@ __all__ = [
     "Phase",
     "CounterName",
     "SeriesName",
+    "DecisionName",
     "Regime",
     "DRIVER_LANE",
     "DRIVER_PHASES",

@@ -39,6 +39,7 @@ __all__ = [
     "Phase",
     "CounterName",
     "SeriesName",
+    "DecisionName",
     "DRIVER_PHASES",
     "WORKER_PHASES",
     "COMPUTE_PHASES",
@@ -168,9 +169,35 @@ class SeriesName(_StatName):
     REPLICA_MAX_ABS_DIFF = "replica_max_abs_diff"
 
 
+class DecisionName(_StatName):
+    """The choices the library records with their reasons (a closed set:
+    ``TrainingStats.decision`` refuses any other name)."""
+
+    #: Parameter averaging's policies (sparkavg.spark.policies).
+    AVERAGING_FREQUENCY = "averaging_frequency"
+    BLOCK_MOMENTUM = "block_momentum"
+    MOMENT_CORRECTION = "moment_correction"
+    WORKER_SHARES = "worker_shares"
+    #: Gradient sharing's policies.
+    UPDATE_SCALE = "update_scale"
+    MOMENTUM_MASKING = "momentum_masking"
+    LOCAL_VIEW = "local_view"
+    THRESHOLD = "threshold"
+    SHARING_STATE = "sharing_state"
+    UDP_ADDRESS = "udp_address"
+    #: Data and devices.
+    DEAL = "deal"
+    DATA_STORAGE = "data_storage"
+    DATA_LINEAGE = "data_lineage"
+    DEVICE = "device"
+    #: The trainer.
+    LEARNING_RATE = "learning_rate"
+    LISTENER_ERROR = "listener_error"
+
+
 # str -> plain value; enum members hash and compare as their values, so one lookup serves both.
 _VALUES: dict[type, dict[str, str]] = {cls: {m.value: m.value for m in cls}
-                                       for cls in (Phase, CounterName, SeriesName)}
+                                       for cls in (Phase, CounterName, SeriesName, DecisionName)}
 
 DRIVER_PHASES = (Phase.PLAN, Phase.BROADCAST, Phase.AGGREGATE, Phase.AVERAGE, Phase.EXPORT,
                  Phase.CHECKPOINT, Phase.ROUND, Phase.EPOCH, Phase.EVALUATE)

@@ -20,7 +20,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .names import CounterName, Phase, SeriesName
+from .names import CounterName, DecisionName, Phase, SeriesName
+
+#: Every decision name (a closed set).
+_DECISIONS = frozenset(m.value for m in DecisionName)
 
 __all__ = ["PhaseRecorder", "DRIVER_LANE", "PAYLOAD_FORMAT", "task_lane", "json_value",
            "check_decision"]
@@ -81,8 +84,8 @@ def check_decision(name: str, value: Any, reason: str, epoch: int | None) -> dic
     ValueError
         If ``name`` or ``reason`` is empty or not a string, or ``epoch`` is not a non-negative int.
     """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"Expect a non-empty decision name, got {name!r}")
+    if name not in _DECISIONS:
+        raise ValueError(f"Expect a decision name among {sorted(_DECISIONS)}, got {name!r}")
     if not isinstance(reason, str) or not reason.strip():
         raise ValueError(f"Expect a non-empty reason for decision {name!r}, got {reason!r}")
     if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0):

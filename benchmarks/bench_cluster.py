@@ -388,7 +388,7 @@ def main(argv=None):
                         "sc.parallelize of chunks from the driver (driver_rdd)")
     p.add_argument("--no-local", action="store_true", help="skip the one-process baseline (only the link ratios)")
     p.add_argument("--out", default=None)
-    p.add_argument("--table", default=None, help="also write the RESULTS.md tables (markdown) here")
+    p.add_argument("--table", default=None, help="also write the history/cluster.md tables (markdown) here")
     p.add_argument("--job", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--conf", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -428,7 +428,7 @@ def main(argv=None):
 
 
 def markdown(result: dict) -> str:
-    """The RESULTS.md tables: medians per link speed, then every run (the local process first)."""
+    """The history/cluster.md tables: medians per link speed, then every run (the local process first)."""
     mb = lambda b: f"{b / 1e6:.1f}"  # noqa: E731
     v = result["verdict"]
     med = v["median_examples_per_second"]

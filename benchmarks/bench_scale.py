@@ -222,7 +222,7 @@ def run(args) -> dict:
 
 
 def markdown(scale_files, straggler_file=None, model_file=None) -> str:
-    """The RESULTS.md tables: epoch time and bytes per rank per host count, the straggler, the model."""
+    """The history/cluster.md tables: epoch time and bytes per rank per host count, the straggler, the model."""
     mb = lambda b: f"{b / 1e6:.1f}"  # noqa: E731
     runs = sorted((json.load(open(f)) for f in scale_files), key=lambda r: r["hosts"])
     rows = ["| hosts | strategy | epoch s (1st, 2nd) | test acc. | wire MB per rank: mean / max (tx+rx, eth0) | "
@@ -288,8 +288,8 @@ def main(argv=None):
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--out", default=None)
     p.add_argument("--table", nargs="+", default=None, metavar="JSON",
-                   help="only print the RESULTS.md tables of these scale_scale_h*.json files (with --straggler, "
-                        "--model)")
+                   help="only print the history/cluster.md tables of these scale_scale_h*.json files "
+                        "(with --straggler, --model)")
     p.add_argument("--straggler", default=None)
     p.add_argument("--model", default=None)
     p.add_argument("--job", action="store_true", help=argparse.SUPPRESS)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Issue 21's exploratory diagnosis of the torch LSTM (kept so its figures in
-benchmarks/RESULTS.md can be re-run; ``sim_local_sgd.py`` is the maintained
+benchmarks/history/torch.md can be re-run; ``sim_local_sgd.py`` is the maintained
 simulation).  As ``sim_local_sgd.py``: 2 replicas fit the halves of every
 2 B minibatch of one process's order and are averaged every F steps, but
 rounds run on across epochs (``step % F``), the state correction (``v``)

@@ -441,7 +441,7 @@ def _idx(path, offset):
 @pytest.mark.slow
 def test_lenet_learns_fashion_mnist_subset(fashion_dir):
     # A smoke test of learning (the full 1- and 5-epoch figures are in
-    # benchmarks/RESULTS.md): 6,000 examples, one epoch at batch 64.
+    # benchmarks/history/models.md): 6,000 examples, one epoch at batch 64.
     x = _idx(fashion_dir / "train-images-idx3-ubyte.gz", 16).reshape(-1, 784)[:6000] / np.float32(255)
     y = _idx(fashion_dir / "train-labels-idx1-ubyte.gz", 8)[:6000]
     xt = _idx(fashion_dir / "t10k-images-idx3-ubyte.gz", 16).reshape(-1, 784)[:2000] / np.float32(255)

@@ -305,7 +305,7 @@ class Conv2D(_Weighted):
     #: The direct kernels compute whole 16-lane vectors of output channels
     #: and, for backward data, the full correlation over the padded output
     #: gradient: they run where that costs at most this many times the
-    #: multiply-adds of im2col + GEMM (benchmarks/RESULTS.md: 2-5x faster
+    #: multiply-adds of im2col + GEMM (benchmarks/history/kernels.md: 2-5x faster
     #: at 1.0, still 2x for LeNet's F = 20, 1.6; LeNet's conv2 backward
     #: data, 144/64 pixels x 32/20 lanes = 3.6, is 3-4x slower direct).
     _DIRECT_MAX_WASTE = 2.0

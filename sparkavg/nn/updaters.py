@@ -226,7 +226,7 @@ class Adam(Updater):
         average of the workers' ``v`` is therefore too large by ``(1 - 1/K)
         s^2 / B`` in the share of ``v`` written this round, and Adam's steps
         ``m / sqrt(v)`` too small: up to ``1/sqrt(K)`` where the noise
-        dominates (measured in benchmarks/).  The workers' ``m``
+        dominates (measured: benchmarks/history/torch.md).  The workers' ``m``
         started the round equal, so their spread is noise: its variance
         across workers is ``c s^2 / B`` with ``c = (1 - b1) / (1 + b1) (1 -
         b1^(2 F))`` after ``F = steps`` steps, which gives the excess to take

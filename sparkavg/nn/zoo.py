@@ -20,7 +20,7 @@ def lenet(num_classes: int = 10, seed: int = 123, updater: Updater | None = None
 
     The default updater is ``Adam(lr=1e-3)``: on Fashion-MNIST (inputs
     scaled to [0, 1]) it passes 0.86 test accuracy after one epoch at batch
-    64 and 0.89 after five (see benchmarks/RESULTS.md).
+    64 and 0.89 after five (see benchmarks/history/models.md).
     """
     layers = [
         Conv2D(20, 5, stride=1, activation="identity", weight_init="xavier"),

@@ -11,7 +11,7 @@ receives the update itself.
 ``n_threads`` (keyword, Cython path only) splits the vectors into that many
 contiguous chunks under OpenMP; the default is 1 because each Spark task
 owns one core.  On the 2-core development machine two threads did not pay
-(see benchmarks/RESULTS.md).
+(see benchmarks/history/kernels.md).
 
 :func:`unchecked` is the one way around the checks, for callers whose
 arrays are right by construction (the network engine, per step).

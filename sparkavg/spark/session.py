@@ -4,7 +4,7 @@ Every round of parameter averaging returns one parameter + updater-state
 vector per worker (5.2 MB for LeNet with Adam).  Spark ships a task result
 larger than ``spark.task.maxDirectResultSize`` (default 1 MB) through the
 block manager instead of the task-status message: one more copy and one
-more round trip, ~60 ms per round on 2 cores (``benchmarks/RESULTS.md``).
+more round trip, ~60 ms per round on 2 cores (``benchmarks/history/averaging.md``).
 These settings can only be given when the session starts, so
 :func:`recommended_conf` returns them for the builder and
 :func:`check_session` says when the result size is not covered.
@@ -37,7 +37,7 @@ def recommended_conf(master: str = "local[2]") -> Dict[str, str]:
     """Session settings for sparkavg, to pass to ``SparkSession.builder.config``.
 
     Measured by ``benchmarks/bench_spark_session.py`` on local[2], 2 cores
-    (``benchmarks/RESULTS.md``):
+    (``benchmarks/history/averaging.md``):
 
     - ``spark.python.unix.domain.socket.enabled``: the JVM talks to its
       Python workers over Unix domain sockets instead of TCP loopback; a

@@ -1,17 +1,10 @@
 """Training masters: frozen dataclasses of what a user chooses, validated on
-the driver before any Spark job.
-
-A master says HOW an epoch is distributed; :class:`~sparkavg.spark.trainer.SparkTrainer`
-is the one interface that runs either.  What both share -- where minibatches
-live (:class:`DataOptions`), the batch size, the worker count, the device,
-the seed -- is defined once in :class:`Master`.  The rules that run while an
-epoch runs (the averaging frequency, block momentum, the moment correction,
-worker shares, sharing's update scale, momentum masking and local view) are
-policies of their own (:mod:`sparkavg.spark.policies`), chosen by the
-master's ``preset``: ``"sparkavg"`` (what measured best) or ``"dl4j"``
-(DL4J's own behaviour, :meth:`ParameterAveraging.dl4j`, :meth:`GradientSharing.dl4j`).
-Configurations written by earlier releases are upgraded on load
-(:mod:`sparkavg.spark.upgrade`).
+the driver before any Spark job.  A master says HOW an epoch is distributed;
+:class:`~sparkavg.spark.trainer.SparkTrainer` runs either.  The rules that
+run while an epoch runs are policies (:mod:`sparkavg.spark.policies`) chosen
+by the master's ``preset``: ``"sparkavg"`` (what measured best) or ``"dl4j"``
+(DL4J's own behaviour).  Configurations of earlier releases are upgraded on
+load (:mod:`sparkavg.spark.upgrade`).
 """
 from __future__ import annotations
 
@@ -69,17 +62,13 @@ def check(cond: bool, message: str) -> None:
 
 
 def check_int(name: str, value, minimum: int = 1, maximum: Optional[int] = None) -> None:
-    """Raise ``ValueError`` naming ``name`` unless ``value`` is an int in range."""
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= minimum
-    if maximum is not None:
-        ok = ok and value <= maximum
-    bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-    check(ok, f"Expect {name} {bound} (an int), got {value!r}")
+    ok = ok and (maximum is None or value <= maximum)
+    check(ok, f"Expect {name} {f'>= {minimum}' if maximum is None else f'in [{minimum}, {maximum}]'} (an int), "
+              f"got {value!r}")
 
 
 def as_enum(cls, name: str, value):
-    """``value`` as a member of enum ``cls`` (by member or value); a
-    ``ValueError`` naming ``name`` and the choices otherwise."""
     try:
         return cls(value)
     except ValueError:
@@ -95,22 +84,13 @@ class DataOptions(Configurable):
     Parameters
     ----------
     shared_dir : str or None, default None
-        A location EVERY host (driver and executors) reads and writes: a
-        mounted path or a URL of a filesystem ``fsspec`` knows (``hdfs://``,
-        ``s3://`` ...).  Minibatches are written there once per fit as
-        ``.minibatch`` files and each round reads only its own.
+        A location EVERY host reads and writes (a mounted path or an
+        ``fsspec`` URL: ``hdfs://``, ``s3://`` ...) for the fit's minibatch files.
     placement : Placement, default AUTO
-        ``auto``: files under ``shared_dir`` when it is given; else Spark
-        blocks -- except with a ``local[N]`` master, whose executors share
-        the driver's temporary folder.  ``spark`` forces blocks (a cluster
-        with a shared filesystem that reads its local blocks faster);
-        ``files`` requires ``shared_dir``.
+        ``spark`` forces Spark blocks (a cluster with a shared filesystem that
+        reads local blocks faster); ``files`` requires ``shared_dir``.
     repartition : Repartition, default AUTO
-        How each epoch deals minibatches to workers (seeded shuffles):
-        ``local`` keeps each worker's shard on its own host for the whole fit
-        (nothing crosses the network after the first epoch), ``balanced``
-        shuffles globally every epoch, ``never`` keeps the data's order.
-        ``auto``: ``local`` for Spark blocks, ``balanced`` for shared files.
+        How each epoch deals minibatches to workers (:class:`Repartition`).
     transform : str or None, default None
         ``transform(x, y, rng) -> (x, y)`` applied to every training
         minibatch on the executors (augmentation), ``rng`` seeded per worker,
@@ -120,17 +100,14 @@ class DataOptions(Configurable):
         naming it loads (:mod:`sparkavg.references`).  See
         :mod:`sparkavg.spark.transforms`.
     storage : {"auto", "memory", "stream"}, default "auto"
-        ``memory`` keeps the prepared minibatches for all epochs; ``stream``
-        reads every epoch from the source DataFrame again (data larger than
-        the cluster's memory); ``auto`` streams when the prepared minibatches
-        would not fit (decision ``data_storage``; :mod:`sparkavg.spark.streaming`).
+        Keep the prepared minibatches for all epochs, or read every epoch from
+        the source DataFrame again (data larger than memory); ``auto``
+        streams when they would not fit (:mod:`sparkavg.spark.streaming`).
     feature_dtype : str or None, default "auto"
-        The dtype features keep in the prepared minibatches: ``"auto"`` keeps
-        integer features in the narrowest integer type that holds them and
-        float16 as float16, else float32; or one of ``"uint8"``, ``"int8"``,
-        ``"uint16"``, ``"int16"``, ``"float16"``, ``"float32"`` for all (every
-        value must fit); None: float32.  Executors convert to float32 as
-        they read.
+        The dtype features keep in the prepared minibatches: ``"auto"``
+        (integers in the narrowest type that holds them, float16 as float16,
+        else float32), one of ``"uint8"``, ``"int8"``, ``"uint16"``,
+        ``"int16"``, ``"float16"``, ``"float32"``, or None (float32).
     scale : float or None, default None
         Multiplies the features on the executors (``1/255`` for uint8 pixels).
     normalize : (float, float) or None, default None
@@ -193,8 +170,7 @@ class Master(Configurable):
         The run-time policies: what measured best here, or DL4J's own
         behaviour (see each master's ``dl4j``), for comparisons with DL4J.
 
-    A subclass names its runner's module in :mod:`sparkavg.spark.runners`
-    (``runner_module``), which declares the runner with ``@runs(Subclass)``.
+    A subclass names its runner's module in :mod:`sparkavg.spark.runners`.
     """
 
     runner_module: ClassVar[Optional[str]] = None
@@ -252,9 +228,8 @@ class ParameterAveraging(Master):
         (decision ``averaging_frequency``; every epoch's summary in
         ``trainer.history`` carries it).  An int pins it.
     save_updater : bool, default True
-        Average and carry the updater state (Adam's moments ...) too; False
-        ships only the parameters (less traffic for a large model, each
-        round's workers restarting their updater from zero).
+        Average the updater state (Adam's moments ...) too; False ships only
+        the parameters (less traffic for a large model).
     """
 
     runner_module: ClassVar[Optional[str]] = "averaging"
@@ -283,16 +258,14 @@ class ParameterAveraging(Master):
         return self.averaging_frequency == AUTO
 
 
-#: GradientSharing's default threshold rule: DL4J's adaptive rule from its documented 1e-3.
+#: DL4J's adaptive rule from its documented 1e-3.
 DEFAULT_THRESHOLD = AdaptiveThreshold(initial=1e-3)
 
 
 @register("master")
 @dataclass(frozen=True)
 class GradientSharing(Master):
-    """Gradient sharing (Strom 2015), opt-in.
-
-    One barrier stage per epoch; each iteration every worker adds its
+    """Gradient sharing (Strom 2015), opt-in.  One barrier stage per epoch; each iteration every worker adds its
     updater step to a residual, threshold-encodes it in DL4J's formats,
     sends it to its peers over authenticated reliable UDP and applies its
     own and every received message, in the same order on every replica.

@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol, Tuple, runtime_checkable
+from typing import Any, Mapping, Protocol, Sequence, Tuple, runtime_checkable
 
 from ..configurable import ConfigError, from_config
 from ..references import trusting
@@ -166,6 +166,12 @@ class Model(Protocol):
     @property
     def num_params(self) -> int:
         """Length of ``state["params"]``."""
+
+    @property
+    def param_segments(self) -> Sequence[Any]:
+        """The parameter tensors as ranges of ``state["params"]`` (objects with
+        ``name``, ``start``, ``stop``); strategies that pool per tensor (the
+        moment correction) use them."""
 
     @property
     def xp(self):

@@ -29,10 +29,11 @@ field.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Dict, Optional, Tuple
 
 from .. import ops
 from ..backend import get_array_module
@@ -71,31 +72,42 @@ class Updater(Configurable):
     def __post_init__(self):
         _positive("lr", self.lr)
 
+    #: The state's named slots, in order, each one vector of ``num_params``.
+    slot_names: ClassVar[Tuple[str, ...]] = ()
+    #: What a strategy may know of the slots: role -> slot name.  Roles:
+    #: ``"first_moment"`` (an exponential mean of the gradients, decayed by
+    #: :meth:`decays`), ``"second_moment"`` (of their squares), ``"velocity"``
+    #: (a momentum that keeps moving the parameters after its gradient).
+    roles: ClassVar[Dict[str, str]] = {}
+
     def state_size(self, num_params: int) -> int:
         """Length of the flat state vector for ``num_params`` parameters."""
-        return 0
+        return len(self.slot_names) * num_params
 
     def apply(self, update, grads, state, iteration: int) -> None:  # pragma: no cover - abstract
         """Add this step's update to ``update`` in place, advancing ``state``."""
         raise NotImplementedError
 
-    def noise_moment(self, num_params: int):
-        """The slice of the state holding a first moment (a running mean of
-        the gradients) whose spread across averaged workers measures their
-        gradient noise, or None: nothing to correct after averaging (see
-        :meth:`correct_averaged_state`)."""
-        return None
+    def slots(self, num_params: int) -> Dict[str, slice]:
+        """Each named slot's range in the flat state of ``num_params`` parameters."""
+        return {name: slice(i * num_params, (i + 1) * num_params) for i, name in enumerate(self.slot_names)}
 
-    def velocity(self, num_params: int):
-        """The slice of the state holding a velocity (a momentum that keeps
-        moving the parameters after its gradient), or None.  Gradient
-        sharing clears it where a message sent the entry
-        (:class:`~sparkavg.spark.policies.sharing.MomentumMasking`)."""
-        return None
+    def slot(self, role: str, num_params: int) -> Optional[slice]:
+        """The range of the slot playing ``role`` (see :attr:`roles`), or None."""
+        name = self.roles.get(role)
+        return None if name is None else self.slots(num_params)[name]
 
-    def correct_averaged_state(self, state, moment_sq, sent, workers: int, steps: int, blocks=None) -> None:
-        """Correct an average of ``workers`` workers' states in place (nothing
-        to correct here; :class:`Adam` corrects its second moment)."""
+    def decays(self) -> Dict[str, float]:
+        """The decay of each exponential-mean slot by name (Adam: ``beta1``, ``beta2``)."""
+        return {}
+
+    @property
+    def learning_rate(self) -> float:
+        return float(self.lr)
+
+    def with_learning_rate(self, lr: float) -> "Updater":
+        """This updater with another learning rate (updaters are frozen)."""
+        return dataclasses.replace(self, lr=lr)
 
 
 @register("updater")
@@ -118,6 +130,8 @@ class Nesterov(Updater):
     """Nesterov momentum (DL4J's formulation); state = velocity (n)."""
 
     linear: ClassVar[bool] = True
+    slot_names: ClassVar[Tuple[str, ...]] = ("velocity",)
+    roles: ClassVar[Dict[str, str]] = {"velocity": "velocity"}
 
     lr: float = 0.1
     """Learning rate."""
@@ -128,21 +142,16 @@ class Nesterov(Updater):
         super().__post_init__()
         _unit("momentum", self.momentum)
 
-    def state_size(self, num_params):
-        return num_params
-
     def apply(self, update, grads, state, iteration):
         ops.nesterov_step(update, grads, state, self.lr, self.momentum)
-
-    def velocity(self, num_params):
-        """The whole state: the velocity."""
-        return slice(0, num_params)
 
 
 @register("updater")
 @dataclass(frozen=True)
 class Adagrad(Updater):
     """Adagrad; state = sum of squared gradients (n)."""
+
+    slot_names: ClassVar[Tuple[str, ...]] = ("sum_sq",)
 
     lr: float = 0.1
     """Learning rate."""
@@ -153,9 +162,6 @@ class Adagrad(Updater):
         super().__post_init__()
         _positive("eps", self.eps)
 
-    def state_size(self, num_params):
-        return num_params
-
     def apply(self, update, grads, state, iteration):
         ops.adagrad_step(update, grads, state, self.lr, self.eps)
 
@@ -164,6 +170,8 @@ class Adagrad(Updater):
 @dataclass(frozen=True)
 class RMSProp(Updater):
     """RMSProp; state = running mean of squared gradients (n)."""
+
+    slot_names: ClassVar[Tuple[str, ...]] = ("mean_sq",)
 
     lr: float = 0.1
     """Learning rate."""
@@ -177,9 +185,6 @@ class RMSProp(Updater):
         _unit("decay", self.decay)
         _positive("eps", self.eps)
 
-    def state_size(self, num_params):
-        return num_params
-
     def apply(self, update, grads, state, iteration):
         ops.rmsprop_step(update, grads, state, self.lr, self.decay, self.eps)
 
@@ -188,6 +193,9 @@ class RMSProp(Updater):
 @dataclass(frozen=True)
 class Adam(Updater):
     """Adam; state = [m | v] (2n), bias-corrected with t = iteration + 1."""
+
+    slot_names: ClassVar[Tuple[str, ...]] = ("m", "v")
+    roles: ClassVar[Dict[str, str]] = {"first_moment": "m", "second_moment": "v"}
 
     lr: float = 1e-3
     """Learning rate."""
@@ -204,71 +212,13 @@ class Adam(Updater):
         _unit("beta2", self.beta2)
         _positive("eps", self.eps)
 
-    def state_size(self, num_params):
-        return 2 * num_params
-
     def apply(self, update, grads, state, iteration):
         n = grads.shape[0]
         ops.adam_step(update, grads, state[:n], state[n:], self.lr, self.beta1, self.beta2,
                       self.eps, t=iteration + 1)
 
-    def noise_moment(self, num_params):
-        """``m``: its spread across workers measures their gradient noise."""
-        return slice(0, num_params)
-
-    def correct_averaged_state(self, state, moment_sq, sent, workers, steps, blocks=None):
-        """The averaged second moment as one process at the workers' combined
-        batch would have it (parameter averaging).
-
-        Each of ``K = workers`` workers adds ``g^2`` of its own ``B``-example
-        gradients to ``v``: ``E[g_B^2] = mu^2 + s^2 / B``, where one process
-        at ``K B`` examples per step adds ``mu^2 + s^2 / (K B)``.  The plain
-        average of the workers' ``v`` is therefore too large by ``(1 - 1/K)
-        s^2 / B`` in the share of ``v`` written this round, and Adam's steps
-        ``m / sqrt(v)`` too small: up to ``1/sqrt(K)`` where the noise
-        dominates (measured: benchmarks/history/torch.md).  The workers' ``m``
-        started the round equal, so their spread is noise: its variance
-        across workers is ``c s^2 / B`` with ``c = (1 - b1) / (1 + b1) (1 -
-        b1^(2 F))`` after ``F = steps`` steps, which gives the excess to take
-        off the round's share ``1 - b2^F`` of ``v``.  With few workers one
-        coordinate's spread is too noisy to use alone (2 workers: one
-        degree of freedom), so the excess is pooled per block (a parameter
-        tensor): each block keeps the fraction ``1 - excess / added`` of
-        what the round added to its ``v``, in ``[1/K, 1]`` (``E[g_KB^2] >=
-        E[g_B^2] / K``).
-
-        Parameters
-        ----------
-        state : ndarray (2n,)
-            The workers' average ``[m | v]``; ``v`` corrected in place.
-        moment_sq : ndarray (n,)
-            The workers' average of ``m * m`` (same weights).
-        sent : ndarray (2n,)
-            The state every worker started the round from.
-        workers : int
-            Workers averaged (nothing is corrected below 2).
-        steps : int
-            Minibatches each worker fitted this round.
-        blocks : list of (start, stop), optional
-            Ranges of the parameters pooled together (the model's
-            parameter segments); default: all of them as one block.
-        """
-        n = state.shape[0] // 2
-        if workers < 2 or steps < 1 or n == 0:
-            return
-        xp = get_array_module(state)
-        b1, b2 = self.beta1, self.beta2
-        c = (1.0 - b1) / (1.0 + b1) * (1.0 - b1 ** (2 * steps))
-        m, v = state[:n], state[n:]
-        spread = xp.maximum(moment_sq - m * m, 0.0)  # the workers' variance of m (weighted, population)
-        # (1 - 1/K) s^2/B from a population variance of K values: spread * K/(K-1) / c * (1 - 1/K) = spread / c
-        excess = spread * ((1.0 - b2 ** steps) / c)
-        added = xp.maximum(v - (b2 ** steps) * sent[n:], 0.0)  # what this round wrote into v
-        for start, stop in blocks or [(0, n)]:
-            total = float(added[start:stop].sum())
-            if total > 0.0:
-                keep = min(1.0, max(1.0 / workers, 1.0 - float(excess[start:stop].sum()) / total))
-                v[start:stop] -= (1.0 - keep) * added[start:stop]
+    def decays(self):
+        return {"m": self.beta1, "v": self.beta2}
 
 
 @register("updater")

@@ -7,7 +7,6 @@ statistics, cleanup -- lives here once, on one seam to Spark.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
@@ -387,9 +386,9 @@ class SparkTrainer:
         net.load_state({k: state[k] for k in ("params", "updater", "buffers")})
         net.iteration = state["iteration"]
         self._runner.load_state_dict(runner_state)
-        old = net.updater.lr
+        old = net.updater.learning_rate
         new = old * self.recover.lr_factor
-        net.updater = dataclasses.replace(net.updater, lr=new)
+        net.updater = net.updater.with_learning_rate(new)
         self.stats.decision("learning_rate", new, f"epoch {epoch + 1} diverged ({exc}); restored the epoch's "
                             f"starting state, learning rate {old:.3g} -> {new:.3g}", epoch=epoch)
         logger.warning("epoch %d diverged (%s): restored its starting state, learning rate %.3g -> %.3g, "

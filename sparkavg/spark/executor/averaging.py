@@ -31,7 +31,7 @@ class RoundResult(Record):
     to its result, and the task's start (``time.time()`` on the executor:
     how long after the round's launch it began) -- what the runner's shares
     by speed are cut from.  ``moment_sq`` holds ``weight * m * m`` of the
-    updater's first moment (:meth:`~sparkavg.nn.updaters.Updater.noise_moment`)
+    updater's first moment (:meth:`~sparkavg.nn.updaters.Updater.slot` ``"first_moment"``)
     when the master corrects the averaged state for the workers' gradient
     noise, else None.
     """
@@ -133,7 +133,7 @@ def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: b
         if save_updater and live["updater"].size:
             updater_state = host_copy(live["updater"])
             if moment_spread:  # ParameterAveraging.corrects_moments, decided on the driver
-                moment = net.updater.noise_moment(live["params"].size)
+                moment = net.updater.slot("first_moment", live["params"].size)
                 moment_sq = np.square(updater_state[moment])
                 ops.scale(moment_sq, weight)
             ops.scale(updater_state, weight)

@@ -231,7 +231,7 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
             scale = xp.float32(scale) if scale != 1.0 else 1.0
             # momentum masking: the velocity of the entries each message sent is cleared
             masked = bool(value.get("masking", False))
-            velocity = net.updater_state[net.updater.velocity(n)] if masked else None  # a view: stays live
+            velocity = net.state["updater"][net.updater.slot("velocity", n)] if masked else None  # a view: stays live
             # the local view: the replica's parameters live in `shared`, every message is applied there;
             # the network's own vector holds the view (shared + residual) its gradients are taken at
             view = bool(value.get("local_view", False))

@@ -49,7 +49,7 @@ class MomentumMasking(Policy):
 
     def decide(self, updater) -> Tuple[bool, str]:
         name = type(updater).__name__ if updater is not None else "the model's updater"
-        has_velocity = getattr(updater, "velocity", None) is not None and updater.velocity(1) is not None
+        has_velocity = "velocity" in getattr(updater, "roles", {})
         if not self.enabled:
             return False, "preset 'dl4j': the velocity keeps every entry"
         if not has_velocity:

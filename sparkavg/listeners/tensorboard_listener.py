@@ -142,7 +142,7 @@ class TensorBoardListener(TrainingListener):
     def _parameter_histograms(self, network) -> list:
         from ..backend import to_cpu
 
-        params = np.asarray(to_cpu(network.params))
+        params = np.asarray(to_cpu(network.state["params"]))
         segments = getattr(network, "param_segments", None) or []
         if not segments:
             return [h for h in [self._histo("params", params)] if h is not None]

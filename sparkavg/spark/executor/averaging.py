@@ -67,8 +67,8 @@ def check_finite(net, loss_sum: float, where: str) -> None:
     if not np.isfinite(loss_sum):
         raise DivergenceError(f"training diverged: non-finite loss ({loss_sum}) on {where} at iteration "
                               f"{net.iteration}; lower the learning rate")
-    xp = get_array_module(net.params)
-    if not bool(xp.isfinite(net.params).all()):
+    xp = get_array_module(net.state["params"])
+    if not bool(xp.isfinite(net.state["params"]).all()):
         raise DivergenceError(f"training diverged: non-finite parameters on {where} at iteration {net.iteration}; "
                               "lower the learning rate")
 
@@ -126,7 +126,7 @@ def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: b
         seconds = time.perf_counter() - began
         check_finite(net, loss_sum, f"worker {partition}, round {round_no}")
         weight = 1.0 if uniform else float(examples)
-        params = host_copy(net.params)  # the round's one device -> host copy (GPU)
+        params = host_copy(net.state["params"])  # the round's one device -> host copy (GPU)
         ops.scale(params, weight)
         updater_state = moment_sq = None
         live = net.state

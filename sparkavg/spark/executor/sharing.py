@@ -221,7 +221,8 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
             net = cached_network(config_json, choice)
             load_state(net, start, True)  # host -> device for a GPU network
             n = net.num_params
-            xp = get_array_module(net.params)
+            flat = net.state["params"]  # the model's live parameter vector (the contract's state)
+            xp = get_array_module(flat)
             state = (SharingState(rule, clipping, n, xp=xp) if saved is None
                      else SharingState.from_plain(rule, clipping, saved, xp=xp))
             state.reset_statistics()
@@ -235,7 +236,7 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
             # the local view: the replica's parameters live in `shared`, every message is applied there;
             # the network's own vector holds the view (shared + residual) its gradients are taken at
             view = bool(value.get("local_view", False))
-            shared = net.params.copy() if view else net.params
+            shared = flat.copy() if view else flat
         spark_host = infos[rank].address.rsplit(":", 1)[0] if infos[rank].address else None
         host = select_address(network_mask=master.network_mask, fallback=spark_host)
         rec.decision("udp_address", host, f"worker rank {rank}: network_mask {master.network_mask!r}, else "
@@ -276,8 +277,8 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
                         with rec.phase(Phase.APPLY):
                             apply_received(state, ordered.take(iterations), shared)
                 with rec.phase(Phase.FIT):
-                    if shared is not net.params:
-                        local_view(state, shared, net.params)
+                    if shared is not flat:
+                        local_view(state, shared, flat)
                     losses.add(net.compute_update(x, y, update, sync=False), len(y))
                     if scale != 1.0:
                         update *= scale
@@ -308,8 +309,8 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
                     apply_received(state, ordered.take(None), shared)
                 else:
                     apply_received(state, [p for _, _, p in remaining], shared)
-                if shared is not net.params:
-                    net.params[...] = shared  # the replica's parameters: what the driver and the next epoch see
+                if shared is not flat:
+                    flat[...] = shared  # the replica's parameters: what the driver and the next epoch see
             with rec.phase(Phase.WAIT):  # not ctx.barrier(): Spark's polls once a second
                 group.leave(stall_timeout)
             t = endpoint.stats()
@@ -320,7 +321,7 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
         if resident.get("store") is not None:  # the next epoch starts from here without the driver's copy
             keep_resident(job_id, rank, resident["store"], net, state)
         _count(rec, state, t, examples, iterations, n, world)
-        params = net.params if rank == 0 else net.params[xp.asarray(replica_sample(n))]
+        params = flat if rank == 0 else flat[xp.asarray(replica_sample(n))]
         live = net.state
         # Ranks keeping their state here continue with their own updater state: the driver takes rank 0's, as it
         # takes rank 0's parameters, and the others send none (each would cross the driver's link every epoch).

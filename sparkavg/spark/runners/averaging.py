@@ -169,7 +169,7 @@ class AveragingRunner(EpochRunner):
             for value in (result.params, result.state, result.buffers):
                 if value is not None and value.size:
                     ops.scale(value, inv)
-            model = np.ascontiguousarray(to_cpu(network.params), dtype=np.float32)  # W: read only
+            model = np.ascontiguousarray(to_cpu(network.state["params"]), dtype=np.float32)  # W: read only
             self.block_momentum.step(model, result.params)
             set_state(network, 1.0, result.max_iterations, params=result.params, updater=result.state,
                       buffers=result.buffers)

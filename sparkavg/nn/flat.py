@@ -122,11 +122,31 @@ class FlatModel(Configurable):
     # ---------------------------------------------------------- building
     def _init_flat(self, layers, updater, l2, l2_bias, weight_decay, seed, dtype):
         """Lay out, allocate and initialise the flat vectors over built ``layers``."""
+        self.layers = list(layers)
+        segments, num_params = _layout(self.layers, lambda layer: layer.param_specs())
+        buffer_segments, num_buffers = _layout(self.layers, lambda layer: layer.buffer_specs())
+        self._init_state(segments, num_params, buffer_segments, num_buffers, updater, l2, l2_bias, weight_decay,
+                         seed, dtype)
+        rng = np.random.default_rng(self.seed)
+        for seg in self._segments:
+            layer = self.layers[seg.layer]
+            spec = next(s for s in layer.param_specs() if s.name == seg.name)
+            self._params[seg.start:seg.stop] = layer.initial_value(spec, rng).ravel()
+        for seg in self._buffer_segments:
+            layer = self.layers[seg.layer]
+            spec = next(s for s in layer.buffer_specs() if s.name == seg.name)
+            self._buffers[seg.start:seg.stop] = layer.initial_buffer(spec).ravel()
+        self._bind()
+
+    def _init_state(self, segments, num_params, buffer_segments, num_buffers, updater, l2, l2_bias, weight_decay,
+                    seed, dtype):
+        """The flat state every model of this family holds, allocated (zeros
+        but the parameters and buffers, which the caller fills): the one
+        setup a layer-built model and a torch module share."""
         if str(dtype) not in DTYPES:
             raise ValueError(f"Expect dtype in {DTYPES}, got {dtype!r}")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ValueError(f"Expect seed as an int >= 0, got {seed!r}")
-        self.layers = list(layers)
         self.updater = check_updater(updater)
         self.l2 = _nonneg("l2", l2)
         self.l2_bias = _nonneg("l2_bias", l2_bias)
@@ -139,24 +159,14 @@ class FlatModel(Configurable):
         self._xp = np
         self._reg = None
         self._single_blas = None
-        self._segments, self._num_params = _layout(self.layers, lambda layer: layer.param_specs())
-        self._buffer_segments, num_buffers = _layout(self.layers, lambda layer: layer.buffer_specs())
-        n = self._num_params
+        self._segments, self._num_params = segments, num_params
+        self._buffer_segments = buffer_segments
+        n = num_params
         self._params = np.empty(n, dtype=self.dtype)
         self._grads = np.zeros(n, dtype=self.dtype)
         self._update = np.zeros(n, dtype=self.dtype)
         self._state = np.zeros(self.updater.state_size(n), dtype=self.dtype)
         self._buffers = np.zeros(num_buffers, dtype=self.dtype)
-        rng = np.random.default_rng(self.seed)
-        for seg in self._segments:
-            layer = self.layers[seg.layer]
-            spec = next(s for s in layer.param_specs() if s.name == seg.name)
-            self._params[seg.start:seg.stop] = layer.initial_value(spec, rng).ravel()
-        for seg in self._buffer_segments:
-            layer = self.layers[seg.layer]
-            spec = next(s for s in layer.buffer_specs() if s.name == seg.name)
-            self._buffers[seg.start:seg.stop] = layer.initial_buffer(spec).ravel()
-        self._bind()
 
     @classmethod
     def planned_sizes(cls, args: dict) -> dict:

@@ -181,28 +181,11 @@ class TorchModel(FlatModel):
         self.module = plan.module
         self._loss_ref, self._loss_fn, self.loss_kind = self._loss(loss, targets)
         self._loss_arg, self.targets = loss, targets
-        # FlatModel's attributes (the layer-built models' _init_flat, for a module)
-        self.layers = []
-        self.updater = check_updater(updater)
-        for name, value in (("l2", l2), ("l2_bias", l2_bias), ("weight_decay", weight_decay)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value >= 0 \
-                    or not math.isfinite(value):
-                raise ValueError(f"Expect {name} >= 0, got {value!r}")
-            setattr(self, name, float(value))
-        self.seed, self.dtype = int(seed), plan.dtype
-        self.iteration = self.epoch = 0
-        self.inference_batch_size = 256
-        self._xp, self._reg = np, None
+        self.layers = []  # no sparkavg layers: the module is the model
+        self._init_state(plan.segments, plan.num_params, plan.buffer_segments, plan.num_buffers, updater, l2,
+                         l2_bias, weight_decay, seed, plan.dtype)
         self._torch_params = [p for _, p in plan.params]
         self._torch_buffers = [(self._owner(n), n.rpartition(".")[2], b.dtype) for n, b in plan.buffers]
-        self._segments, self._num_params = plan.segments, plan.num_params
-        self._buffer_segments = plan.buffer_segments
-        n = self._num_params
-        self._params = np.empty(n, dtype=self.dtype)
-        self._grads = np.zeros(n, dtype=self.dtype)
-        self._update = np.zeros(n, dtype=self.dtype)
-        self._state = np.zeros(self.updater.state_size(n), dtype=self.dtype)
-        self._buffers = np.empty(plan.num_buffers, dtype=self.dtype)
         with torch.no_grad():
             for seg, p in zip(self._segments, self._torch_params):
                 self._params[seg.start:seg.stop] = p.detach().reshape(-1).cpu().numpy()

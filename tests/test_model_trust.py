@@ -162,6 +162,24 @@ def _run(code: str, timeout=120) -> subprocess.CompletedProcess:
                           timeout=timeout, env=env, cwd=str(REPO))
 
 
+def _loaded_elsewhere(net, folder) -> tuple:
+    """``(type name, epoch)`` of ``net`` saved and loaded by a new Python
+    process with the default (safe) loader, its parameters checked equal."""
+    path, expected = folder / "elsewhere.npz", folder / "expected.npy"
+    net.save(path)
+    np.save(expected, net.params)
+    done = _run(f"""
+        import numpy as np
+        from sparkavg.nn import load_model
+        net = load_model({str(path)!r})
+        np.testing.assert_array_equal(net.params, np.load({str(expected)!r}))
+        print("LOADED", type(net).__name__, net.epoch)
+    """)
+    assert done.returncode == 0, done.stderr
+    kind, epoch = done.stdout.split("LOADED")[1].split()
+    return kind, int(epoch)
+
+
 def test_a_standard_library_name_is_refused_without_importing_it(torch_file, tmp_path):
     # ``this`` prints the Zen of Python when imported: the loader must not import it to refuse it.
     crafted = tmp_path / "zen.npz"
@@ -236,18 +254,7 @@ def test_a_marked_model_loads_in_a_new_process(tmp_path):
     net = _torch_mlp(factory="tests.torch_models:conv_bn")
     x, y = blobs(8, seed=2)
     net.fit_batch(x, y)
-    path = tmp_path / "conv.npz"
-    net.save(path)
-    np.save(tmp_path / "expected.npy", net.params)
-    done = _run(f"""
-        import numpy as np
-        from sparkavg.nn import load_model
-        net = load_model({str(path)!r})
-        np.testing.assert_array_equal(net.params, np.load({str(tmp_path / 'expected.npy')!r}))
-        print("LOADED", type(net).__name__)
-    """)
-    assert done.returncode == 0, done.stderr
-    assert "LOADED TorchModel" in done.stdout
+    assert _loaded_elsewhere(net, tmp_path) == ("TorchModel", 0)
 
 
 def test_a_native_network_file_needs_no_trust(tmp_path):
@@ -376,18 +383,7 @@ def test_marked_factory_loss_and_transform_train_checkpoint_resume_and_load_else
     trainer = SparkTrainer(spark, resumed, master, checkpoint_dir=str(ckpt))
     trainer.fit(df, epochs=2, resume_from=str(ckpt))
     assert trainer.epochs_done == 2 and resumed.epoch == 2
-    path = tmp_path / "regressor.npz"
-    resumed.save(path)
-    np.save(tmp_path / "expected.npy", resumed.params)
-    done = _run(f"""
-        import numpy as np
-        from sparkavg.nn import load_model
-        net = load_model({str(path)!r})
-        np.testing.assert_array_equal(net.params, np.load({str(tmp_path / 'expected.npy')!r}))
-        print("LOADED", net.epoch)
-    """)
-    assert done.returncode == 0, done.stderr
-    assert "LOADED 2" in done.stdout
+    assert _loaded_elsewhere(resumed, tmp_path) == ("TorchModel", 2)
 
 
 @pytest.mark.spark

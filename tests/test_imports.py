@@ -38,8 +38,6 @@ KNOWN_CYCLES: dict[frozenset, str] = {
     # the loaders in the contract module need Network's config upgrade; serialization needs the loaders
     frozenset({"sparkavg.nn.flat", "sparkavg.nn.graph", "sparkavg.nn.model", "sparkavg.nn.network",
                "sparkavg.nn.serialization", "sparkavg.torch", "sparkavg.torch.model"}): "nn loaders in nn/model.py",
-    # arrow's frame_blocks imports label_counts from spark/data.py, which imports arrow
-    frozenset({"sparkavg.spark.data", "sparkavg.spark.executor.arrow"}): "label_counts in spark/data.py",
 }
 
 

@@ -79,7 +79,7 @@ def test_registries_hold_exactly_the_concrete_classes():
                                         "GlobalAvgPool", "GlobalMaxPool", "LSTM", "GRU", "Embedding", "Conv1D"}
     assert set(registered("updater")) == {"SGD", "Nesterov", "Adagrad", "RMSProp", "Adam", "Nadam"}
     # optional model types (Graph, TorchModel) register when their module is imported
-    from sparkavg.nn.model import OPTIONAL_TYPES
+    from sparkavg.nn.loading import OPTIONAL_TYPES
 
     networks = registered("network")
     assert networks["Network"] is Network and set(networks) <= {"Network", *OPTIONAL_TYPES}

@@ -42,6 +42,7 @@ __all__ = [
     "check_input_rows",
     "check_ids",
     "count_examples",
+    "label_counts",
     "take_examples",
     "concat_examples",
     "compact_features",
@@ -441,6 +442,17 @@ def count_examples(x) -> int:
     if isinstance(x, Mapping):
         return len(next(iter(x.values()))) if x else 0
     return len(x)
+
+
+def label_counts(y, classes: Optional[int]) -> Optional[List[float]]:
+    """Examples per class in a minibatch's labels (class indices or one-hot
+    rows); None for regression (``classes`` None)."""
+    if classes is None:
+        return None
+    y = np.asarray(y)
+    if y.ndim == 1:
+        return np.bincount(y.astype(np.int64), minlength=classes)[:classes].astype(float).tolist()
+    return y.reshape(len(y), -1).sum(axis=0, dtype=np.float64)[:classes].tolist()
 
 
 def take_examples(x, start: int, stop: int):

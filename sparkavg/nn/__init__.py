@@ -2,8 +2,10 @@
 updater state, array-module generic (numpy or CuPy).
 
 Modules: :mod:`.model` (the model contract every strategy sees: ``Model``,
-``ModelSpec``, ``load_model``), :mod:`.flat` (flat state vectors shared by
-the layer-built models), :mod:`.network` (``Network``), :mod:`.layers`, :mod:`.output`
+``ModelSpec``), :mod:`.loading` (``load_model``, ``model_from_json``: a
+model of any type), :mod:`.upgrades` (configurations of an older layout),
+:mod:`.flat` (flat state vectors shared by the layer-built models),
+:mod:`.network` (``Network``), :mod:`.layers`, :mod:`.output`
 (the loss layer), :mod:`.updaters`, :mod:`.regularization` (L2 and weight
 decay as fused passes over contiguous ranges of the flat vector),
 :mod:`.normalization` (``BatchNorm``, ``LayerNorm``), :mod:`.reshaping`
@@ -15,7 +17,8 @@ model files); im2col and pooling kernels are in :mod:`sparkavg.ops.conv`,
 """
 from . import zoo
 from .layers import Activation, AvgPool2D, Conv2D, Dense, Dropout, Layer, MaxPool2D
-from .model import InputSpec, Model, ModelSpec, OutputSpec, load_model, model_from_config, model_from_json
+from .loading import load_model, model_from_config, model_from_json
+from .model import InputSpec, Model, ModelSpec, OutputSpec
 from .normalization import BatchNorm, LayerNorm
 from .output import Output
 from .reshaping import Flatten, GlobalAvgPool, GlobalMaxPool, Reshape

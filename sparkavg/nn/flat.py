@@ -39,6 +39,7 @@ from .model import STATE_VECTORS, config_fingerprint
 from .regularization import Regularization
 from .serialization import load_network, save_network
 from .updaters import Adam, Updater
+from .upgrades import upgrade_config
 
 __all__ = ["FlatModel", "Segment", "DTYPES"]
 
@@ -534,8 +535,6 @@ class FlatModel(Configurable):
             Text that is not JSON, or a configuration that does not describe
             a valid model (the message names the type and field).
         """
-        from .network import upgrade_config
-
         try:
             config = json.loads(text)
         except (TypeError, ValueError, RecursionError) as exc:

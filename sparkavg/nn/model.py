@@ -22,8 +22,10 @@ stack), :class:`~sparkavg.nn.graph.Graph` (named inputs and vertices) and
 ``sparkavg.torch.TorchModel`` (a user's torch module).
 
 Model configurations are registered under the kind ``"network"`` of
-:mod:`sparkavg.configurable`: :func:`model_from_json` and
-:func:`load_model` rebuild whichever model a configuration or file names.
+:mod:`sparkavg.configurable`: the loaders of :mod:`sparkavg.nn.loading`
+(``model_from_json``, ``load_model``) rebuild whichever model a
+configuration or file names.  This module imports nothing of sparkavg:
+everything that knows a model only by this contract can import it.
 """
 from __future__ import annotations
 
@@ -32,18 +34,12 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, Sequence, Tuple, runtime_checkable
 
-from ..configurable import ConfigError, from_config
-from ..references import trusting
-
 __all__ = [
     "STATE_VECTORS",
     "InputSpec",
     "OutputSpec",
     "ModelSpec",
     "Model",
-    "model_from_config",
-    "model_from_json",
-    "load_model",
     "config_fingerprint",
 ]
 
@@ -224,71 +220,3 @@ def config_fingerprint(config: Mapping, drop=("updater", "l2", "l2_bias", "weigh
     hyper-parameters, penalties, seed)."""
     keep = {k: v for k, v in config.items() if k not in drop}
     return hashlib.sha256(json.dumps(keep, sort_keys=True, default=list).encode()).hexdigest()[:16]
-
-
-#: Model types registered by optional modules, imported when a configuration names them
-#: (an executor rebuilding a model has imported only :mod:`sparkavg.nn`).
-OPTIONAL_TYPES = {"Graph": "sparkavg.nn.graph", "TorchModel": "sparkavg.torch"}
-
-
-def import_model_type(config) -> None:
-    """Import the optional module that registers ``config``'s model type, if any."""
-    name = config.get("type") if isinstance(config, Mapping) else None
-    if name in OPTIONAL_TYPES:
-        import importlib
-
-        importlib.import_module(OPTIONAL_TYPES[name])
-
-
-def model_from_config(config: Mapping, *, trusted=None) -> Model:
-    """A freshly initialised model of whichever registered type ``config``
-    names (``{"type": "Network" | "Graph" | "TorchModel", ...}``).
-
-    Code the configuration names (a torch factory or loss) is called only
-    if it is marked or in ``trusted`` (see :mod:`sparkavg.references`)."""
-    from .network import upgrade_config
-
-    with trusting(trusted):
-        import_model_type(config)
-        model = from_config(upgrade_config(dict(config)) if isinstance(config, Mapping) else config,
-                            kind="network")
-    if not isinstance(model, Model):
-        raise ConfigError(f"Expect a configuration of a model, got one of {type(model).__name__}")
-    return model
-
-
-def model_from_json(text: str, *, trusted=None) -> Model:
-    """Inverse of ``model.to_json()``, whatever the model's type.
-
-    Parameters
-    ----------
-    text : str
-    trusted : collection of str, True or None
-        Code the configuration names that may be called besides marked
-        functions (:mod:`sparkavg.references`); ``True`` trusts every name.
-
-    Raises
-    ------
-    ConfigError
-        Text that is not JSON, or a configuration that does not describe a
-        valid model (the message names the type and field);
-        :class:`~sparkavg.references.UntrustedReference` for code it names
-        that is neither marked nor trusted.
-    """
-    try:
-        config = json.loads(text)
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise ConfigError(f"Expect a JSON model configuration, got text that does not parse: {exc}") from None
-    return model_from_config(config, trusted=trusted)
-
-
-def load_model(path, *, max_params: int | None = None, trusted=None) -> Model:
-    """Read a model file written by ``model.save(path)``, whatever the
-    model's type, verifying it in bounded memory (see
-    :mod:`sparkavg.nn.serialization`).  Code the file names (a torch
-    factory or loss) is called only if it is marked or in ``trusted``
-    (``{"package.module:function", ...}``, or ``True`` for a file you wrote
-    yourself): see :mod:`sparkavg.references`."""
-    from .serialization import load_network
-
-    return load_network(path, None, max_params=max_params, trusted=trusted)

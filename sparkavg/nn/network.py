@@ -12,7 +12,7 @@ registered under the kind ``"network"``; :meth:`Network.to_config` gives
 rebuilds a freshly initialised network (same seed, same initial
 parameters).  :meth:`Network.to_json` / :meth:`Network.from_json` are the
 same as JSON text; the latter also reads the version-1 layout written
-before configs carried a ``"type"`` (:func:`upgrade_config`).
+before configs carried a ``"type"`` (:func:`~sparkavg.nn.upgrades.upgrade_config`).
 """
 from __future__ import annotations
 
@@ -25,46 +25,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..configurable import ConfigError, from_config, register
+from ..configurable import from_config, register
 from .flat import FlatModel, Segment, check_updater
 from .layers import Layer
 from .model import InputSpec, ModelSpec, OutputSpec
 from .output import Output
 from .updaters import Updater
+from .upgrades import upgrade_config
 
 __all__ = ["Network", "upgrade_config", "Segment"]
 
 logger = logging.getLogger(__name__)
-
-#: The layout before configs carried a "type": {"format": ..., "version": 1, ...}.
-_V1_FORMAT = "sparkavg.nn.Network"
-_V1_KEYS = frozenset({"format", "version", "input_shape", "layers", "updater", "l2", "l2_bias",
-                      "weight_decay", "seed", "dtype"})
-
-
-def upgrade_config(config):
-    """A network config in the current layout (``{"type": "Network", ...}``).
-
-    Version-1 configs (``{"format": "sparkavg.nn.Network", "version": 1,
-    ...}``, written before configs carried a ``"type"``) are translated; any
-    other value is returned unchanged for :func:`~sparkavg.configurable.from_config`
-    to judge.
-
-    Raises
-    ------
-    ConfigError
-        A version-1 config with another format, version or unknown keys.
-    """
-    if not isinstance(config, dict) or "type" in config or "format" not in config:
-        return config
-    if config.get("format") != _V1_FORMAT or config.get("version") != 1:
-        raise ConfigError(f"Expect a network config of format {_V1_FORMAT!r} version 1 (or with a 'type'), "
-                          f"got format {config.get('format')!r:.100} version {config.get('version')!r:.100}")
-    unknown = sorted(set(config) - _V1_KEYS)
-    if unknown:
-        raise ConfigError(f"Expect version-1 network config keys among {sorted(_V1_KEYS)}, got unknown {unknown}")
-    upgraded = {k: v for k, v in config.items() if k not in ("format", "version")}
-    return {"type": "Network", **upgraded}
 
 
 @register("network")

@@ -198,24 +198,21 @@ def _check_digest(archive: _Archive, config_bytes: bytes, counters, expected, dt
                             "corrupted after it was saved")
 
 
-def _network_plan(archive: _Archive, config_bytes: bytes, max_params: int, network_cls):
+def _network_plan(archive: _Archive, config_bytes: bytes, max_params: int, network_cls, upgrade):
     """The model class, its checked arguments and state sizes, from the
     config member -- no state vector allocated yet (a torch module is
     counted on torch's meta device).  ``network_cls`` (the caller's class,
-    or None for any registered model) says what a config must build; the
-    model class's ``upgrade_config`` (if any), ``DTYPES`` and
-    ``planned_sizes`` do the rest.  Code the config names is checked by
-    :mod:`sparkavg.references` (marked or trusted) before it is called."""
+    or None for any registered model) says what a config must build;
+    ``upgrade`` (else the model class's ``upgrade_config``, if any), the
+    model class's ``DTYPES`` and ``planned_sizes`` do the rest.  Code the
+    config names is checked by :mod:`sparkavg.references` (marked or
+    trusted) before it is called."""
+    if upgrade is None:
+        upgrade = getattr(network_cls, "upgrade_config", None)
     try:
         config = json.loads(config_bytes.decode("utf-8"))
-        if network_cls is None:
-            from .model import import_model_type
-            from .network import upgrade_config  # the version-1 layout predates "type"
-
-            config = upgrade_config(config)
-            import_model_type(config)
-        elif hasattr(network_cls, "upgrade_config"):
-            config = network_cls.upgrade_config(config)
+        if upgrade is not None:
+            config = upgrade(config)
         cls, args = checked_arguments(config, kind="network", expect=network_cls)
         sizes = cls.planned_sizes(args)
         num_params, state_size, num_buffers = sizes["params"], sizes["updater"], sizes["buffers"]
@@ -239,7 +236,7 @@ def _network_plan(archive: _Archive, config_bytes: bytes, max_params: int, netwo
     return cls, args, {"params": num_params, "updater": state_size, "buffers": num_buffers}, np.dtype(dtype)
 
 
-def load_network(path, network_cls, *, max_params: int | None = None, trusted=None):
+def load_network(path, network_cls, *, max_params: int | None = None, trusted=None, upgrade=None):
     """Read, verify and rebuild a network written by :func:`save_network`
     (what :meth:`Network.load <sparkavg.nn.network.Network.load>` calls).
 
@@ -255,6 +252,12 @@ def load_network(path, network_cls, *, max_params: int | None = None, trusted=No
         Code the file names (a torch factory or loss) that may be called
         besides marked functions (:mod:`sparkavg.references`); ``True``
         trusts every name in the file.
+    upgrade : callable, optional
+        Called with the parsed configuration once the digest has been
+        checked, returns it in this version's layout
+        (:func:`sparkavg.nn.load_model`'s also imports the module of an
+        optional model type); default: ``network_cls.upgrade_config`` where
+        the class has one.
 
     Returns
     -------
@@ -286,7 +289,7 @@ def load_network(path, network_cls, *, max_params: int | None = None, trusted=No
             # What the file declares, then its digest, before the configuration imports or builds anything.
             declared, declared_dtype = _declared(archive, max_params)
             _check_digest(archive, config_bytes, counters, expected_digest, declared_dtype, declared)
-            cls, args, sizes, dtype = _network_plan(archive, config_bytes, max_params, network_cls)
+            cls, args, sizes, dtype = _network_plan(archive, config_bytes, max_params, network_cls, upgrade)
             if "buffers" not in declared and sizes["buffers"]:
                 raise archive.error(f"expected a member 'buffers' of {sizes['buffers']:,} values for this "
                                     f"configuration (a file written before models had buffers cannot hold them)")

@@ -39,13 +39,13 @@ from typing import Callable, List, Mapping, Optional
 
 import numpy as np
 
-from ..data.validation import DataSpec, DataValidationError, count_examples, rebatch_partition
+from ..data.validation import DataSpec, DataValidationError, count_examples, label_counts, rebatch_partition
 from .errors import TaskFailure, executor_errors, guarded_partitions, raise_failures
 from .storage import SUFFIX, SharedLocation, load_minibatch, save_minibatch
 
 __all__ = ["STORAGE_LEVEL", "as_example_rdd", "feature_rows", "ExampleFrame", "minibatch_frame", "check_columns", "require_arrow",
            "resolve_features", "feature_columns",
-           "PreparedData", "prepare", "placement_for", "label_counts", "load_minibatch", "lost_checkpoint_blocks",
+           "PreparedData", "prepare", "placement_for", "load_minibatch", "lost_checkpoint_blocks",
            "LINEAGE_REASON", "arrow_batch_rdd"]
 
 logger = logging.getLogger(__name__)
@@ -385,17 +385,6 @@ def prepare(rdd, spec: DataSpec, batch_size: int, location: Optional[SharedLocat
     prepared = _persist_blocks(rdd.mapPartitionsWithIndex(guarded_partitions(rebatch)), storage_level, _classes(spec))
     prepared._remake = lambda: prepare(rdd, spec, batch_size, None, storage_level, feature_dtype)
     return prepared
-
-
-def label_counts(y, classes: Optional[int]) -> Optional[List[float]]:
-    """Examples per class in a minibatch's labels (class indices or one-hot
-    rows); None for regression (``classes`` None)."""
-    if classes is None:
-        return None
-    y = np.asarray(y)
-    if y.ndim == 1:
-        return np.bincount(y.astype(np.int64), minlength=classes)[:classes].astype(float).tolist()
-    return y.reshape(len(y), -1).sum(axis=0, dtype=np.float64)[:classes].tolist()
 
 
 def _classes(spec: DataSpec) -> Optional[int]:

@@ -34,7 +34,7 @@ import numpy as np
 
 from ...data.validation import (DataSpec, DataValidationError, check_finite, check_ids, check_label_values,
                                 check_widths, compact_features, count_examples, cut_minibatches, kept_features,
-                                row_namer, shape_note)
+                                label_counts, row_namer, shape_note)
 from ...npzfile import load_npy_bytes
 from ..errors import TaskFailure, task_failure_guard
 from .context import task_partition
@@ -593,8 +593,6 @@ def frame_blocks(large: bool, classes: Optional[int], notes):
 
     def run(partition: int, raw: Iterable) -> Iterator:
         import socket
-
-        from ..data import label_counts
 
         host, told = socket.gethostname(), []
         for batch in ipc_batches(raw, MINIBATCH_SCHEMA, large):

@@ -11,22 +11,9 @@ from __future__ import annotations
 import importlib
 
 from ..masters import Master
-from .base import EpochRunner
+from .base import _RUNNERS, EpochRunner, runs
 
 __all__ = ["EpochRunner", "runner_for", "runs"]
-
-_RUNNERS: dict = {}
-
-
-def runs(master_class: type):
-    """Class decorator: the decorated :class:`EpochRunner` runs ``master_class``
-    (and its subclasses without a runner of their own)."""
-
-    def deco(cls):
-        _RUNNERS[master_class] = cls
-        return cls
-
-    return deco
 
 
 def runner_for(seam, master) -> EpochRunner:

@@ -33,8 +33,7 @@ from ..policies.frequency import AveragingFrequency, RoundCosts, busy_from_paylo
 from ..policies.moments import MomentCorrection
 from ..policies.shares import WorkerShares
 from ..storage import prefetch_depth
-from . import runs
-from .base import EpochRunner, Merged, network_state, set_state
+from .base import EpochRunner, Merged, network_state, runs, set_state
 
 __all__ = ["AveragingRunner", "PROBE_MINIBATCHES", "PROBE_ROUNDS", "AGGREGATION_DEPTH"]
 

@@ -36,7 +36,7 @@ from ..session import check_result_path
 from ..stats import Phase
 from ..transforms import transform_plan
 
-__all__ = ["EpochRunner", "Merged", "Progress", "network_state", "set_state"]
+__all__ = ["EpochRunner", "Merged", "Progress", "network_state", "set_state", "runs"]
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +90,21 @@ class Progress:
         extra = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items())
         logger.info("%s: %d/%d (%.0f%%) %.1fs %s", self.label, done, self.total, 100.0 * done / self.total,
                     now - self.start, extra)
+
+
+#: Master class -> its runner class (:func:`runs`).
+_RUNNERS: dict = {}
+
+
+def runs(master_class: type):
+    """Class decorator: the decorated :class:`EpochRunner` runs ``master_class``
+    (and its subclasses without a runner of their own)."""
+
+    def deco(cls):
+        _RUNNERS[master_class] = cls
+        return cls
+
+    return deco
 
 
 class EpochRunner(abc.ABC):

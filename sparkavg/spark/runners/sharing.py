@@ -48,8 +48,7 @@ from ..executor.hooks import stage_attempts
 from ..masters import DEFAULT_THRESHOLD, GradientSharing
 from ..policies import record
 from ..policies.sharing import LocalView, MomentumMasking, ThresholdChoice, UpdateScale
-from . import runs
-from .base import EpochRunner, Merged, network_state
+from .base import EpochRunner, Merged, network_state, runs
 
 __all__ = ["SharingRunner", "state_fingerprint"]
 

@@ -65,3 +65,17 @@ def test_the_security_page_lists_the_marks_and_trust(built):
                   "sparkavg.trusting"):
         assert words in text, words
 
+
+def test_the_readme_is_a_front_door_whose_links_resolve():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 250
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    local = [t for t in targets if "://" not in t]
+    assert local, "the README links no guide page"
+    missing = [t for t in local if not (ROOT / t).exists()]
+    assert missing == [], f"README links to missing files: {missing}"
+    for page in ("docs/security.md", "docs/performance.md", "docs/index.md"):
+        assert page in local, f"the README does not link {page}"
+    # CI extracts and runs this block (.ci/run); it must stay where it is.
+    assert "<!-- test-command -->\n```\nbash scripts/setup.sh && .venv/bin/python -m pytest -q\n```\n" \
+           "<!-- /test-command -->" in text

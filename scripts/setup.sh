@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian machine for sparkavg: Java 17 (Spark), the
 # Fashion-MNIST dataset, a virtual environment in .venv with the package
-# (its Cython kernels compiled), the Spark Connect client and the test
-# tools, and iproute2 for the tests' simulated hosts.  Idempotent.
+# (its Cython kernels compiled), the Spark Connect client, the test and
+# documentation tools, and iproute2 for the tests' simulated hosts.  Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

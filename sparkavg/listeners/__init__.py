@@ -1,4 +1,4 @@
-"""Listeners: hook into a fit on the driver (epochs, rounds, checkpoints, failures).
+"""Listeners: hook into a fit on the driver (epochs, rounds, checkpoints, failures)::
 
     from sparkavg.listeners import MLflowListener, TensorBoardListener
     trainer = SparkTrainer(spark, net, master, listeners=[MLflowListener(), TensorBoardListener("runs/lenet")])

@@ -1,6 +1,6 @@
 """pyspark.ml front: ``NetworkEstimator`` -> ``NetworkModel`` (DataFrame in,
 DataFrame out, a Pipeline stage, npz + JSON persistence), on classic and
-Spark Connect sessions alike.
+Spark Connect sessions alike::
 
     from sparkavg.ml import NetworkEstimator, NetworkModel
 

@@ -44,6 +44,8 @@ class Conv1D(Layer):
     weight_init : str, default 'xavier'
         Fans as a convolution's: fan_in = F*k, fan_out = filters*k/stride.
 
+    Notes
+    -----
     Parameters in the flat vector: W (k, F, filters) (PyTorch's
     ``weight.permute(2, 1, 0)``), then b (filters,).
     """

@@ -61,6 +61,8 @@ class Embedding(Layer):
         keeps moving every row an id ever touched, and the table's update
         (and its share of sharing's traffic) becomes dense.
 
+    Notes
+    -----
     Parameters in the flat vector: W (vocab_size, dim) (regularized).
     """
 

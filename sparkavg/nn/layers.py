@@ -181,7 +181,7 @@ class Layer(Configurable):
 
     # ----------------------------------------------------------- compute
     def forward(self, x, training: bool):
-        """(N, *internal input shape) -> (N, *internal output shape)."""
+        """``(N, *internal input shape)`` -> ``(N, *internal output shape)``."""
         return x
 
     def backward(self, dy, need_dx: bool):
@@ -249,6 +249,8 @@ class Conv2D(_Weighted):
     weight_init : str
         See :mod:`sparkavg.nn.initializers`.
 
+    Notes
+    -----
     Parameters in the flat vector: W (KH, KW, C_in, F), then b (F,).
     """
 
@@ -484,6 +486,8 @@ class AvgPool2D(_Pool2D):
 class Dense(_Weighted):
     """Fully connected layer ``act(x @ W + b)``; a (C, H, W) input is flattened.
 
+    Notes
+    -----
     Parameters in the flat vector: W (n_in, units), then b (units,).
     """
 

@@ -70,6 +70,8 @@ class Network(FlatModel):
         Of parameters, gradients, state and activations; float64 is for
         gradient checks.
 
+    Notes
+    -----
     A network implements :class:`~sparkavg.nn.model.Model` (see
     :class:`~sparkavg.nn.flat.FlatModel` for the state vectors, training
     step, devices and files); its one input is named ``"input"`` and its

@@ -86,6 +86,8 @@ class BatchNorm(_Affine):
     eps : float, default 1e-5
         Added to the variance.
 
+    Notes
+    -----
     Parameters in the flat vector: gamma (C,) (init 1), then beta (C,)
     (init 0), neither regularized.  Buffers (the model's flat ``buffers``
     vector, averaged like parameters): running ``mean`` (C,) (init 0), then
@@ -176,6 +178,8 @@ class LayerNorm(_Affine):
     eps : float, default 1e-5
         Added to the variance.
 
+    Notes
+    -----
     Parameters in the flat vector: gamma (F,) or (C,) (init 1), then beta
     (init 0), neither regularized.
     """

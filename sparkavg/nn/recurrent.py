@@ -239,6 +239,8 @@ class LSTM(_Recurrent):
         Recurrent weights: an orthogonal (units, units) block per gate, or
         a weight init with fan_in = fan_out = units.
 
+    Notes
+    -----
     Parameters in the flat vector: W (F, 4*units), b (4*units,), RW
     (units, 4*units); columns in gate order input, forget, cell, output.
     """
@@ -336,6 +338,8 @@ class GRU(_Recurrent):
     units, return_sequences, mask_value, weight_init, recurrent_init
         As :class:`LSTM`.
 
+    Notes
+    -----
     Parameters in the flat vector: W (F, 3*units), b (3*units,), RW
     (units, 3*units), rb (units,) (the recurrent bias of the new gate, inside
     the reset product: PyTorch's ``bias_hh_l0[2*units:]``; its other two

@@ -146,7 +146,7 @@ class _GlobalPool(Layer):
         return self.output_shape
 
     def _rows(self, a):
-        """(N, *internal input shape) -> an (N, K, C) view."""
+        """``(N, *internal input shape)`` -> an (N, K, C) view."""
         return _contiguous(a).reshape(a.shape[0], -1, self.output_shape[0])
 
 

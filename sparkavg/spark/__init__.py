@@ -1,4 +1,4 @@
-"""Distributed training on Spark: one trainer, two masters.
+"""Distributed training on Spark: one trainer, two masters::
 
     trainer = SparkTrainer(spark, network, ParameterAveraging(...))   # or GradientSharing(...)
     trainer.fit(rdd_or_dataframe, epochs=3)

@@ -203,6 +203,8 @@ class TrainingStats:
             was started and just after its results came back; the lane is
             shifted into this window if the clocks disagree (:mod:`.timeline`).
 
+        Notes
+        -----
         Worker decisions equal to one already recorded are kept once.
         """
         placed = place_payload(payload, self._rec.origin_wall, self._rec.origin_perf, epoch=epoch, round=round,

@@ -4,7 +4,6 @@ Build: ``python -m sphinx -W --keep-going -b html docs docs/_build/html``
 (``tests/test_docs.py`` runs exactly this, with warnings as errors).
 """
 import os
-import re
 import sys
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
@@ -58,28 +57,5 @@ def _skip_namedtuple_aliases(app, what, name, obj, skip, options):
     return None
 
 
-# Modules rewritten on another branch while this guide was written: some of
-# their class docstrings end the "Parameters" section with a paragraph of prose
-# but no "Notes" heading, which napoleon would read as more parameters.  Until
-# that rewrite lands (it fixes them at the source), give such a paragraph its
-# heading here.  Only these modules; every other docstring is fixed in place.
-_PENDING_REWRITE = ("sparkavg.spark.masters", "sparkavg.spark.trainer")
-_FIELD = re.compile(r"\*{0,2}\w+(, \*{0,2}\w+)*( : .*)?")
-
-
-def _notes_heading(app, what, name, obj, options, lines):
-    if getattr(obj, "__module__", None) not in _PENDING_REWRITE or "Parameters" not in lines:
-        return
-    start = lines.index("Parameters") + 2
-    for i in range(start + 1, len(lines)):
-        line = lines[i]
-        if lines[i - 1] == "" and line and not line[0].isspace() and not _FIELD.fullmatch(line):
-            if re.fullmatch(r"-+", lines[i + 1] if i + 1 < len(lines) else ""):
-                return  # a section heading of its own
-            lines[i:i] = ["Notes", "-----"]
-            return
-
-
 def setup(app):
     app.connect("autodoc-skip-member", _skip_namedtuple_aliases)
-    app.connect("autodoc-process-docstring", _notes_heading, priority=100)  # before napoleon (500)

@@ -151,7 +151,8 @@ class DataOptions(Configurable):
 
 @dataclass(frozen=True)
 class Master(Configurable):
-    """What every master shares.
+    """What every master shares (a subclass names its runner's module in
+    :mod:`sparkavg.spark.runners`).
 
     Parameters
     ----------
@@ -169,8 +170,6 @@ class Master(Configurable):
     preset : {"sparkavg", "dl4j"}, default "sparkavg"
         The run-time policies: what measured best here, or DL4J's own
         behaviour (see each master's ``dl4j``), for comparisons with DL4J.
-
-    A subclass names its runner's module in :mod:`sparkavg.spark.runners`.
     """
 
     runner_module: ClassVar[Optional[str]] = None

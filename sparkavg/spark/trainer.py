@@ -90,6 +90,8 @@ class SparkTrainer:
         when stderr is a terminal and tqdm is installed.  Without it, the
         rounds' progress goes to periodic log lines.
 
+    Notes
+    -----
     The trainer holds exported minibatches; :meth:`close` (or leaving
     ``with SparkTrainer(...)``, or interpreter exit) releases them, and so
     does a SIGTERM during a fit in the main thread (which then still ends

@@ -1,4 +1,6 @@
 """Tiny networks and data for the Spark tests (fast on 2 cores)."""
+from contextlib import contextmanager
+
 import numpy as np
 
 from sparkavg.nn import Adam, Dense, Network, Output
@@ -47,38 +49,51 @@ def fit_replicas(start, x, y, shards, size: int = 4) -> list:
     return replicas
 
 
-def averaged_updater_state(start, replicas):
+def averaged_updater_state(start, replicas, corrected: bool = True):
     """The updater state one averaging round of equally weighted ``replicas``
-    (each fitted from ``start``) gives at ``moment_correction=True`` (the
-    default): their mean, Adam's ``v`` corrected from the spread of their
-    ``m`` (``Updater.correct_averaged_state``, pooled per parameter tensor)."""
+    (each fitted from ``start``) gives: their mean, with the moment
+    correction of the default preset (``corrected``; Adam's ``v`` corrected
+    from the spread of their ``m``,
+    :func:`~sparkavg.spark.policies.moments.correct_second_moment`, pooled
+    per parameter tensor), or plainly as the ``"dl4j"`` preset averages it
+    (``corrected=False``)."""
+    from sparkavg.spark.policies.moments import correct_second_moment
+
     k, n = len(replicas), start.num_params
     state = sum(r.updater_state.astype(np.float64) for r in replicas) / k
-    moment = start.updater.noise_moment(n)
-    if moment is not None and k > 1:
-        m_sq = sum(r.updater_state[moment].astype(np.float64) ** 2 for r in replicas) / k
+    first = start.updater.slot("first_moment", n)
+    if corrected and first is not None and k > 1:
+        m_sq = sum(r.updater_state[first].astype(np.float64) ** 2 for r in replicas) / k
         steps = replicas[0].iteration - start.iteration
-        start.updater.correct_averaged_state(state, m_sq, start.updater_state.astype(np.float64), k, steps,
-                                             [(seg.start, seg.stop) for seg in start.param_segments])
+        correct_second_moment(start.updater, state, m_sq, start.updater_state.astype(np.float64), k, steps,
+                              [(seg.start, seg.stop) for seg in start.param_segments])
     return state
 
 
 def straight_and_resumed(session, make_model, master, data, ckpt: str, seed: int = 14, stop_after: int = 2,
-                         epochs: int = 3):
+                         epochs: int = 3, setup=None):
     """The resume pattern every flavour's checkpoint test checks: a model
     trained ``epochs`` straight, and one trained ``stop_after`` epochs with
     checkpoints under ``ckpt`` then resumed to ``epochs`` from a model built
     with another seed (so everything must come from the checkpoint).
+    ``setup(trainer)``, when given, is called on each of the three trainers
+    before it fits (a test's policy settings on the driver's runner).
 
     Returns ``(straight, resumed, trainer)``, the resumed fit's trainer
     left open; the caller compares the two models."""
     from sparkavg.spark import SparkTrainer
 
+    def trainer_for(model, **kwargs):
+        trainer = SparkTrainer(session, model, master, **kwargs)
+        if setup is not None:
+            setup(trainer)
+        return trainer
+
     straight = make_model(seed=seed)
-    SparkTrainer(session, straight, master).fit(data, epochs=epochs)
-    SparkTrainer(session, make_model(seed=seed), master, checkpoint_dir=ckpt).fit(data, epochs=stop_after)
+    trainer_for(straight).fit(data, epochs=epochs)
+    trainer_for(make_model(seed=seed), checkpoint_dir=ckpt).fit(data, epochs=stop_after)
     resumed = make_model(seed=seed + 85)
-    trainer = SparkTrainer(session, resumed, master, checkpoint_dir=ckpt)
+    trainer = trainer_for(resumed, checkpoint_dir=ckpt)
     trainer.fit(data, epochs=epochs, resume_from=ckpt)
     assert trainer.epochs_done == epochs and len(trainer.history) == epochs
     return straight, resumed, trainer
@@ -107,3 +122,17 @@ def tabular_graph(seed: int = 0):
                   ("hidden", Dense(16, activation="relu"), "merge"),
                   ("output", Output(2), "hidden")],
                  ["output"], updater=Adam(lr=0.02), seed=seed)
+
+
+@contextmanager
+def job_properties(sc, properties: dict):
+    """Set Spark local properties (the fault-injection hooks of
+    :mod:`sparkavg.spark.executor.hooks`, e.g. ``sparkavg.test.udp_loss``)
+    for the jobs started in the block on this thread, and unset them after."""
+    try:
+        for key, value in properties.items():
+            sc.setLocalProperty(key, str(value))
+        yield
+    finally:
+        for key in properties:
+            sc.setLocalProperty(key, None)

@@ -191,8 +191,11 @@ def test_test_hooks_are_read_once_per_fit_not_per_epoch(connect, monkeypatch):
                                                                           averaging_frequency=2))
     trainer.fit(_frame(connect, x, y), epochs=3)
     assert trainer.epochs_done == 3
-    assert sorted(reads) == ["sparkavg.test.hold_marker", "sparkavg.test.kill_marker", "sparkavg.test.slow_worker",
-                            "sparkavg.test.stall_rank"]
+    from sparkavg.spark.executor import hooks
+
+    assert sorted(reads) == sorted([hooks.KILL_MARKER, hooks.STALL_RANK, hooks.HOLD_MARKER, hooks.SLOW_WORKER,
+                                    hooks.UDP_LOSS, hooks.STALL_TIMEOUT, hooks.RETRANSMIT_TIMEOUT,
+                                    hooks.STAGE_ATTEMPTS])  # each once
 
 
 def test_executor_errors_on_connect_come_back_as_themselves(connect):

@@ -14,8 +14,8 @@ import pytest
 from sparkavg.data.validation import DataValidationError
 from sparkavg.evaluation import Evaluation
 from sparkavg.nn import Adam
-from sparkavg.spark import (CheckpointError, DivergenceError, GradientSharing, ParameterAveraging, SparkTrainer,
-                            WorkerFailure)
+from sparkavg.spark import (CheckpointError, DivergenceError, GradientSharing, ParameterAveraging, Recover,
+                            SparkTrainer, WorkerFailure)
 
 from .nets import blobs, small_net
 
@@ -141,11 +141,30 @@ def test_divergence_recovery_restores_and_lowers_the_learning_rate(sc):
     net = small_net(seed=8)
     net.updater = Adam(lr=1e20)  # NaN within two steps; 1e16 and below stays finite on this net
     trainer = SparkTrainer(sc, net, ParameterAveraging(workers=2, batch_size_per_worker=10),
-                           on_divergence="recover", max_recoveries=5, recovery_lr_factor=0.01)
+                           on_divergence=Recover(max_recoveries=5, lr_factor=0.01))
     trainer.fit(rdd, epochs=1)
     assert np.all(np.isfinite(net.params)) and net.updater.lr <= 1e18
     assert trainer.epochs_done == 1 and trainer.history[0]["examples"] == 80
     assert any(d["name"] == "learning_rate" for d in trainer.stats.decisions)
+
+
+def test_on_divergence_is_raise_recover_or_a_recover_policy():
+    from sparkavg.spark.divergence import divergence_policy
+
+    assert divergence_policy("raise") is None
+    assert divergence_policy("recover") == Recover() == Recover(max_recoveries=3, lr_factor=0.5)
+    assert divergence_policy(Recover(max_recoveries=0)) == Recover(max_recoveries=0, lr_factor=0.5)
+    for bad, message in [("retry", "Expect on_divergence 'raise', 'recover' or Recover"),
+                         (True, "Expect on_divergence")]:
+        with pytest.raises(ValueError, match=message):
+            divergence_policy(bad)
+    for kwargs, message in [({"max_recoveries": -1}, "Expect max_recoveries >= 0"),
+                            ({"max_recoveries": 1.5}, "Expect max_recoveries >= 0"),
+                            ({"lr_factor": 1.0}, r"Expect lr_factor in \(0, 1\)"),
+                            ({"lr_factor": 0.0}, r"Expect lr_factor in \(0, 1\)"),
+                            ({"lr_factor": float("nan")}, r"Expect lr_factor in \(0, 1\)")]:
+        with pytest.raises(ValueError, match=message):
+            Recover(**kwargs)
 
 
 def test_sharing_divergence_is_not_retried_as_a_lost_worker(sc):

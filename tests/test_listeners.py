@@ -223,13 +223,13 @@ def test_a_failing_fit_reports_the_failure_and_fails_the_mlflow_run(sc, tmp_path
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from sparkavg.listeners import MLflowListener, TensorBoardListener
-    from sparkavg.spark import DivergenceError
+    from sparkavg.spark import DivergenceError, Recover
 
     net = small_net(seed=8)
     net.updater = Adam(lr=1e20)  # NaN within two steps (tests/test_faults.py)
     rec, listener = Recorder(), MLflowListener(run_name="diverges")
     trainer = SparkTrainer(sc, net, ParameterAveraging(workers=2, batch_size_per_worker=10),
-                           on_divergence="recover", max_recoveries=1, recovery_lr_factor=0.5,
+                           on_divergence=Recover(max_recoveries=1, lr_factor=0.5),
                            listeners=[rec, listener, TensorBoardListener(tmp_path / "tb")])
     with pytest.raises(DivergenceError):
         trainer.fit(_rdd(sc, n=40), epochs=1)

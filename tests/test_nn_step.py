@@ -307,9 +307,10 @@ def test_averaged_adam_state_corrected_to_the_combined_batch_second_moment():
     """Two Adam workers fit F steps of their own B-example gradients from one
     state; the plain mean of their v over-counts the gradient noise against one
     process fitting the mean of each step's two gradients (2 B examples);
-    ``correct_averaged_state`` recovers that process's v from the spread of
+    ``correct_second_moment`` recovers that process's v from the spread of
     the workers' m, and takes off at most half of what the round added."""
     from sparkavg.nn import SGD, Adam
+    from sparkavg.spark.policies.moments import correct_second_moment
 
     rng = np.random.default_rng(0)
     n, steps, mu, sigma = 100_000, 32, 5e-4, 2e-3
@@ -326,7 +327,7 @@ def test_averaged_adam_state_corrected_to_the_combined_batch_second_moment():
     state = (workers[0].astype(np.float64) + workers[1]) / 2
     plain = state.copy()
     m_sq = (workers[0][:n].astype(np.float64) ** 2 + workers[1][:n].astype(np.float64) ** 2) / 2
-    adam.correct_averaged_state(state, m_sq, sent.astype(np.float64), 2, steps)
+    correct_second_moment(adam, state, m_sq, sent.astype(np.float64), 2, steps)
 
     def added(v):  # what the round wrote into v, summed over the coordinates
         return float((v[n:] - adam.beta2 ** steps * sent[n:]).sum())
@@ -339,15 +340,19 @@ def test_averaged_adam_state_corrected_to_the_combined_batch_second_moment():
     blocks = plain.copy()
     m_sq_blocks = m_sq.copy()
     m_sq_blocks[n // 2:] = plain[n // 2:n] ** 2  # no spread in the second block
-    adam.correct_averaged_state(blocks, m_sq_blocks, sent.astype(np.float64), 2, steps, [(0, n // 2), (n // 2, n)])
+    correct_second_moment(adam, blocks, m_sq_blocks, sent.astype(np.float64), 2, steps, [(0, n // 2), (n // 2, n)])
     np.testing.assert_array_equal(blocks[n + n // 2:], plain[n + n // 2:])
     assert (blocks[n:n + n // 2] < plain[n:n + n // 2]).all()
     # a spread far beyond noise (replicas drifted apart): at most 1 - 1/K of the round's share comes off
     capped = plain.copy()
-    adam.correct_averaged_state(capped, m_sq + 1.0, sent.astype(np.float64), 2, steps)
+    correct_second_moment(adam, capped, m_sq + 1.0, sent.astype(np.float64), 2, steps)
     np.testing.assert_allclose(added(capped), added(plain) / 2, rtol=1e-6)
     # nothing to correct with one worker, or for an updater without a first moment
     alone = plain.copy()
-    adam.correct_averaged_state(alone, m_sq, sent.astype(np.float64), 1, steps)
+    correct_second_moment(adam, alone, m_sq, sent.astype(np.float64), 1, steps)
     np.testing.assert_array_equal(alone, plain)
-    assert SGD(lr=0.1).noise_moment(n) is None and adam.noise_moment(n) == slice(0, n)
+    assert SGD(lr=0.1).slot("first_moment", n) is None and adam.slot("first_moment", n) == slice(0, n)
+    assert adam.slot("second_moment", n) == slice(n, 2 * n)
+    sgd_state = plain[:n].copy()
+    correct_second_moment(SGD(lr=0.1), sgd_state, m_sq, sent[:n].astype(np.float64), 2, steps)
+    np.testing.assert_array_equal(sgd_state, plain[:n])

@@ -21,6 +21,7 @@ from hypothesis.extra.numpy import arrays
 from sparkavg import backend, ops
 from sparkavg.configurable import ConfigError, from_config, registered
 from sparkavg.ops._checks import check_threshold
+from sparkavg.sharing.thresholds import DECAY
 from sparkavg.sharing import (
     TAU_MAX,
     TAU_MIN,
@@ -467,8 +468,6 @@ def test_reset_statistics_keeps_the_algorithm_state():
     (lambda: FixedThreshold(-1e-3), "threshold"),
     (lambda: AdaptiveThreshold(initial=1e-50), "initial"),
     (lambda: AdaptiveThreshold(initial=float("nan")), "initial"),
-    (lambda: AdaptiveThreshold(decay=1.0), "decay"),
-    (lambda: AdaptiveThreshold(decay=float("nan")), "decay"),
     (lambda: AdaptiveThreshold(min_sparsity=0.1, max_sparsity=0.01), "0 < min_sparsity < max_sparsity"),
     (lambda: AdaptiveThreshold(max_sparsity=1.5), "max_sparsity"),
     (lambda: TargetSparsityThreshold(initial=1e39), "initial"),
@@ -519,9 +518,8 @@ def test_state_constructor_rejects_wrong_kinds():
 rules = st.one_of(
     st.builds(FixedThreshold, threshold=st.floats(1e-30, 1e30)),
     st.builds(AdaptiveThreshold, initial=st.floats(1e-30, 1e30), min_sparsity=st.floats(1e-6, 1e-3),
-              max_sparsity=st.floats(2e-3, 1.0), decay=st.floats(0.01, 0.999)),
-    st.builds(TargetSparsityThreshold, initial=st.floats(1e-30, 1e30), target=st.floats(1e-6, 0.99),
-              decay=st.floats(0.01, 0.999)),
+              max_sparsity=st.floats(2e-3, 1.0)),
+    st.builds(TargetSparsityThreshold, initial=st.floats(1e-30, 1e30), target=st.floats(1e-6, 0.99)),
 )
 
 
@@ -545,7 +543,8 @@ def test_registry_kinds_and_config_errors():
     for rule in (FixedThreshold(), AdaptiveThreshold(), TargetSparsityThreshold()):
         assert from_config(rule.to_config(), kind="threshold") == rule  # the documented defaults
     assert AdaptiveThreshold().to_config() == {"type": "AdaptiveThreshold", "initial": 1e-4, "min_sparsity": 1e-4,
-                                               "max_sparsity": 1e-2, "decay": 0.5 ** (1 / 20)}
+                                               "max_sparsity": 1e-2}
+    assert AdaptiveThreshold.decay == TargetSparsityThreshold.decay == DECAY == 0.5 ** (1 / 20)  # not a field
     with pytest.raises(ConfigError, match="ResidualClipping"):
         from_config(ResidualClipping().to_config(), kind="threshold")
     with pytest.raises(ConfigError, match="Expect threshold to be a finite float32"):

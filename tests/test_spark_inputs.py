@@ -45,7 +45,8 @@ def test_a_two_input_graph_trains_by_averaging_from_a_dataframe(spark, table):
     """Spark blocks (the pipeline test below and gradient sharing use files)."""
     master = ParameterAveraging(batch_size_per_worker=16, workers=2, data=DataOptions(placement="spark"))
     net = tabular_graph(seed=3)
-    with SparkTrainer(spark, net, master, features_col=COLUMNS, eval_batch_size=48) as trainer:  # uneven chunks
+    with SparkTrainer(spark, net, master, features_col=COLUMNS) as trainer:
+        trainer.eval_batch_size = 48  # uneven chunks (EVAL_BATCH_SIZE, 64, divides the table's two partitions)
         trainer.fit(table, epochs=6)
         assert trainer.history[-1]["examples"] == 256  # examples, not inputs, counted (the round weights)
         assert trainer.evaluate(table).accuracy() > 0.9

@@ -70,7 +70,8 @@ def test_summary_has_one_line_per_latest_decision():
 
 
 @pytest.mark.parametrize("args, message", [
-    (("", 1, "why"), "Expect a non-empty decision name"),
+    (("", 1, "why"), "Expect a decision name among ['averaging_frequency', "),
+    (("note", 1, "why"), "got 'note'"),  # decision names are a closed set (stats.DecisionName)
     (("device", "cpu", "  "), "Expect a non-empty reason for decision 'device'"),
     (("device", "cpu", "why", -1), "Expect epoch to be None or an int >= 0 for decision 'device', got -1"),
     (("device", "cpu", "why", 1.5), "got 1.5"),

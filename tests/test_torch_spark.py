@@ -56,7 +56,7 @@ def test_averaging_round_is_the_mean_of_torch_replicas_and_inference_matches(req
     replicas = fit_replicas(start, x, y, ([0, 2], [1, 3]))
     for key in ("params", "updater", "buffers"):
         expected = (replicas[0].state[key] + replicas[1].state[key]) / 2
-        if key == "updater":  # moment_correction: Adam's v corrected from the spread of m, per parameter tensor
+        if key == "updater":  # the default preset's moment correction: Adam's v from the spread of m, per tensor
             expected = averaged_updater_state(start, replicas)
         np.testing.assert_allclose(net.state[key], expected, rtol=1e-5, atol=1e-6, err_msg=key)
     assert net.buffers[-1] == 2 and np.abs(net.buffers[:8] - start.buffers[:8]).max() > 0  # BatchNorm's

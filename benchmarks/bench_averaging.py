@@ -6,7 +6,7 @@ Sections (``--sections``, all by default):
 ``lenet``
     DL4J's LeNet on Fashion-MNIST: 2 workers x 1 thread on local[2] with
     ``ParameterAveraging`` at its defaults (``averaging_frequency="auto"``,
-    block momentum) and the example's 32 examples per worker, against one
+    the ``"sparkavg"`` preset) and the example's 32 examples per worker, against one
     2-thread process at batch 64 (same examples per update).  Local and
     Spark epochs alternate in one process, so a drift in the machine's
     speed hits both.  Also: the frequency chosen per epoch and why, round
@@ -24,10 +24,12 @@ Sections (``--sections``, all by default):
     from Fashion-MNIST into a temporary folder), 16 examples per worker at
     the defaults, against one 2-thread process at batch 16 (DL4J's
     single-machine way) and at batch 32; epochs alternate.
-``bmuf``
-    Block momentum against plain averaging at frequency auto, 100, 200 and 400
-    (LeNet as in ``lenet``): accuracy after every epoch.  The ``lenet``
-    run is the (auto, block momentum) cell.
+``presets``
+    The default preset (block momentum where it applies, the moment
+    correction, examples-weighted mean, shares by speed) against DL4J's
+    (``ParameterAveraging.dl4j``: plain unweighted averaging) at frequency
+    auto, 100, 200 and 400 (LeNet as in ``lenet``): accuracy after every
+    epoch.  The ``lenet`` run is the (auto, sparkavg) cell.
 ``memory``
     Untimed, afterwards: a fit averaging after every minibatch, with the
     driver JVM's heap after a full GC and the Python workers' resident
@@ -55,7 +57,7 @@ from report import emit
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 
-SECTIONS = ("lenet", "resnet", "mlp", "bmuf", "memory")
+SECTIONS = ("lenet", "resnet", "mlp", "presets", "memory")
 
 
 def copy_seconds(nbytes: int, repeats: int = 20) -> float:
@@ -391,51 +393,55 @@ def mlp_from_parquet(spark, data, args) -> dict:
     }
 
 
-# ------------------------------------------------------------------------ bmuf
-def block_momentum_comparison(spark, data, args, defaults_trainer=None) -> dict:
-    """Accuracy per epoch, block momentum on and off, at frequency auto, 100, 200 and 400."""
+# --------------------------------------------------------------------- presets
+PRESET_FREQUENCIES = ("auto", 100, 200, 400)
+
+
+def preset_comparison(spark, data, args, defaults_trainer=None) -> dict:
+    """Accuracy per epoch, the default preset against DL4J's, at frequency auto, 100, 200 and 400."""
     from mnist_lenet import as_minibatch_rdd
 
     from sparkavg.nn import lenet
     from sparkavg.spark import ParameterAveraging, SparkTrainer
-    from sparkavg.spark.masters import BlockMomentum
 
     (x, y), (xt, yt) = data
     sc = spark.sparkContext
     rdd, test = as_minibatch_rdd(sc, x, y, args.workers), as_minibatch_rdd(sc, xt, yt, args.workers)
     runs = []
     try:
-        for frequency in ("auto", 100, 200, 400):
-            for bm in (BlockMomentum(), None):
-                label = {"averaging_frequency": frequency, "block_momentum": bm is not None}
-                if frequency == "auto" and bm is not None and defaults_trainer is not None:
+        for frequency in PRESET_FREQUENCIES:
+            for preset in ("sparkavg", "dl4j"):
+                label = {"averaging_frequency": frequency, "preset": preset}
+                if frequency == "auto" and preset == "sparkavg" and defaults_trainer is not None:
                     trainer = defaults_trainer  # the lenet section ran exactly this configuration
                     label["from"] = "lenet section"
                 else:
                     master = ParameterAveraging(batch_size_per_worker=args.batch_size, workers=args.workers,
-                                                seed=args.seed, averaging_frequency=frequency, block_momentum=bm)
+                                                seed=args.seed, averaging_frequency=frequency, preset=preset)
                     trainer = SparkTrainer(spark, lenet(seed=args.seed), master)
                     trainer.fit(rdd, epochs=args.epochs, validation_data=test)
                     trainer.close()
                 runs.append({**label, "accuracy": [h["accuracy"] for h in trainer.history],
                              "chosen_frequency": [h["averaging_frequency"] for h in trainer.history],
+                             "block_momentum_decisions": _decisions(trainer.stats, "block_momentum"),
                              "epoch_seconds": [h["seconds"] for h in trainer.history]})
-                logging.getLogger("bench_averaging").warning("bmuf run %s: %s", label, runs[-1]["accuracy"])
+                logging.getLogger("bench_averaging").warning("presets run %s: %s", label, runs[-1]["accuracy"])
     finally:
         rdd.unpersist()
         test.unpersist()
-    return {"runs": runs, "gain_points": {
-        str(f): 100 * (next(r["accuracy"][-1] for r in runs if r["averaging_frequency"] == f and r["block_momentum"])
-                       - next(r["accuracy"][-1] for r in runs if r["averaging_frequency"] == f
-                              and not r["block_momentum"]))
-        for f in ("auto", 100, 200, 400)}}
+
+    def final(frequency, preset):
+        return next(r["accuracy"][-1] for r in runs if r["averaging_frequency"] == frequency and r["preset"] == preset)
+
+    return {"runs": runs, "gain_points": {str(f): 100 * (final(f, "sparkavg") - final(f, "dl4j"))
+                                          for f in PRESET_FREQUENCIES}}
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", default=None)
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
-    p.add_argument("--epochs", type=int, default=3, help="LeNet epochs (lenet, bmuf)")
+    p.add_argument("--epochs", type=int, default=3, help="LeNet epochs (lenet, presets)")
     p.add_argument("--mlp-epochs", type=int, default=2)
     p.add_argument("--resnet-epochs", type=int, default=2)
     p.add_argument("--workers", type=int, default=2)
@@ -478,8 +484,8 @@ def main(argv=None):
             result["resnet"].pop("_trainer").close()
         if "mlp" in sections:
             result["mlp"] = mlp_from_parquet(spark, data, args)
-        if "bmuf" in sections:
-            result["bmuf"] = block_momentum_comparison(spark, data, args, lenet_trainer)
+        if "presets" in sections:
+            result["presets"] = preset_comparison(spark, data, args, lenet_trainer)
         if "memory" in sections:
             result["memory"] = memory_over_rounds(spark, x, y, args)
     finally:

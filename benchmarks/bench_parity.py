@@ -26,17 +26,21 @@ Models (``--models``):
 Data (``--data``): ``12k`` (the first 12,000 training images, 1 epoch),
 ``60k`` (all 60,000, 3 epochs), ``12kx2`` (12,000 x 2 epochs, issue 21's
 torch cells).  Masters (``--masters``): ``defaults``
-(``ParameterAveraging()``), ``defaults-uncorrected`` (the same with
-``moment_correction=False``: the updater state averaged plainly), ``f5``
-(``averaging_frequency=5``, the rest default), ``sharing`` (``GradientSharing()``); for measuring block momentum
-also ``f<N>`` / ``auto`` with ``-bm`` (block momentum forced on at every
-frequency and updater) or ``-plain`` (off), e.g. ``f5-bm,f5-plain``.
-``sharing-noview`` is sharing at its defaults with ``local_view=False``.
+(``ParameterAveraging()``), ``dl4j`` (``ParameterAveraging.dl4j()``: DL4J's
+behaviour, averaging every 5 minibatches, the unweighted mean, the updater
+state averaged plainly, no block momentum, equal shares), ``f5``
+(``averaging_frequency=5``, the rest default), ``sharing``
+(``GradientSharing()``); also ``f<N>`` / ``auto`` with ``-dl4j`` (the
+``dl4j`` preset at that frequency, e.g. ``f32,f32-dl4j`` for what the
+default preset's block momentum and moment correction give there).
+``sharing-dl4j`` is ``GradientSharing.dl4j()`` (DL4J's: asynchronous, whole
+updates summed, gradients at the shared parameters, no momentum masking).
 ``sharing-fixed`` is sharing at its defaults before issue 22's sharing work
-(``FixedThreshold(1e-3)``, updates summed; bounded staleness stays).
-``sharing@VARIANT`` is sharing with a threshold rule written as
-``sim_sharing.py``'s variants, e.g. ``sharing@adaptive:1e-3:max=0.02`` or
-``sharing@fixed:1e-3:scale=mean`` (``scale=`` sets ``update_scale``).
+(``FixedThreshold(1e-3)`` under the ``dl4j`` preset; bounded staleness stays).
+``sharing@VARIANT`` is sharing with the threshold rule of a
+``sim_sharing.py`` variant, e.g. ``sharing@adaptive:1e-3:max=0.02`` (the
+master's residual clipping is always DL4J's and its update scale the
+preset's, so a variant may not set ``clip=`` or ``scale=``).
 ``--seeds 123,124`` runs every cell per seed (the table shows the mean).
 ``--baseline FILE...`` reuses the one-process runs of earlier ``--out`` files
 (same model, data and seed) instead of training them again.  Sharing cells
@@ -52,7 +56,6 @@ cell, so an interrupted run keeps what it measured).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import glob
 import json
 import logging
@@ -99,19 +102,6 @@ def build(model: str, seed: int):
     raise ValueError(f"Expect a model in {MODELS}, got {model!r}")
 
 
-def forced_block_momentum():
-    """BlockMomentum applied at every frequency and with every updater."""
-    from sparkavg.spark.masters import BlockMomentum
-
-    names = {f.name for f in dataclasses.fields(BlockMomentum)}
-    kw = {}
-    if "min_frequency" in names:
-        kw["min_frequency"] = 1
-    if "with_momentum_updaters" in names:
-        kw["with_momentum_updaters"] = True
-    return BlockMomentum(**kw)
-
-
 def make_master(spec: str, batch: int, workers: int, seed: int):
     """The master a ``--masters`` entry names."""
     from sparkavg.spark import GradientSharing, ParameterAveraging
@@ -119,46 +109,38 @@ def make_master(spec: str, batch: int, workers: int, seed: int):
     common = {"batch_size_per_worker": batch, "workers": workers, "seed": seed}
     if spec == "defaults":
         return ParameterAveraging(**common)
-    if spec == "defaults-uncorrected":  # the defaults before issue 21's moment correction (state averaged plainly)
-        names = {f.name for f in dataclasses.fields(ParameterAveraging)}
-        return ParameterAveraging(**common, **({"moment_correction": False} if "moment_correction" in names else {}))
+    if spec == "dl4j":  # DL4J's ParameterAveragingTrainingMaster
+        return ParameterAveraging.dl4j(**common)
     if spec == "sharing":
         return GradientSharing(**common)
-    if spec == "sharing-noview":  # the defaults without the local view (DL4J's: gradients at the shared parameters)
-        return GradientSharing(local_view=False, **common)
-    if spec == "sharing-fixed":  # the defaults before issue 22's sharing work: FixedThreshold(1e-3), updates summed
+    if spec == "sharing-dl4j":  # DL4J's SharedTrainingMaster
+        return GradientSharing.dl4j(**common)
+    if spec == "sharing-fixed":  # before issue 22's sharing work: FixedThreshold(1e-3), updates summed, no view
         from sparkavg.sharing import FixedThreshold
 
-        names = {f.name for f in dataclasses.fields(GradientSharing)}
-        extra = {"update_scale": "sum"} if "update_scale" in names else {}
-        return GradientSharing(threshold=FixedThreshold(1e-3), **common, **extra)
-    if spec.startswith("sharing@"):  # sharing with a sim_sharing.py variant: sharing@adaptive:1e-3:max=0.05:scale=mean
+        return GradientSharing.dl4j(threshold=FixedThreshold(1e-3), staleness=0, **common)
+    if spec.startswith("sharing@"):  # sharing with a sim_sharing.py variant's rule: sharing@adaptive:1e-3:max=0.05
         from sim_sharing import parse_variant
 
+        from sparkavg.sharing import ResidualClipping
+
         text = spec[len("sharing@"):]
-        scale = None
-        if ":scale=" in text:
-            head, _, rest = text.partition(":scale=")
-            scale, _, tail = rest.partition(":")
-            text = head + (":" + tail if tail else "")
-        rule, clipping, _, _, _ = parse_variant(text)
-        extra = {"update_scale": scale} if scale else {}
-        return GradientSharing(threshold=rule, residual_post_processor=clipping, **common, **extra)
+        rule, clipping, scale, _, _ = parse_variant(text)
+        if scale != 1.0 or clipping != ResidualClipping():
+            raise ValueError(f"Expect a variant without scale= or clip= (the master's update scale is its preset's "
+                             f"and its clipping DL4J's), got {spec!r}")
+        return GradientSharing(threshold=rule, **common)
     base, _, variant = spec.partition("-")
     if base == "auto":
         frequency = "auto"
     elif base.startswith("f") and base[1:].isdigit():
         frequency = int(base[1:])
     else:
-        raise ValueError(f"Expect a master in defaults, sharing, f<N>, auto (with -bm or -plain), got {spec!r}")
-    extra = {}
-    if variant == "bm":
-        extra["block_momentum"] = forced_block_momentum()
-    elif variant == "plain":
-        extra["block_momentum"] = None
-    elif variant:
-        raise ValueError(f"Expect -bm or -plain after {base!r}, got {spec!r}")
-    return ParameterAveraging(averaging_frequency=frequency, **common, **extra)
+        raise ValueError(f"Expect a master in defaults, dl4j, sharing, sharing-dl4j, sharing-fixed, sharing@VARIANT, "
+                         f"f<N>, auto (f<N> and auto with -dl4j), got {spec!r}")
+    if variant not in ("", "dl4j"):
+        raise ValueError(f"Expect -dl4j or nothing after {base!r}, got {spec!r}")
+    return ParameterAveraging(averaging_frequency=frequency, preset="dl4j" if variant else "sparkavg", **common)
 
 
 def local_run(model, x, y, xt, yt, batch, epochs, seed, threads):
@@ -192,7 +174,8 @@ def spark_run(spark, model, spec, rdd, xt, yt, epochs, batch, workers, seed):
         trainer.fit(rdd, epochs=epochs)
         history = trainer.history
         decisions = [{"name": d["name"], "epoch": d["epoch"], "value": d["value"], "reason": d["reason"]}
-                     for d in trainer.stats.decisions if d["name"] in ("averaging_frequency", "block_momentum")]
+                     for d in trainer.stats.decisions
+                     if d["name"] in ("averaging_frequency", "block_momentum", "moment_correction")]
         accuracy = evaluate_local(trainer.network, xt, yt).accuracy()
     finally:
         trainer.close()

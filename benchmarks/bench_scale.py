@@ -19,12 +19,13 @@ executors from the IDX files, as from a distributed store), batch 32 per
 worker, ``--epochs`` epochs, then test on the 10k test set:
 
 * ``scale`` runs: parameter averaging at its defaults (frequency "auto",
-  block momentum, Spark blocks), gradient sharing with ``PLAIN`` and with
-  ``MESH`` (``AdaptiveThreshold(1e-2)``);
+  the ``"sparkavg"`` preset, Spark blocks), gradient sharing with ``PLAIN``
+  and with ``MESH`` (``AdaptiveThreshold(1e-2)``);
 * ``straggler`` runs: averaging with no slow host, with one at half speed
-  and ``worker_shares="equal"`` (no tolerance), and with one at half speed
-  and ``worker_shares="auto"`` (the default: shares by measured speed);
-  gradient sharing (PLAIN) with no slow host and with one at half speed.
+  under the ``"dl4j"`` preset (equal shares: no tolerance; frequency still
+  "auto"), and with one at half speed under the default preset (shares by
+  measured speed); gradient sharing (PLAIN) with no slow host and with one
+  at half speed.
 
 Bytes per rank on the wire come from each host's ``eth0`` kernel counters
 (``/sys/class/net/eth0/statistics``, read around each fit; UDP apart from
@@ -64,13 +65,13 @@ RUNS = {
               {"name": "sharing_plain", "master": "sharing", "topology": "plain"},
               {"name": "sharing_mesh", "master": "sharing", "topology": "mesh"}],
     "straggler": [{"name": "averaging_even", "master": "averaging"},
-                  {"name": "averaging_slow_equal", "master": "averaging", "slow": True, "worker_shares": "equal"},
-                  {"name": "averaging_slow_auto", "master": "averaging", "slow": True, "worker_shares": "auto"},
+                  {"name": "averaging_slow_dl4j", "master": "averaging", "slow": True, "preset": "dl4j"},
+                  {"name": "averaging_slow_auto", "master": "averaging", "slow": True, "preset": "sparkavg"},
                   {"name": "sharing_even", "master": "sharing", "topology": "plain"},
                   {"name": "sharing_slow", "master": "sharing", "topology": "plain", "slow": True}],
     # the must's two fits only (issue 26: with tolerance <= 1.2x the no-straggler epoch)
     "straggler_auto": [{"name": "averaging_even", "master": "averaging"},
-                       {"name": "averaging_slow_auto", "master": "averaging", "slow": True, "worker_shares": "auto"}],
+                       {"name": "averaging_slow_auto", "master": "averaging", "slow": True, "preset": "sparkavg"}],
 }
 
 
@@ -114,7 +115,7 @@ def job(args) -> None:
         for spec in json.loads(args.fits):
             if spec["master"] == "averaging":
                 master = ParameterAveraging(batch_size_per_worker=BATCH, workers=hosts, seed=SEED,
-                                            worker_shares=spec.get("worker_shares", "auto"))
+                                            preset=spec.get("preset", "sparkavg"))
             else:
                 master = GradientSharing(threshold=AdaptiveThreshold(initial=THRESHOLD), batch_size_per_worker=BATCH,
                                          workers=hosts, seed=SEED, network_mask=args.network_mask,
@@ -241,7 +242,7 @@ def markdown(scale_files, straggler_file=None, model_file=None) -> str:
         st = json.load(open(straggler_file))
         fits = st["fits"]
         bases = {"averaging": fits["averaging_even"], "sharing": fits.get("sharing_even")}
-        rows = ["", "| fit | slow host | worker_shares | epoch s (1st, 2nd) | vs no slow host (2nd epoch) | "
+        rows = ["", "| fit | slow host | preset | epoch s (1st, 2nd) | vs no slow host (2nd epoch) | "
                     "test acc. | vs no slow host (points) | shares of the last epoch |",
                 "|---|---|---|---|---|---|---|---|"]
         for name, f in fits.items():
@@ -249,8 +250,10 @@ def markdown(scale_files, straggler_file=None, model_file=None) -> str:
             base = bases[spec["master"]] or bases["averaging"]
             shares = f.get("worker_shares", [None])[-1]
             slow = f"{st['slow_host']} at {st['slow_cpu']} core" if spec.get("slow") else "-"
+            # files written before presets name the retired switch instead
+            preset = spec.get("preset") or f"worker_shares={spec.get('worker_shares', 'auto')}"
             rows.append(f"| {name} | {slow} | "
-                        f"{spec.get('worker_shares', 'auto') if spec['master'] == 'averaging' else '(sharing)'} | "
+                        f"{preset if spec['master'] == 'averaging' else '(sharing)'} | "
                         f"{', '.join(f'{x:.1f}' for x in f['epoch_seconds'])} | "
                         f"{f['epoch_seconds'][-1] / base['epoch_seconds'][-1]:.2f} | {f['accuracy']:.4f} | "
                         f"{100 * (f['accuracy'] - base['accuracy']):+.2f} | "

@@ -2,13 +2,14 @@
 """Gradient sharing against parameter averaging, same data, epochs and
 workers, same run: compression ratio (dense bytes / bytes on the wire),
 accuracy, epoch throughput; and sharing again with simulated datagram loss
-(accuracy, replica agreement, retransmissions).
+(accuracy, replica agreement, retransmissions; the transport's
+fault-injection hook ``sparkavg.test.udp_loss``).
 
 Prints JSON (and writes it with --out).
 
     python benchmarks/bench_sharing.py --epochs 2
     python benchmarks/bench_sharing.py --also-staleness none,2 --skip-loss-run   # what waiting costs
-    python benchmarks/bench_sharing.py --also-local-view --skip-loss-run   # what the local view costs
+    python benchmarks/bench_sharing.py --also-dl4j --skip-loss-run   # the default preset against DL4J's
 """
 from __future__ import annotations
 
@@ -72,8 +73,10 @@ def main(argv=None):
     p.add_argument("--also-staleness", default="",
                    help="comma-separated GradientSharing.staleness values ('none': fully asynchronous) to run "
                         "sharing at as well, after the default (0): the cost of waiting for the peers")
-    p.add_argument("--also-local-view", action="store_true",
-                   help="also sharing with local_view=False, then the default again (what the view costs)")
+    p.add_argument("--also-dl4j", action="store_true",
+                   help="also sharing with DL4J's preset (GradientSharing.dl4j at staleness 0: whole updates summed, "
+                        "no local view, no momentum masking), then the default again (what the default's policies "
+                        "cost and give)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -81,7 +84,8 @@ def main(argv=None):
     from mnist_lenet import as_minibatch_rdd, spark_session
 
     from sparkavg.data.mnist import default_data_dir, load_mnist
-    from sparkavg.spark import AdaptiveThreshold, EndpointConfig, FixedThreshold, GradientSharing, ParameterAveraging
+    from sparkavg.spark import AdaptiveThreshold, FixedThreshold, GradientSharing, ParameterAveraging
+    from sparkavg.spark.executor.hooks import RETRANSMIT_TIMEOUT, UDP_LOSS
 
     data_dir = args.data_dir or default_data_dir()
     x, y = load_mnist(data_dir, "train", limit=args.limit_train)
@@ -104,17 +108,22 @@ def main(argv=None):
             run_["staleness"] = staleness
             run_["throughput_over_default"] = run_["examples_per_second"] / result["sharing"]["examples_per_second"]
             result[f"sharing_staleness_{value.strip().lower()}"] = run_
-        if args.also_local_view:  # without the view between two runs with it: the machine's drift shows
-            run_ = run(spark, GradientSharing(**sharing, local_view=False), rdd, test, args.epochs, args.seed)
+        if args.also_dl4j:  # DL4J's preset between two runs of the default: the machine's drift shows
+            run_ = run(spark, GradientSharing.dl4j(staleness=0, **sharing), rdd, test, args.epochs, args.seed)
             again = run(spark, GradientSharing(**sharing), rdd, test, args.epochs, args.seed)
-            with_view = statistics.mean([result["sharing"]["examples_per_second"], again["examples_per_second"]])
-            run_["throughput_with_view_over_without"] = with_view / run_["examples_per_second"]
-            result["sharing_without_local_view"] = run_
+            default = statistics.mean([result["sharing"]["examples_per_second"], again["examples_per_second"]])
+            run_["throughput_default_over_dl4j"] = default / run_["examples_per_second"]
+            result["sharing_dl4j_preset"] = run_
             result["sharing_again"] = again
-        if not args.skip_loss_run:
-            result["sharing_lossy"] = run(spark, GradientSharing(**sharing, simulate_loss=args.loss,
-                                                                 transport=EndpointConfig(retransmit_timeout=0.05)),
-                                          rdd, test, args.epochs, args.seed)
+        if not args.skip_loss_run:  # fault injection: the transport's test hooks, read per job from local properties
+            hooks = {UDP_LOSS: str(args.loss), RETRANSMIT_TIMEOUT: "0.05"}
+            try:
+                for key, value in hooks.items():
+                    sc.setLocalProperty(key, value)
+                result["sharing_lossy"] = run(spark, GradientSharing(**sharing), rdd, test, args.epochs, args.seed)
+            finally:
+                for key in hooks:
+                    sc.setLocalProperty(key, None)
             result["sharing_lossy"]["simulated_loss"] = args.loss
     finally:
         spark.stop()

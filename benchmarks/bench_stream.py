@@ -208,7 +208,7 @@ def fit(spark, df, epochs: int, hidden, frequency: int, batch: int):
 
     # Spark blocks, the cluster default (local-cluster counts as local: shared files in a temp folder otherwise).
     master = ParameterAveraging(workers=2, batch_size_per_worker=batch, averaging_frequency=frequency, seed=3,
-                                collect_stats=False, data=DataOptions(placement="spark"))
+                                data=DataOptions(placement="spark"))
     net = build(hidden)
     t0 = time.perf_counter()
     with SparkTrainer(spark, net, master, progress=False) as trainer:

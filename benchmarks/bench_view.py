@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""What ``GradientSharing(local_view=True)`` adds to a sharing step, against the
+"""What gradient sharing's local view (the default preset's
+:class:`~sparkavg.spark.policies.sharing.LocalView`) adds to a sharing step, against the
 step itself, same process, one thread (issue 22).
 
 Times, on the example's LeNet (0.43 M parameters, batch 32) and optionally

@@ -20,10 +20,11 @@ optionally an Adam learning rate for the torch models (default 1e-3), e.g.
 ``0.000707`` for one process at ``1/sqrt(2)`` of it.  A frequency may be
 one per epoch (``32/47``: 32 in the first epoch, 47 after, as
 ``ParameterAveraging``'s auto chose on 12k x 2) and take the suffixes
-``b`` (block momentum as ``ParameterAveraging``'s default: momentum
-``1 - 1/2``, Nesterov look-ahead) and ``c`` (the averaged updater state
-corrected for the workers' gradient noise,
-``Updater.correct_averaged_state``, as ``moment_correction=True``).  Prints
+``b`` (block momentum as ``ParameterAveraging``'s default preset runs it:
+momentum ``1 - 1/2``, Nesterov look-ahead) and ``c`` (the averaged updater
+state corrected for the workers' gradient noise,
+``sparkavg.spark.policies.moments.correct_second_moment``, as the default
+preset's moment correction does).  Prints
 one line per frequency and seed: test accuracy, seconds.
 """
 from __future__ import annotations
@@ -81,6 +82,8 @@ def main(argv=None):
 def run(spec, seed, make, x, y, xt, yt, epochs, b, evaluate_local, minibatches):
     """One simulated fit of ``spec``: (test accuracy, seconds).  As Spark's
     rounds, a round ends every ``F`` steps and at the end of every epoch."""
+    from sparkavg.spark.policies.moments import correct_second_moment
+
     t = time.perf_counter()
     head = spec.rstrip("bc")
     schedule = [int(f) for f in head.split("/")]
@@ -91,13 +94,13 @@ def run(spec, seed, make, x, y, xt, yt, epochs, b, evaluate_local, minibatches):
 
     def average(sent, steps):
         sa, sb = replicas[0].state, replicas[1].state
-        moment = replicas[0].updater.noise_moment(replicas[0].num_params) if correct else None
+        moment = replicas[0].updater.slot("first_moment", replicas[0].num_params) if correct else None
         for name in ("params", "updater", "buffers"):
             if sa[name].size:
                 if name == "updater" and moment is not None:
                     m_sq = 0.5 * (sa[name][moment].astype(np.float64) ** 2 + sb[name][moment].astype(np.float64) ** 2)
                     state = 0.5 * (sa[name].astype(np.float64) + sb[name])
-                    replicas[0].updater.correct_averaged_state(state, m_sq, sent, 2, steps, [
+                    correct_second_moment(replicas[0].updater, state, m_sq, sent, 2, steps, [
                         (seg.start, seg.stop) for seg in replicas[0].param_segments])
                     sa[name][...] = state
                 else:

@@ -21,25 +21,26 @@ A variant is ``RULE:TAU[:key=value...]``: RULE ``fixed``, ``adaptive``
 (``min``, ``max`` sparsity), ``target`` (``target``), or ``exact`` (a control:
 the dense update itself is exchanged, no threshold; TAU ignored);
 ``scale=0.5`` multiplies each worker's update before encoding (0.5 with 2
-workers: ``GradientSharing(update_scale="mean")``); ``clip=0`` turns residual
+workers: the default preset's update scale for SGD-like updaters,
+:class:`~sparkavg.spark.policies.sharing.UpdateScale`); ``clip=0`` turns residual
 clipping off, ``clip=K`` clips at K τ; ``levels=L`` also sends the residual
 at τ·2^(L-1) .. τ·2 before τ (several messages an iteration, so no entry is
 capped at one τ per step; an experiment, not in the library);
 ``view=1`` takes each worker's gradient at its own view, the shared
-parameters plus its residual (``GradientSharing(local_view=True)``, the
-library's default since issue 22; without ``view=1`` the simulation is
-sharing before it); ``group=segment|layer`` gives every parameter tensor
+parameters plus its residual (the default preset's local view,
+:class:`~sparkavg.spark.policies.sharing.LocalView`; without ``view=1`` the
+simulation is sharing before issue 22, as the ``"dl4j"`` preset); ``group=segment|layer`` gives every parameter tensor
 (or layer) its own τ and ``out=TAU`` the last layer a fixed τ (experiments);
 ``mask=m`` clears the first entries of the updater state (Nesterov's
 velocity; Adam's first moment) where a message sent the entry (the
-library's ``momentum_masking`` for Nesterov);
+default preset's momentum masking for Nesterov, ``MomentumMasking``);
 ``exact=gamma`` (BatchNorm's gamma and beta), ``exact=unreg`` (every
 unregularised vector: biases too) or ``exact=out`` (the last layer), ``exact=conv`` (the convolutions' weights),
 ``exact=notout`` (all but the last layer) exchanges
 those entries densely and thresholds the rest (an experiment: one τ per
 message is the library's); ``switch=E`` divides each worker's update by W
-from epoch E on (``switch=1``: ``update_scale="auto"``'s rule for Adam, summed
-in the first epoch only).  ``--trace N`` logs the test accuracy every N
+from epoch E on (``switch=1``: the default preset's update scale for Adam,
+summed in the first epoch only).  ``--trace N`` logs the test accuracy every N
 iterations; ``--diagnose`` the residual per tensor and the accuracy with the
 residuals flushed into the parameters.  Prints accuracy after the epochs, the payload compression against
 dense float32 updates (4 N bytes per peer per iteration), and the same for
@@ -61,7 +62,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 log = logging.getLogger("sim_sharing")
 EXACT = None  # set by parse_variant (option exact=unreg|out|gamma)
 SWITCH = 0  # set by parse_variant (option switch=E)
-VIEW = 0  # set by parse_variant (option view=1: gradients at params + own residual, GradientSharing.local_view)
+VIEW = 0  # set by parse_variant (option view=1: gradients at params + own residual, the preset's local view)
 OUTRULE = None  # set by parse_variant (option out=TAU: the last layer's groups at FixedThreshold(TAU))
 TRACE = 0  # set by main (--trace N): test accuracy every N iterations
 DIAGNOSE = False  # set by main (--diagnose): the residual per tensor, and accuracy with it flushed
@@ -177,7 +178,7 @@ def simulate(model, x, y, xt, yt, batch, workers, epochs, seed, variant, delay):
         for it in range(steps):
             for w, (net, state) in enumerate(zip(nets, states)):
                 idx = shards[w][it * batch:(it + 1) * batch]
-                if VIEW and not GROUP:  # the library's GradientSharing(local_view=True): the same sums
+                if VIEW and not GROUP:  # the library's local view (preset "sparkavg"): the same sums
                     scratch[...] = net.params  # the shared parameters (the replica applies messages to net.params)
                     local_view(state, scratch, net.params)
                     net.compute_update(x[idx], y[idx], update)

@@ -66,7 +66,9 @@ def parse_args(argv=None, description=__doc__):
                         "are about lr=1e-3 per parameter, so tau must be several steps to compress)")
     p.add_argument("--fixed-threshold", action="store_true", help="gradient sharing: keep tau fixed")
     p.add_argument("--simulate-udp-loss", type=float, default=0.0,
-                   help="sharing: drop/duplicate/reorder this fraction of datagrams")
+                   help="sharing, fault injection for demos: the transport drops this fraction of datagrams and "
+                        "duplicates and reorders half as many (the test hook sparkavg.test.udp_loss; never in "
+                        "production)")
     p.add_argument("--threads", type=int, default=None,
                    help="BLAS threads (local mode; default: all cores). Spark workers use their task's cores")
     p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto",
@@ -196,7 +198,23 @@ def make_master(args):
                                   averaging_frequency=args.averaging_frequency, seed=args.seed, device=args.device)
     threshold = FixedThreshold(args.threshold) if args.fixed_threshold else AdaptiveThreshold(initial=args.threshold)
     return GradientSharing(threshold=threshold, batch_size_per_worker=args.batch_size, workers=args.workers,
-                           simulate_loss=args.simulate_udp_loss, seed=args.seed, device=args.device)
+                           seed=args.seed, device=args.device)
+
+
+def simulate_udp_loss(spark, args) -> None:
+    """``--simulate-udp-loss``: fault injection for demos, through the
+    transport's test hook ``sparkavg.test.udp_loss`` (read per job: a local
+    property of a classic session, a session conf on Spark Connect)."""
+    if args.mode != "sharing" or not args.simulate_udp_loss:
+        return
+    from sparkavg.spark.executor.hooks import UDP_LOSS
+
+    if args.session == "connect":
+        spark.conf.set(UDP_LOSS, str(args.simulate_udp_loss))
+    else:
+        spark.sparkContext.setLocalProperty(UDP_LOSS, str(args.simulate_udp_loss))
+    log.warning("fault injection: %.0f%% of the datagrams dropped (and half as many duplicated and reordered)",
+                100 * args.simulate_udp_loss)
 
 
 def make_listeners(args, name: str) -> list:
@@ -261,6 +279,7 @@ def train_spark(args, net, train, test):
     from sparkavg.spark import SparkTrainer
 
     spark = spark_session(args.master, f"sparkavg-{args.mode}", connect=args.session == "connect")
+    simulate_udp_loss(spark, args)  # the session ends with the run: the hook goes with it
     tmp = None if args.work_dir else tempfile.TemporaryDirectory(prefix="sparkavg-example-")
     work_dir = args.work_dir or tmp.name
     try:

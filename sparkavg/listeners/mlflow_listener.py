@@ -13,8 +13,9 @@ Per fit, :class:`MLflowListener` logs into one MLflow run:
   the mean sampled ``sharing_threshold`` / ``sharing_sparsity`` per iteration;
 - the last checkpoint's path (tag ``sparkavg.last_checkpoint``);
 - at the end: the stats as ``stats/stats.json``, ``stats/stats.html`` and
-  ``stats/trace.json`` (Chrome trace), and the trained network as a pyfunc
-  model (:mod:`.mlflow_model`) that ``mlflow.pyfunc.load_model`` loads;
+  ``stats/trace.json`` (Chrome trace), and the trained model -- a Network,
+  a Graph or a TorchModel -- as a pyfunc model (:mod:`.mlflow_model`, which
+  says its input and output frames) that ``mlflow.pyfunc.load_model`` loads;
   the run ends ``FINISHED`` -- or ``FAILED`` (``KILLED`` on
   ``KeyboardInterrupt``) with tag ``sparkavg.error`` when the fit raises.
 
@@ -87,7 +88,7 @@ class MLflowListener(TrainingListener):
     nested : bool, default False
         Start a child run of the active run for every fit.
     log_model : bool, default True
-        Log the trained network as a pyfunc model (artifact path ``model``).
+        Log the trained model as a pyfunc model (artifact path ``model``).
     log_rounds : bool, default False
         Metrics per round, not only per epoch (one request per round).
     log_stats : bool, default True

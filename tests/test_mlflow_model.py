@@ -7,10 +7,24 @@
 - a regression output, several outputs and a scalar input column, from a
   model saved as a pyfunc folder (no Spark);
 - an unmarked torch factory is refused by the pyfunc loader, naming it,
-  and loads inside ``sparkavg.trusting``.
+  and loads inside ``sparkavg.trusting``;
+- "MLflow on a fresh install": ``MLflowListener()`` with no tracking URI
+  and no MLflow environment variable, in a new process and an empty
+  folder, logs the fit into MLflow's default store and the model loads
+  back there, in that process and in another one; a store that does not
+  open is named with the error and what would open it (what to install
+  where mlflow-skinny alone cannot open MLflow's default store).
 
 (The sequential Network through the listener: tests/test_listeners.py.)"""
 from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,6 +39,7 @@ from sparkavg.spark import ParameterAveraging, SparkTrainer  # noqa: E402
 from .nets import blobs, tabular, tabular_graph  # noqa: E402
 from .test_listeners import mlflow_store  # noqa: E402,F401  (the fixture)
 
+REPO = Path(__file__).resolve().parents[1]
 COLUMNS = {"cats": "c", "nums": "n"}
 
 
@@ -128,3 +143,120 @@ def test_an_unmarked_torch_factory_is_refused_by_the_pyfunc_loader_unless_truste
     with sparkavg.trusting({"tests.torch_models:unmarked_mlp"}):
         model = mlflow_store.pyfunc.load_model(uri)
     _assert_predicts(model.predict(pd.DataFrame({"features": list(x.reshape(8, -1))})), net.output(x))
+
+
+# --------------------------------------------------------- a fresh install
+FRESH_FIT = """
+import json, logging, sys
+import numpy as np, pandas as pd, mlflow
+from pyspark.sql import SparkSession
+import sparkavg
+from sparkavg.listeners import MLflowListener
+from sparkavg.spark import ParameterAveraging, SparkTrainer, recommended_conf
+from tests.nets import blobs, small_net
+
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+spark = (SparkSession.builder.master("local[2]").config(map=recommended_conf("local[2]"))
+         .config("spark.ui.enabled", "false").config("spark.driver.bindAddress", "127.0.0.1")
+         .config("spark.driver.host", "127.0.0.1").getOrCreate())
+x, y = blobs(32, seed=1)
+trainer = SparkTrainer(spark, small_net(seed=2), ParameterAveraging(workers=2, batch_size_per_worker=8),
+                       listeners=[MLflowListener()])
+trainer.fit(spark.sparkContext.parallelize(list(zip(x, y.tolist())), 2), epochs=1)
+spark.stop()
+listener = trainer.listeners[0]
+model = mlflow.pyfunc.load_model(listener.model_uri)
+got = model.predict(pd.DataFrame({"features": list(x.reshape(len(x), -1))}))
+run = mlflow.tracking.MlflowClient().get_run(listener.run_id)
+print(json.dumps({"sparkavg": sparkavg.__file__, "errors": trainer.listener_errors, "uri": listener.model_uri,
+                  "tracking_uri": mlflow.get_tracking_uri(), "status": run.info.status,
+                  "loss": run.data.metrics.get("loss"), "history_loss": trainer.history[0]["loss"],
+                  "got": np.stack(got["probability"]).tolist(), "want": trainer.network.output(x).tolist()}))
+"""
+
+FRESH_LOAD = """
+import json, sys
+import numpy as np, pandas as pd, mlflow
+from tests.nets import blobs
+
+x, _ = blobs(32, seed=1)
+got = mlflow.pyfunc.load_model(sys.argv[1]).predict(pd.DataFrame({"features": list(x.reshape(len(x), -1))}))
+print(json.dumps({"tracking_uri": mlflow.get_tracking_uri(), "got": np.stack(got["probability"]).tolist()}))
+"""
+
+
+def _folders(tmp_path) -> Path:
+    """An empty working folder ``work`` and a new ``home`` beside it; returns ``work``."""
+    (tmp_path / "home").mkdir()
+    (tmp_path / "work").mkdir()
+    return tmp_path / "work"
+
+
+def _fresh(code: str, cwd: Path, *args: str) -> dict:
+    """``code`` in a new interpreter of this environment as a user's shell runs it: an empty folder, a
+    new HOME, the environment's bin first on PATH (an activated venv) -- and nothing else but the
+    repository on PYTHONPATH (for the code under test and tests.nets) and JAVA_HOME if set: no MLflow
+    variable, no tracking URI."""
+    env = {"PATH": os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"]),
+           "HOME": str(cwd.parent / "home"), "PYTHONPATH": str(REPO)}
+    if "JAVA_HOME" in os.environ:
+        env["JAVA_HOME"] = os.environ["JAVA_HOME"]
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=420)
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stderr[-6000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_the_listener_logs_on_a_fresh_install_with_no_tracking_settings(tmp_path):
+    work = _folders(tmp_path)
+    fit = _fresh(FRESH_FIT, work)
+    assert fit["sparkavg"].startswith(str(REPO))  # the code under test
+    assert fit["errors"] == [], fit["errors"]  # the listener raised nothing: it logged
+    assert fit["status"] == "FINISHED" and fit["loss"] == pytest.approx(fit["history_loss"])
+    assert fit["tracking_uri"] == f"sqlite:///{work}/mlflow.db" and (work / "mlflow.db").is_file()  # MLflow's default
+    np.testing.assert_allclose(fit["got"], fit["want"], rtol=1e-6)
+    later = _fresh(FRESH_LOAD, work, fit["uri"])  # another process, the same folder: the model is there
+    assert later["tracking_uri"] == fit["tracking_uri"]
+    np.testing.assert_allclose(later["got"], fit["want"], rtol=1e-6)
+
+
+def test_a_store_that_does_not_open_is_named_with_what_would_open_it(tmp_path, mlflow_store):
+    """A SQLite file under a plain file cannot be created: the listener's fit_start says which store failed,
+    why, and what to install or set (the dispatcher logs it as the listener's one warning)."""
+    from types import SimpleNamespace
+
+    from sparkavg.listeners import MLflowListener
+
+    (tmp_path / "plain").write_text("a file, not a folder")
+    uri = f"sqlite:///{tmp_path}/plain/mlflow.db"
+    listener = MLflowListener(uri)
+    expected = (rf"could not start a run in the MLflow tracking store '{re.escape(uri)}' \((FileExistsError|"
+                r"OperationalError): .*\); or name a store that opens here: MLflowListener\(tracking_uri=...\) or "
+                r"\$MLFLOW_TRACKING_URI")
+    with pytest.raises(RuntimeError, match=expected) as info:
+        listener.on_fit_start(SimpleNamespace(), {"run_id": "r"})
+    assert "pip install" not in str(info.value)  # sqlalchemy and alembic are here: the path is what is wrong
+    assert listener.run_id is None and mlflow_store.active_run() is None
+
+
+SKINNY_ONLY = """
+import json, sys
+sys.modules["sqlalchemy"] = sys.modules["alembic"] = None  # as if never installed: import fails, find_spec is None
+from types import SimpleNamespace
+from sparkavg.listeners import MLflowListener
+try:
+    MLflowListener().on_fit_start(SimpleNamespace(), {"run_id": "r"})
+except RuntimeError as exc:
+    print(json.dumps({"error": str(exc)}))
+"""
+
+
+def test_the_store_error_of_mlflow_skinny_alone_says_what_to_install(tmp_path):
+    """The issue's fresh install before the [mlflow] extra named sqlalchemy and alembic: MLflow's default
+    SQLite store does not open, and the error says so (a new process with no MLflow variable)."""
+    error = _fresh(SKINNY_ONLY, _folders(tmp_path))["error"]
+    assert f"the MLflow tracking store 'sqlite:///{tmp_path}/work/mlflow.db'" in error, error
+    assert ("MLflow's SQLite store (its default, ./mlflow.db) needs sqlalchemy and alembic, not installed here: "
+            "pip install 'sparkavg[mlflow]'") in error, error

@@ -125,6 +125,9 @@ def test_regression_several_outputs_and_scalar_inputs_predict_as_the_model(tmp_p
     _assert_predicts(model.predict(x), net.output(x), classification=False)  # an array as it is
     as_dict = mlflow.pyfunc.load_model(str(tmp_path / "graph")).predict({"x": x, "bias": bias})  # arrays by input
     np.testing.assert_array_equal(np.stack(as_dict["probability_reg"]), np.stack(got["probability_reg"]))
+    with pytest.raises(ValueError, match=r"keyed by the model's inputs \['bias', 'x'\], missing \['bias'\]; got keys "
+                                         r"\['x'\]"):
+        mlflow.pyfunc.load_model(str(tmp_path / "graph")).predict({"x": x})
 
 
 def test_an_unmarked_torch_factory_is_refused_by_the_pyfunc_loader_unless_trusted(tmp_path, mlflow_store):

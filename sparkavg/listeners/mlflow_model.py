@@ -119,12 +119,16 @@ def input_columns(spec, features_col) -> dict:
 
 def _named_inputs(frame, spec, columns: dict) -> dict:
     """The inputs of a several-input model by name, each from its column (see the module docstring)."""
+    names = [i.name for i in spec.inputs]
     if isinstance(frame, Mapping):
+        missing = [n for n in names if n not in frame]
+        if missing:
+            raise ValueError(f"Expect arrays keyed by the model's inputs {names}, missing {missing}; got keys "
+                             f"{list(frame)}")
         return {i.name: np.asarray(frame[i.name], dtype=_dtype(i)) for i in spec.inputs}
     if not hasattr(frame, "columns"):
-        raise ValueError(f"Expect a pandas DataFrame with a column per input "
-                         f"{[i.name for i in spec.inputs]} (or a dict of arrays by input name), got "
-                         f"{type(frame).__name__}")
+        raise ValueError(f"Expect a pandas DataFrame with a column per input {names} (or a dict of arrays by "
+                         f"input name), got {type(frame).__name__}")
     found, missing = {}, []
     for spec_input in spec.inputs:
         candidates = list(dict.fromkeys((spec_input.name, columns.get(spec_input.name, spec_input.name))))
@@ -134,7 +138,7 @@ def _named_inputs(frame, spec, columns: dict) -> dict:
         else:
             found[spec_input.name] = column
     if missing:
-        raise ValueError(f"Expect a column for each of the model's inputs {[i.name for i in spec.inputs]}, missing "
+        raise ValueError(f"Expect a column for each of the model's inputs {names}, missing "
                          f"{'; '.join(missing)}; got columns {list(frame.columns)}")
     return {i.name: _stacked(frame[found[i.name]], i.size, _dtype(i),
                              f"input {i.name!r} of shape {tuple(i.shape)} (column {found[i.name]!r})"

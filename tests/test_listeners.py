@@ -1,6 +1,6 @@
 """Listeners on the driver: the events of a real fit, a listener that raises,
-MLflow (a real file tracking store, read back with MLflow's client, the model
-loaded as pyfunc) and TensorBoard (event files read back with TensorBoard's
+MLflow (a real SQLite tracking store, read back with MLflow's client, the
+model loaded as pyfunc) and TensorBoard (event files read back with TensorBoard's
 EventAccumulator), the progress bar, and the NetworkEstimator in a Pipeline."""
 from __future__ import annotations
 
@@ -62,12 +62,15 @@ def _rdd(sc, n=48, seed=3):
 
 @pytest.fixture()
 def mlflow_store(tmp_path, monkeypatch):
-    """A real MLflow file tracking store in a temporary folder."""
+    """A real MLflow tracking store of the kind MLflow 3 opens by default (a SQLite file, no
+    environment switch), in a temporary folder with the artifacts beside it."""
     mlflow = pytest.importorskip("mlflow")
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps the file store behind this switch
-    uri = (tmp_path / "mlruns").as_uri()
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     mlflow.set_tracking_uri(uri)
+    # Artifacts in tmp_path too (the default experiment's would go to ./mlruns of the working directory).
+    experiment = mlflow.tracking.MlflowClient().create_experiment("tests", (tmp_path / "artifacts").as_uri())
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_ID", experiment)
     yield mlflow
     while mlflow.active_run() is not None:
         mlflow.end_run()

@@ -151,7 +151,7 @@ def test_the_mlflow_pyfunc_loader_refuses_a_crafted_file(torch_file, tmp_path, m
     crafted = tmp_path / "crafted.npz"
     craft(torch_file, crafted, evil_factory(marker), redigest=True)
     context = types.SimpleNamespace(artifacts={ARTIFACT: str(crafted)}, model_config={})
-    with pytest.raises(ModelFileError, match=REFUSED + "|Expect a Network config"):
+    with pytest.raises(ModelFileError, match=REFUSED):  # it loads any model kind, so the trust check refuses it
         NetworkPyfunc().load_context(context)
 
 

@@ -1,4 +1,4 @@
-"""MLflow tracking of a fit (``pip install sparkavg[mlflow]``; ``mlflow-skinny`` is enough).
+"""MLflow tracking of a fit (``pip install sparkavg[mlflow]``: the ``mlflow-skinny`` client, sqlalchemy, alembic).
 
 Per fit, :class:`MLflowListener` logs into one MLflow run:
 
@@ -13,8 +13,9 @@ Per fit, :class:`MLflowListener` logs into one MLflow run:
   the mean sampled ``sharing_threshold`` / ``sharing_sparsity`` per iteration;
 - the last checkpoint's path (tag ``sparkavg.last_checkpoint``);
 - at the end: the stats as ``stats/stats.json``, ``stats/stats.html`` and
-  ``stats/trace.json`` (Chrome trace), and the trained network as a pyfunc
-  model (:mod:`.mlflow_model`) that ``mlflow.pyfunc.load_model`` loads;
+  ``stats/trace.json`` (Chrome trace), and the trained model -- a Network,
+  a Graph or a TorchModel -- as a pyfunc model (:mod:`.mlflow_model`, which
+  says its input and output frames) that ``mlflow.pyfunc.load_model`` loads;
   the run ends ``FINISHED`` -- or ``FAILED`` (``KILLED`` on
   ``KeyboardInterrupt``) with tag ``sparkavg.error`` when the fit raises.
 
@@ -22,6 +23,24 @@ Which run: the active one (``with mlflow.start_run(): trainer.fit(...)``),
 else one the listener starts and ends.  With ``nested=True`` every fit is a
 child run of the active run: the stages of a ``Pipeline`` (or the fits of a
 hyper-parameter search) as children of one parent.
+
+Which store: MLflow's own choice, never one of the listener's -- the
+``tracking_uri`` given, else ``$MLFLOW_TRACKING_URI`` or
+``mlflow.set_tracking_uri``, else MLflow 3's default: a SQLite file
+``./mlflow.db`` in the working directory, artifacts under ``./mlruns``
+(MLflow keeps to ``./mlruns`` as its store where an old file store is there).
+``sparkavg[mlflow]`` installs what that default needs besides the skinny
+client (sqlalchemy, alembic), so ``MLflowListener()`` logs on a fresh
+install with no tracking server.  Why not pick a store when the user named
+none: runs then land where the user's own ``mlflow.start_run()``,
+``mlflow.pyfunc.load_model(listener.model_uri)`` and ``mlflow server`` /
+``mlflow ui`` look by default, in this process and the next; the
+alternative, MLflow's ``./mlruns`` file store, is in maintenance mode and
+opens only with ``MLFLOW_ALLOW_FILE_STORE`` set for the whole process (a
+library should not flip that for its caller).  The listener logs the
+store of each run it starts; one it cannot start a run in fails the
+listener's ``fit_start`` (the fit goes on, logged nothing, with one
+warning naming the store, the error and what to install or set).
 """
 from __future__ import annotations
 
@@ -52,6 +71,22 @@ def _import_mlflow():
     return mlflow
 
 
+def _store_error(mlflow, exc: Exception) -> RuntimeError:
+    """What to tell when no run could be started in MLflow's tracking store."""
+    import importlib.util
+
+    uri = mlflow.get_tracking_uri()
+    missing = [name for name in ("sqlalchemy", "alembic") if importlib.util.find_spec(name) is None]
+    hint = ""
+    if str(uri).startswith("sqlite:") and missing:  # mlflow-skinny alone: MLflow's default store does not open
+        hint = (f"; MLflow's SQLite store (its default, ./mlflow.db) needs {' and '.join(missing)}, not installed "
+                f"here: pip install 'sparkavg[mlflow]'")
+    return RuntimeError(f"MLflowListener could not start a run in the MLflow tracking store {uri!r} "
+                        f"({type(exc).__name__}: {exc}){hint}; or name a store that opens here: "
+                        f"MLflowListener(tracking_uri=...) or $MLFLOW_TRACKING_URI (e.g. an MLflow server's "
+                        f"http:// address or sqlite:///path/to/mlflow.db)")
+
+
 def flatten(value, prefix: str) -> dict:
     """``{"prefix.a.0.b": "..."}``: nested dicts and lists as dotted keys, leaves as strings."""
     out = {}
@@ -78,8 +113,8 @@ class MLflowListener(TrainingListener):
     Parameters
     ----------
     tracking_uri : str, optional
-        Set as MLflow's tracking URI at the first fit (default: MLflow's own,
-        e.g. ``$MLFLOW_TRACKING_URI``).
+        Set as MLflow's tracking URI at the first fit (default: MLflow's own:
+        ``$MLFLOW_TRACKING_URI``, else ``./mlflow.db``; see "Which store" above).
     experiment : str, optional
         The experiment of a run the listener starts (default: MLflow's active one).
     run_name : str, optional
@@ -87,7 +122,7 @@ class MLflowListener(TrainingListener):
     nested : bool, default False
         Start a child run of the active run for every fit.
     log_model : bool, default True
-        Log the trained network as a pyfunc model (artifact path ``model``).
+        Log the trained model as a pyfunc model (artifact path ``model``).
     log_rounds : bool, default False
         Metrics per round, not only per epoch (one request per round).
     log_stats : bool, default True
@@ -156,10 +191,14 @@ class MLflowListener(TrainingListener):
             mlflow.set_tracking_uri(self.tracking_uri)
         active = mlflow.active_run()
         if active is None or self.nested:
-            if self.experiment is not None and active is None:
-                mlflow.set_experiment(self.experiment)
-            run = mlflow.start_run(run_name=self.run_name, nested=active is not None)
+            try:
+                if self.experiment is not None and active is None:
+                    mlflow.set_experiment(self.experiment)
+                run = mlflow.start_run(run_name=self.run_name, nested=active is not None)
+            except Exception as exc:  # the store does not open: say which, and what would open it
+                raise _store_error(mlflow, exc) from exc
             self._owned = True
+            logger.info("MLflow run %s started in the tracking store %s", run.info.run_id, mlflow.get_tracking_uri())
         else:
             run, self._owned = active, False
         self.run_id, self._live = run.info.run_id, True

@@ -59,7 +59,11 @@ class TestHooks:
     @classmethod
     def from_properties(cls, get: Callable[[str], Optional[str]]) -> Optional["TestHooks"]:
         marker, stall, hold, slow = get(KILL_MARKER), get(STALL_RANK), get(HOLD_MARKER), get(SLOW_WORKER)
-        numbers = {name: float(get(key)) for name, key in _NUMBERS.items() if get(key)}
+        numbers = {}
+        for name, key in _NUMBERS.items():  # each property read once
+            value = get(key)
+            if value:
+                numbers[name] = float(value)
         if not marker and stall is None and not hold and not slow and not numbers:
             return None
         return cls(marker or None, int(stall) if stall is not None else None, hold or None, slow or None, numbers)

@@ -15,7 +15,7 @@ policy                      ``"sparkavg"``                            ``"dl4j"``
 ``BlockMomentum``           where it measured better                  off
 ``MomentCorrection``        Adam-like updaters, 2+ workers            off
 ``WorkerShares``            by measured speed                         equal
-``Weighting``               by examples                               uniform (DL4J)
+(the workers' mean)         weighted by examples                      unweighted (DL4J)
 ``UpdateScale``             mean for SGD-like; Adam-like from epoch 2 sum
 ``MomentumMasking``         Nesterov's velocity masked                off
 ``LocalView``               on                                        off

@@ -18,7 +18,7 @@ from sparkavg.spark.policies.frequency import (MAX_FREQUENCY, MAX_PLAIN_MOMENTUM
                                                choose_frequency, convergence_bound, even_rounds, round_costs,
                                                rounds_from_events, rounds_needed)
 from sparkavg.spark.runners.averaging import AveragingRunner
-from sparkavg.spark.stats import Event
+from sparkavg.stats import Event
 
 from .nets import averaged_updater_state, blobs, small_net, straight_and_resumed
 

@@ -15,7 +15,7 @@ import pytest
 from sparkavg.configurable import Configurable, registered
 from sparkavg.spark import DataOptions, GradientSharing, ParameterAveraging, Recover, SparkTrainer
 from sparkavg.spark.masters import Master, master_from_config
-from sparkavg.spark.stats import DecisionName, TrainingStats
+from sparkavg.stats import DecisionName, TrainingStats
 from sparkavg.spark.upgrade import RETIRED, upgrade_master
 
 from .nets import blobs, small_net

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import sparkavg.spark.stats as stats_pkg
-from sparkavg.spark.stats import (CounterName, Phase, PhaseRecorder, Regime, SeriesName, TrainingStats,
+import sparkavg.stats as stats_pkg
+from sparkavg.stats import (CounterName, Phase, PhaseRecorder, Regime, SeriesName, TrainingStats,
                                   datagram_breakdown, iteration_verdict, task_lane)
 
 PLAIN = (dict, list, str, float, int, bool, type(None))

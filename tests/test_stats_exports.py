@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pytest
 
-from sparkavg.spark.stats import SPAN_PHASES, CounterName, Phase, PhaseRecorder, SeriesName, TrainingStats
+from sparkavg.stats import SPAN_PHASES, CounterName, Phase, PhaseRecorder, SeriesName, TrainingStats
 
 
 def _recorder(lane, fits, overhead=(), start=0.0):

@@ -6,8 +6,7 @@
 Start the session with :func:`recommended_conf` (round results small
 enough to travel with the task status; a quiet JIT in local mode).
 
-Names are imported on first use, so ``import sparkavg.spark.stats`` (an
-executor's recorder) does not load the trainer.
+Names are imported on first use, so importing one does not load the trainer.
 """
 import importlib
 
@@ -23,7 +22,7 @@ _EXPORTS = {
     "FixedThreshold": ".masters",
     "AdaptiveThreshold": ".masters",
     "TargetSparsityThreshold": ".masters",
-    "TrainingStats": ".stats",
+    "TrainingStats": "..stats",
     "recommended_conf": ".session",
     "check_session": ".session",
     "WorkerFailure": ".errors",

@@ -32,7 +32,7 @@ from .data import LINEAGE_REASON
 from .streaming import STORAGE_DECISION, prepare_stream, storage_choice
 from .transforms import input_encoding
 from .seam import seam_for
-from .stats import Phase, TrainingStats
+from ..stats import Phase, TrainingStats
 from .storage import release_live_locations
 from .termination import release_on_sigterm
 

@@ -10,7 +10,7 @@ from ... import ops
 from ...backend import get_array_module
 from ...configurable import register
 from ..errors import DivergenceError, failure_aware, task_failure_guard
-from ..stats import Phase, PhaseRecorder, task_lane
+from ...stats import Phase, PhaseRecorder, task_lane
 from .context import LossSum, Record, cached_network, host_copy, load_state, task_partition
 from .device import task_device
 from .minibatches import recorded_minibatches

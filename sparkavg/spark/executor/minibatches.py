@@ -6,7 +6,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Iterator, List, Optional
 
-from ..stats import Phase
+from ...stats import Phase
 from ..storage import load_minibatch
 from ..transforms import transformed
 

@@ -32,7 +32,7 @@ from ...sharing import SharingState, apply_received, local_view, sharing_step
 from ...sharing.thresholds import ResidualClipping
 from ...transport import PeerStalledError, ReliableEndpoint, select_address
 from ..errors import DivergenceError, register_error, task_failure_guard
-from ..stats import CounterName, Phase, PhaseRecorder, SeriesName, task_lane
+from ...stats import CounterName, Phase, PhaseRecorder, SeriesName, task_lane
 from ..storage import prefetch_depth
 from .averaging import check_finite
 from .context import LossSum, Record, cached_network, host_copy, load_state

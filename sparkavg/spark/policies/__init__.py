@@ -3,7 +3,7 @@ one small object in a module of its own (after PyTorch's DDP communication
 hooks and ``PeriodicModelAverager``: the rule plus its state).
 
 A policy has a ``name`` (the decision it records, one of
-:data:`sparkavg.spark.stats.names.DECISIONS`), ``decide(...) -> (value,
+:data:`sparkavg.stats.DecisionName`), ``decide(...) -> (value,
 reason)`` with whatever it needs, and, when it keeps state across epochs,
 ``state_dict()`` / ``load_state_dict()`` (checkpointed by its runner).
 The runners compose them by the master's ``preset``:

@@ -35,7 +35,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from ..stats import DRIVER_LANE, Phase
+from ...stats import DRIVER_LANE, Phase
 from . import Policy
 
 __all__ = ["AveragingFrequency", "TARGET_OVERHEAD", "MAX_FREQUENCY", "MAX_PLAIN_MOMENTUM_FREQUENCY", "RoundCosts", "WorkerBusy", "RoundTiming", "round_costs", "rounds_from_events", "busy_from_payloads",

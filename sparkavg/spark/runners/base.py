@@ -33,7 +33,7 @@ from ..errors import raise_failures
 from ..executor.device import summarize_devices
 from ..masters import Repartition
 from ..session import check_result_path
-from ..stats import Phase
+from ...stats import Phase
 from ..transforms import transform_plan
 
 __all__ = ["EpochRunner", "Merged", "Progress", "network_state", "set_state", "runs"]

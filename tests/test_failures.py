@@ -500,3 +500,24 @@ def test_a_pandas_frame_is_named_as_pandas(request, flavour):
                                                        r"lives in this process only; make it a Spark DataFrame with "
                                                        r"spark\.createDataFrame\(pdf\)"):
             call(pdf)
+
+
+def test_a_float64_model_under_gradient_sharing_is_refused_on_the_driver_before_any_job(sc):
+    from sparkavg.spark import GradientSharing
+
+    net = small_net(seed=55, dtype="float64")
+    before = net.params.copy()
+    trainer = SparkTrainer(sc, net, GradientSharing(workers=2, batch_size_per_worker=10))
+    group = "float64-sharing"
+    sc.setJobGroup(group, "a float64 model under gradient sharing")
+    try:
+        with pytest.raises(ValueError, match=r"Expect a float32 model for GradientSharing .*got Network with float64 "
+                                             r"parameters.*dtype='float32'.*ParameterAveraging"):
+            trainer.fit(_rdd(sc), epochs=1)
+        assert sc.statusTracker().getJobIdsForGroup(group) == [], "refused before any Spark job"
+    finally:
+        sc.setJobGroup("after", "after")
+    assert np.array_equal(net.params, before) and net.params.dtype == np.float64
+    # Parameter averaging trains the same model.
+    SparkTrainer(sc, net, ParameterAveraging(workers=2, batch_size_per_worker=10)).fit(_rdd(sc), epochs=1)
+    assert net.params.dtype == np.float64 and not np.array_equal(net.params, before)

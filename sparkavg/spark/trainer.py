@@ -304,6 +304,7 @@ class SparkTrainer:
         if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
             raise ValueError(f"Expect epochs >= 1 (an int), got {epochs!r}")
         self.master.validate_for(self.workers)
+        self._runner.check_model(self.network)  # before any job: what the master cannot train
         if resume_from is not None:
             found, saved, runner_state = ckpt_io.find_resumable(
                 resume_from, network=self.network, master=self.master.to_config(), epochs=epochs,

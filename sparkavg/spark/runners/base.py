@@ -13,7 +13,9 @@ its epoch distributes work:
 - :meth:`~EpochRunner.launch` -- which tasks run and how their results come back;
 - :meth:`~EpochRunner.merge` -- how results become the network's new state;
 - :meth:`~EpochRunner.state_dict` / :meth:`~EpochRunner.load_state_dict` -- what the
-  runner carries between epochs (checkpointed next to the network).
+  runner carries between epochs (checkpointed next to the network);
+- :meth:`~EpochRunner.check_model` -- what the master cannot train, refused
+  on the driver before any job.
 """
 from __future__ import annotations
 
@@ -130,6 +132,11 @@ class EpochRunner(abc.ABC):
     @abc.abstractmethod
     def result_bytes(self, network) -> int:
         """Bytes one worker returns per round (checked against the session)."""
+
+    def check_model(self, network) -> None:
+        """Raise ``ValueError`` naming what this master cannot train in
+        ``network``; called on the driver before a fit runs any job.
+        Default: every model of the contract."""
 
     def shipped(self, network, epoch: int):
         """The value shipped to executors for one round (default: the network state)."""

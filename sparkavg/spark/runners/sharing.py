@@ -95,6 +95,17 @@ class SharingRunner(EpochRunner):
         # whether a Nesterov velocity is masked, whether gradients are taken at the worker's own view
         self.decided = {"update_scale": 1.0, "masking": False, "local_view": False}
 
+    def check_model(self, network) -> None:
+        """Gradient sharing trains float32 models only: the residual, the
+        threshold encoding and its wire format are float32 (a float64 model
+        failed on every executor with "Expect out of dtype float64")."""
+        dtype = np.dtype(getattr(network.state["params"], "dtype", np.float32))
+        if dtype != np.float32:
+            raise ValueError(
+                f"Expect a float32 model for GradientSharing (its residuals, threshold encoding and wire format are "
+                f"float32), got {type(network).__name__} with {dtype} parameters: build the model with "
+                f"dtype='float32', or train it with ParameterAveraging")
+
     def minibatches_per_round(self, prepared, workers, network, epoch, stats) -> int:
         if self.rank_states is not None and len(self.rank_states) != workers:
             logger.warning("worker count changed (%d -> %d): residuals reset", len(self.rank_states), workers)

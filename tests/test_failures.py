@@ -521,3 +521,115 @@ def test_a_float64_model_under_gradient_sharing_is_refused_on_the_driver_before_
     # Parameter averaging trains the same model.
     SparkTrainer(sc, net, ParameterAveraging(workers=2, batch_size_per_worker=10)).fit(_rdd(sc), epochs=1)
     assert net.params.dtype == np.float64 and not np.array_equal(net.params, before)
+
+
+class _RoundSnapshots:
+    """Listener: the network's parameters and iteration after every merged round; at the end of round
+    ``pause_at`` of epoch 1 it lets ``between`` go and waits for ``resume`` (a cancel lands between rounds)."""
+
+    def __init__(self, pause_at=None):
+        self.rounds, self.pause_at = [], pause_at
+        self.between, self.resume = threading.Event(), threading.Event()
+
+    def on_round_end(self, trainer, event):
+        net = trainer.network
+        self.rounds.append(((event["epoch"], event["round"]), net.params.copy(), net.iteration))
+        if (event["epoch"], event["round"]) == (1, self.pause_at):
+            self.between.set()
+            self.resume.wait(60)
+
+
+@pytest.mark.parametrize("how", ["cancelAllJobs", "cancelJobGroup", "another group"])
+def test_a_cancel_between_averaging_rounds_stops_the_fit_before_the_next_round(sc, how):
+    from sparkavg.spark import TrainingCancelled
+
+    net = small_net(seed=57)
+    snapshots = _RoundSnapshots(pause_at=1)
+    trainer = SparkTrainer(sc, net, ParameterAveraging(workers=2, batch_size_per_worker=10, averaging_frequency=1),
+                           listeners=[snapshots])
+    rdd = _rdd(sc, n=80)
+    seen = {}
+
+    def canceller():  # another thread, while the fit's thread is between round 1 and round 2
+        snapshots.between.wait(60)
+        seen["active jobs"] = sc.statusTracker().getActiveJobsIds()
+        if how == "cancelAllJobs":
+            sc.cancelAllJobs()
+        else:
+            sc.cancelJobGroup("fit-between-rounds" if how == "cancelJobGroup" else "someone-else")
+        snapshots.resume.set()
+
+    thread = threading.Thread(target=canceller, daemon=True)
+    thread.start()
+    sc.setJobGroup("fit-between-rounds", "a fit cancelled between its rounds")
+    try:
+        if how == "another group":
+            trainer.fit(rdd, epochs=1)
+        else:
+            with pytest.raises(TrainingCancelled) as info:
+                trainer.fit(rdd, epochs=1)
+    finally:
+        sc.setJobGroup("after", "after")
+        snapshots.resume.set()
+        thread.join(60)
+    assert seen["active jobs"] == [], "the cancel landed when no job ran"
+    rounds = len(snapshots.rounds)
+    if how == "another group":  # not this fit's: it runs to its end
+        assert trainer.epochs_done == 1 and rounds >= 2
+        return
+    message = str(info.value)
+    assert f"SparkContext.{how}(" in message and "between rounds: round 2 of epoch 1 did not start" in message
+    assert "holds the state after round 1 of epoch 1" in message and "stopped in epoch 1" in message
+    assert rounds == 1 and trainer.epochs_done == 0 and trainer.history == []
+    (_, params, iteration) = snapshots.rounds[-1]
+    assert np.array_equal(net.params, params) and net.iteration == iteration > 0
+    # The next fit is not cancelled by the old request.
+    trainer.fit(rdd, epochs=1)
+    assert trainer.epochs_done == 1
+
+
+def test_trainer_cancel_from_another_thread_ends_the_fit_after_the_running_round(sc):
+    from sparkavg.spark import TrainingCancelled
+    from sparkavg.spark.executor.hooks import SLOW_WORKER
+
+    net = small_net(seed=58)
+    snapshots = _RoundSnapshots()
+    trainer = SparkTrainer(sc, net, ParameterAveraging(workers=2, batch_size_per_worker=10, averaging_frequency=1),
+                           listeners=[snapshots])
+    rdd = _rdd(sc, n=80)
+    assert trainer.cancel() is False, "no fit runs: nothing to cancel"
+    seen = {}
+
+    def canceller():  # cancels while round 2's tasks run (each minibatch takes 0.3 s: the slow-worker hook)
+        tracker = sc.statusTracker()
+        deadline = time.monotonic() + 60
+        while len(snapshots.rounds) < 1 or not tracker.getJobIdsForGroup("fit-cancel"):
+            time.sleep(0.01)
+            if time.monotonic() > deadline:
+                return
+        while time.monotonic() < deadline:
+            active = tracker.getActiveJobsIds()
+            if active:
+                seen["rounds done"], seen["cancelled"] = len(snapshots.rounds), trainer.cancel()
+                seen["still running"] = set(active) & set(tracker.getActiveJobsIds())
+                return
+            time.sleep(0.01)
+
+    sc.setJobGroup("fit-cancel", "a fit cancelled by SparkTrainer.cancel()")
+    sc.setLocalProperty(SLOW_WORKER, "0.3")
+    thread = threading.Thread(target=canceller, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(TrainingCancelled, match=r"SparkTrainer.cancel\(\).*round 3 of epoch 1 did not start.*"
+                                                    r"holds the state after round 2 of epoch 1"):
+            trainer.fit(rdd, epochs=2)
+    finally:
+        sc.setLocalProperty(SLOW_WORKER, None)
+        sc.setJobGroup("after", "after")
+        thread.join(60)
+    assert seen["cancelled"] is True and seen["rounds done"] == 1 and seen["still running"], \
+        "cancel() landed while round 2's job ran"
+    assert len(snapshots.rounds) == 2  # the running round finished and was merged
+    (_, params, iteration) = snapshots.rounds[-1]
+    assert np.array_equal(net.params, params) and net.iteration == iteration
+    assert trainer.epochs_done == 0 and trainer.cancel() is False

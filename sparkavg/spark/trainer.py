@@ -284,8 +284,10 @@ class SparkTrainer:
         try:
             self._fitting_thread = threading.current_thread().name
             self._epoch_running = None
+            self._runner.cancel_request.clear()
             try:
-                with release_on_sigterm(release_live_locations):
+                with release_on_sigterm(release_live_locations), \
+                        self.seam.watch_cancels(self._runner.cancel_request.set):
                     return self._fit(data, epochs, resume_from=resume_from, validation_data=validation_data)
             except BaseException as exc:
                 self._emit_failure(exc, recovered=False)
@@ -293,6 +295,30 @@ class SparkTrainer:
         finally:
             self._fitting_thread = None
             self._fitting.release()
+
+    def cancel(self, reason: str = "SparkTrainer.cancel()") -> bool:
+        """Stop the running fit at its next round boundary (from any thread).
+
+        The round that runs finishes and is merged; the next one does not
+        start, and ``fit`` raises :class:`~sparkavg.spark.TrainingCancelled`
+        naming ``reason``.  The model then holds the state of the last
+        completed round (under gradient sharing a round is a whole epoch);
+        the checkpoints are those of the epochs completed before.  A
+        ``sc.cancelAllJobs()`` (or ``cancelJobGroup`` of the fit's group,
+        ``cancelJobsWithTag`` of one of its tags; ``interruptAll`` /
+        ``interruptTag`` on Spark Connect) made in this driver process while
+        a fit runs also stops it: at once when it cancels a running job,
+        else at the next round boundary.
+
+        Returns
+        -------
+        bool
+            Whether a fit was running (none: nothing happens).
+        """
+        if self._fitting_thread is None:
+            return False
+        self._runner.cancel_request.set(reason)
+        return True
 
     def _emit_failure(self, exc: BaseException, recovered: bool) -> None:
         epoch = self._epoch_running

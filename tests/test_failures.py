@@ -633,3 +633,48 @@ def test_trainer_cancel_from_another_thread_ends_the_fit_after_the_running_round
     (_, params, iteration) = snapshots.rounds[-1]
     assert np.array_equal(net.params, params) and net.iteration == iteration
     assert trainer.epochs_done == 0 and trainer.cancel() is False
+
+
+def test_a_string_label_column_is_described_as_a_label_not_as_features(spark):
+    from sparkavg.data.validation import DataValidationError
+
+    x, y = blobs(8, seed=68)
+    df = spark.createDataFrame([(x[i].reshape(-1).tolist(), str(y[i])) for i in range(8)],
+                               "features array<float>, label string").coalesce(1)
+    trainer = SparkTrainer(spark, small_net(seed=68), ParameterAveraging(workers=1, batch_size_per_worker=4))
+    with pytest.raises(DataValidationError) as info:
+        trainer.fit(df)
+    message = str(info.value)
+    assert message.startswith("Bad label column: expected a numeric column (int, long, double: one class index or "
+                              "target per row), or array<float>, array<double> or an ml Vector (one-hot rows, or "
+                              "several targets) (a class index in [0, 2) or a one-hot row of length 2), got string")
+    assert "array<float>, array<double> or an ml Vector, got" not in message  # the features' wording
+
+
+@pytest.mark.parametrize("route", ["rdd", "dataframe"])
+def test_a_float64_feature_beyond_float32_is_refused_with_its_row_not_trained_into_a_divergence(spark, route):
+    from sparkavg.data.validation import DataValidationError
+
+    x, y = blobs(8, seed=69)
+    wide = x.reshape(8, -1).astype(np.float64)
+    wide[5, 3] = 1e39  # finite in float64, inf in float32
+    trainer = SparkTrainer(spark, small_net(seed=69), ParameterAveraging(workers=1, batch_size_per_worker=4))
+    if route == "rdd":
+        data = spark.sparkContext.parallelize([(wide[i], int(y[i])) for i in range(8)], 1)
+    else:
+        data = spark.createDataFrame([(wide[i].tolist(), int(y[i])) for i in range(8)],
+                                     "features array<double>, label long").coalesce(1)
+    with pytest.raises(DataValidationError, match=r"^Bad features at partition 0, row 5: expected numbers a float32 "
+                                                  r"holds \(\|value\| <= 3.4028235e\+38\), got 1e\+39"):
+        trainer.fit(data)
+    assert trainer.epochs_done == 0
+    # A regression target beyond float32 is refused the same way.
+    from sparkavg.nn import Dense, Network, Output
+
+    regression = Network((1, 4, 4), [Dense(4), Output(1, activation="identity", loss="mse")], seed=70)
+    targets = [1.0] * 8
+    targets[2] = -1e300
+    rows = spark.sparkContext.parallelize([(x[i], targets[i]) for i in range(8)], 1)
+    with pytest.raises(DataValidationError, match=r"^Bad label at partition 0, row 2: expected numbers a float32 "
+                                                  r"holds .* got -1e\+300"):
+        SparkTrainer(spark, regression, ParameterAveraging(workers=1, batch_size_per_worker=4)).fit(rows)

@@ -56,3 +56,15 @@ def identity(x, y, rng):
 def unmarked_flip(x, y, rng):
     """:func:`random_flip` without the mark: a loader refuses a saved master naming it."""
     return random_flip(x, y, rng)
+
+
+#: While this file exists, :func:`fail_when_marked` raises (a test creates it in the middle of a fit).
+FAIL_MARKER = os.path.join(tempfile.gettempdir(), f"sparkavg-test-fail-{os.getuid()}")
+
+
+@sparkavg.transform
+def fail_when_marked(x, y, rng):
+    """Change nothing, or raise while :data:`FAIL_MARKER` exists: a round that fails after others merged."""
+    if os.path.exists(FAIL_MARKER):
+        raise ValueError(f"a transform failed on purpose ({FAIL_MARKER} exists)")
+    return x, y

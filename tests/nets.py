@@ -6,9 +6,10 @@ import numpy as np
 from sparkavg.nn import Adam, Dense, Network, Output
 
 
-def small_net(seed: int = 0) -> Network:
+def small_net(seed: int = 0, dtype: str = "float32") -> Network:
     """A 16 -> 8 relu -> 2 softmax classifier with Adam (updater state is non-trivial)."""
-    return Network((1, 4, 4), [Dense(8, activation="relu"), Output(2)], updater=Adam(lr=0.01), seed=seed)
+    return Network((1, 4, 4), [Dense(8, activation="relu"), Output(2)], updater=Adam(lr=0.01), seed=seed,
+                   dtype=dtype)
 
 
 def blobs(n: int, seed: int = 0):

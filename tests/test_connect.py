@@ -280,3 +280,41 @@ def test_a_transform_runs_alike_on_connect_and_classic(spark, connect, master_ty
         assert len({c["draw"] for c in noted}) == 16, name
     assert sorted(c["draw"] for c in calls["connect"]) == sorted(c["draw"] for c in calls["classic"])
     np.testing.assert_allclose(nets["connect"].params, nets["classic"].params, rtol=1e-5, atol=1e-6)
+
+
+def test_interrupt_all_between_rounds_on_connect_stops_the_fit_before_the_next_round(connect):
+    import threading
+
+    from sparkavg.spark import TrainingCancelled
+
+    class Pause:  # between round 1 and round 2 the fit's thread waits for the interrupt
+        def __init__(self):
+            self.between, self.resume, self.rounds = threading.Event(), threading.Event(), []
+
+        def on_round_end(self, trainer, event):
+            self.rounds.append((trainer.network.params.copy(), trainer.network.iteration))
+            if event["round"] == 1:
+                self.between.set()
+                self.resume.wait(60)
+
+    pause = Pause()
+
+    def interrupt():
+        pause.between.wait(60)
+        connect.interruptAll()
+        pause.resume.set()
+
+    x, y = blobs(80, seed=43)
+    net = small_net(seed=44)
+    trainer = SparkTrainer(connect, net, ParameterAveraging(batch_size_per_worker=10, workers=2, averaging_frequency=1),
+                           listeners=[pause])
+    thread = threading.Thread(target=interrupt, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(TrainingCancelled, match=r"SparkSession.interruptAll\(\).*round 2 of epoch 1 did not start"):
+            trainer.fit(_frame(connect, x, y, partitions=2), epochs=1)
+    finally:
+        pause.resume.set()
+        thread.join(60)
+    params, iteration = pause.rounds[-1]
+    assert len(pause.rounds) == 1 and np.array_equal(net.params, params) and net.iteration == iteration

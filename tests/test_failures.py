@@ -500,3 +500,181 @@ def test_a_pandas_frame_is_named_as_pandas(request, flavour):
                                                        r"lives in this process only; make it a Spark DataFrame with "
                                                        r"spark\.createDataFrame\(pdf\)"):
             call(pdf)
+
+
+def test_a_float64_model_under_gradient_sharing_is_refused_on_the_driver_before_any_job(sc):
+    from sparkavg.spark import GradientSharing
+
+    net = small_net(seed=55, dtype="float64")
+    before = net.params.copy()
+    trainer = SparkTrainer(sc, net, GradientSharing(workers=2, batch_size_per_worker=10))
+    group = "float64-sharing"
+    sc.setJobGroup(group, "a float64 model under gradient sharing")
+    try:
+        with pytest.raises(ValueError, match=r"Expect a float32 model for GradientSharing .*got Network with float64 "
+                                             r"parameters.*dtype='float32'.*ParameterAveraging"):
+            trainer.fit(_rdd(sc), epochs=1)
+        assert sc.statusTracker().getJobIdsForGroup(group) == [], "refused before any Spark job"
+    finally:
+        sc.setJobGroup("after", "after")
+    assert np.array_equal(net.params, before) and net.params.dtype == np.float64
+    # Parameter averaging trains the same model.
+    SparkTrainer(sc, net, ParameterAveraging(workers=2, batch_size_per_worker=10)).fit(_rdd(sc), epochs=1)
+    assert net.params.dtype == np.float64 and not np.array_equal(net.params, before)
+
+
+class _RoundSnapshots:
+    """Listener: the network's parameters and iteration after every merged round; at the end of round
+    ``pause_at`` of epoch 1 it lets ``between`` go and waits for ``resume`` (a cancel lands between rounds)."""
+
+    def __init__(self, pause_at=None):
+        self.rounds, self.pause_at = [], pause_at
+        self.between, self.resume = threading.Event(), threading.Event()
+
+    def on_round_end(self, trainer, event):
+        net = trainer.network
+        self.rounds.append(((event["epoch"], event["round"]), net.params.copy(), net.iteration))
+        if (event["epoch"], event["round"]) == (1, self.pause_at):
+            self.between.set()
+            self.resume.wait(60)
+
+
+@pytest.mark.parametrize("how", ["cancelAllJobs", "cancelJobGroup", "another group"])
+def test_a_cancel_between_averaging_rounds_stops_the_fit_before_the_next_round(sc, how):
+    from sparkavg.spark import TrainingCancelled
+
+    net = small_net(seed=57)
+    snapshots = _RoundSnapshots(pause_at=1)
+    trainer = SparkTrainer(sc, net, ParameterAveraging(workers=2, batch_size_per_worker=10, averaging_frequency=1),
+                           listeners=[snapshots])
+    rdd = _rdd(sc, n=80)
+    seen = {}
+
+    def canceller():  # another thread, while the fit's thread is between round 1 and round 2
+        snapshots.between.wait(60)
+        seen["active jobs"] = sc.statusTracker().getActiveJobsIds()
+        if how == "cancelAllJobs":
+            sc.cancelAllJobs()
+        else:
+            sc.cancelJobGroup("fit-between-rounds" if how == "cancelJobGroup" else "someone-else")
+        snapshots.resume.set()
+
+    thread = threading.Thread(target=canceller, daemon=True)
+    thread.start()
+    sc.setJobGroup("fit-between-rounds", "a fit cancelled between its rounds")
+    try:
+        if how == "another group":
+            trainer.fit(rdd, epochs=1)
+        else:
+            with pytest.raises(TrainingCancelled) as info:
+                trainer.fit(rdd, epochs=1)
+    finally:
+        sc.setJobGroup("after", "after")
+        snapshots.resume.set()
+        thread.join(60)
+    assert seen["active jobs"] == [], "the cancel landed when no job ran"
+    rounds = len(snapshots.rounds)
+    if how == "another group":  # not this fit's: it runs to its end
+        assert trainer.epochs_done == 1 and rounds >= 2
+        return
+    message = str(info.value)
+    assert f"SparkContext.{how}(" in message and "between rounds: round 2 of epoch 1 did not start" in message
+    assert "holds the state after round 1 of epoch 1" in message and "stopped in epoch 1" in message
+    assert rounds == 1 and trainer.epochs_done == 0 and trainer.history == []
+    (_, params, iteration) = snapshots.rounds[-1]
+    assert np.array_equal(net.params, params) and net.iteration == iteration > 0
+    # The next fit is not cancelled by the old request.
+    trainer.fit(rdd, epochs=1)
+    assert trainer.epochs_done == 1
+
+
+def test_trainer_cancel_from_another_thread_ends_the_fit_after_the_running_round(sc):
+    from sparkavg.spark import TrainingCancelled
+    from sparkavg.spark.executor.hooks import SLOW_WORKER
+
+    net = small_net(seed=58)
+    snapshots = _RoundSnapshots()
+    trainer = SparkTrainer(sc, net, ParameterAveraging(workers=2, batch_size_per_worker=10, averaging_frequency=1),
+                           listeners=[snapshots])
+    rdd = _rdd(sc, n=80)
+    assert trainer.cancel() is False, "no fit runs: nothing to cancel"
+    seen = {}
+
+    def canceller():  # cancels while round 2's tasks run (each minibatch takes 0.3 s: the slow-worker hook)
+        tracker = sc.statusTracker()
+        deadline = time.monotonic() + 60
+        while len(snapshots.rounds) < 1 or not tracker.getJobIdsForGroup("fit-cancel"):
+            time.sleep(0.01)
+            if time.monotonic() > deadline:
+                return
+        while time.monotonic() < deadline:
+            active = tracker.getActiveJobsIds()
+            if active:
+                seen["rounds done"], seen["cancelled"] = len(snapshots.rounds), trainer.cancel()
+                seen["still running"] = set(active) & set(tracker.getActiveJobsIds())
+                return
+            time.sleep(0.01)
+
+    sc.setJobGroup("fit-cancel", "a fit cancelled by SparkTrainer.cancel()")
+    sc.setLocalProperty(SLOW_WORKER, "0.3")
+    thread = threading.Thread(target=canceller, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(TrainingCancelled, match=r"SparkTrainer.cancel\(\).*round 3 of epoch 1 did not start.*"
+                                                    r"holds the state after round 2 of epoch 1"):
+            trainer.fit(rdd, epochs=2)
+    finally:
+        sc.setLocalProperty(SLOW_WORKER, None)
+        sc.setJobGroup("after", "after")
+        thread.join(60)
+    assert seen["cancelled"] is True and seen["rounds done"] == 1 and seen["still running"], \
+        "cancel() landed while round 2's job ran"
+    assert len(snapshots.rounds) == 2  # the running round finished and was merged
+    (_, params, iteration) = snapshots.rounds[-1]
+    assert np.array_equal(net.params, params) and net.iteration == iteration
+    assert trainer.epochs_done == 0 and trainer.cancel() is False
+
+
+def test_a_string_label_column_is_described_as_a_label_not_as_features(spark):
+    from sparkavg.data.validation import DataValidationError
+
+    x, y = blobs(8, seed=68)
+    df = spark.createDataFrame([(x[i].reshape(-1).tolist(), str(y[i])) for i in range(8)],
+                               "features array<float>, label string").coalesce(1)
+    trainer = SparkTrainer(spark, small_net(seed=68), ParameterAveraging(workers=1, batch_size_per_worker=4))
+    with pytest.raises(DataValidationError) as info:
+        trainer.fit(df)
+    message = str(info.value)
+    assert message.startswith("Bad label column: expected a numeric column (int, long, double: one class index or "
+                              "target per row), or array<float>, array<double> or an ml Vector (one-hot rows, or "
+                              "several targets) (a class index in [0, 2) or a one-hot row of length 2), got string")
+    assert "array<float>, array<double> or an ml Vector, got" not in message  # the features' wording
+
+
+@pytest.mark.parametrize("route", ["rdd", "dataframe"])
+def test_a_float64_feature_beyond_float32_is_refused_with_its_row_not_trained_into_a_divergence(spark, route):
+    from sparkavg.data.validation import DataValidationError
+
+    x, y = blobs(8, seed=69)
+    wide = x.reshape(8, -1).astype(np.float64)
+    wide[5, 3] = 1e39  # finite in float64, inf in float32
+    trainer = SparkTrainer(spark, small_net(seed=69), ParameterAveraging(workers=1, batch_size_per_worker=4))
+    if route == "rdd":
+        data = spark.sparkContext.parallelize([(wide[i], int(y[i])) for i in range(8)], 1)
+    else:
+        data = spark.createDataFrame([(wide[i].tolist(), int(y[i])) for i in range(8)],
+                                     "features array<double>, label long").coalesce(1)
+    with pytest.raises(DataValidationError, match=r"^Bad features at partition 0, row 5: expected numbers a float32 "
+                                                  r"holds \(\|value\| <= 3.4028235e\+38\), got 1e\+39"):
+        trainer.fit(data)
+    assert trainer.epochs_done == 0
+    # A regression target beyond float32 is refused the same way.
+    from sparkavg.nn import Dense, Network, Output
+
+    regression = Network((1, 4, 4), [Dense(4), Output(1, activation="identity", loss="mse")], seed=70)
+    targets = [1.0] * 8
+    targets[2] = -1e300
+    rows = spark.sparkContext.parallelize([(x[i], targets[i]) for i in range(8)], 1)
+    with pytest.raises(DataValidationError, match=r"^Bad label at partition 0, row 2: expected numbers a float32 "
+                                                  r"holds .* got -1e\+300"):
+        SparkTrainer(spark, regression, ParameterAveraging(workers=1, batch_size_per_worker=4)).fit(rows)

@@ -75,8 +75,23 @@ def test_count_mismatch_names_both_files(tmp_path):
 def test_label_out_of_range(tmp_path):
     write_idx(tmp_path / "t10k-images-idx3-ubyte", np.zeros((3, 2, 2), np.uint8))
     write_idx(tmp_path / "t10k-labels-idx1-ubyte", np.array([1, 10, 12], np.uint8))
-    with pytest.raises(ValueError, match=r"t10k-labels-idx1-ubyte: expected labels in 0..9, got 10 at index 1"):
+    with pytest.raises(ValueError, match=r"t10k-labels-idx1-ubyte: expected labels in 0..9 \(num_classes=10\), "
+                                         r"got 10 at index 1"):
         load_mnist(tmp_path, "test")
+
+
+@pytest.mark.parametrize("num_classes", [0, -3, True, 2.0])
+def test_num_classes_below_one_is_named_as_the_argument_not_as_a_label_range(tmp_path, num_classes):
+    write_idx(tmp_path / "t10k-images-idx3-ubyte", np.zeros((3, 2, 2), np.uint8))
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte", np.array([1, 0, 1], np.uint8))
+    with pytest.raises(ValueError) as info:
+        load_mnist(tmp_path, "test", num_classes=num_classes)
+    message = str(info.value)
+    assert message == (f"Expect num_classes (the load_mnist argument: labels lie in 0 .. num_classes - 1) to be an "
+                       f"int >= 1, got {type(num_classes).__name__} {num_classes!r}")
+    assert "0..-1" not in message
+    with pytest.raises(ValueError, match=r"Expect num_classes \(the one_hot argument.*got int 0"):
+        one_hot([0], 0)
 
 
 def test_images_must_be_2d_per_item(tmp_path):

@@ -118,3 +118,93 @@ def test_a_streamed_epoch_deals_every_partition_once_the_same_for_the_same_epoch
 def test_storage_must_be_a_known_mode():
     with pytest.raises(ValueError, match=r"Expect storage in \('auto', 'memory', 'stream'\), got 'disk'"):
         DataOptions(storage="disk")
+
+
+
+class _Rounds:
+    """Listener: the network's state after each merged round and each epoch; creates
+    ``data_transforms.FAIL_MARKER`` after round ``fail_after`` (epoch, round), once."""
+
+    def __init__(self, fail_after=None):
+        self.merged, self.epochs, self.fail_after = [], {}, fail_after
+
+    def on_round_end(self, trainer, event):
+        self.merged.append(((event["epoch"], event["round"]), trainer.network.params.copy()))
+        if (event["epoch"], event["round"]) == self.fail_after:
+            open(data_transforms.FAIL_MARKER, "w").close()
+            self.fail_after = None  # once
+
+    def on_epoch_end(self, trainer, event):
+        self.epochs[event["epoch"]] = _state(trainer.network)
+
+
+def _state(net):
+    return net.params.copy(), net.updater_state.copy(), net.iteration, net.epoch
+
+
+def _same(a, b) -> bool:
+    return all(np.array_equal(u, v) if isinstance(u, np.ndarray) else u == v for u, v in zip(a, b))
+
+
+def test_a_streamed_fit_that_fails_mid_epoch_restores_the_model_and_says_to_what(spark, tmp_path, caplog):
+    """8 source partitions, 4 rounds an epoch: a failure after earlier rounds of the epoch were merged
+    into the network -- a NaN in partition 6, or a transform that fails from round 2 of epoch 2 on --
+    puts the network (parameters, updater state, iteration, epoch) back to what the epoch found: its
+    state before the fit, or at the end of the last epoch (as its checkpoint holds); the log and the
+    exception's note say which."""
+    import logging
+
+    from sparkavg.data.validation import DataValidationError
+    from sparkavg.spark.checkpoint import list_checkpoints
+
+    x, y = blobs(64, seed=33)
+    good = [(x[i].reshape(-1).tolist(), int(y[i])) for i in range(64)]
+    bad = list(good)
+    bad[6 * 8 + 3] = ([float("nan")] + good[6 * 8 + 3][0][1:], good[6 * 8 + 3][1])  # partition 6, row 3
+    frame = {name: spark.sparkContext.parallelize(rows, 8).toDF("features array<float>, label long")
+             for name, rows in (("good", good), ("bad", bad))}
+
+    def master(transform=None):
+        return ParameterAveraging(workers=2, batch_size_per_worker=8, averaging_frequency=1, seed=5,
+                                  data=DataOptions(storage="stream", transform=transform))
+
+    # A bad row in the fit's first epoch: back to the state before the fit.
+    net, rounds = small_net(seed=34), _Rounds()
+    before = _state(net)
+    with SparkTrainer(spark, net, master(), listeners=[rounds]) as trainer, \
+            caplog.at_level(logging.WARNING, logger="sparkavg.spark.trainer"):
+        with pytest.raises(DataValidationError, match=r"Bad features at partition 6, row 3: 1 NaN/inf") as info:
+            trainer.fit(frame["bad"], epochs=1)
+    assert rounds.merged and not np.array_equal(rounds.merged[-1][1], before[0]), "rounds were merged, then it failed"
+    assert _same(_state(net), before) and trainer.epochs_done == 0 and trainer.history == []
+    note = "sparkavg: the fit failed in epoch 1; the model was restored to its state before the fit"
+    assert info.value.__notes__ == [note]
+    assert any(r.getMessage().startswith(note + ": Bad features at partition 6") for r in caplog.records)
+
+    # A failure in round 2 of the fit's second epoch: back to the end of epoch 1, which its checkpoint holds.
+    folder = str(tmp_path / "ckpt")
+    net, rounds = small_net(seed=35), _Rounds(fail_after=(2, 1))
+    try:
+        with SparkTrainer(spark, net, master("tests.data_transforms:fail_when_marked"), checkpoint_dir=folder,
+                          listeners=[rounds]) as trainer:
+            with pytest.raises(Exception, match="a transform failed on purpose") as info:
+                trainer.fit(frame["good"], epochs=2)
+            assert [r for r, _ in rounds.merged if r[0] == 2] == [(2, 1)], "round 1 of epoch 2 merged, then it failed"
+            assert _same(_state(net), rounds.epochs[1]) and trainer.epochs_done == 1 and len(trainer.history) == 1
+            (saved,) = list_checkpoints(folder)
+            assert saved.epochs_done == 1
+            assert info.value.__notes__ == [f"sparkavg: the fit failed in epoch 2; the model was restored to its state "
+                                            f"at the end of epoch 1 (as its checkpoint {saved.directory!r} holds)"]
+            # A later fit that fails in its first epoch: before that fit, the same end of epoch 1.
+            os.remove(data_transforms.FAIL_MARKER)
+            with pytest.raises(DataValidationError, match=r"partition 6, row 3") as info:
+                trainer.fit(frame["bad"], epochs=1)
+            assert _same(_state(net), rounds.epochs[1])
+            assert info.value.__notes__ == [f"sparkavg: the fit failed in epoch 2; the model was restored to its state "
+                                            f"before the fit, at the end of epoch 1 (as its checkpoint "
+                                            f"{saved.directory!r} holds)"]
+            trainer.fit(frame["good"], epochs=1)  # and it trains on from there
+            assert trainer.epochs_done == 2
+    finally:
+        if os.path.exists(data_transforms.FAIL_MARKER):
+            os.remove(data_transforms.FAIL_MARKER)

@@ -172,6 +172,7 @@ def load_mnist(
     if limit is not None and (not isinstance(limit, (int, np.integer)) or isinstance(limit, (bool, np.bool_))
                               or limit < 0):
         raise ValueError(f"Expect limit to be None or an int >= 0, got {type(limit).__name__} {limit!r}")
+    _check_num_classes(num_classes, "load_mnist")
     dtype = np.dtype(dtype)
     if dtype.kind != "f":
         raise ValueError(f"Expect a floating dtype for images, got {dtype}")
@@ -208,13 +209,20 @@ def load_mnist(
     return MnistSplit(images, labels)
 
 
+def _check_num_classes(num_classes, caller: str) -> None:
+    if isinstance(num_classes, (bool, np.bool_)) or not isinstance(num_classes, (int, np.integer)) \
+            or num_classes < 1:
+        raise ValueError(f"Expect num_classes (the {caller} argument: labels lie in 0 .. num_classes - 1) to be an "
+                         f"int >= 1, got {type(num_classes).__name__} {num_classes!r}")
+
+
 def _check_label_range(labels: np.ndarray, num_classes: int, source: str) -> None:
     bad = np.flatnonzero((labels < 0) | (labels >= num_classes))
     if bad.size:
         i = int(bad[0])
         raise ValueError(
-            f"{source}: expected labels in 0..{num_classes - 1}, got {labels[i]} at index {i} "
-            f"({bad.size} out of range)"
+            f"{source}: expected labels in 0..{num_classes - 1} (num_classes={num_classes}), got {labels[i]} at "
+            f"index {i} ({bad.size} out of range)"
         )
 
 
@@ -239,8 +247,7 @@ def one_hot(labels, num_classes: int) -> np.ndarray:
         ``num_classes < 1``, labels not 1-D integers, or a label out of range
         (the message names the first bad index and value).
     """
-    if not isinstance(num_classes, (int, np.integer)) or num_classes < 1:
-        raise ValueError(f"Expect num_classes to be an int >= 1, got {num_classes!r}")
+    _check_num_classes(num_classes, "one_hot")
     labels = np.asarray(labels)
     if labels.ndim != 1:
         raise ValueError(f"Expect labels of shape (N,), got shape {labels.shape}")

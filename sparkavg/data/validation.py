@@ -29,6 +29,7 @@ __all__ = [
     "check_numbers",
     "check_widths",
     "check_finite",
+    "check_float32_range",
     "check_label_values",
     "as_arrays",
     "check_features",
@@ -219,13 +220,35 @@ def check_widths(sizes: np.ndarray, width: int, where: Where, shown: Callable[[i
 
 
 def check_finite(x: np.ndarray, where: Where, what: str = "features") -> None:
-    """No NaN or inf in ``x`` (rows along axis 0)."""
+    """No NaN or inf in ``x`` (rows along axis 0), and no value a float32
+    cannot hold (:func:`check_float32_range`)."""
     finite = np.isfinite(x)
     if not finite.all():
         bad = ~finite.reshape(len(x), -1)
         i = _first(bad.any(axis=1))
         raise DataValidationError(f"Bad {what} at {where(i)}: {int(np.count_nonzero(bad[i]))} NaN/inf "
                                   "value(s); expected finite numbers")
+    check_float32_range(x, where, what)
+
+
+#: The largest float32: a wider float beyond it becomes inf in a float32 minibatch.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def check_float32_range(x: np.ndarray, where: Where, what: str = "features") -> None:
+    """Values of a float dtype wider than float32 (rows along axis 0) fit
+    float32: ``|v| <= 3.4028235e+38``.  One beyond is finite here but inf
+    once the minibatch is float32 (features and targets train as float32),
+    and the fit would end as a divergence far from its cause."""
+    x = np.asarray(x)
+    if x.dtype.kind != "f" or x.dtype.itemsize <= 4 or not x.size:
+        return
+    big = np.abs(x.reshape(len(x), -1)) > FLOAT32_MAX
+    if big.any():
+        i = _first(big.any(axis=1))
+        value = x.reshape(len(x), -1)[i][big[i]][0].item()
+        raise DataValidationError(f"Bad {what} at {where(i)}: expected numbers a float32 holds (|value| <= "
+                                  f"{FLOAT32_MAX:.8g}), got {value!r}")
 
 
 def compact_features(x: np.ndarray, dtype: str, where: Where, what: str = "features") -> np.ndarray:

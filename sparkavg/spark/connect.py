@@ -44,6 +44,7 @@ from ..data.validation import DataSpec
 from .data import (STORAGE_LEVEL, PreparedData, check_columns, describe_data, feature_columns, frame_failures, is_dataframe,
                    minibatch_frame, placement_for)
 from .deal import Dealt, deal_epoch
+from .cancel import watching
 from .errors import executor_errors
 from .executor.adapters import examples_adapter, round_adapter
 from .executor.codec import RESULT_SCHEMA, decode_value, encode_value, results_from_table
@@ -189,6 +190,16 @@ class ConnectSpark:
         if self._hooks is _UNREAD:
             self.begin_fit()
         return self._hooks
+
+    def watch_cancels(self, on_cancel: Callable[[str], None]):
+        """A context manager: while it is open, this client's
+        ``spark.interruptAll()`` and ``spark.interruptTag`` naming one of the
+        calling thread's tags call ``on_cancel(reason)`` too (:mod:`.cancel`)."""
+        tags = set(self.spark.getTags())
+        return watching(self.spark, {
+            "interruptAll": lambda *a, **k: "SparkSession.interruptAll()",
+            "interruptTag": lambda tag, *a, **k: f"SparkSession.interruptTag({tag!r})" if tag in tags else None,
+        }, on_cancel)
 
     # -------------------------------------------------------------- values
     def ship(self, value) -> ShippedValue:

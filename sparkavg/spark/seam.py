@@ -16,6 +16,7 @@ import time
 from typing import Callable, Optional
 
 from ..data.validation import DataSpec
+from .cancel import watching
 from .data import (STORAGE_LEVEL, PreparedData, as_example_rdd, check_rdd, feature_rows, is_dataframe, lost_checkpoint_blocks,
                    placement_for, prepare)
 from .deal import EpochPlan
@@ -56,6 +57,22 @@ class ClassicSpark:
     def test_hooks(self) -> Optional[TestHooks]:
         """Fault-injection hooks the tests set as job-local properties (None in production)."""
         return TestHooks.from_properties(self.sc.getLocalProperty)
+
+    def watch_cancels(self, on_cancel: Callable[[str], None]):
+        """A context manager: while it is open, this driver's calls of
+        ``sc.cancelAllJobs()``, ``sc.cancelJobGroup`` naming the calling
+        thread's job group and ``sc.cancelJobsWithTag`` naming one of its
+        job tags call ``on_cancel(reason)`` too (:mod:`.cancel`: a cancel
+        between two rounds, when no job runs, is not lost)."""
+        group = self.sc.getLocalProperty("spark.jobGroup.id")
+        tags = set(self.sc.getJobTags()) if hasattr(self.sc, "getJobTags") else set()
+        return watching(self.sc, {
+            "cancelAllJobs": lambda *a, **k: "SparkContext.cancelAllJobs()",
+            "cancelJobGroup": lambda group_id, *a, **k: (f"SparkContext.cancelJobGroup({group_id!r})"
+                                                         if group is not None and group_id == group else None),
+            "cancelJobsWithTag": lambda tag, *a, **k: (f"SparkContext.cancelJobsWithTag({tag!r})"
+                                                       if tag in tags else None),
+        }, on_cancel)
 
     # -------------------------------------------------------------- values
     def ship(self, value):

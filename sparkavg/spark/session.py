@@ -15,7 +15,8 @@ import logging
 import re
 from typing import Dict
 
-__all__ = ["recommended_conf", "check_session", "check_result_path", "size_bytes"]
+__all__ = ["recommended_conf", "check_session", "check_result_path", "size_bytes", "check_security",
+           "SECURITY_SETTINGS"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,3 +93,39 @@ def check_result_path(configured: str, result_bytes: int) -> bool:
         "spark.task.maxDirectResultSize=%s (sparkavg.spark.recommended_conf()).",
         result_bytes / 1e6, configured, _DIRECT_RESULT)
     return False
+
+
+#: Spark's own protection of its channels: authentication of its RPC, encryption of the network and of
+#: what it spills to local disk (broadcast blocks included).
+SECURITY_SETTINGS = ("spark.authenticate", "spark.network.crypto.enabled", "spark.io.encryption.enabled")
+
+_security_warned: set = set()  # the combinations of settings off already warned about, once per process
+
+
+def check_security(conf) -> list:
+    """Warn once per process (per combination) when Spark's authentication or
+    encryption is off; returns the settings that are off.
+
+    ``conf(key, default)`` reads the session's configuration.  Gradient
+    sharing's UDP keys are agreed by its ranks and never shipped, but the
+    task closure and the broadcast of the parameters travel over Spark's own
+    channels, protected only by these settings.
+    """
+    off = []
+    for key in SECURITY_SETTINGS:
+        try:
+            value = conf(key, "false")
+        except Exception:  # a Connect server that will not say: counted as off
+            value = None
+        if str(value).strip().lower() != "true":
+            off.append(f"{key}={value}")
+    if off and tuple(off) not in _security_warned:
+        _security_warned.add(tuple(off))
+        logger.warning(
+            "Spark's authentication or encryption is off (%s): gradient sharing's UDP datagram keys are now "
+            "agreed by the ranks (X25519) and never shipped, but Spark's own channels -- the task closure, the "
+            "broadcast of the parameters (and its blocks on local disk) -- are still in clear, and whoever can "
+            "alter them can replace the ranks' public keys; on an untrusted network start the session with "
+            "spark.authenticate=true, spark.network.crypto.enabled=true and spark.io.encryption.enabled=true",
+            ", ".join(off))
+    return off

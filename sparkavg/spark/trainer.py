@@ -16,6 +16,9 @@ import uuid
 import weakref
 from typing import List, Optional, Sequence
 
+import numpy as np
+
+from ..backend import to_cpu
 from ..data.validation import DataSpec, rebatch_partition
 from ..evaluation import Evaluation, RegressionEvaluation
 from ..listeners.base import EventDispatcher
@@ -74,7 +77,8 @@ class SparkTrainer:
     on_divergence : {"raise", "recover"} or Recover, default "raise"
         A non-finite loss or parameter on a worker stops the fit with
         :class:`~sparkavg.spark.DivergenceError` naming the worker and
-        iteration (the last checkpoint is the last good state).
+        iteration (the model is restored to the last good state: the
+        start of that epoch, as :meth:`fit` says).
         ``"recover"`` (or :class:`~sparkavg.spark.Recover` with its own
         numbers) instead restores the state from the start of the epoch,
         halves the learning rate and trains the epoch again (up to 3 times
@@ -143,6 +147,7 @@ class SparkTrainer:
         # run when that RDD is collected): listed here only so that close() can release them.
         self._predictions: List[weakref.finalize] = []
         self._fitting, self._fitting_thread = threading.Lock(), None
+        self._checkpointed = None  # (folder, epoch) of the last checkpoint this trainer wrote or resumed from
 
     # ------------------------------------------------------------ resources
     @property
@@ -279,6 +284,16 @@ class SparkTrainer:
         RuntimeError
             Another thread is already in ``fit`` on this trainer (its
             bookkeeping and minibatches are one fit's).
+
+        Notes
+        -----
+        A fit that fails in an epoch -- a bad row a streamed epoch reaches
+        after some of its rounds were merged, a lost worker with no retry
+        left, a divergence -- leaves the model as that epoch found it: its
+        state before the fit, or at the end of the fit's last completed
+        epoch (what that epoch's checkpoint holds), with ``epochs_done``
+        and ``history`` to match.  The log and a note on the exception say
+        which.  A cancelled fit (:meth:`cancel`) keeps its completed rounds.
         """
         if not self._fitting.acquire(blocking=False):
             raise RuntimeError(f"Expect one fit at a time on a trainer, got a second concurrent fit (thread "
@@ -286,8 +301,10 @@ class SparkTrainer:
         try:
             self._fitting_thread = threading.current_thread().name
             self._epoch_running = None
+            self._runner.cancel_request.clear()
             try:
-                with release_on_sigterm(release_live_locations):
+                with release_on_sigterm(release_live_locations), \
+                        self.seam.watch_cancels(self._runner.cancel_request.set):
                     return self._fit(data, epochs, resume_from=resume_from, validation_data=validation_data)
             except BaseException as exc:
                 self._emit_failure(exc, recovered=False)
@@ -295,6 +312,30 @@ class SparkTrainer:
         finally:
             self._fitting_thread = None
             self._fitting.release()
+
+    def cancel(self, reason: str = "SparkTrainer.cancel()") -> bool:
+        """Stop the running fit at its next round boundary (from any thread).
+
+        The round that runs finishes and is merged; the next one does not
+        start, and ``fit`` raises :class:`~sparkavg.spark.TrainingCancelled`
+        naming ``reason``.  The model then holds the state of the last
+        completed round (under gradient sharing a round is a whole epoch);
+        the checkpoints are those of the epochs completed before.  A
+        ``sc.cancelAllJobs()`` (or ``cancelJobGroup`` of the fit's group,
+        ``cancelJobsWithTag`` of one of its tags; ``interruptAll`` /
+        ``interruptTag`` on Spark Connect) made in this driver process while
+        a fit runs also stops it: at once when it cancels a running job,
+        else at the next round boundary.
+
+        Returns
+        -------
+        bool
+            Whether a fit was running (none: nothing happens).
+        """
+        if self._fitting_thread is None:
+            return False
+        self._runner.cancel_request.set(reason)
+        return True
 
     def _emit_failure(self, exc: BaseException, recovered: bool) -> None:
         epoch = self._epoch_running
@@ -306,6 +347,7 @@ class SparkTrainer:
         if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
             raise ValueError(f"Expect epochs >= 1 (an int), got {epochs!r}")
         self.master.validate_for(self.workers)
+        self._runner.check_model(self.network)  # before any job: what the master cannot train
         if resume_from is not None:
             found, saved, runner_state = ckpt_io.find_resumable(
                 resume_from, network=self.network, master=self.master.to_config(), epochs=epochs,
@@ -325,14 +367,10 @@ class SparkTrainer:
                 "network": self.network.to_config(), "num_params": int(self.network.num_params),
                 "examples": int(prepared.examples), "minibatches": len(prepared.sizes)})
         self.seam.begin_fit()
-        recoveries = 0
+        recoveries, first_epoch = 0, self.epochs_done
         while self.epochs_done < target:
             epoch = self._epoch_running = self.epochs_done
-            snapshot = None
-            if self.recover is not None:  # copies: network_state() may hand out the live host arrays
-                state = network_state(self.network, with_updater=True)
-                snapshot = ({k: v.copy() if hasattr(v, "copy") else v for k, v in state.items()},
-                            self._runner.state_dict())
+            snapshot = self._snapshot()  # restored when the epoch fails (or diverges, under Recover)
             t0 = time.perf_counter()
             try:
                 summary = self._runner.run_epoch(self.network, prepared, epoch, self.workers, self.stats)
@@ -345,12 +383,15 @@ class SparkTrainer:
                 raise TrainingCancelled(f"{exc}; the fit stopped in epoch {epoch + 1}: {kept}") from exc.__cause__
             except DivergenceError as exc:
                 if self.recover is None or recoveries >= self.recover.max_recoveries:
-                    logger.error("%s; the last checkpoint (if any) holds the last good state", exc)
+                    self._restore_failed(snapshot, exc, epoch, first_epoch)
                     raise
                 recoveries += 1
                 self._emit_failure(exc, recovered=True)
                 self._recover(snapshot, exc, epoch)
                 continue
+            except Exception as exc:  # rounds of the epoch may be merged already: none of them is kept
+                self._restore_failed(snapshot, exc, epoch, first_epoch)
+                raise
             seconds = time.perf_counter() - t0
             self.stats.record(Phase.EPOCH, t0, t0 + seconds, epoch=epoch)
             self.network.epoch = epoch + 1
@@ -363,6 +404,7 @@ class SparkTrainer:
                                                    epochs_done=epoch + 1, target_epochs=target,
                                                    master=self.master.to_config(), extra={"history": self.history},
                                                    runner_state=self._runner.state_dict())
+                self._checkpointed = (path, epoch + 1)
                 self._events.emit("checkpoint", {"epoch": epoch + 1, "path": path})
             if validation_data is not None:
                 with self.stats.timed(Phase.EVALUATE, epoch=epoch):
@@ -382,12 +424,45 @@ class SparkTrainer:
                                       "summary": summary_text})
         return self
 
-    def _recover(self, snapshot, exc, epoch: int) -> None:
-        state, runner_state = snapshot
+    def _snapshot(self) -> tuple:
+        """Host copies of the network's state vectors (in its own dtype), its
+        iteration and epoch, and the runner's state: what :meth:`_load_snapshot` restores."""
         net = self.network
-        net.load_state({k: state[k] for k in ("params", "updater", "buffers")})
-        net.iteration = state["iteration"]
+        live = net.state
+        vectors = {k: np.array(to_cpu(live[k]), copy=True) for k in ("params", "updater", "buffers")}
+        return vectors, net.iteration, net.epoch, self._runner.state_dict()
+
+    def _load_snapshot(self, snapshot: tuple) -> None:
+        vectors, iteration, epoch, runner_state = snapshot
+        net = self.network
+        net.load_state(vectors)
+        net.iteration, net.epoch = iteration, epoch
         self._runner.load_state_dict(runner_state)
+
+    def _restore_failed(self, snapshot: tuple, exc: BaseException, epoch: int, first_epoch: int) -> None:
+        """After a failed epoch: the network and runner as they were when it
+        started -- before the fit, or at the end of the fit's last completed
+        epoch (its checkpoint's state) --, said in the log and in a note on ``exc``."""
+        if epoch == first_epoch:
+            where = "its state before the fit" + (f", at the end of epoch {epoch}" if epoch else "")
+        else:
+            where = f"its state at the end of epoch {epoch}"
+        if epoch and self._checkpointed is not None and self._checkpointed[1] == epoch:
+            where += f" (as its checkpoint {self._checkpointed[0]!r} holds)"
+        try:
+            self._load_snapshot(snapshot)
+        except Exception as err:  # pragma: no cover - a model that refuses its own state
+            logger.error("the fit failed in epoch %d (%s) and the model could not be restored to %s: %s",
+                         epoch + 1, exc, where, err)
+            return
+        note = f"sparkavg: the fit failed in epoch {epoch + 1}; the model was restored to {where}"
+        logger.warning("%s: %s", note, exc)
+        if hasattr(exc, "add_note"):  # Python 3.11+: shown with the traceback
+            exc.add_note(note)
+
+    def _recover(self, snapshot, exc, epoch: int) -> None:
+        self._load_snapshot(snapshot)
+        net = self.network
         old = net.updater.learning_rate
         new = old * self.recover.lr_factor
         net.updater = net.updater.with_learning_rate(new)
@@ -401,22 +476,18 @@ class SparkTrainer:
         INTO the trainer's own network object and runner: all of it, or --
         when something still fails -- nothing."""
         net = self.network
-        state = network_state(net, with_updater=True)
-        before = ({k: v.copy() if hasattr(v, "copy") else v for k, v in state.items()}, net.epoch,
-                  self._runner.state_dict())
+        before = self._snapshot()
         try:
             net.load_state({k: saved.state[k] for k in ("params", "updater", "buffers")})
             net.iteration = saved.iteration
             net.epoch = found.epochs_done
             self._runner.load_state_dict(runner_state)
         except BaseException:
-            kept, net.epoch, runner_before = before
-            net.load_state({k: kept[k] for k in ("params", "updater", "buffers")})
-            net.iteration = kept["iteration"]
-            self._runner.load_state_dict(runner_before)
+            self._load_snapshot(before)
             raise
         self.run_id = found.run_id
         self.history = list(found.extra.get("history", []))
+        self._checkpointed = (found.directory, found.epochs_done)
 
     # ------------------------------------------------------- evaluate/predict
     def _default_evaluation(self):

@@ -1,24 +1,27 @@
 """UDP transport of the gradient-sharing master.
 
-Authenticated (HMAC-SHA256 per datagram, per-job key), chunked, acked and
-retransmitted messages between ranks (:class:`ReliableEndpoint`), and an
+Authenticated (HMAC-SHA256 per datagram, under a key each pair of ranks
+agrees by X25519 -- :mod:`.keys`; nothing secret is shipped), chunked, acked
+and retransmitted messages between ranks (:class:`ReliableEndpoint`), and an
 all-to-all exchange over it with PLAIN or MESH topology (:class:`PeerGroup`).
 No pickle anywhere: payloads are opaque bytes.
 
 Examples
 --------
-One epoch of the gradient-sharing master inside a Spark barrier task
-(``key`` comes from ``sc.broadcast(secrets.token_bytes(32))``)::
+One epoch of the gradient-sharing master inside a Spark barrier task::
 
     ctx = BarrierTaskContext.get()
     rank, world = ctx.partitionId(), len(ctx.getTaskInfos())
-    endpoint = ReliableEndpoint(
-        rank, key_bc.value,
-        job_id=(ctx.stageId() << 16) | ctx.stageAttemptNumber(),  # fresh per stage attempt
-        host=select_address(network_mask), config=endpoint_config)
+    job_id = (ctx.stageId() << 16) | ctx.stageAttemptNumber()  # fresh per stage attempt
+    agreement = KeyAgreement(rank, job_id)                      # a fresh X25519 key pair
+    endpoint = ReliableEndpoint(rank, None, job_id=job_id,      # a key per peer, below
+                                host=select_address(network_mask), config=endpoint_config)
     try:
-        addresses = [tuple(json.loads(a)) for a in ctx.allGather(json.dumps(endpoint.address))]
-        endpoint.set_peers(dict(enumerate(addresses)))
+        mine = json.dumps([*endpoint.address, agreement.public.hex()])
+        gathered = [json.loads(a) for a in ctx.allGather(mine)]   # addresses and public keys only
+        publics = {r: bytes.fromhex(g[2]) for r, g in enumerate(gathered)}
+        endpoint.set_peers({r: (g[0], g[1]) for r, g in enumerate(gathered)},
+                           keys=agreement.pair_keys(publics))
         group = PeerGroup(rank, world, endpoint, Topology.PLAIN)
         for batch in batches:
             payload = encode(compute_update(batch))   # apply own update locally
@@ -27,7 +30,7 @@ One epoch of the gradient-sharing master inside a Spark barrier task
                 decode(message, into=params)
         for origin, message in group.finish(stall_timeout=120.0):
             decode(message, into=params)
-        ctx.barrier()   # keep acking until every rank has finished
+        group.leave(stall_timeout=120.0)   # keep acking until every neighbour has finished
     finally:
         endpoint.close()
 """
@@ -37,6 +40,7 @@ from .endpoint import ReliableEndpoint
 from .errors import EndpointClosedError, PeerStalledError, TransportError
 from .faults import FaultInjection
 from .group import PeerGroup, Topology, tree_neighbours
+from .keys import KeyAgreement
 from .protocol import RejectReason
 
 __all__ = [
@@ -44,6 +48,7 @@ __all__ = [
     "EndpointClosedError",
     "EndpointConfig",
     "FaultInjection",
+    "KeyAgreement",
     "PeerGroup",
     "PeerStalledError",
     "RejectReason",

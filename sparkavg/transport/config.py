@@ -21,7 +21,7 @@ class EndpointConfig(Configurable):
     """Limits and timers of one reliable UDP endpoint.
 
     Every rank of a job must use the same configuration (ship it with the
-    job, like the key).
+    job; the keys are not shipped: the ranks agree them, :mod:`.keys`).
 
     Parameters
     ----------

@@ -33,7 +33,7 @@ from .config import EndpointConfig
 from .errors import EndpointClosedError, PeerStalledError
 from .faults import FaultInjector
 from .peer import OutMessage, PeerState, Receipt
-from .protocol import (ACK_ENTRY, OVERHEAD_BYTES, DatagramCodec, DatagramRejected, MessageType,
+from .protocol import (ACK_ENTRY, OVERHEAD_BYTES, DatagramCodec, DatagramRejected, KeyUnknown, MessageType,
                        RejectReason)
 
 __all__ = ["ReliableEndpoint"]
@@ -43,7 +43,8 @@ logger = logging.getLogger(__name__)
 _RECV_BUFFER = 65536     # larger than any datagram, so oversized ones are seen whole
 _RECV_BATCH = 256        # datagrams read per wake-up before acks and timers run
 _MAX_SLEEP = 0.5         # I/O thread wakes at least this often
-_MAX_EARLY = 4096        # authenticated data datagrams kept from ranks not yet in the peer table
+_MAX_EARLY = 4096        # datagrams kept from ranks not yet in the peer table (or whose key is not known yet)
+_KEYLESS = object()      # _decode's mark of a datagram from a rank whose key is not known yet
 _INVALID = (RejectReason.TRUNCATED, RejectReason.OVERSIZED, RejectReason.BAD_MAC, RejectReason.MALFORMED,
             RejectReason.WRONG_JOB, RejectReason.UNKNOWN_PEER, RejectReason.MISROUTED)
 _COUNTERS = (
@@ -66,9 +67,12 @@ class ReliableEndpoint:
     ----------
     rank : int
         This endpoint's rank in ``[0, 2**32)``.
-    key : bytes
-        Per-job HMAC key, at least 16 bytes (``secrets.token_bytes(32)``,
-        shipped to executors by Spark broadcast).
+    key : bytes or None
+        One HMAC key for every peer, at least 16 bytes
+        (``secrets.token_bytes(32)``); or None: a key per peer, given with
+        the peers to :meth:`set_peers` (the keys each pair of ranks agreed,
+        :class:`~sparkavg.transport.keys.KeyAgreement`: what the executors
+        use, so that no key is ever shipped).
     job_id : int, default 0
         Session id in ``[0, 2**64)`` written into and checked on every
         datagram. Sequence numbers restart with each endpoint, so use a
@@ -90,7 +94,7 @@ class ReliableEndpoint:
     barrier): until then a peer may still need this endpoint's acks.
     """
 
-    def __init__(self, rank: int, key: bytes, job_id: int = 0, host: str = "127.0.0.1",
+    def __init__(self, rank: int, key, job_id: int = 0, host: str = "127.0.0.1",
                  port: int = 0, config: EndpointConfig | None = None):
         self._rank = _check_rank(rank)
         self.config = config = EndpointConfig() if config is None else config
@@ -105,7 +109,8 @@ class ReliableEndpoint:
         self._peers: dict[int, PeerState] = {}
         self._inbox: collections.deque = collections.deque()
         self._inbox_bytes = 0
-        self._early: list = []  # (header, payload) of authenticated data from ranks not yet known
+        self._early: list = []  # datagrams from ranks not yet known (authentic) or whose key is not (yet)
+        self._early_bytes = 0
         self._timers: list = []           # heap of (deadline, rank, seq, chunk, sends)
         self._acks_owed: set[int] = set()
         self._stats = dict.fromkeys(_COUNTERS, 0)
@@ -156,7 +161,7 @@ class ReliableEndpoint:
         with self._lock:
             return {r: p.address for r, p in self._peers.items()}
 
-    def set_peers(self, peers: Mapping[int, tuple[str, int]]) -> None:
+    def set_peers(self, peers: Mapping[int, tuple[str, int]], keys: Mapping[int, bytes] | None = None) -> None:
         """Set the peer table.
 
         Parameters
@@ -165,15 +170,23 @@ class ReliableEndpoint:
             ``{rank: (host, port)}``; this endpoint's own rank may be in it
             (the result of an all-gather) and is skipped. Ranks already known
             keep their state; ranks left out are forgotten.
+        keys : mapping of int to bytes, optional
+            ``{rank: key}``, the HMAC key of every peer in ``peers``: required
+            when the endpoint was made without a key (``key=None``), refused
+            otherwise.  Datagrams from and to a rank are authenticated with its
+            key only.
 
         Notes
         -----
-        Authenticated data datagrams from a rank not (yet) in the table are
-        kept (up to 4096) and taken in, acked, when a call names that rank:
-        a peer that learnt the table first does not wait for a retransmission.
-        Beyond that, and acks from unknown ranks, they are rejected as
-        ``unknown_peer`` and not acked (the peer retransmits). Acks go to the
-        address in the table, never to a datagram's source address.
+        Data datagrams from a rank not (yet) in the table are kept (up to
+        4096 and ``max_reassembly_bytes`` bytes) and taken in, acked, when a
+        call names that rank: a peer that learnt the table first does not
+        wait for a retransmission. With one key they are kept once
+        authentic; with a key per peer, before (the key comes with the rank)
+        and authenticated when it comes. Beyond that, and acks from unknown
+        ranks, they are rejected as ``unknown_peer`` and not acked (the peer
+        retransmits). Acks go to the address in the table, never to a
+        datagram's source address.
         """
         table = {}
         for rank, addr in dict(peers).items():
@@ -186,8 +199,20 @@ class ReliableEndpoint:
                 raise ValueError(f"Expect peer {rank}'s port in [1, 65535], got {port}")
             if rank != self._rank:
                 table[rank] = (str(host), port)
+        per_peer = self._codec.per_peer
+        if per_peer != (keys is not None):
+            raise ValueError("Expect keys={rank: key} for the peers of an endpoint made without a key (key=None)"
+                             if per_peer else
+                             "Expect no per-peer keys for an endpoint made with one key for every peer, got keys")
+        if per_peer:
+            keys = dict(keys)
+            missing = sorted(set(table) - set(keys))
+            if missing:
+                raise ValueError(f"Expect a key for every peer rank, got none for rank(s) {missing}")
         with self._cv:
             self._check_open()
+            if per_peer:
+                self._codec.set_keys({rank: keys[rank] for rank in table})
             for rank in list(self._peers):
                 if rank not in table:
                     self._acks_owed.discard(rank)
@@ -198,13 +223,11 @@ class ReliableEndpoint:
                     self._peers[rank] = PeerState(rank, addr, self.config)
                 else:
                     peer.address = addr
-            early, self._early = self._early, []
-            for header, payload in early:
-                peer = self._peers.get(header.src)
-                if peer is None:
-                    self._reject(RejectReason.UNKNOWN_PEER)
-                else:
-                    self._on_data(peer, header, payload)
+            early, self._early, self._early_bytes = self._early, [], 0
+            for data in early:
+                _, header, payload = self._decode(data)
+                self._accept(data, RejectReason.UNKNOWN_PEER if header is _KEYLESS else header, payload,
+                             hold=False)
             if early:
                 self._send_owed_acks()
             self._cv.notify_all()
@@ -522,9 +545,11 @@ class ReliableEndpoint:
         return True
 
     def _decode(self, data: bytes):
-        """Authenticate outside the lock; returns (data, header or reason, payload)."""
+        """Authenticate outside the lock; returns (data, header or reason or _KEYLESS, payload)."""
         try:
             header, payload = self._codec.decode(data)
+        except KeyUnknown:
+            return data, _KEYLESS, None
         except DatagramRejected as rejected:
             return data, rejected.reason, None
         return data, header, payload
@@ -537,17 +562,34 @@ class ReliableEndpoint:
         """Process one received datagram (caller holds the lock); True if waiters should wake."""
         self._stats["datagrams_received"] += 1
         self._stats["wire_bytes_received"] += len(data)
+        if header is _KEYLESS:
+            _, header, payload = self._decode(data)  # the key may have come since (set_peers)
+        if header is _KEYLESS:
+            return self._hold(data)
+        return self._accept(data, header, payload, now=now)
+
+    def _hold(self, data: bytes) -> bool:
+        """Keep a datagram of a rank not known yet until set_peers names it (bounded), else reject it."""
+        if len(self._early) < _MAX_EARLY and self._early_bytes + len(data) <= self.config.max_reassembly_bytes:
+            self._early.append(data)
+            self._early_bytes += len(data)
+            return False
+        return self._reject(RejectReason.UNKNOWN_PEER)
+
+    def _accept(self, data: bytes, header, payload, now: float = 0.0, hold: bool = True) -> bool:
+        """Act on one decoded datagram (caller holds the lock): reject, hold (``hold``), ack or deliver."""
         if isinstance(header, RejectReason):
             return self._reject(header)
         if header.dst != self._rank:
             return self._reject(RejectReason.MISROUTED)
         peer = self._peers.get(header.src)
         if peer is None:
-            if header.type != MessageType.ACK and len(self._early) < _MAX_EARLY:
-                self._early.append((header, payload))  # authentic: taken in when set_peers names its rank
-                return False
+            if header.type != MessageType.ACK and hold:
+                return self._hold(data)  # authentic: taken in when set_peers names its rank
             return self._reject(RejectReason.UNKNOWN_PEER)
         if header.type == MessageType.ACK:
+            if not hold:
+                return self._reject(RejectReason.UNKNOWN_PEER)  # an ack held from before its rank was known
             return self._on_ack(peer, header.seq, payload, now)
         return self._on_data(peer, header, payload)
 

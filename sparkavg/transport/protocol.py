@@ -18,11 +18,17 @@ Layout (network byte order, ``HEADER`` is a :class:`struct.Struct`)::
     44     n    payload       DATA: chunk bytes; ACK: ACK_ENTRY records
     44+n   32   tag           HMAC-SHA256(key, header + payload)
 
+``key`` is one key for every peer, or -- as the executors use it -- the key
+of the pair (sender, receiver) that the two ranks agreed
+(:mod:`~sparkavg.transport.keys`): the receiver picks it by ``src``.
+
 An ACK payload is a sequence of ``ACK_ENTRY`` records ``(seq u64, chunk
 u32)``: "this chunk of this message has arrived" (selective ack).
 
-The receiver checks only the length before the tag; the tag is verified with
-:func:`hmac.compare_digest` before any header field is read. Nothing is ever
+The receiver checks only the length before the tag (and, with a key per
+peer, reads ``src`` to pick the key: a forged ``src`` selects a key its
+sender does not hold, and ``src`` is under the tag); the tag is verified
+with :func:`hmac.compare_digest` before any other header field is read. Nothing is ever
 unpickled: payloads are opaque bytes.
 """
 from __future__ import annotations
@@ -45,6 +51,7 @@ __all__ = [
     "TAG_BYTES",
     "DatagramCodec",
     "DatagramRejected",
+    "KeyUnknown",
     "Header",
     "MessageType",
     "RejectReason",
@@ -109,6 +116,18 @@ class DatagramRejected(Exception):
         return (type(self), (self.reason,))
 
 
+class KeyUnknown(DatagramRejected):
+    """Internal signal: a datagram from a rank whose key is not known (yet);
+    it cannot be authenticated now (the endpoint may hold it until the key comes)."""
+
+    def __init__(self, src: int):
+        super().__init__(RejectReason.UNKNOWN_PEER)
+        self.src = src
+
+    def __reduce__(self):
+        return (type(self), (self.src,))
+
+
 class Header(NamedTuple):
     """Decoded header fields (``payload_len`` is implied by the payload)."""
 
@@ -139,13 +158,20 @@ def check_key(key) -> bytes:
     return key
 
 
+_SRC = struct.Struct("!I")
+_SRC_OFFSET = 16
+
+
 class DatagramCodec:
-    """Encode and authenticate datagrams of one job with one key.
+    """Encode and authenticate datagrams of one job: one key for every
+    peer, or a key per peer rank.
 
     Parameters
     ----------
-    key : bytes
-        Per-job secret, at least 16 bytes (``secrets.token_bytes(32)``).
+    key : bytes or None
+        One secret for every peer, at least 16 bytes
+        (``secrets.token_bytes(32)``); or None: a key per peer, given by
+        :meth:`set_keys` (the pair's key, :mod:`~sparkavg.transport.keys`).
     job_id : int
         Session id in ``[0, 2**64)``; datagrams with another id are rejected.
     max_datagram_bytes : int
@@ -153,10 +179,9 @@ class DatagramCodec:
         ``[512, 65507]``.
     """
 
-    __slots__ = ("job_id", "max_datagram_bytes", "max_payload_bytes", "_mac")
+    __slots__ = ("job_id", "max_datagram_bytes", "max_payload_bytes", "_mac", "_macs")
 
-    def __init__(self, key: bytes, job_id: int, max_datagram_bytes: int):
-        key = check_key(key)
+    def __init__(self, key, job_id: int, max_datagram_bytes: int):
         if not 0 <= int(job_id) < _U64:
             raise ValueError(f"Expect job_id in [0, 2**64), got {job_id}")
         if not 512 <= int(max_datagram_bytes) <= MAX_UDP_PAYLOAD:
@@ -165,7 +190,42 @@ class DatagramCodec:
         self.max_datagram_bytes = int(max_datagram_bytes)
         self.max_payload_bytes = self.max_datagram_bytes - OVERHEAD_BYTES
         # Keyed once; .copy() per datagram skips the key schedule.
-        self._mac = hmac.new(key, digestmod=hashlib.sha256)
+        self._mac = None if key is None else hmac.new(check_key(key), digestmod=hashlib.sha256)
+        self._macs: dict = {}  # per-peer keys: rank -> keyed HMAC (replaced whole by set_keys)
+
+    @property
+    def per_peer(self) -> bool:
+        """Whether each peer has its own key (the codec was made with ``key=None``)."""
+        return self._mac is None
+
+    def set_keys(self, keys) -> None:
+        """Set the per-peer keys ``{rank: key}`` (replacing the earlier ones).
+
+        Raises
+        ------
+        ValueError
+            If the codec has one key for every peer, or a key is too short.
+        """
+        if self._mac is not None:
+            raise ValueError("Expect per-peer keys only for a codec made without a job key (key=None), "
+                             "got keys for a codec with one key for every peer")
+        macs = {}
+        for rank, key in dict(keys).items():
+            try:
+                macs[int(rank)] = hmac.new(check_key(key), digestmod=hashlib.sha256)
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"peer rank {rank}: {exc}") from None
+        self._macs = macs  # one assignment: the I/O thread sees the old table or the new one
+
+    def has_key(self, rank: int) -> bool:
+        """Whether datagrams from and to ``rank`` can be authenticated."""
+        return self._mac is not None or rank in self._macs
+
+    def _keyed(self, peer: int):
+        mac = self._mac if self._mac is not None else self._macs.get(peer)
+        if mac is None:
+            raise KeyUnknown(peer)
+        return mac.copy()
 
     def encode(self, type_: MessageType, src: int, dst: int, seq: int,
                chunk_index: int, chunk_count: int, payload=b"") -> bytes:
@@ -182,13 +242,18 @@ class DatagramCodec:
             In ``[0, 2**32)``.
         payload : bytes-like
             At most ``max_payload_bytes`` bytes.
+
+        Raises
+        ------
+        KeyUnknown
+            With a key per peer, when ``dst`` has none.
         """
         n = len(payload)
         if n > self.max_payload_bytes:
             raise ValueError(f"Expect a datagram payload of at most {self.max_payload_bytes} bytes, got {n}")
         header = HEADER.pack(MAGIC, PROTOCOL_VERSION, int(type_), 0, self.job_id, src, dst,
                              seq, chunk_index, chunk_count, n)
-        mac = self._mac.copy()
+        mac = self._keyed(dst)
         mac.update(header)
         mac.update(payload)
         return b"".join((header, payload, mac.digest()))
@@ -210,8 +275,11 @@ class DatagramCodec:
         Raises
         ------
         DatagramRejected
-            With the reason; nothing beyond the length is read before the
-            tag verifies.
+            With the reason; nothing beyond the length (and, with a key per
+            peer, ``src``) is read before the tag verifies.
+        KeyUnknown
+            (A ``DatagramRejected``) with a key per peer, when ``src`` has
+            none (yet).
         """
         view = memoryview(data)
         n = view.nbytes
@@ -220,7 +288,7 @@ class DatagramCodec:
         if n > self.max_datagram_bytes:
             raise DatagramRejected(RejectReason.OVERSIZED)
         body = view[: n - TAG_BYTES]
-        mac = self._mac.copy()
+        mac = self._keyed(_SRC.unpack_from(body, _SRC_OFFSET)[0] if self._mac is None else 0)
         mac.update(body)
         if not hmac.compare_digest(mac.digest(), view[n - TAG_BYTES:]):
             raise DatagramRejected(RejectReason.BAD_MAC)

@@ -32,9 +32,9 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional
 
 import numpy as np
 
-from ...data.validation import (DataSpec, DataValidationError, check_finite, check_ids, check_label_values,
-                                check_widths, compact_features, count_examples, cut_minibatches, kept_features,
-                                label_counts, row_namer, shape_note)
+from ...data.validation import (DataSpec, DataValidationError, check_finite, check_float32_range, check_ids,
+                                check_label_values, check_widths, compact_features, count_examples, cut_minibatches,
+                                kept_features, label_counts, row_namer, shape_note)
 from ...npzfile import load_npy_bytes
 from ..errors import TaskFailure, task_failure_guard
 from .context import task_partition
@@ -106,7 +106,10 @@ def _numeric_values(values, where: Callable[[int], str], what: str, native: bool
     if nulls is not None:
         raise DataValidationError(f"Bad {what} at {where(_first(nulls))}: expected numbers, got a null element")
     out = np.asarray(values.to_numpy(zero_copy_only=False))
-    return out if native else out.astype(np.float32, copy=False)
+    if native:
+        return out
+    check_float32_range(out, where, what)  # before the cast, which would make such a value inf
+    return out.astype(np.float32, copy=False)
 
 
 def _list_parts(column):
@@ -177,7 +180,7 @@ def _vector_matrix(column, width: Optional[int], where, what: str, note: str, na
 
 def features_matrix(column, width: Optional[int], where: Callable[[int], str], what: str = "features",
                     note: str = "", ids: bool = False, native: bool = False,
-                    dtype: Optional[str] = None) -> Optional[np.ndarray]:
+                    dtype: Optional[str] = None, kinds: Optional[str] = None) -> Optional[np.ndarray]:
     """An Arrow features column as a float32 ``(n, width)`` matrix (``ids``:
     int64 ids, never rounded through float32: integers, or integer-valued
     floats, none negative -- :func:`~sparkavg.data.validation.check_ids`).
@@ -205,6 +208,9 @@ def features_matrix(column, width: Optional[int], where: Callable[[int], str], w
         The dtype to keep the features in (``DataOptions.feature_dtype``:
         :func:`~sparkavg.data.validation.kept_features`; ``"auto"`` keeps
         integer and float16 columns compact); None: float32.
+    kinds : str, optional
+        What the column may be, in the message for a column of another
+        type (default: the column types features may have).
 
     Raises
     ------
@@ -236,7 +242,8 @@ def features_matrix(column, width: Optional[int], where: Callable[[int], str], w
                                       f"(column type {t})")
         x = _numeric_values(column, where, what, ids or native).reshape(n, 1)
     else:
-        kinds = "array<int>, array<long> or a long" if ids else "array<float>, array<double> or an ml Vector"
+        if kinds is None:
+            kinds = "array<int>, array<long> or a long" if ids else "array<float>, array<double> or an ml Vector"
         raise DataValidationError(f"Bad {what} column: expected {kinds}, got {t}")
     if ids:
         return check_ids(x, where, what)
@@ -375,8 +382,14 @@ def label_array(column, spec: Optional[DataSpec], where: Callable[[int], str]) -
         values = np.asarray(column.to_numpy(zero_copy_only=False))
         return values if spec is None else check_label_values(values, spec, where)
     if spec is None:
-        return features_matrix(column, None, where, what="label")
-    return features_matrix(column, spec.num_outputs, where, what="label", note=spec.label_note)
+        return features_matrix(column, None, where, what="label", kinds=_LABEL_KINDS)
+    kinds = f"{_LABEL_KINDS} ({spec.label_want})"
+    return features_matrix(column, spec.num_outputs, where, what="label", note=spec.label_note, kinds=kinds)
+
+
+#: What a label column may be, in messages.
+_LABEL_KINDS = ("a numeric column (int, long, double: one class index or target per row), or array<float>, "
+                "array<double> or an ml Vector (one-hot rows, or several targets)")
 
 
 # ------------------------------------------------------------ minibatches

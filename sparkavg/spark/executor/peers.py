@@ -9,44 +9,69 @@ sooner have their first datagrams rejected as ``unknown_peer`` and
 retransmitted (:meth:`~sparkavg.transport.ReliableEndpoint.set_peers`).
 Gradient sharing is asynchronous, so a message that arrives a second late
 is applied a second late: every replica still applies every message.
+
+The same ``allGather`` carries each rank's X25519 public key (never a
+secret): every pair of ranks derives its datagram key from it
+(:mod:`sparkavg.transport.keys`), so no key travels in the task, the
+broadcast or the ``allGather``.
 """
 from __future__ import annotations
 
 import json
 import threading
 
-from ...transport import PeerGroup, PeerStalledError
+from ...transport import KeyAgreement, PeerGroup, PeerStalledError
 
 __all__ = ["JoiningGroup", "gather_peers"]
 
 
-def gather_peers(ctx, address, rank: int) -> dict:
-    """``{rank: (host, port)}`` of every other rank, from ``allGather``."""
-    gathered = ctx.allGather(json.dumps({"rank": rank, "host": address[0], "port": address[1]}))
-    peers = {}
+def gather_peers(ctx, address, agreement: KeyAgreement, world: int) -> tuple:
+    """``({rank: (host, port)}, {rank: key})`` of every other rank: their
+    addresses and the pair keys agreed with them, from one ``allGather`` of
+    addresses and public keys.
+
+    Raises
+    ------
+    ValueError
+        When the gathered entries are not one per rank ``0 .. world - 1``
+        with a 32-byte public key each (naming what came).
+    """
+    rank = agreement.rank
+    gathered = ctx.allGather(json.dumps({"rank": rank, "host": address[0], "port": address[1],
+                                         "public": agreement.public.hex()}))
+    peers, publics = {}, {}
     for text in gathered:
         entry = json.loads(text)
-        peers[int(entry["rank"])] = (entry["host"], int(entry["port"]))
-    return {r: a for r, a in peers.items() if r != rank}
+        r = int(entry["rank"])
+        if r in publics:
+            raise ValueError(f"rank {rank}: expect one allGather entry per rank, got two for rank {r}")
+        peers[r], publics[r] = (entry["host"], int(entry["port"])), bytes.fromhex(entry["public"])
+    if sorted(publics) != list(range(world)) or publics[rank] != agreement.public:
+        raise ValueError(f"rank {rank}: expect the allGather to return ranks 0..{world - 1} with this rank's own "
+                         f"public key, got ranks {sorted(publics)}")
+    keys = agreement.pair_keys(publics)
+    return {r: a for r, a in peers.items() if r != rank}, keys
 
 
 class JoiningGroup:
     """A :class:`~sparkavg.transport.PeerGroup` once the peers are known
     (the module docstring); the same ``publish``/``poll``/``finish``/``leave``."""
 
-    def __init__(self, ctx, endpoint, rank: int, world: int, topology, stall_timeout: float):
-        self.endpoint, self.rank, self.world, self.topology = endpoint, rank, world, topology
+    def __init__(self, ctx, endpoint, agreement: KeyAgreement, world: int, topology, stall_timeout: float):
+        self.endpoint, self.rank, self.world, self.topology = endpoint, agreement.rank, world, topology
+        self.agreement = agreement
         self.stall_timeout = stall_timeout
         self.group = None
         self._pending: list = []  # messages published before the peers were known
-        self._peers, self._error = None, None
-        self._thread = threading.Thread(target=self._gather, args=(ctx,), name=f"sparkavg-peers-{rank}",
+        self._peers, self._keys, self._error = None, None, None
+        self._thread = threading.Thread(target=self._gather, args=(ctx,), name=f"sparkavg-peers-{self.rank}",
                                         daemon=True)
         self._thread.start()
 
     def _gather(self, ctx) -> None:
         try:
-            self._peers = gather_peers(ctx, self.endpoint.address, self.rank)
+            # the pair keys too, here: X25519 costs ~1 ms a peer, off the training thread
+            self._peers, self._keys = gather_peers(ctx, self.endpoint.address, self.agreement, self.world)
         except BaseException as exc:  # raised in the training thread
             self._error = exc
 
@@ -62,7 +87,7 @@ class JoiningGroup:
             return False
         if self._error is not None:
             raise self._error
-        self.endpoint.set_peers(self._peers)
+        self.endpoint.set_peers(self._peers, keys=self._keys)
         self.group = PeerGroup(self.rank, self.world, self.endpoint, self.topology)
         pending, self._pending = self._pending, []
         for payload in pending:

@@ -30,7 +30,7 @@ from ...backend import get_array_module
 from ...configurable import register
 from ...sharing import SharingState, apply_received, local_view, sharing_step
 from ...sharing.thresholds import ResidualClipping
-from ...transport import PeerStalledError, ReliableEndpoint, select_address
+from ...transport import KeyAgreement, PeerStalledError, ReliableEndpoint, select_address
 from ..errors import DivergenceError, register_error, task_failure_guard
 from ...stats import CounterName, Phase, PhaseRecorder, SeriesName, task_lane
 from ..storage import prefetch_depth
@@ -170,11 +170,12 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
     """Executor function for ``rdd.barrier().mapPartitions``.
 
     ``shipped.value`` is ``{"state": network_state(...) (iteration and named vectors),
-    "rank_states": per-rank SharingState.to_plain() or None, "key": HMAC key,
-    "update_scale": the factor of every update, "masking": whether a velocity is
+    "rank_states": per-rank SharingState.to_plain() or None, "update_scale": the factor of every update, "masking": whether a velocity is
     masked, "local_view": whether gradients are taken at the worker's own view}``
     (decided on the driver: :mod:`sparkavg.spark.policies.sharing`);
-    ``master`` is the (frozen, plain) :class:`GradientSharing`.
+    ``master`` is the (frozen, plain) :class:`GradientSharing`.  No key is
+    shipped: the ranks agree a key per pair when they meet
+    (:class:`~sparkavg.transport.KeyAgreement`, :mod:`.peers`).
 
     ``device`` is the master's ``device`` as a plain str (``"auto"``,
     ``"gpu"``, ``"cpu"``; :mod:`.device`).  On a GPU parameters, residual and
@@ -247,10 +248,12 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
         stage_job = (job_id << 32) | ((ctx.stageId() & 0xFFFFFF) << 8) | (ctx.attemptNumber() & 0xFF)
         config = endpoint_config(hooks, master.seed, rank, epoch)
         stall_timeout = config.stall_timeout
-        endpoint = ReliableEndpoint(rank, value["key"], job_id=stage_job, host=host, port=port, config=config)
+        # A fresh X25519 key pair per stage attempt; the pair keys come with the peers' addresses (no key shipped).
+        agreement = KeyAgreement(rank, stage_job)
+        endpoint = ReliableEndpoint(rank, None, job_id=stage_job, host=host, port=port, config=config)
         try:
             # The peers' addresses come in a thread (Spark's allGather polls once a second): train meanwhile.
-            group = JoiningGroup(ctx, endpoint, rank, world, master.topology, stall_timeout)
+            group = JoiningGroup(ctx, endpoint, agreement, world, master.topology, stall_timeout)
             losses, examples, iterations = LossSum(), 0, 0
             start_iteration = net.iteration
             # staleness=0: peers' messages wait in `ordered` for their turn -- those of iteration k are applied

@@ -13,7 +13,9 @@ its epoch distributes work:
 - :meth:`~EpochRunner.launch` -- which tasks run and how their results come back;
 - :meth:`~EpochRunner.merge` -- how results become the network's new state;
 - :meth:`~EpochRunner.state_dict` / :meth:`~EpochRunner.load_state_dict` -- what the
-  runner carries between epochs (checkpointed next to the network).
+  runner carries between epochs (checkpointed next to the network);
+- :meth:`~EpochRunner.check_model` -- what the master cannot train, refused
+  on the driver before any job.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import numpy as np
 from ... import ops
 from ...backend import to_cpu
 from ...listeners.base import EventDispatcher, sample_points
+from ..cancel import CancelRequest
 from ..data import PreparedData
 from ..deal import EpochPlan, deal_choice
 from ..errors import raise_failures
@@ -121,6 +124,9 @@ class EpochRunner(abc.ABC):
         self._session_checked = False
         self._device_stats, self._device_keys = None, set()  # device decisions recorded (record_devices)
         self._deal = None  # (stats, local, reason) last recorded (deals_locally)
+        #: Set by ``SparkTrainer.cancel()`` and the driver's cancel calls (:mod:`~sparkavg.spark.cancel`);
+        #: checked before every round.
+        self.cancel_request = CancelRequest()
 
     # ------------------------------------------------------------ the hooks
     @abc.abstractmethod
@@ -130,6 +136,11 @@ class EpochRunner(abc.ABC):
     @abc.abstractmethod
     def result_bytes(self, network) -> int:
         """Bytes one worker returns per round (checked against the session)."""
+
+    def check_model(self, network) -> None:
+        """Raise ``ValueError`` naming what this master cannot train in
+        ``network``; called on the driver before a fit runs any job.
+        Default: every model of the contract."""
 
     def shipped(self, network, epoch: int):
         """The value shipped to executors for one round (default: the network state)."""
@@ -243,6 +254,10 @@ class EpochRunner(abc.ABC):
         loss_sum, examples, extra = 0.0, 0, {}
         try:
             for r in range(rounds):
+                self.cancel_request.check(
+                    f"{self.round_name} {r + 1} of epoch {epoch + 1}",
+                    f"the state after {self.round_name} {r} of epoch {epoch + 1}" if r else
+                    f"the state after epoch {epoch}" if epoch else "the state it had before the fit")
                 t_round = time.perf_counter()
                 with stats.timed(Phase.BROADCAST, epoch=epoch, round=r):
                     value = self.shipped(network, epoch)

@@ -1,8 +1,11 @@
 """Gradient sharing: how its epoch distributes work.
 
 One round per epoch: one barrier stage with one task per worker.  The
-driver ships the network state, each rank's sharing state
-(residual, threshold) and the per-job HMAC key; it gets back rank 0's
+driver ships the network state and each rank's sharing state
+(residual, threshold), never a key: the ranks agree their datagram keys
+among themselves (:mod:`sparkavg.transport.keys`; the driver warns once
+when Spark's own channels are in clear, :func:`~..session.check_security`).
+It gets back rank 0's
 replica (the others send a sample of theirs: they agree up to float
 rounding), averages the updater state, checks that the replicas agree and
 keeps the sharing states for the next epoch (and its checkpoints:
@@ -48,6 +51,7 @@ from ..executor.hooks import stage_attempts
 from ..masters import DEFAULT_THRESHOLD, GradientSharing
 from ..policies import record
 from ..policies.sharing import LocalView, MomentumMasking, ThresholdChoice, UpdateScale
+from ..session import check_security
 from .base import EpochRunner, Merged, network_state, runs
 
 __all__ = ["SharingRunner", "state_fingerprint"]
@@ -77,8 +81,8 @@ class SharingRunner(EpochRunner):
 
     def __init__(self, seam, master):
         super().__init__(seam, master)
-        self.key = secrets.token_bytes(32)  # per-job HMAC key, shipped with the job only
-        self.job_id = secrets.randbits(32)
+        self.job_id = secrets.randbits(32)  # names the ranks' kept states; the datagrams' session id
+        self._security_checked = False
         self.rank_states = None  # per rank: SharingState.to_plain()
         # (token, fingerprint of the driver's state) the ranks kept on their executors at the last epoch's end
         self._resident = None
@@ -90,6 +94,17 @@ class SharingRunner(EpochRunner):
         # decided on the driver each epoch, shipped to the ranks: the factor of each worker's update,
         # whether a Nesterov velocity is masked, whether gradients are taken at the worker's own view
         self.decided = {"update_scale": 1.0, "masking": False, "local_view": False}
+
+    def check_model(self, network) -> None:
+        """Gradient sharing trains float32 models only: the residual, the
+        threshold encoding and its wire format are float32 (a float64 model
+        failed on every executor with "Expect out of dtype float64")."""
+        dtype = np.dtype(getattr(network.state["params"], "dtype", np.float32))
+        if dtype != np.float32:
+            raise ValueError(
+                f"Expect a float32 model for GradientSharing (its residuals, threshold encoding and wire format are "
+                f"float32), got {type(network).__name__} with {dtype} parameters: build the model with "
+                f"dtype='float32', or train it with ParameterAveraging")
 
     def minibatches_per_round(self, prepared, workers, network, epoch, stats) -> int:
         if self.rank_states is not None and len(self.rank_states) != workers:
@@ -130,11 +145,11 @@ class SharingRunner(EpochRunner):
     def shipped(self, network, epoch):
         state = network_state(network, with_updater=True)
         self._storing = secrets.randbits(63)
-        self._full = {"state": state, "rank_states": self.rank_states, "key": self.key,
+        self._full = {"state": state, "rank_states": self.rank_states,
                       "resident": {"expect": None, "store": self._storing}, **self.decided}
         value = self._full
         if self._resident is not None and self._resident[1] == state_fingerprint(state):
-            value = {"state": {"iteration": state["iteration"]}, "rank_states": None, "key": self.key,
+            value = {"state": {"iteration": state["iteration"]}, "rank_states": None,
                      "resident": {"expect": self._resident[0], "store": self._storing}, **self.decided}
         self._resident = None  # until this epoch's ranks kept theirs (merge)
         self._sent = value
@@ -142,6 +157,9 @@ class SharingRunner(EpochRunner):
 
     def launch(self, plan, r, config_json, shipped, epoch, stats):
         m = self.master
+        if not self._security_checked:  # once per runner; it warns once per process
+            check_security(self.seam.conf)
+            self._security_checked = True
         hooks = self.seam.test_hooks()
         attempts = stage_attempts(hooks)
         task = make_sharing_task(config_json, shipped, m, epoch=epoch, job_id=self.job_id, device=m.device.value,

@@ -12,7 +12,7 @@ temporary folder, then read back in two settings:
 
 Readers, in alternating blocks:
 
-- ``sparkavg``: :func:`sparkavg.spark.storage.load_minibatch`;
+- ``sparkavg``: :func:`sparkavg.data.storage.load_minibatch`;
 - ``file_object_json``: the reader before this round (a Python file
   object, ``readinto`` a fresh bytearray, the JSON header parsed on every
   read), written out here as the baseline;
@@ -74,7 +74,7 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     from sparkavg.nn import lenet
-    from sparkavg.spark.storage import SUFFIX, load_minibatch, save_minibatch
+    from sparkavg.data.storage import SUFFIX, load_minibatch, save_minibatch
 
     rng = np.random.default_rng(0)
     folder = tempfile.mkdtemp(prefix="bench-minibatch-io-")

@@ -10,7 +10,7 @@ from sparkavg.spark.deal import deal, deal_choice, deal_shards, local_shards, sh
 from sparkavg.spark.masters import (DEFAULT_THRESHOLD, AdaptiveThreshold, DataOptions, FixedThreshold,
                                     GradientSharing, ParameterAveraging, Placement, TargetSparsityThreshold, Topology,
                                     master_from_config)
-from sparkavg.spark.storage import prefetch_depth
+from sparkavg.data.storage import prefetch_depth
 
 
 def test_parameter_averaging_defaults_fix_dl4j_flaws():

@@ -1,4 +1,4 @@
-"""Minibatch files (sparkavg.spark.storage): round trips, and every corrupt or foreign file named."""
+"""Minibatch files (sparkavg.data.storage): round trips, and every corrupt or foreign file named."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from sparkavg.data.validation import DataValidationError
-from sparkavg.spark.storage import SUFFIX, decode_minibatch, encode_minibatch, load_minibatch, save_minibatch
+from sparkavg.data.storage import SUFFIX, decode_minibatch, encode_minibatch, load_minibatch, save_minibatch
 
 
 @pytest.mark.parametrize("x, y", [

@@ -10,7 +10,7 @@ import pytest
 
 from sparkavg.configurable import from_config
 from sparkavg.spark import DataOptions, GradientSharing, ParameterAveraging, SparkTrainer
-from sparkavg.spark.transforms import TransformError
+from sparkavg.data.transforms import TransformError
 
 from . import data_transforms
 from .nets import blobs, small_net, straight_and_resumed

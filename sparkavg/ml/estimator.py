@@ -200,7 +200,7 @@ class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, MLReadable, MLWri
 
     def _fit(self, dataset) -> "NetworkModel":
         from ..spark.trainer import SparkTrainer
-        from ..spark.transforms import input_encoding
+        from ..data.transforms import input_encoding
 
         trainer = SparkTrainer(dataset.sparkSession, self.getNetwork().clone(), self.getMaster(),
                                features_col=self._features(), label_col=self.getLabelCol(),

@@ -202,7 +202,7 @@ class NetworkReader(MLReader):
 
     def load(self, path: str):
         from ..spark.masters import master_from_config
-        from ..spark.transforms import check_encoding_dict
+        from ..data.transforms import check_encoding_dict
 
         metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
         expected = f"{self.cls.__module__}.{self.cls.__name__}"

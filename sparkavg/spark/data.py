@@ -41,7 +41,7 @@ import numpy as np
 
 from ..data.validation import DataSpec, DataValidationError, count_examples, label_counts, rebatch_partition
 from .errors import TaskFailure, executor_errors, guarded_partitions, raise_failures
-from .storage import SUFFIX, SharedLocation, load_minibatch, save_minibatch
+from ..data.storage import SUFFIX, SharedLocation, load_minibatch, save_minibatch
 
 __all__ = ["STORAGE_LEVEL", "as_example_rdd", "feature_rows", "ExampleFrame", "minibatch_frame", "check_columns", "require_arrow",
            "resolve_features", "feature_columns",

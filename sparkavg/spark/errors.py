@@ -29,6 +29,7 @@ from typing import Optional
 
 from ..configurable import ConfigError
 from ..data.validation import DataValidationError
+from ..data.transforms import TransformError
 from ..references import UnresolvedReference, UntrustedReference
 
 __all__ = [
@@ -67,7 +68,7 @@ class DivergenceError(ArithmeticError):
 
 
 _KNOWN = {cls.__name__: cls for cls in (DataValidationError, ConfigError, DivergenceError, UnresolvedReference,
-                                        UntrustedReference)}
+                                        UntrustedReference, TransformError)}
 _PERMANENT = (DataValidationError, ConfigError, DivergenceError, TrainingCancelled, ValueError, TypeError, KeyError,
               IndexError, ArithmeticError)
 _MARKER = "SPARKAVG-TASK-ERROR "

@@ -17,7 +17,7 @@ from ..configurable import Configurable, from_config, register, registered
 from ..references import Names
 from ..sharing.thresholds import AdaptiveThreshold, FixedThreshold, TargetSparsityThreshold, ThresholdRule
 from ..transport import Topology
-from .transforms import check_encoding, transform_reference
+from ..data.transforms import check_encoding, transform_reference
 
 __all__ = ["Repartition", "Device", "Placement", "Topology", "DataOptions", "Master", "AUTO", "PRESETS",
            "ParameterAveraging", "GradientSharing", "FixedThreshold", "AdaptiveThreshold", "DEFAULT_THRESHOLD",
@@ -98,7 +98,7 @@ class DataOptions(Configurable):
         name (a module-level function is kept as its name; nothing is
         pickled); mark it ``@sparkavg.transform`` so that a saved master
         naming it loads (:mod:`sparkavg.references`).  See
-        :mod:`sparkavg.spark.transforms`.
+        :mod:`sparkavg.data.transforms`.
     storage : {"auto", "memory", "stream"}, default "auto"
         Keep the prepared minibatches for all epochs, or read every epoch from
         the source DataFrame again (data larger than memory); ``auto``

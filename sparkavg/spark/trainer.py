@@ -33,10 +33,10 @@ from .runners import runner_for
 from .runners.base import network_state
 from .data import LINEAGE_REASON
 from .streaming import STORAGE_DECISION, prepare_stream, storage_choice
-from .transforms import input_encoding
+from ..data.transforms import input_encoding
 from .seam import seam_for
 from ..stats import Phase, TrainingStats
-from .storage import release_live_locations
+from ..data.storage import release_live_locations
 from .termination import release_on_sigterm
 
 __all__ = ["SparkTrainer"]

@@ -343,7 +343,7 @@ def inputs_bytes(x) -> bytes:
     dict of arrays by input name as a ``.minibatch`` blob (version 2, no
     labels) -- each keeps its dtype; never pickle."""
     if isinstance(x, Mapping):
-        from ..storage import encode_minibatch
+        from ...data.storage import encode_minibatch
 
         return encode_minibatch(x, np.zeros(0, np.int8))
     return npy_bytes(x)
@@ -355,7 +355,7 @@ def inputs_from_bytes(data):
         data = data.as_buffer()
     if bytes(memoryview(data)[:6]) == b"\x93NUMPY":
         return load_npy_bytes(data, what="a minibatch blob")
-    from ..storage import decode_minibatch
+    from ...data.storage import decode_minibatch
 
     return decode_minibatch(bytearray(data), "a minibatch blob of named inputs")[0]
 
@@ -436,7 +436,7 @@ def make_minibatcher(spec: DataSpec, batch_size: int, features_col, label_col: s
 
     def _cut(batches: Iterable, partition: int) -> Iterator:
         pa = _pa()
-        from ..storage import SUFFIX, save_minibatch
+        from ...data.storage import SUFFIX, save_minibatch
 
         j = 0
         out: dict = {"id": [], "n": [], "x": [], "y": [], "path": []}

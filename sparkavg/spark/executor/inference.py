@@ -40,11 +40,11 @@ def _net(config_json: str, shipped):
 
 def _encoded(x, encoding: Optional[dict]):
     """Features in the model's input encoding (``DataOptions(scale=,
-    normalize=)``: :func:`~sparkavg.spark.transforms.encode_inputs`); as
+    normalize=)``: :func:`~sparkavg.data.transforms.encode_inputs`); as
     they are without one."""
     if encoding is None:
         return x
-    from ..transforms import encode_inputs
+    from ...data.transforms import encode_inputs
 
     return encode_inputs(x, encoding)
 

@@ -1,14 +1,14 @@
 """A task's minibatches: read from shared files or Spark blocks, loaded
 ahead in one background thread, through the fit's transform if it has one
-(:mod:`sparkavg.spark.transforms`), each wait recorded as ``data_load``."""
+(:mod:`sparkavg.data.transforms`), each wait recorded as ``data_load``."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Iterator, List, Optional
 
 from ...stats import Phase
-from ..storage import load_minibatch
-from ..transforms import transformed
+from ...data.storage import load_minibatch
+from ...data.transforms import transformed
 
 __all__ = ["minibatch_sources", "prefetched", "recorded_minibatches"]
 
@@ -49,7 +49,7 @@ def prefetched(sources: Iterator, depth: int) -> Iterator:
 def recorded_minibatches(items: Iterable, prefetch: int, rec, transform: Optional[dict] = None,
                          worker: Optional[int] = None) -> Iterator:
     """A task's ``(x, y)`` minibatches, loaded ``prefetch`` ahead, through
-    ``transform`` (a :func:`~sparkavg.spark.transforms.transform_plan`; seeded
+    ``transform`` (a :func:`~sparkavg.data.transforms.transform_plan`; seeded
     per ``worker`` and minibatch), each wait for the next one -- its
     transform included -- recorded as the ``data_load`` phase."""
     source = transformed(prefetched(minibatch_sources(items), prefetch), transform, worker)

@@ -33,7 +33,7 @@ from ...sharing.thresholds import ResidualClipping
 from ...transport import KeyAgreement, PeerStalledError, ReliableEndpoint, select_address
 from ..errors import DivergenceError, register_error, task_failure_guard
 from ...stats import CounterName, Phase, PhaseRecorder, SeriesName, task_lane
-from ..storage import prefetch_depth
+from ...data.storage import prefetch_depth
 from .averaging import check_finite
 from .context import LossSum, Record, cached_network, host_copy, load_state
 from .device import task_device

@@ -32,7 +32,7 @@ from ..policies.block_momentum import BlockMomentum
 from ..policies.frequency import AveragingFrequency, RoundCosts, busy_from_payloads, round_costs, rounds_from_events
 from ..policies.moments import MomentCorrection
 from ..policies.shares import WorkerShares
-from ..storage import prefetch_depth
+from ...data.storage import prefetch_depth
 from .base import EpochRunner, Merged, network_state, runs, set_state
 
 __all__ = ["AveragingRunner", "PROBE_MINIBATCHES", "PROBE_ROUNDS", "AGGREGATION_DEPTH"]

@@ -37,7 +37,7 @@ from ..executor.device import summarize_devices
 from ..masters import Repartition
 from ..session import check_result_path
 from ...stats import Phase
-from ..transforms import transform_plan
+from ...data.transforms import transform_plan
 
 __all__ = ["EpochRunner", "Merged", "Progress", "network_state", "set_state", "runs"]
 
@@ -262,7 +262,7 @@ class EpochRunner(abc.ABC):
                 with stats.timed(Phase.BROADCAST, epoch=epoch, round=r):
                     value = self.shipped(network, epoch)
                     transform = transform_plan(m.data, m.seed, epoch, network.iteration)
-                    if transform is not None:  # the executors' minibatch transform (spark/transforms.py)
+                    if transform is not None:  # the executors' minibatch transform (data/transforms.py)
                         value["transform"] = transform
                     shipped = self.seam.ship(value)
                 try:

@@ -41,7 +41,6 @@ import numpy as np
 
 from ..configurable import ConfigError
 from ..references import resolve
-from .errors import register_error
 
 __all__ = ["TransformError", "transform_reference", "resolve_transform", "transform_plan", "transformed",
            "COMPACT_DTYPES", "check_encoding", "check_encoding_dict", "input_encoding", "encode_inputs"]
@@ -50,7 +49,6 @@ __all__ = ["TransformError", "transform_reference", "resolve_transform", "transf
 COMPACT_DTYPES = ("uint8", "int8", "uint16", "int16", "float16", "float32")
 
 
-@register_error  # raised on an executor, rebuilt as itself on the driver
 class TransformError(ValueError):
     """A transform that cannot be imported, or that returned something other
     than an ``(x, y)`` minibatch; the message names it and what was expected."""

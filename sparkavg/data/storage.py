@@ -37,7 +37,7 @@ from typing import Mapping, Tuple
 
 import numpy as np
 
-from ..data.validation import DataValidationError
+from .validation import DataValidationError
 
 __all__ = ["SharedLocation", "save_minibatch", "load_minibatch", "is_url", "is_remote", "SUFFIX", "encode_minibatch",
            "decode_minibatch", "release_live_locations", "prefetch_depth"]

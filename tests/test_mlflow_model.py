@@ -263,3 +263,26 @@ def test_the_store_error_of_mlflow_skinny_alone_says_what_to_install(tmp_path):
     assert f"the MLflow tracking store 'sqlite:///{tmp_path}/work/mlflow.db'" in error, error
     assert ("MLflow's SQLite store (its default, ./mlflow.db) needs sqlalchemy and alembic, not installed here: "
             "pip install 'sparkavg[mlflow]'") in error, error
+
+
+@pytest.mark.spark
+def test_the_pyfunc_applies_the_fits_input_encoding(spark, mlflow_store):
+    from sparkavg.listeners import MLflowListener
+    from sparkavg.spark import DataOptions
+
+    from .nets import small_net
+
+    x, y = blobs(32, seed=11)
+    pixels = np.round((x - x.min()) / (x.max() - x.min()) * 255).astype(np.float32)  # 0..255, as raw images
+    rows = [(row.reshape(-1).tolist(), int(label)) for row, label in zip(pixels, y)]
+    df = spark.createDataFrame(rows, "features array<float>, label long").repartition(2)
+    net = small_net(seed=12)
+    master = ParameterAveraging(batch_size_per_worker=4, workers=2, averaging_frequency=2,
+                                data=DataOptions(scale=1 / 255, normalize=(0.5, 0.25)))
+    listener = MLflowListener()
+    with mlflow.start_run():
+        SparkTrainer(spark, net, master, listeners=[listener], progress=False).fit(df, epochs=1)
+    got = mlflow.pyfunc.load_model(listener.model_uri).predict(pd.DataFrame({"features": list(pixels.reshape(32, -1))}))
+    _assert_predicts(got, net.output((pixels / np.float32(255) - np.float32(0.5)) / np.float32(0.25)))
+    raw = net.output(pixels)  # what the pyfunc gave before: the model fed raw pixels
+    assert not np.allclose(np.stack(got["probability"]), raw, atol=1e-3)

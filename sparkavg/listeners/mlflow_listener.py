@@ -263,13 +263,16 @@ class MLflowListener(TrainingListener):
             self._end("FINISHED")
 
     def _log_network(self, trainer) -> str:
+        from ..data.transforms import input_encoding
         from .mlflow_model import log_network, save_network_model
 
         active = self._mlflow.active_run()
+        encoding = input_encoding(trainer.master.data)  # scale/normalize: the pyfunc applies them too
         if active is not None and active.info.run_id == self.run_id:
-            return log_network(trainer.network, features_col=trainer.features_col).model_uri
+            return log_network(trainer.network, features_col=trainer.features_col, encoding=encoding).model_uri
         # The user made another run active meanwhile: the model goes into this fit's run as plain artifacts.
         with tempfile.TemporaryDirectory(prefix="sparkavg-mlflow-") as folder:
-            save_network_model(trainer.network, os.path.join(folder, "model"), features_col=trainer.features_col)
+            save_network_model(trainer.network, os.path.join(folder, "model"), features_col=trainer.features_col,
+                               encoding=encoding)
             self._client.log_artifacts(self.run_id, os.path.join(folder, "model"), "model")
         return f"runs:/{self.run_id}/model"

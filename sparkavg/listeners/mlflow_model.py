@@ -56,6 +56,8 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
+from ..data.transforms import check_encoding_dict, encode_inputs
+
 __all__ = ["NetworkPyfunc", "log_network", "save_network_model", "features_matrix", "input_columns"]
 
 #: The artifact key of the model file.
@@ -179,6 +181,8 @@ class NetworkPyfunc(_python_model_base()):
         config = getattr(context, "model_config", None) or {}
         # "features_col": models logged before "columns" (one input, one column).
         self.columns = input_columns(self.spec, config.get("columns", config.get("features_col", "features")))
+        # the fit's input encoding (DataOptions(scale=, normalize=)), applied as NetworkModel.transform does
+        self.encoding = check_encoding_dict(config.get("input_encoding"), "the logged model's config")
 
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
         spec = self.spec
@@ -187,10 +191,10 @@ class NetworkPyfunc(_python_model_base()):
             x = features_matrix(model_input, one.shape, self.columns[one.name], _dtype(one), one.name)
         else:
             x = _named_inputs(model_input, spec, self.columns)
-        return prediction_frame(spec, self.model.output(x))
+        return prediction_frame(spec, self.model.output(encode_inputs(x, self.encoding)))
 
 
-def _model_arguments(model, folder: str, features_col) -> dict:
+def _model_arguments(model, folder: str, features_col, encoding=None) -> dict:
     from .. import __version__
 
     path = os.path.join(folder, "network.npz")
@@ -200,24 +204,25 @@ def _model_arguments(model, folder: str, features_col) -> dict:
     if model.to_config().get("type") == "TorchModel":
         requirements.append("torch")
     return {"python_model": CODE_PATH, "artifacts": {ARTIFACT: path},
-            "model_config": {"columns": input_columns(model.spec, features_col)},
+            "model_config": {"columns": input_columns(model.spec, features_col), "input_encoding": encoding},
             "pip_requirements": requirements}
 
 
-def log_network(model, name: str = "model", features_col="features"):
+def log_network(model, name: str = "model", features_col="features", encoding=None):
     """Log ``model`` (any kind) as a pyfunc model in the active MLflow run;
     returns MLflow's ``ModelInfo``.  ``features_col`` is the fit's (a
     column, a dict by input name or a list in input order): the pyfunc
-    reads those columns too."""
+    reads those columns too; ``encoding`` is the fit's input encoding
+    (:func:`sparkavg.data.transforms.input_encoding`), applied before the model."""
     import mlflow
 
     with tempfile.TemporaryDirectory(prefix="sparkavg-mlflow-") as folder:
-        return mlflow.pyfunc.log_model(name=name, **_model_arguments(model, folder, features_col))
+        return mlflow.pyfunc.log_model(name=name, **_model_arguments(model, folder, features_col, encoding))
 
 
-def save_network_model(model, path: str, features_col="features") -> None:
+def save_network_model(model, path: str, features_col="features", encoding=None) -> None:
     """Write ``model`` (any kind) as a pyfunc model folder at ``path`` (``mlflow.pyfunc.load_model(path)``)."""
     import mlflow
 
     with tempfile.TemporaryDirectory(prefix="sparkavg-mlflow-") as folder:
-        mlflow.pyfunc.save_model(path, **_model_arguments(model, folder, features_col))
+        mlflow.pyfunc.save_model(path, **_model_arguments(model, folder, features_col, encoding))

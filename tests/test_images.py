@@ -65,6 +65,7 @@ def test_names_the_row_and_what_was_expected():
 
 
 @pytest.mark.spark
+@pytest.mark.slow
 def test_a_binary_column_of_png_trains_and_predicts_as_its_pixels(spark):
     """The same pixels as PNG bytes and as array<float> train the same
     parameters (decoded on the executors), the fitted model transforms and

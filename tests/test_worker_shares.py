@@ -118,6 +118,7 @@ def test_worker_shares_validation():
 
 
 @pytest.mark.spark
+@pytest.mark.slow
 def test_a_slow_worker_gets_a_smaller_share_and_every_example_still_trains_once(sc):
     n = 960
     x, y = blobs(n, seed=31)

@@ -366,6 +366,7 @@ def _kernel_names(module):
     return file, set(re.findall(r'(?:launcher|_ENCODE), "(sparkavg_[a-z0-9_]+)"', text))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("file", cuda_src.FILES)
 def test_cuda_text_compiles_to_ptx(tmp_path, file):
     """The same text as CUDA: nvcc (no GPU needed) to PTX for sm_90, no

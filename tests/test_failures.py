@@ -73,7 +73,7 @@ class _Canceller(threading.Thread):
         self.join()
 
 
-@pytest.mark.parametrize("master", ["averaging", "sharing"])
+@pytest.mark.parametrize("master", ["averaging", pytest.param("sharing", marks=pytest.mark.slow)])
 def test_a_cancelled_fit_stops_says_so_and_keeps_the_last_checkpoint(sc, tmp_path, master):
     from sparkavg.spark import GradientSharing, TrainingCancelled
     from sparkavg.spark.checkpoint import list_checkpoints
@@ -107,6 +107,7 @@ def test_a_cancelled_fit_stops_says_so_and_keeps_the_last_checkpoint(sc, tmp_pat
     assert trainer.history[-1]["epoch"] == 1
 
 
+@pytest.mark.slow
 def test_a_crashed_python_worker_with_no_retry_left_says_which_and_what_to_check(sc):
     from sparkavg.spark import WorkerCrashed
 
@@ -169,6 +170,7 @@ def test_endpoint_config_refuses_infinite_timeouts_and_fractional_sizes_on_the_d
         EndpointConfig(**{field: value})
 
 
+@pytest.mark.slow
 def test_a_second_concurrent_fit_on_one_trainer_is_refused(sc, tmp_path):
     from sparkavg.spark import TrainingCancelled
     from sparkavg.spark.executor.hooks import HOLD_MARKER
@@ -206,6 +208,7 @@ def test_a_second_concurrent_fit_on_one_trainer_is_refused(sc, tmp_path):
     assert trainer._prepared is None
 
 
+@pytest.mark.slow
 def test_overwrite_checkpoints_removes_the_old_runs_later_epochs(sc, tmp_path):
     from sparkavg.spark.checkpoint import list_checkpoints
 
@@ -308,6 +311,7 @@ _SIGTERMED_FIT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sigterm_during_a_fit_removes_its_exported_files_and_still_terminates(tmp_path):
     shared, marker = tmp_path / "shared", tmp_path / "held"
     shared.mkdir()
@@ -333,6 +337,7 @@ def test_sigterm_during_a_fit_removes_its_exported_files_and_still_terminates(tm
     assert os.listdir(shared) == []  # before the fix: the fit's folder and its minibatch files
 
 
+@pytest.mark.slow
 def test_ragged_rows_and_nan_features_are_named_on_every_classic_route(sc):
     from sparkavg.data.validation import DataValidationError
 
@@ -359,6 +364,7 @@ def test_ragged_rows_and_nan_features_are_named_on_every_classic_route(sc):
         trainer.predict(sc.parallelize([x[0], x[1], x[2].ravel()[:15]], 1)).collect()
 
 
+@pytest.mark.slow
 def test_a_damaged_or_oversized_sparkavg_json_is_named(spark, tmp_path):
     from sparkavg.ml import NetworkEstimator, NetworkModel
 
@@ -484,7 +490,7 @@ def test_a_minibatch_with_fewer_labels_than_examples_is_a_length_mismatch():
                                    (bx, by)])))
 
 
-@pytest.mark.parametrize("flavour", ["classic", "connect"])
+@pytest.mark.parametrize("flavour", ["classic", pytest.param("connect", marks=pytest.mark.slow)])
 def test_a_pandas_frame_is_named_as_pandas(request, flavour):
     import pandas as pd
 

@@ -213,6 +213,7 @@ def test_close_and_with_release_exports_and_predict_broadcasts(sc):
     assert len(glob.glob(os.path.join(sc._temp_dir, "**"), recursive=True)) == before
 
 
+@pytest.mark.slow
 def test_an_unclosed_trainer_leaves_nothing_at_interpreter_exit(tmp_path):
     script = textwrap.dedent(f"""
         import json, os, sys, tempfile
@@ -240,7 +241,7 @@ def _lose_blocks(sc, rdd) -> None:
     sc._jsc.sc().unpersistRDD(rdd.id(), True)  # the blocks only: the RDD still counts on them
 
 
-@pytest.mark.parametrize("master_type", [ParameterAveraging, GradientSharing])
+@pytest.mark.parametrize("master_type", [ParameterAveraging, pytest.param(GradientSharing, marks=pytest.mark.slow)])
 def test_prepared_blocks_leave_the_source_behind_and_are_prepared_again_when_lost(sc, master_type, caplog):
     from sparkavg.spark import DataOptions
 

@@ -179,6 +179,7 @@ def test_a_small_file_declaring_a_huge_image_is_refused_from_its_header_without_
 
 
 @pytest.mark.spark
+@pytest.mark.slow
 def test_a_binary_column_of_png_trains_and_predicts_as_its_pixels(spark):
     """The same pixels as PNG bytes and as array<float> train the same
     parameters (decoded on the executors), the fitted model transforms and

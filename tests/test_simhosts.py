@@ -176,6 +176,7 @@ def test_sigterm_of_the_owning_process_tears_down(sim_cluster_factory):
 # -- Spark across the hosts --------------------------------------------------------
 
 @pytest.mark.spark
+@pytest.mark.slow
 def test_master_sees_every_worker_host(sim_cluster):
     done = sim_cluster.run_driver(
         [PY, "-c", f"import urllib.request; print(urllib.request.urlopen('{sim_cluster.master_web_url}/json/', "
@@ -277,6 +278,7 @@ print(time.process_time() - cpu)
 """
 
 
+@pytest.mark.slow
 def test_a_hosts_cpu_quota_caps_all_its_processes(sim_cluster_factory):
     """cpu=/cpu_limits=/limit_cpu (a cpu cgroup per host): a busy loop on a host gets at most its quota of a core
     (bench_scale.py's hosts and its half-speed host)."""

@@ -84,7 +84,7 @@ def test_example_and_uniform_weighting_on_uneven_shards(sc):
         np.testing.assert_allclose(net.params, want, rtol=1e-5, atol=1e-6, err_msg=preset)
 
 
-@pytest.mark.parametrize("deal", ["balanced", "local"])
+@pytest.mark.parametrize("deal", ["balanced", pytest.param("local", marks=pytest.mark.slow)])
 def test_spark_blocks_and_shared_files_give_the_same_model(sc, tmp_path, deal):
     x, y = blobs(64, seed=7)
     rdd = sc.parallelize(_pairs(x, y), 3)
@@ -145,7 +145,7 @@ def test_evaluate_predict_score_match_local(sc):
     np.testing.assert_allclose(plain, expected, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("column", ["features", "vec"])
+@pytest.mark.parametrize("column", ["features", pytest.param("vec", marks=pytest.mark.slow)])
 def test_predict_on_a_dataframe_reads_arrow_batches_in_row_order(sc, column):
     from pyspark.ml.linalg import Vectors
     from pyspark.sql import SparkSession

@@ -56,6 +56,7 @@ def test_a_two_input_graph_trains_by_averaging_from_a_dataframe(spark, table):
     np.testing.assert_allclose(out, net.output({"cats": cats, "nums": nums}), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_two_input_graph_trains_by_gradient_sharing_from_a_dataframe(spark, table):
     net = tabular_graph(seed=3)
     with SparkTrainer(spark, net, GradientSharing(batch_size_per_worker=16, workers=2, threshold=0.01),
@@ -107,6 +108,7 @@ def test_a_missing_input_column_is_named(spark, table):
             trainer.fit(table)
 
 
+@pytest.mark.slow
 def test_a_two_input_graph_in_a_pipeline_with_save_and_load(spark, table, tmp_path):
     from pyspark.ml import Pipeline, PipelineModel
 

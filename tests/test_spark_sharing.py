@@ -157,6 +157,7 @@ def test_same_trainer_interface_for_both_masters(sc):
         assert trainer.history[0]["examples"] == 100 and net.iteration > 0
 
 
+@pytest.mark.slow
 def test_killed_sharing_worker_restarts_the_barrier_stage(sc, tmp_path):
     rdd, x, y = _rdd(sc, 120, seed=27)
     marker = tmp_path / "kill-me"
@@ -170,6 +171,7 @@ def test_killed_sharing_worker_restarts_the_barrier_stage(sc, tmp_path):
     assert trainer.history[0]["replica_max_abs_diff"] < 1e-5
 
 
+@pytest.mark.slow
 def test_stuck_worker_ends_the_stage_with_an_error_naming_it(sc):
     import time
 
@@ -184,6 +186,7 @@ def test_stuck_worker_ends_the_stage_with_an_error_naming_it(sc):
     assert time.monotonic() - started < 60  # bounded by the stall timeout, never a hang
 
 
+@pytest.mark.slow
 def test_sharing_resumes_from_the_last_epoch_checkpoint(sc, tmp_path):
     # One worker: a sharing fit is then deterministic, so a resumed fit must end exactly where a
     # straight one does -- parameters, updater state and the residual and threshold it carries.

@@ -40,7 +40,7 @@ def _master(master_type, **data):
                        **extra)
 
 
-@pytest.mark.parametrize("master_type", [ParameterAveraging, GradientSharing])
+@pytest.mark.parametrize("master_type", [ParameterAveraging, pytest.param(GradientSharing, marks=pytest.mark.slow)])
 def test_transform_runs_on_executors_seeded_per_worker_epoch_and_minibatch(sc, master_type):
     x, y = blobs(80, seed=30)
     rdd = sc.parallelize(list(zip(x, y.tolist())), 2)

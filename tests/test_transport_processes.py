@@ -132,6 +132,7 @@ LOSSY = EndpointConfig(stall_timeout=WAIT / 2, retransmit_timeout=0.25,
                        faults=FaultInjection(loss=0.25, duplicate=0.2, reorder=0.2, seed=7))
 
 
+@pytest.mark.slow
 def test_plain_group_exactly_once_under_loss_duplication_reordering():
     world, n = 4, 12
     results = _run_group(world, Topology.PLAIN, LOSSY, n)
@@ -197,6 +198,7 @@ def test_killed_peer_makes_send_and_flush_raise_naming_it():
             procs.stop()
 
 
+@pytest.mark.slow
 def test_killed_peer_makes_finish_raise_naming_it():
     world, key, job_id = 3, secrets.token_bytes(32), 9
     config = EndpointConfig(stall_timeout=WAIT, retransmit_timeout=0.2)

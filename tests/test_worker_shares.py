@@ -120,6 +120,7 @@ def test_worker_shares_follow_the_preset():
 
 
 @pytest.mark.spark
+@pytest.mark.slow
 def test_a_slow_worker_gets_a_smaller_share_and_every_example_still_trains_once(sc):
     n = 960
     x, y = blobs(n, seed=31)

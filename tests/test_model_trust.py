@@ -297,8 +297,9 @@ def _frame(session, x, y, partitions=2):
 
 @pytest.mark.spark
 @pytest.mark.slow
+@pytest.mark.parametrize("redigest", [True, False], ids=["digest-recomputed", "digest-stale"])
 @pytest.mark.parametrize("stage_was", ["torch", "native"])
-def test_saved_stages_with_a_crafted_network_are_refused(spark, tmp_path, torch_file, marker, stage_was):
+def test_saved_stages_with_a_crafted_network_are_refused(spark, tmp_path, torch_file, marker, stage_was, redigest):
     from pyspark.ml import PipelineModel
 
     from sparkavg.ml import NetworkModel
@@ -307,14 +308,13 @@ def test_saved_stages_with_a_crafted_network_are_refused(spark, tmp_path, torch_
     model = NetworkModel(network=network)
     path = tmp_path / "stage"
     model.write().save(str(path))
-    from pyspark.ml import PipelineModel as PM
-
-    PM(stages=[model]).write().save(str(tmp_path / "pipeline"))
+    PipelineModel(stages=[model]).write().save(str(tmp_path / "pipeline"))
     for target in (path / "network.npz", next((tmp_path / "pipeline" / "stages").iterdir()) / "network.npz"):
-        craft(torch_file, target, evil_factory(marker), redigest=True)
-    with pytest.raises(ModelFileError, match=REFUSED):
+        craft(torch_file, target, evil_factory(marker), redigest=redigest)
+    expected = REFUSED if redigest else "SHA-256 mismatch"
+    with pytest.raises(ModelFileError, match=expected):
         NetworkModel.load(str(path))
-    with pytest.raises(ModelFileError, match=REFUSED):
+    with pytest.raises(ModelFileError, match=expected):
         PipelineModel.load(str(tmp_path / "pipeline"))
 
 
@@ -345,7 +345,8 @@ def test_a_saved_estimator_naming_an_unmarked_transform_is_refused(spark, tmp_pa
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_resume_from_a_checkpoint_with_a_crafted_network_is_refused(spark, tmp_path, torch_file, marker):
+@pytest.mark.parametrize("redigest", [True, False], ids=["digest-recomputed", "digest-stale"])
+def test_resume_from_a_checkpoint_with_a_crafted_network_is_refused(spark, tmp_path, torch_file, marker, redigest):
     from sparkavg.spark import ParameterAveraging, SparkTrainer
 
     x, y = blobs(32, seed=6)
@@ -354,8 +355,8 @@ def test_resume_from_a_checkpoint_with_a_crafted_network_is_refused(spark, tmp_p
     ckpt = tmp_path / "ckpt"
     SparkTrainer(spark, small_net(seed=6), master, checkpoint_dir=str(ckpt)).fit(df, epochs=1)
     for network_file in ckpt.rglob("network.npz"):
-        craft(torch_file, network_file, evil_factory(marker), redigest=True)
-    with pytest.raises(Exception, match=REFUSED):
+        craft(torch_file, network_file, evil_factory(marker), redigest=redigest)
+    with pytest.raises(Exception, match=REFUSED if redigest else "SHA-256 mismatch"):
         SparkTrainer(spark, small_net(seed=6), master, checkpoint_dir=str(ckpt)).fit(df, epochs=2,
                                                                                      resume_from=str(ckpt))
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 
 import numpy as np
@@ -100,3 +101,29 @@ def test_a_truncated_named_file_is_an_error_naming_it(tmp_path):
     path.write_bytes(encode_minibatch({"a": np.ones((4, 3), np.float32)}, np.arange(4))[:-5])
     with pytest.raises(DataValidationError, match=f"Cannot read minibatch {path}.*truncated"):
         load_minibatch(str(path))
+
+
+def test_stale_export_folders_of_ended_drivers_are_swept(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+    import tempfile
+
+    from sparkavg.data.storage import SharedLocation, sweep_stale_exports
+
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()  # a driver killed mid-fit: its pid no longer runs
+    stale = tmp_path / f"sparkavg-export-{ended.pid}-abc123"
+    (stale / "sub").mkdir(parents=True)
+    (stale / "sub" / "0.minibatch").write_bytes(b"x" * 10)
+    live = tmp_path / f"sparkavg-export-{os.getppid()}-def456"  # a process that runs (this one's parent)
+    live.mkdir()
+    unnamed = tmp_path / "sparkavg-export-legacyname"  # not named after a process: left alone
+    unnamed.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    location = SharedLocation.temporary()  # sweeps first
+    try:
+        assert not stale.exists() and live.exists() and unnamed.exists()
+        assert os.path.basename(location.root).startswith(f"sparkavg-export-{os.getpid()}-")
+        assert sweep_stale_exports(str(tmp_path)) == []  # its own folder is this live process's
+    finally:
+        location.release()

@@ -28,19 +28,22 @@ location minibatches stay in Spark as persisted blocks
 from __future__ import annotations
 
 import json
+import logging
 import os
 import posixpath
 import struct
 import tempfile
 import uuid
-from typing import Mapping, Tuple
+from typing import Mapping, Optional, Tuple
 
 import numpy as np
 
 from .validation import DataValidationError
 
 __all__ = ["SharedLocation", "save_minibatch", "load_minibatch", "is_url", "is_remote", "SUFFIX", "encode_minibatch",
-           "decode_minibatch", "release_live_locations", "prefetch_depth"]
+           "decode_minibatch", "release_live_locations", "prefetch_depth", "sweep_stale_exports"]
+
+logger = logging.getLogger(__name__)
 
 #: File name suffix of a minibatch file.
 SUFFIX = ".minibatch"
@@ -60,6 +63,47 @@ def is_remote(location: str) -> bool:
     """Whether reading ``location`` waits on a network (a URL other than ``file://``)."""
     return is_url(location) and not location.startswith("file://")
 
+
+
+#: Temporary export folders are named ``sparkavg-export-<pid>-<random>``.
+_EXPORT_PREFIX = "sparkavg-export-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def sweep_stale_exports(folder: Optional[str] = None) -> list:
+    """Remove the temporary export folders (under ``folder``, the system's
+    temporary folder by default) of driver processes that no longer run;
+    returns the paths removed.  A folder of a live process, or one not named
+    after a process, is left alone."""
+    import shutil
+
+    folder = folder or tempfile.gettempdir()
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        if not name.startswith(_EXPORT_PREFIX):
+            continue
+        pid = name[len(_EXPORT_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        path = os.path.join(folder, name)
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.exists(path):
+            removed.append(path)
+            logger.info("removed %s, the minibatch export of process %s, which ended without removing it", path, pid)
+    return removed
 
 
 def prefetch_depth(options) -> int:
@@ -280,8 +324,11 @@ class SharedLocation:
 
     @classmethod
     def temporary(cls) -> "SharedLocation":
-        """A temporary folder on this machine (shared only with local-mode executors)."""
-        return cls(tempfile.mkdtemp(prefix="sparkavg-export-"), owned=True)
+        """A temporary folder on this machine (shared only with local-mode
+        executors), named after this process; the folders of processes that
+        ended without removing theirs (a driver killed mid-fit) are swept first."""
+        sweep_stale_exports()
+        return cls(tempfile.mkdtemp(prefix=f"{_EXPORT_PREFIX}{os.getpid()}-"), owned=True)
 
     def make(self) -> str:
         _LIVE.add(self)

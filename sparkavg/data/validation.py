@@ -243,10 +243,11 @@ def check_float32_range(x: np.ndarray, where: Where, what: str = "features") -> 
     x = np.asarray(x)
     if x.dtype.kind != "f" or x.dtype.itemsize <= 4 or not x.size:
         return
-    big = np.abs(x.reshape(len(x), -1)) > FLOAT32_MAX
+    flat = x.reshape(len(x), -1)
+    big = (np.abs(flat) > FLOAT32_MAX) & np.isfinite(flat)  # NaN/inf: the finite check's (one message either path)
     if big.any():
         i = _first(big.any(axis=1))
-        value = x.reshape(len(x), -1)[i][big[i]][0].item()
+        value = flat[i][big[i]][0].item()
         raise DataValidationError(f"Bad {what} at {where(i)}: expected numbers a float32 holds (|value| <= "
                                   f"{FLOAT32_MAX:.8g}), got {value!r}")
 

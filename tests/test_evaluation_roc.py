@@ -396,3 +396,28 @@ def test_from_dict_names_the_bad_field():
         with pytest.raises(ValueError, match=message):
             ROC.from_dict(d)
 
+
+# ------------------------------------------------------------ on Spark
+@pytest.mark.spark
+def test_a_distributed_evaluate_carries_and_merges_them(sc):
+    from sparkavg.evaluation import CalibrationError, LogLoss, TopKAccuracy
+    from sparkavg.spark import ParameterAveraging, SparkTrainer
+
+    from .nets import blobs, small_net
+
+    x, y = blobs(120, seed=21)
+    net = small_net(seed=22)
+    net.fit_batch(x, y)
+    metrics = [ROC(), ROC(threshold_steps=50), TopKAccuracy(2, 1), LogLoss(2), CalibrationError(2, 10)]
+    rdd = sc.parallelize(list(zip(x, y.tolist())), 4)
+    distributed = SparkTrainer(sc, net, ParameterAveraging(workers=2)).evaluate(rdd, evaluations=metrics)
+    out = net.output(x)
+    local = [type(m).from_dict(m.to_dict()).eval(y, out) for m in metrics]
+    for d, m in zip(distributed, local):
+        assert type(d) is type(m) and d.count == m.count == 120
+    exact, bounded, top1, loss, ece = distributed
+    assert abs(exact.auc() - roc_auc_score(y, out[:, 1].astype(np.float64))) <= 1e-6  # executors' own float32 outputs
+    assert abs(bounded.auc() - local[1].auc()) <= 1e-6 and bounded.auc_error_bound() > 0
+    assert math.isclose(top1.accuracy(), local[2].accuracy(), abs_tol=1e-12)
+    assert math.isclose(loss.log_loss(), local[3].log_loss(), rel_tol=1e-5)
+    assert math.isclose(ece.expected_calibration_error(), local[4].expected_calibration_error(), abs_tol=1e-5)

@@ -12,10 +12,12 @@ recall and F1 are derived from it. :class:`RegressionEvaluation` accumulates
 per-column error sums and label moments; MSE, MAE, RMSE and R² are derived.
 
 Of predicted probabilities: :class:`ROC` (ROC AUC and PR AUC, binary or
-one-vs-rest; exact, or in bounded memory with a stated error bound). Its
-``eval(labels, probabilities, weights=None)`` takes per-example weights
-(scikit-learn's ``sample_weight``), and its values equal scikit-learn's on
-the same predictions (its conventions are in the class notes).
+one-vs-rest; exact, or in bounded memory with a stated error bound),
+:class:`TopKAccuracy`, :class:`LogLoss` and :class:`CalibrationError`
+(expected calibration error). Their ``eval(labels, probabilities,
+weights=None)`` takes per-example weights (scikit-learn's
+``sample_weight``), and their values equal scikit-learn's on the same
+predictions (its conventions are in each class's notes).
 
 Every class is registered under ``"evaluation"``
 (:func:`sparkavg.configurable.register`), so task results carry it as its
@@ -28,7 +30,8 @@ NaN; ``count`` tells whether there is anything to ask, and ``stats()`` /
 ``repr()`` print ``n/a``.
 """
 from .classification import Evaluation
+from .probabilistic import CalibrationError, LogLoss, TopKAccuracy
 from .regression import RegressionEvaluation
 from .roc import ROC
 
-__all__ = ["Evaluation", "RegressionEvaluation", "ROC"]
+__all__ = ["Evaluation", "RegressionEvaluation", "ROC", "TopKAccuracy", "LogLoss", "CalibrationError"]

@@ -7,9 +7,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..backend import to_cpu
 from ..configurable import register
-from ._common import _AVERAGES, _check_names, _check_positive_int, _first_nonfinite, _fmt, _require_examples
+from ._common import _AVERAGES, _check_names, _check_positive_int, _class_indices, _fmt, _require_examples
 
 __all__ = ["Evaluation"]
 
@@ -60,29 +59,7 @@ class Evaluation:
 
     # ------------------------------------------------------------------ input
     def _as_class_indices(self, a, what: str) -> np.ndarray:
-        a = to_cpu(a)
-        c = self.num_classes
-        if a.ndim == 2 and a.shape[1] == c:
-            if a.dtype.kind == "f":
-                _first_nonfinite(a, what)
-            return np.argmax(a, axis=1)
-        if a.ndim != 1:
-            raise ValueError(
-                f"Expect {what} of shape (N,) class indices or (N, {c}) scores/one-hot, got shape {a.shape}"
-            )
-        if a.dtype.kind == "f":
-            _first_nonfinite(a, what)
-            if not np.array_equal(a, np.round(a)):
-                i = int(np.flatnonzero(a != np.round(a))[0])
-                raise ValueError(f"Expect integer class indices in {what}, got {a[i]} at index {i}")
-        elif a.dtype.kind not in "iub" and a.size:
-            raise ValueError(f"Expect integer class indices in {what}, got dtype {a.dtype}")
-        a = a.astype(np.int64, copy=False)
-        bad = np.flatnonzero((a < 0) | (a >= c))
-        if bad.size:
-            i = int(bad[0])
-            raise ValueError(f"Expect {what} in 0..{c - 1}, got {a[i]} at index {i}")
-        return a
+        return _class_indices(a, self.num_classes, what)
 
     def eval(self, y_true, y_pred) -> "Evaluation":
         """Add a batch of examples.

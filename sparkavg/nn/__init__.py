@@ -6,7 +6,8 @@ Modules: :mod:`.model` (the model contract every strategy sees: ``Model``,
 model of any type), :mod:`.upgrades` (configurations of an older layout),
 :mod:`.flat` (flat state vectors shared by the layer-built models),
 :mod:`.network` (``Network``), :mod:`.layers`, :mod:`.output`
-(the loss layer), :mod:`.updaters`, :mod:`.regularization` (L2 and weight
+(the loss layer), :mod:`.updaters`, :mod:`.schedules` (learning-rate
+schedules an updater's ``lr`` may be), :mod:`.regularization` (L2 and weight
 decay as fused passes over contiguous ranges of the flat vector),
 :mod:`.normalization` (``BatchNorm``, ``LayerNorm``), :mod:`.reshaping`
 (``Flatten``, ``Reshape``, global pooling), :mod:`.recurrent` (``LSTM``,
@@ -30,6 +31,8 @@ from .graph import Graph, Vertex
 from .vertices import Add, Merge, Multiply
 from .serialization import ModelFileError
 from .updaters import SGD, Adagrad, Adam, Nadam, Nesterov, RMSProp, Updater
+from .schedules import (CosineSchedule, ExponentialSchedule, InverseSchedule, MapSchedule, OneCycleSchedule,
+                        PolySchedule, Schedule, ScheduleError, SigmoidSchedule, StepSchedule)
 from .zoo import lenet
 
 __all__ = [
@@ -71,6 +74,16 @@ __all__ = [
     "RMSProp",
     "Adam",
     "Nadam",
+    "Schedule",
+    "ScheduleError",
+    "StepSchedule",
+    "ExponentialSchedule",
+    "InverseSchedule",
+    "PolySchedule",
+    "SigmoidSchedule",
+    "MapSchedule",
+    "CosineSchedule",
+    "OneCycleSchedule",
     "ModelFileError",
     "lenet",
     "zoo",

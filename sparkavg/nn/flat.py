@@ -37,6 +37,7 @@ from ..threads import single_threaded_blas
 from .layers import Dropout
 from .model import STATE_VECTORS, config_fingerprint
 from .regularization import Regularization
+from .schedules import Schedule
 from .serialization import load_network, save_network
 from .updaters import Adam, Updater
 from .upgrades import upgrade_config
@@ -93,9 +94,11 @@ class FlatModel(Configurable):
     Attributes
     ----------
     iteration : int
-        Completed updater steps (Adam's bias correction uses iteration + 1).
+        Completed updater steps (Adam's bias correction uses iteration + 1;
+        a learning-rate schedule by iteration follows it).
     epoch : int
-        Completed epochs; the trainer (or :meth:`fit`) advances it.
+        Completed epochs; the trainer (or :meth:`fit`) advances it (a
+        schedule by epoch follows it).
     inference_batch_size : int
         Chunk size of :meth:`output` and :meth:`score` (bounds memory).
     """
@@ -159,6 +162,7 @@ class FlatModel(Configurable):
         self.inference_batch_size = 256
         self._xp = np
         self._reg = None
+        self._resolved = None
         self._single_blas = None
         self._segments, self._num_params = segments, num_params
         self._buffer_segments = buffer_segments
@@ -248,6 +252,24 @@ class FlatModel(Configurable):
             value = value + half * dot
         return value
 
+    def _step_updater(self) -> Updater:
+        """The updater of the step at :attr:`iteration` and :attr:`epoch`:
+        :attr:`updater` itself at a constant rate; at a scheduled one, the
+        same updater at the schedule's rate there
+        (:meth:`~sparkavg.nn.updaters.Updater.at_rate`), kept while the
+        updater and the rate stay (an epoch's steps of a ``by="epoch"``
+        schedule build one).  Raises
+        :class:`~sparkavg.nn.schedules.ScheduleError` for a rate that is not
+        finite and > 0, before the step changes anything."""
+        updater = self.updater
+        if not isinstance(updater.lr, Schedule):
+            return updater
+        rate = updater.lr.value(self.iteration, self.epoch)
+        resolved = getattr(self, "_resolved", None)
+        if resolved is None or resolved[0] is not updater or resolved[1] != rate:
+            resolved = self._resolved = (updater, rate, updater.at_rate(rate))
+        return resolved[2]
+
     def step_threads(self):
         """The thread pools of a step: on the CPU in float32, when OpenMP
         kernels (the direct convolutions) carry at least
@@ -281,17 +303,21 @@ class FlatModel(Configurable):
         parameters (the updater's step after L2 and weight decay), advancing
         the updater state, the buffers and :attr:`iteration`, without applying it.
 
+        A scheduled learning rate is the schedule's at :attr:`iteration` and
+        :attr:`epoch`; the weight decay uses the same rate.
+
         ``out`` is a flat (``num_params``,) array of the model's dtype and
         device; it is zeroed first.  Returns the batch loss (``sync=False``:
         as a 0-d array on the device, see :meth:`fit_batch`).
         """
         self._check_flat(out, "out", self._num_params)
+        updater = self._step_updater()
         with self.step_threads():
             pending = self._loss_and_grad(x, y)
         out.fill(0)
         kept = self._keep_untouched_rows()
-        self.updater.apply(out, self._grads, self._state, self.iteration)
-        self._regularization().decay(out, self._params, self.updater.lr)
+        updater.apply(out, self._grads, self._state, self.iteration)
+        self._regularization().decay(out, self._params, updater.lr)
         if kept:
             self._restore_untouched_rows(kept, out)
         self.iteration += 1
@@ -355,9 +381,10 @@ class FlatModel(Configurable):
             loss = self.compute_update(x, y, self._update, sync=sync)
             self._params += self._update
             return loss
+        updater = self._step_updater()
         with self.step_threads():
             pending = self._loss_and_grad(x, y)
-        self.updater.apply(self._params, self._grads, self._state, self.iteration)
+        updater.apply(self._params, self._grads, self._state, self.iteration)
         self.iteration += 1
         return self._loss_value(pending, sync)
 

@@ -75,10 +75,12 @@ def test_sharing_learns_and_replicas_agree(sc):
     assert trainer.evaluate(rdd).accuracy() > 0.9
 
 
-@pytest.mark.parametrize("nesterov, preset, scheduled", [(False, "sparkavg", False), (True, "sparkavg", False),
-                                                         (True, "dl4j", False), (False, "sparkavg", True)],
-                         ids=["adam", "nesterov-masked", "nesterov-dl4j", "adam-scheduled-by-epoch"])
-def test_executor_runs_sharing_step_bit_for_bit(sc, nesterov, preset, scheduled):
+@pytest.mark.parametrize("nesterov, preset, extra", [(False, "sparkavg", None), (True, "sparkavg", None),
+                                                     (True, "dl4j", None), (False, "sparkavg", "scheduled"),
+                                                     (True, "sparkavg", "clipped")],
+                         ids=["adam", "nesterov-masked", "nesterov-dl4j", "adam-scheduled-by-epoch",
+                              "nesterov-clipped"])
+def test_executor_runs_sharing_step_bit_for_bit(sc, nesterov, preset, extra):
     """Production against the algorithm: a one-worker Spark fit ends with
     exactly the parameters, updater state, residual and τ of a plain loop of
     :func:`local_view` + ``compute_update`` + :func:`sharing_step` (with
@@ -86,23 +88,24 @@ def test_executor_runs_sharing_step_bit_for_bit(sc, nesterov, preset, scheduled)
     momentum masking), with DL4J's residual clipping.  Preset ``"dl4j"``:
     the gradient at the shared parameters alone, no masking.  Every
     minibatch is the same block of examples, so neither the epoch's shuffle
-    nor the deal can change the order the loop sees.  ``scheduled``: a
+    nor the deal can change the order the loop sees.  ``"scheduled"``: a
     learning rate by epoch, which the second epoch (continued from the
-    state the rank kept on its executor) takes from the shipped epoch."""
+    state the rank kept on its executor) takes from the shipped epoch;
+    ``"clipped"``: per-layer gradient clipping, before the residual."""
     import numpy as np
 
-    from sparkavg.nn import Dense, Nesterov, Network, Output
-    from sparkavg.nn.schedules import MapSchedule
+    from sparkavg.nn import ClipL2PerLayer, Dense, MapSchedule, Nesterov, Network, Output
     from sparkavg.sharing import ResidualClipping, SharingState, local_view, sharing_step
 
     def make(seed):
-        if scheduled:
+        if extra == "scheduled":
             net = small_net(seed=seed)
             net.updater = net.updater.with_learning_rate(MapSchedule({0: 0.01, 1: 0.002}, by="epoch"))
             return net
         if not nesterov:
             return small_net(seed=seed)
-        return Network((1, 4, 4), [Dense(8, activation="relu"), Output(2)], updater=Nesterov(lr=0.05), seed=seed)
+        return Network((1, 4, 4), [Dense(8, activation="relu"), Output(2)], updater=Nesterov(lr=0.05), seed=seed,
+                       gradient_normalization=ClipL2PerLayer(0.05) if extra == "clipped" else None)
 
     block_x, block_y = blobs(10, seed=41)
     reps, epochs = 6, 2
@@ -131,7 +134,7 @@ def test_executor_runs_sharing_step_bit_for_bit(sc, nesterov, preset, scheduled)
     net.params[...] = shared
     assert len(sent) > 0 and trainer.stats.counters["messages_sent"] == len(sent)
     assert not masked or (net.updater_state == 0).any()
-    if scheduled:
+    if extra == "scheduled":
         assert [d["value"] for d in trainer.stats.decisions if d["name"] == "sharing_state"] == ["shipped",
                                                                                                  "executors"]
     assert np.array_equal(trainer.network.params.view(np.uint32), net.params.view(np.uint32))

@@ -52,13 +52,13 @@ def test_averaging_workers_step_at_the_rounds_iteration_and_epoch(sc, schedule):
 
 
 @pytest.mark.parametrize("master, schedule", [
-    (ParameterAveraging(batch_size_per_worker=6, averaging_frequency=2, workers=2),
-     CosineSchedule(0.02, 16, warmup=4, floor=1e-3)),
-    (GradientSharing(threshold=1e-3, batch_size_per_worker=6, workers=2, staleness=0),
-     CosineSchedule(0.02, 16, warmup=4, floor=1e-3)),
-    (GradientSharing(threshold=1e-3, batch_size_per_worker=6, workers=2, staleness=0),
-     StepSchedule(0.02, 0.3, 1, by="epoch")),
-], ids=["averaging", "sharing", "sharing-by-epoch"])
+    pytest.param(ParameterAveraging(batch_size_per_worker=6, averaging_frequency=2, workers=2),
+                 CosineSchedule(0.02, 16, warmup=4, floor=1e-3), id="averaging"),
+    pytest.param(GradientSharing(threshold=1e-3, batch_size_per_worker=6, workers=2, staleness=0),
+                 CosineSchedule(0.02, 16, warmup=4, floor=1e-3), id="sharing", marks=pytest.mark.slow),
+    pytest.param(GradientSharing(threshold=1e-3, batch_size_per_worker=6, workers=2, staleness=0),
+                 StepSchedule(0.02, 0.3, 1, by="epoch"), id="sharing-by-epoch", marks=pytest.mark.slow),
+])
 def test_a_fit_resumed_mid_schedule_equals_a_straight_one(sc, tmp_path, master, schedule):
     rdd, _, _ = _rdd(sc, 60, seed=13)
     straight, resumed, trainer = straight_and_resumed(sc, lambda seed: _scheduled(schedule, seed), master, rdd,

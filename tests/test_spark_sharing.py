@@ -75,11 +75,12 @@ def test_sharing_learns_and_replicas_agree(sc):
     assert trainer.evaluate(rdd).accuracy() > 0.9
 
 
-@pytest.mark.parametrize("nesterov, preset, extra", [(False, "sparkavg", None), (True, "sparkavg", None),
-                                                     (True, "dl4j", None), (False, "sparkavg", "scheduled"),
-                                                     (True, "sparkavg", "clipped")],
-                         ids=["adam", "nesterov-masked", "nesterov-dl4j", "adam-scheduled-by-epoch",
-                              "nesterov-clipped"])
+@pytest.mark.parametrize("nesterov, preset, extra", [
+    pytest.param(False, "sparkavg", None, id="adam"),
+    pytest.param(True, "sparkavg", None, id="nesterov-masked"),
+    pytest.param(True, "dl4j", None, id="nesterov-dl4j"),
+    pytest.param(False, "sparkavg", "scheduled", id="adam-scheduled-by-epoch", marks=pytest.mark.slow),
+    pytest.param(True, "sparkavg", "clipped", id="nesterov-clipped", marks=pytest.mark.slow)])
 def test_executor_runs_sharing_step_bit_for_bit(sc, nesterov, preset, extra):
     """Production against the algorithm: a one-worker Spark fit ends with
     exactly the parameters, updater state, residual and τ of a plain loop of

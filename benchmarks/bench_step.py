@@ -19,6 +19,18 @@ Cases (``--cases``, all by default), each at 1 and 2 BLAS/OpenMP threads
     examples/mnist_resnet.py's Graph (3x3 convs with BatchNorm, two
     residual blocks; Adam) at batch 32 and 64; no baseline variant (use
     ``--against`` for before/after, bench_lenet.py for PyTorch).
+``lenet32opts``
+    What a learning-rate schedule and gradient clipping add to a step
+    (issue 35): LeNet (10 classes, Adam) at batch 32 three times over, at a
+    constant rate (``fit_batch``, ``compute_update``), at a
+    ``CosineSchedule`` by iteration (``*_cosine``: a new rate, so a new
+    constant-rate updater, every step) and with ``ClipGlobalNorm`` at a
+    norm every step exceeds (``*_clip``: the norm and the scaling pass);
+    and the added work alone, ``schedule_only`` (the step's rate resolved
+    at a new iteration) and ``clip_only`` (the clipping of LeNet's
+    gradient), which a loaded machine blurs less than the difference of two
+    whole steps.  The table's last lines give each one's extra time over
+    the constant rate's step.
 
 For the engine both ``compute_update`` (into a caller's buffer, as the
 gradient-sharing worker calls it) and ``fit_batch`` (as parameter
@@ -55,7 +67,9 @@ from report import emit
 if "--serve" not in sys.argv:  # a --serve worker imports the tree its PYTHONPATH names
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-CASES = ("mlp16", "lenet32", "lenet64", "resnet32", "resnet64")
+CASES = ("mlp16", "lenet32", "lenet64", "resnet32", "resnet64", "lenet32opts")
+#: The variants of ``lenet32opts`` beside the constant rate's, by suffix.
+OPTIONS = ("_cosine", "_clip")
 LEAKY = np.float32(0.01)
 
 
@@ -189,10 +203,37 @@ def mnist_resnet(seed: int):
     return build(seed=seed)
 
 
+def option_variants(seed: int) -> dict:
+    """``lenet32opts``: LeNet's step at a constant rate, at a CosineSchedule
+    and with ClipGlobalNorm, each through ``compute_update`` and ``fit_batch``."""
+    from sparkavg.nn import Adam, ClipGlobalNorm, CosineSchedule, lenet
+
+    x, y = _images(32, (1, 28, 28), seed)
+    models = {suffix: lenet(seed=seed) for suffix in ("",) + OPTIONS}
+    models["_cosine"].updater = Adam(lr=CosineSchedule(1e-3, steps=10 ** 7, warmup=10))
+    models["_clip"].gradient_normalization = ClipGlobalNorm(1e-6)  # below any step's norm: always scaled
+    steps = {}
+    for suffix, net in models.items():
+        out = np.zeros(net.num_params, net.dtype)
+        steps["compute_update" + suffix] = lambda net=net, out=out: net.compute_update(x, y, out)
+        steps["fit_batch" + suffix] = lambda net=net: net.fit_batch(x, y)
+    scheduled, clipped = models["_cosine"], models["_clip"]
+
+    def schedule_only():
+        scheduled.iteration += 1
+        scheduled._step_updater()
+
+    steps["schedule_only"] = schedule_only
+    steps["clip_only"] = clipped._normalize_gradient
+    return steps
+
+
 def variants(case: str, seed: int) -> dict:
     """name -> zero-argument step function for one case."""
     from sparkavg.nn import lenet
 
+    if case == "lenet32opts":
+        return option_variants(seed)
     if case == "mlp16":
         batch, make, shape = 16, mnist_mlp, (784,)
     elif case.startswith("resnet"):
@@ -356,10 +397,20 @@ def main(argv=None):
                 ms = measure(steps, args.warmup, total, args.block, args.settle)
             rows.append({"case": case, "threads": threads, "ms": ms})
     names = ("compute_update", "fit_batch", "numpy_step", "gemm_only")
-    print(f"{'case':<9} {'thr':>3} " + " ".join(f"{n:>15}" for n in names), file=sys.stderr)
+    print(f"{'case':<11} {'thr':>3} " + " ".join(f"{n:>15}" for n in names), file=sys.stderr)
     for row in rows:
         cells = [f"{row['ms'][n]:>15.3f}" if n in row["ms"] else f"{'-':>15}" for n in names]
-        print(f"{row['case']:<9} {row['threads']:>3} " + " ".join(cells), file=sys.stderr)
+        print(f"{row['case']:<11} {row['threads']:>3} " + " ".join(cells), file=sys.stderr)
+    for row in rows:
+        if row["case"] == "lenet32opts":
+            ms = row["ms"]
+            row["extra_percent"] = {f"{v}{s}": round(100 * (ms[v + s] / ms[v] - 1), 2) for v in ENGINE
+                                    for s in OPTIONS}
+            row["extra_percent"].update({part: round(100 * ms[part] / ms["fit_batch"], 3)
+                                         for part in ("schedule_only", "clip_only")})
+            print(f"lenet32opts {row['threads']:>3} threads, extra time over the constant rate: "
+                  + ", ".join(f"{k} {ms[k]:.3f} ms ({p:+.2f}%)" for k, p in row["extra_percent"].items()),
+                  file=sys.stderr)
     result = {
         "benchmark": "bench_step",
         "unit": "ms per step (median)",

@@ -12,7 +12,7 @@ the wrong JSON type (``"0.1"`` for a float, say) is a :class:`ConfigError`
 that names the field, the type expected and the value found::
 
     >>> from_config({"type": "Adam", "lr": "0.001"}, kind="updater")
-    ConfigError: Expect Adam.lr to be float, got str '0.001'
+    ConfigError: Expect Adam.lr to be float or a Schedule config, got str '0.001'
 
 Annotations understood: ``int`` (numpy integers too, never ``bool``),
 ``float`` (ints accepted), ``str``, ``bool``, ``Optional[...]`` and unions,

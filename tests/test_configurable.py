@@ -110,10 +110,10 @@ def test_to_config_is_json_ready():
 
 # ------------------------------------------------------------ typed fields
 @pytest.mark.parametrize("config,message", [
-    ({"type": "Adam", "lr": "0.001"}, "Expect Adam.lr to be float, got str '0.001'"),
+    ({"type": "Adam", "lr": "0.001"}, "Expect Adam.lr to be float or a Schedule config, got str '0.001'"),
     ({"type": "Nesterov", "momentum": [0.9]}, r"Expect Nesterov.momentum to be float, got list \[0.9\]"),
-    ({"type": "SGD", "lr": True}, "Expect SGD.lr to be float, got bool True"),
-    ({"type": "SGD", "lr": None}, "Expect SGD.lr to be float, got NoneType None"),
+    ({"type": "SGD", "lr": True}, "Expect SGD.lr to be float or a Schedule config, got bool True"),
+    ({"type": "SGD", "lr": None}, "Expect SGD.lr to be float or a Schedule config, got NoneType None"),
 ])
 def test_updater_fields_of_the_wrong_type_are_named(config, message):
     with pytest.raises(ConfigError, match=message):

@@ -242,7 +242,7 @@ def test_max_params_bounds_a_legitimate_file_too(net, tmp_path):
     (lambda c: c["layers"][0].update(units="3"),
      r"member 'config' \(Network.layers\[0\]: Expect Dense.units to be int, got str '3'\)"),
     (lambda c: c["layers"][0].update(type="Conv3D"), r"Expect a layer type in \[.*\], got 'Conv3D'"),
-    (lambda c: c.update(updater={"type": "Adam", "lr": "0.001"}), "Expect Adam.lr to be float, got str '0.001'"),
+    (lambda c: c.update(updater={"type": "Adam", "lr": "0.001"}), "Expect Adam.lr to be float or a Schedule config, got str '0.001'"),
     (lambda c: c.update(dtype="float16"), r"expected a network dtype in \('float32', 'float64'\), got 'float16'"),
     (lambda c: c.update(version=7), "format 'sparkavg.nn.Network' version 1"),
 ])

@@ -260,7 +260,7 @@ def test_json_round_trip_gives_equal_config_and_initial_params():
 def test_config_values_of_the_wrong_json_type_name_the_field():
     config = small_net().to_config()
     config["updater"] = {"type": "Adam", "lr": "0.001"}
-    with pytest.raises(ConfigError, match=r"Network.updater: Expect Adam.lr to be float, got str '0.001'"):
+    with pytest.raises(ConfigError, match=r"Network.updater: Expect Adam.lr to be float or a Schedule config, got str '0.001'"):
         Network.from_json(json.dumps(config))
     config = small_net().to_config()
     config["layers"][2]["units"] = "10"

@@ -75,9 +75,13 @@ def test_sharing_learns_and_replicas_agree(sc):
     assert trainer.evaluate(rdd).accuracy() > 0.9
 
 
-@pytest.mark.parametrize("nesterov, preset", [(False, "sparkavg"), (True, "sparkavg"), (True, "dl4j")],
-                         ids=["adam", "nesterov-masked", "nesterov-dl4j"])
-def test_executor_runs_sharing_step_bit_for_bit(sc, nesterov, preset):
+@pytest.mark.parametrize("nesterov, preset, extra", [
+    pytest.param(False, "sparkavg", None, id="adam"),
+    pytest.param(True, "sparkavg", None, id="nesterov-masked"),
+    pytest.param(True, "dl4j", None, id="nesterov-dl4j"),
+    pytest.param(False, "sparkavg", "scheduled", id="adam-scheduled-by-epoch", marks=pytest.mark.slow),
+    pytest.param(True, "sparkavg", "clipped", id="nesterov-clipped", marks=pytest.mark.slow)])
+def test_executor_runs_sharing_step_bit_for_bit(sc, nesterov, preset, extra):
     """Production against the algorithm: a one-worker Spark fit ends with
     exactly the parameters, updater state, residual and τ of a plain loop of
     :func:`local_view` + ``compute_update`` + :func:`sharing_step` (with
@@ -85,16 +89,24 @@ def test_executor_runs_sharing_step_bit_for_bit(sc, nesterov, preset):
     momentum masking), with DL4J's residual clipping.  Preset ``"dl4j"``:
     the gradient at the shared parameters alone, no masking.  Every
     minibatch is the same block of examples, so neither the epoch's shuffle
-    nor the deal can change the order the loop sees."""
+    nor the deal can change the order the loop sees.  ``"scheduled"``: a
+    learning rate by epoch, which the second epoch (continued from the
+    state the rank kept on its executor) takes from the shipped epoch;
+    ``"clipped"``: per-layer gradient clipping, before the residual."""
     import numpy as np
 
-    from sparkavg.nn import Dense, Nesterov, Network, Output
+    from sparkavg.nn import ClipL2PerLayer, Dense, MapSchedule, Nesterov, Network, Output
     from sparkavg.sharing import ResidualClipping, SharingState, local_view, sharing_step
 
     def make(seed):
+        if extra == "scheduled":
+            net = small_net(seed=seed)
+            net.updater = net.updater.with_learning_rate(MapSchedule({0: 0.01, 1: 0.002}, by="epoch"))
+            return net
         if not nesterov:
             return small_net(seed=seed)
-        return Network((1, 4, 4), [Dense(8, activation="relu"), Output(2)], updater=Nesterov(lr=0.05), seed=seed)
+        return Network((1, 4, 4), [Dense(8, activation="relu"), Output(2)], updater=Nesterov(lr=0.05), seed=seed,
+                       gradient_normalization=ClipL2PerLayer(0.05) if extra == "clipped" else None)
 
     block_x, block_y = blobs(10, seed=41)
     reps, epochs = 6, 2
@@ -114,7 +126,8 @@ def test_executor_runs_sharing_step_bit_for_bit(sc, nesterov, preset):
     update = np.zeros(net.num_params, np.float32)
     sent = []
     shared = net.params.copy() if view else net.params
-    for _ in range(epochs * reps):
+    for step in range(epochs * reps):
+        net.epoch = step // reps
         if view:
             local_view(state, shared, net.params)  # the default preset's local view
         net.compute_update(block_x, block_y, update)  # one worker: the update scale is 1 under either preset
@@ -122,6 +135,9 @@ def test_executor_runs_sharing_step_bit_for_bit(sc, nesterov, preset):
     net.params[...] = shared
     assert len(sent) > 0 and trainer.stats.counters["messages_sent"] == len(sent)
     assert not masked or (net.updater_state == 0).any()
+    if extra == "scheduled":
+        assert [d["value"] for d in trainer.stats.decisions if d["name"] == "sharing_state"] == ["shipped",
+                                                                                                 "executors"]
     assert np.array_equal(trainer.network.params.view(np.uint32), net.params.view(np.uint32))
     assert np.array_equal(trainer.network.updater_state.view(np.uint32), net.updater_state.view(np.uint32))
     saved = trainer._runner.rank_states[0]

@@ -6,7 +6,9 @@ Modules: :mod:`.model` (the model contract every strategy sees: ``Model``,
 model of any type), :mod:`.upgrades` (configurations of an older layout),
 :mod:`.flat` (flat state vectors shared by the layer-built models),
 :mod:`.network` (``Network``), :mod:`.layers`, :mod:`.output`
-(the loss layer), :mod:`.updaters`, :mod:`.regularization` (L2 and weight
+(the loss layer), :mod:`.updaters`, :mod:`.schedules` (learning-rate
+schedules an updater's ``lr`` may be), :mod:`.clipping` (gradient
+normalisation), :mod:`.regularization` (L2 and weight
 decay as fused passes over contiguous ranges of the flat vector),
 :mod:`.normalization` (``BatchNorm``, ``LayerNorm``), :mod:`.reshaping`
 (``Flatten``, ``Reshape``, global pooling), :mod:`.recurrent` (``LSTM``,
@@ -30,6 +32,10 @@ from .graph import Graph, Vertex
 from .vertices import Add, Merge, Multiply
 from .serialization import ModelFileError
 from .updaters import SGD, Adagrad, Adam, Nadam, Nesterov, RMSProp, Updater
+from .clipping import (ClipElementWise, ClipGlobalNorm, ClipL2PerLayer, ClipL2PerParamType, GradientNormalization,
+                       RenormalizeL2PerLayer, RenormalizeL2PerParamType)
+from .schedules import (CosineSchedule, ExponentialSchedule, InverseSchedule, MapSchedule, OneCycleSchedule,
+                        PolySchedule, Schedule, ScheduleError, SigmoidSchedule, StepSchedule)
 from .zoo import lenet
 
 __all__ = [
@@ -71,6 +77,23 @@ __all__ = [
     "RMSProp",
     "Adam",
     "Nadam",
+    "Schedule",
+    "ScheduleError",
+    "StepSchedule",
+    "ExponentialSchedule",
+    "InverseSchedule",
+    "PolySchedule",
+    "SigmoidSchedule",
+    "MapSchedule",
+    "CosineSchedule",
+    "OneCycleSchedule",
+    "GradientNormalization",
+    "ClipElementWise",
+    "ClipL2PerLayer",
+    "ClipL2PerParamType",
+    "RenormalizeL2PerLayer",
+    "RenormalizeL2PerParamType",
+    "ClipGlobalNorm",
     "ModelFileError",
     "lenet",
     "zoo",

@@ -34,9 +34,11 @@ from .. import backend
 from ..configurable import ConfigError, Configurable, from_config
 from ..references import trusting
 from ..threads import single_threaded_blas
+from .clipping import GradientNormalization
 from .layers import Dropout
 from .model import STATE_VECTORS, config_fingerprint
 from .regularization import Regularization
+from .schedules import Schedule
 from .serialization import load_network, save_network
 from .updaters import Adam, Updater
 from .upgrades import upgrade_config
@@ -80,6 +82,13 @@ def _blocks(segments, count):
     return [blocks.get(i, (0, 0)) for i in range(count)]
 
 
+def check_gradient_normalization(value):
+    if value is not None and not isinstance(value, GradientNormalization):
+        raise ValueError(f"Expect gradient_normalization as a GradientNormalization (sparkavg.nn.clipping: "
+                         f"ClipGlobalNorm(1.0), ClipL2PerLayer(...), ...) or None, got {value!r:.200}")
+    return value
+
+
 def check_updater(updater):
     updater = Adam() if updater is None else updater
     if not isinstance(updater, Updater):
@@ -93,9 +102,11 @@ class FlatModel(Configurable):
     Attributes
     ----------
     iteration : int
-        Completed updater steps (Adam's bias correction uses iteration + 1).
+        Completed updater steps (Adam's bias correction uses iteration + 1;
+        a learning-rate schedule by iteration follows it).
     epoch : int
-        Completed epochs; the trainer (or :meth:`fit`) advances it.
+        Completed epochs; the trainer (or :meth:`fit`) advances it (a
+        schedule by epoch follows it).
     inference_batch_size : int
         Chunk size of :meth:`output` and :meth:`score` (bounds memory).
     """
@@ -121,13 +132,13 @@ class FlatModel(Configurable):
         raise NotImplementedError
 
     # ---------------------------------------------------------- building
-    def _init_flat(self, layers, updater, l2, l2_bias, weight_decay, seed, dtype):
+    def _init_flat(self, layers, updater, l2, l2_bias, weight_decay, seed, dtype, gradient_normalization=None):
         """Lay out, allocate and initialise the flat vectors over built ``layers``."""
         self.layers = list(layers)
         segments, num_params = _layout(self.layers, lambda layer: layer.param_specs())
         buffer_segments, num_buffers = _layout(self.layers, lambda layer: layer.buffer_specs())
         self._init_state(segments, num_params, buffer_segments, num_buffers, updater, l2, l2_bias, weight_decay,
-                         seed, dtype)
+                         seed, dtype, gradient_normalization)
         rng = np.random.default_rng(self.seed)
         for seg in self._segments:
             layer = self.layers[seg.layer]
@@ -140,7 +151,7 @@ class FlatModel(Configurable):
         self._bind()
 
     def _init_state(self, segments, num_params, buffer_segments, num_buffers, updater, l2, l2_bias, weight_decay,
-                    seed, dtype):
+                    seed, dtype, gradient_normalization=None):
         """The flat state every model of this family holds, allocated (zeros
         but the parameters and buffers, which the caller fills): the one
         setup a layer-built model and a torch module share."""
@@ -152,6 +163,7 @@ class FlatModel(Configurable):
         self.l2 = _nonneg("l2", l2)
         self.l2_bias = _nonneg("l2_bias", l2_bias)
         self.weight_decay = _nonneg("weight_decay", weight_decay)
+        self.gradient_normalization = check_gradient_normalization(gradient_normalization)
         self.seed = int(seed)
         self.dtype = np.dtype(str(dtype))
         self.iteration = 0
@@ -159,6 +171,9 @@ class FlatModel(Configurable):
         self.inference_batch_size = 256
         self._xp = np
         self._reg = None
+        self._resolved = None
+        self._normalizing = False
+        self._groups = {}
         self._single_blas = None
         self._segments, self._num_params = segments, num_params
         self._buffer_segments = buffer_segments
@@ -227,8 +242,37 @@ class FlatModel(Configurable):
         parameters before any update; adds the L2 gradient."""
         reg = self._regularization()
         penalty = reg.penalty_terms(self._params)  # before any update touches the parameters
+        if self._normalizing:  # a training step: the loss gradient is normalised before L2 joins it
+            self._normalize_gradient()
         reg.add_gradient(self._grads, self._params)
         return loss, penalty
+
+    def _normalize_gradient(self) -> None:
+        """Apply :attr:`gradient_normalization` to the loss gradient, in place."""
+        norm = self.gradient_normalization
+        if norm is None:
+            return
+        groups = self._groups.get(norm.per)
+        if groups is None:
+            if norm.per == "parameter":
+                groups = [(seg.start, seg.stop) for seg in self._segments if seg.stop > seg.start]
+            elif norm.per == "layer":  # a layer's segments are contiguous; a TorchModel's "layer" is a parameter
+                count = 1 + max((seg.layer for seg in self._segments), default=-1)
+                groups = [(a, b) for a, b in _blocks(self._segments, count) if b > a]
+            else:
+                groups = [(0, self._num_params)]
+            self._groups[norm.per] = groups = tuple(groups)
+        norm.apply(self._grads, groups)
+
+    def _step_loss_and_grad(self, x, y):
+        """:meth:`_loss_and_grad` of a training step: the loss gradient
+        normalised by :attr:`gradient_normalization`, then L2 added."""
+        self._normalizing = self.gradient_normalization is not None
+        try:
+            with self.step_threads():
+                return self._loss_and_grad(x, y)
+        finally:
+            self._normalizing = False
 
     @staticmethod
     def _loss_value(pending, sync: bool = True):
@@ -248,6 +292,24 @@ class FlatModel(Configurable):
             value = value + half * dot
         return value
 
+    def _step_updater(self) -> Updater:
+        """The updater of the step at :attr:`iteration` and :attr:`epoch`:
+        :attr:`updater` itself at a constant rate; at a scheduled one, the
+        same updater at the schedule's rate there
+        (:meth:`~sparkavg.nn.updaters.Updater.at_rate`), kept while the
+        updater and the rate stay (an epoch's steps of a ``by="epoch"``
+        schedule build one).  Raises
+        :class:`~sparkavg.nn.schedules.ScheduleError` for a rate that is not
+        finite and > 0, before the step changes anything."""
+        updater = self.updater
+        if not isinstance(updater.lr, Schedule):
+            return updater
+        rate = updater.lr.value(self.iteration, self.epoch)
+        resolved = getattr(self, "_resolved", None)
+        if resolved is None or resolved[0] is not updater or resolved[1] != rate:
+            resolved = self._resolved = (updater, rate, updater.at_rate(rate))
+        return resolved[2]
+
     def step_threads(self):
         """The thread pools of a step: on the CPU in float32, when OpenMP
         kernels (the direct convolutions) carry at least
@@ -265,7 +327,9 @@ class FlatModel(Configurable):
 
     # ------------------------------------------------------------ training
     def gradient(self, x, y):
-        """Loss and gradient of one batch, without updating anything.
+        """Loss and gradient of one batch, without updating anything (nor
+        normalising the gradient: :attr:`gradient_normalization` acts in
+        training steps only).
 
         Returns
         -------
@@ -281,17 +345,22 @@ class FlatModel(Configurable):
         parameters (the updater's step after L2 and weight decay), advancing
         the updater state, the buffers and :attr:`iteration`, without applying it.
 
+        A scheduled learning rate is the schedule's at :attr:`iteration` and
+        :attr:`epoch`; the weight decay uses the same rate.  The loss
+        gradient is normalised by :attr:`gradient_normalization` (if any)
+        before the L2 gradient joins it.
+
         ``out`` is a flat (``num_params``,) array of the model's dtype and
         device; it is zeroed first.  Returns the batch loss (``sync=False``:
         as a 0-d array on the device, see :meth:`fit_batch`).
         """
         self._check_flat(out, "out", self._num_params)
-        with self.step_threads():
-            pending = self._loss_and_grad(x, y)
+        updater = self._step_updater()
+        pending = self._step_loss_and_grad(x, y)
         out.fill(0)
         kept = self._keep_untouched_rows()
-        self.updater.apply(out, self._grads, self._state, self.iteration)
-        self._regularization().decay(out, self._params, self.updater.lr)
+        updater.apply(out, self._grads, self._state, self.iteration)
+        self._regularization().decay(out, self._params, updater.lr)
         if kept:
             self._restore_untouched_rows(kept, out)
         self.iteration += 1
@@ -355,9 +424,9 @@ class FlatModel(Configurable):
             loss = self.compute_update(x, y, self._update, sync=sync)
             self._params += self._update
             return loss
-        with self.step_threads():
-            pending = self._loss_and_grad(x, y)
-        self.updater.apply(self._params, self._grads, self._state, self.iteration)
+        updater = self._step_updater()
+        pending = self._step_loss_and_grad(x, y)
+        updater.apply(self._params, self._grads, self._state, self.iteration)
         self.iteration += 1
         return self._loss_value(pending, sync)
 
@@ -504,8 +573,17 @@ class FlatModel(Configurable):
     def _training_arguments(self) -> dict:
         """The constructor arguments every layer-built model shares (updater,
         penalties, seed, dtype): the rest of its :meth:`config_arguments`."""
-        return {"updater": self.updater, "l2": self.l2, "l2_bias": self.l2_bias,
+        args = {"updater": self.updater, "l2": self.l2, "l2_bias": self.l2_bias,
                 "weight_decay": self.weight_decay, "seed": self.seed, "dtype": str(self.dtype)}
+        if self.gradient_normalization is not None:  # configs without it stay as they were
+            args["gradient_normalization"] = self.gradient_normalization
+        return args
+
+    def _training_summary(self) -> str:
+        """The penalties, gradient normalisation and seed, for summaries."""
+        norm = self.gradient_normalization
+        return (f"l2={self.l2}, l2_bias={self.l2_bias}, weight_decay={self.weight_decay}; "
+                + (f"gradient_normalization={norm!r}; " if norm is not None else "") + f"seed={self.seed}")
 
     def _layer_param_counts(self) -> list:
         """Parameters per layer of :attr:`layers` (for summaries)."""

@@ -40,6 +40,7 @@ from typing import Mapping, Sequence, Tuple, Union
 import numpy as np
 
 from ..configurable import Configurable, from_config, register
+from .clipping import GradientNormalization
 from .flat import FlatModel, check_updater
 from .layers import Layer
 from .model import InputSpec, ModelSpec, OutputSpec, config_fingerprint
@@ -153,17 +154,18 @@ class Graph(FlatModel):
         Output vertices (their op an :class:`~sparkavg.nn.output.Output`).
     loss_weights : dict of str -> float, optional
         Each output's weight in the summed loss (default 1).
-    updater, l2, l2_bias, weight_decay, seed, dtype
-        As :class:`~sparkavg.nn.network.Network`.
+    updater, l2, l2_bias, weight_decay, seed, dtype, gradient_normalization
+        As :class:`~sparkavg.nn.network.Network` (a layer of
+        ``gradient_normalization`` is a vertex's layer).
     """
 
     def __init__(self, inputs: Mapping[str, Sequence[int]], vertices: Sequence[Vertex], outputs: Sequence[str],
                  loss_weights: Mapping[str, float] | None = None, updater: Updater | None = None,
                  l2: float = 0.0, l2_bias: float = 0.0, weight_decay: float = 0.0, seed: int = 123,
-                 dtype: str = "float32"):
+                 dtype: str = "float32", gradient_normalization: GradientNormalization | None = None):
         structure = self._graph(inputs, vertices, outputs, loss_weights)
         self.inputs, self._order, self.outputs, self.loss_weights, layers = structure
-        self._init_flat(layers, updater, l2, l2_bias, weight_decay, seed, dtype)
+        self._init_flat(layers, updater, l2, l2_bias, weight_decay, seed, dtype, gradient_normalization)
         self._plan()
 
     # ------------------------------------------------------------ structure
@@ -251,7 +253,7 @@ class Graph(FlatModel):
 
     def fingerprint(self) -> str:
         return config_fingerprint(self.to_config(), drop=("updater", "l2", "l2_bias", "weight_decay", "seed",
-                                                          "dtype", "loss_weights"))
+                                                          "dtype", "loss_weights", "gradient_normalization"))
 
     # --------------------------------------------------------------- data
     def _named(self, value, names, what):

@@ -214,9 +214,10 @@ class Model(Protocol):
         """Move the state to host memory; returns self."""
 
 
-def config_fingerprint(config: Mapping, drop=("updater", "l2", "l2_bias", "weight_decay", "seed", "dtype")) -> str:
+def config_fingerprint(config: Mapping, drop=("updater", "l2", "l2_bias", "weight_decay", "seed", "dtype",
+                                             "gradient_normalization")) -> str:
     """The first 16 hex digits of the SHA-256 of a model configuration
     without the keys that do not change the state layout (updater
-    hyper-parameters, penalties, seed)."""
+    hyper-parameters, penalties, gradient normalisation, seed)."""
     keep = {k: v for k, v in config.items() if k not in drop}
     return hashlib.sha256(json.dumps(keep, sort_keys=True, default=list).encode()).hexdigest()[:16]

@@ -30,6 +30,7 @@ from .flat import FlatModel, Segment, check_updater
 from .layers import Layer
 from .model import InputSpec, ModelSpec, OutputSpec
 from .output import Output
+from .clipping import GradientNormalization
 from .updaters import Updater
 from .upgrades import upgrade_config
 
@@ -69,6 +70,10 @@ class Network(FlatModel):
     dtype : {'float32', 'float64'}
         Of parameters, gradients, state and activations; float64 is for
         gradient checks.
+    gradient_normalization : GradientNormalization, optional
+        What each training step does to the loss gradient before L2 and the
+        updater: ``ClipGlobalNorm(1.0)``, ``ClipL2PerLayer(...)``, ... (see
+        :mod:`sparkavg.nn.clipping`); None (the default) leaves it as it is.
 
     Notes
     -----
@@ -83,9 +88,9 @@ class Network(FlatModel):
 
     def __init__(self, input_shape: Sequence[int], layers: Sequence[Layer], updater: Updater | None = None,
                  l2: float = 0.0, l2_bias: float = 0.0, weight_decay: float = 0.0, seed: int = 123,
-                 dtype: str = "float32"):
+                 dtype: str = "float32", gradient_normalization: GradientNormalization | None = None):
         self.input_shape, built = self._stack(input_shape, layers)
-        self._init_flat(built, updater, l2, l2_bias, weight_decay, seed, dtype)
+        self._init_flat(built, updater, l2, l2_bias, weight_decay, seed, dtype, gradient_normalization)
 
     # ------------------------------------------------------------ plumbing
     @staticmethod
@@ -282,6 +287,5 @@ def format_summary(model, rows) -> str:
     lines.insert(1, "-" * len(lines[0]))
     lines.append("-" * len(lines[0]))
     lines.append(f"total params: {model.num_params:,} ({model.dtype}); buffers: {model.buffers.size:,}; "
-                 f"updater: {model.updater!r}; l2={model.l2}, l2_bias={model.l2_bias}, "
-                 f"weight_decay={model.weight_decay}; seed={model.seed}")
+                 f"updater: {model.updater!r}; {model._training_summary()}")
     return "\n".join(lines)

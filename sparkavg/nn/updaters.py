@@ -21,6 +21,13 @@ updater        state            formula (see sparkavg/ops/reference.py)
 ``Nadam``      [m | v] (2n)     Dozat's Nesterov Adam (numpy/CuPy, no kernel)
 =============  ===============  ==============================================
 
+``lr`` is a float or a :class:`~sparkavg.nn.schedules.Schedule`
+(``Adam(lr=CosineSchedule(1e-3, steps=5000))``).  A model resolves a
+schedule at each step to a constant rate (:meth:`Updater.at_rate`), so
+``apply`` always sees a float; :attr:`Updater.learning_rate` is the base
+rate either way, and :meth:`Updater.with_learning_rate` scales a schedule
+to a new base rate.
+
 Defaults are DL4J's.  Every updater is a :class:`~sparkavg.configurable.Configurable`
 registered under the kind ``"updater"``: ``u.to_config()`` gives
 ``{"type": "Adam", "lr": 0.001, ...}`` and
@@ -38,6 +45,7 @@ from typing import ClassVar, Dict, Optional, Tuple
 from .. import ops
 from ..backend import get_array_module
 from ..configurable import Configurable, register
+from .schedules import Schedule
 
 __all__ = ["Updater", "SGD", "Nesterov", "Adagrad", "RMSProp", "Adam", "Nadam"]
 
@@ -62,15 +70,18 @@ class Updater(Configurable):
 
     _config_kind = "updater"
 
-    lr: float = 0.1
-    """Learning rate."""
+    lr: float | Schedule = 0.1
+    """Learning rate: a float > 0 or a :class:`~sparkavg.nn.schedules.Schedule`."""
 
     #: Whether the step is linear in the gradient (SGD, Nesterov): the sum of
     #: several workers' steps on their gradients is one step on the summed gradient.
     linear: ClassVar[bool] = False
 
     def __post_init__(self):
-        _positive("lr", self.lr)
+        if _real(self.lr):
+            _positive("lr", self.lr)
+        elif not isinstance(self.lr, Schedule):
+            raise ValueError(f"Expect lr as a float > 0 or a Schedule (sparkavg.nn.schedules), got {self.lr!r}")
 
     #: The state's named slots, in order, each one vector of ``num_params``.
     slot_names: ClassVar[Tuple[str, ...]] = ()
@@ -102,12 +113,52 @@ class Updater(Configurable):
         return {}
 
     @property
+    def schedule(self) -> Optional[Schedule]:
+        """The learning-rate schedule, or None for a constant rate."""
+        return self.lr if isinstance(self.lr, Schedule) else None
+
+    @property
     def learning_rate(self) -> float:
+        """The base learning rate: ``lr``, or a schedule's
+        :attr:`~sparkavg.nn.schedules.Schedule.base_rate` (its initial or
+        peak rate times its ``scale``)."""
+        if isinstance(self.lr, Schedule):
+            return self.lr.base_rate
         return float(self.lr)
 
-    def with_learning_rate(self, lr: float) -> "Updater":
-        """This updater with another learning rate (updaters are frozen)."""
+    def with_learning_rate(self, lr) -> "Updater":
+        """This updater with another learning rate (updaters are frozen).
+
+        Parameters
+        ----------
+        lr : float or Schedule
+            A schedule replaces the rate.  A float replaces a constant rate;
+            on a scheduled updater it sets the schedule's ``scale`` so that
+            its base rate becomes ``lr``: the whole schedule is multiplied by
+            ``lr / learning_rate`` (what a divergence recovery does).
+        """
+        if isinstance(self.lr, Schedule) and not isinstance(lr, Schedule):
+            return dataclasses.replace(self, lr=self.lr.with_base_rate(lr))
         return dataclasses.replace(self, lr=lr)
+
+    def rate(self, iteration: int, epoch: int) -> float:
+        """The learning rate of the step at ``iteration`` in ``epoch``
+        (:meth:`Schedule.value <sparkavg.nn.schedules.Schedule.value>`, or the constant)."""
+        if isinstance(self.lr, Schedule):
+            return self.lr.value(iteration, epoch)
+        return float(self.lr)
+
+    def _constant_lr(self) -> float:
+        """``lr`` for :meth:`apply`, which takes a constant rate."""
+        if isinstance(self.lr, Schedule):
+            raise TypeError(f"Expect an updater at a constant rate in apply(), got the schedule {self.lr!r}: apply "
+                            f"updater.at_rate(updater.rate(iteration, epoch)), as a model's step does")
+        return self.lr
+
+    def at_rate(self, rate: float) -> "Updater":
+        """This updater with the constant learning rate ``rate``: what one
+        step of a scheduled updater applies."""
+        return dataclasses.replace(self, lr=rate)
 
 
 @register("updater")
@@ -117,11 +168,11 @@ class SGD(Updater):
 
     linear: ClassVar[bool] = True
 
-    lr: float = 0.1
-    """Learning rate."""
+    lr: float | Schedule = 0.1
+    """Learning rate (a float or a schedule)."""
 
     def apply(self, update, grads, state, iteration):
-        ops.sgd_step(update, grads, self.lr)
+        ops.sgd_step(update, grads, self._constant_lr())
 
 
 @register("updater")
@@ -133,8 +184,8 @@ class Nesterov(Updater):
     slot_names: ClassVar[Tuple[str, ...]] = ("velocity",)
     roles: ClassVar[Dict[str, str]] = {"velocity": "velocity"}
 
-    lr: float = 0.1
-    """Learning rate."""
+    lr: float | Schedule = 0.1
+    """Learning rate (a float or a schedule)."""
     momentum: float = 0.9
     """Momentum coefficient mu, 0 <= mu < 1."""
 
@@ -143,7 +194,7 @@ class Nesterov(Updater):
         _unit("momentum", self.momentum)
 
     def apply(self, update, grads, state, iteration):
-        ops.nesterov_step(update, grads, state, self.lr, self.momentum)
+        ops.nesterov_step(update, grads, state, self._constant_lr(), self.momentum)
 
 
 @register("updater")
@@ -153,8 +204,8 @@ class Adagrad(Updater):
 
     slot_names: ClassVar[Tuple[str, ...]] = ("sum_sq",)
 
-    lr: float = 0.1
-    """Learning rate."""
+    lr: float | Schedule = 0.1
+    """Learning rate (a float or a schedule)."""
     eps: float = 1e-6
     """Added to sqrt(history) in the denominator."""
 
@@ -163,7 +214,7 @@ class Adagrad(Updater):
         _positive("eps", self.eps)
 
     def apply(self, update, grads, state, iteration):
-        ops.adagrad_step(update, grads, state, self.lr, self.eps)
+        ops.adagrad_step(update, grads, state, self._constant_lr(), self.eps)
 
 
 @register("updater")
@@ -173,8 +224,8 @@ class RMSProp(Updater):
 
     slot_names: ClassVar[Tuple[str, ...]] = ("mean_sq",)
 
-    lr: float = 0.1
-    """Learning rate."""
+    lr: float | Schedule = 0.1
+    """Learning rate (a float or a schedule)."""
     decay: float = 0.95
     """Decay of the running mean, 0 <= decay < 1."""
     eps: float = 1e-8
@@ -186,7 +237,7 @@ class RMSProp(Updater):
         _positive("eps", self.eps)
 
     def apply(self, update, grads, state, iteration):
-        ops.rmsprop_step(update, grads, state, self.lr, self.decay, self.eps)
+        ops.rmsprop_step(update, grads, state, self._constant_lr(), self.decay, self.eps)
 
 
 @register("updater")
@@ -197,8 +248,8 @@ class Adam(Updater):
     slot_names: ClassVar[Tuple[str, ...]] = ("m", "v")
     roles: ClassVar[Dict[str, str]] = {"first_moment": "m", "second_moment": "v"}
 
-    lr: float = 1e-3
-    """Learning rate."""
+    lr: float | Schedule = 1e-3
+    """Learning rate (a float or a schedule)."""
     beta1: float = 0.9
     """Decay of the first moment, 0 <= beta1 < 1."""
     beta2: float = 0.999
@@ -214,7 +265,7 @@ class Adam(Updater):
 
     def apply(self, update, grads, state, iteration):
         n = grads.shape[0]
-        ops.adam_step(update, grads, state[:n], state[n:], self.lr, self.beta1, self.beta2,
+        ops.adam_step(update, grads, state[:n], state[n:], self._constant_lr(), self.beta1, self.beta2,
                       self.eps, t=iteration + 1)
 
     def decays(self):
@@ -247,5 +298,5 @@ class Nadam(Adam):
         numer = ty(b1 / (1.0 - b1 ** (t + 1))) * m + ty((1.0 - b1) / (1.0 - b1**t)) * grads
         denom = xp.sqrt(v * ty(1.0 / (1.0 - b2**t)))
         denom += ty(self.eps)
-        update -= ty(self.lr) * numer / denom
+        update -= ty(self._constant_lr()) * numer / denom
 

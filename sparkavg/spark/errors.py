@@ -30,6 +30,7 @@ from typing import Optional
 from ..configurable import ConfigError
 from ..data.validation import DataValidationError
 from ..data.transforms import TransformError
+from ..nn.schedules import ScheduleError
 from ..references import UnresolvedReference, UntrustedReference
 
 __all__ = [
@@ -68,7 +69,7 @@ class DivergenceError(ArithmeticError):
 
 
 _KNOWN = {cls.__name__: cls for cls in (DataValidationError, ConfigError, DivergenceError, UnresolvedReference,
-                                        UntrustedReference, TransformError)}
+                                        UntrustedReference, TransformError, ScheduleError)}
 _PERMANENT = (DataValidationError, ConfigError, DivergenceError, TrainingCancelled, ValueError, TypeError, KeyError,
               IndexError, ArithmeticError)
 _MARKER = "SPARKAVG-TASK-ERROR "

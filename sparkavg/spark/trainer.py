@@ -465,11 +465,13 @@ class SparkTrainer:
         net = self.network
         old = net.updater.learning_rate
         new = old * self.recover.lr_factor
+        # a schedule keeps its shape: its scale changes so that its base rate is the new one
         net.updater = net.updater.with_learning_rate(new)
+        what = "learning rate" if net.updater.schedule is None else "base learning rate of the schedule"
         self.stats.decision("learning_rate", new, f"epoch {epoch + 1} diverged ({exc}); restored the epoch's "
-                            f"starting state, learning rate {old:.3g} -> {new:.3g}", epoch=epoch)
-        logger.warning("epoch %d diverged (%s): restored its starting state, learning rate %.3g -> %.3g, "
-                       "training it again", epoch + 1, exc, old, new)
+                            f"starting state, {what} {old:.3g} -> {new:.3g}", epoch=epoch)
+        logger.warning("epoch %d diverged (%s): restored its starting state, %s %.3g -> %.3g, "
+                       "training it again", epoch + 1, exc, what, old, new)
 
     def _restore(self, found, saved, runner_state: dict) -> None:
         """Load a checkpoint (loaded and checked whole by ``find_resumable``)

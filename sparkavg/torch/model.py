@@ -30,6 +30,7 @@ import numpy as np
 
 from .. import backend
 from ..configurable import ConfigError, register
+from ..nn.clipping import GradientNormalization
 from ..nn.flat import FlatModel, Segment, check_updater
 from ..nn.model import InputSpec, ModelSpec, OutputSpec
 from ..nn.updaters import Updater
@@ -159,6 +160,9 @@ class TorchModel(FlatModel):
     seed : int, default 123
         Seeds the factory (same seed, same initial parameters).
     dtype : {"float32", "float64"}
+    gradient_normalization : GradientNormalization, optional
+        As for :class:`~sparkavg.nn.Network` (:mod:`sparkavg.nn.clipping`);
+        each parameter tensor of the module counts as a layer.
 
     Notes
     -----
@@ -171,7 +175,7 @@ class TorchModel(FlatModel):
                  loss: Annotated[Any, Names("loss", plain=LOSSES)] = "cross_entropy", updater: Updater | None = None,
                  input_shape: Sequence[int] = (), factory_kwargs: dict | None = None,
                  targets: str = "classes", l2: float = 0.0, l2_bias: float = 0.0, weight_decay: float = 0.0,
-                 seed: int = 123, dtype: str = "float32"):
+                 seed: int = 123, dtype: str = "float32", gradient_normalization: GradientNormalization | None = None):
         torch = _torch()
         plan = _Plan({"factory": factory, "factory_kwargs": factory_kwargs, "input_shape": input_shape,
                       "seed": seed, "dtype": dtype})
@@ -183,7 +187,7 @@ class TorchModel(FlatModel):
         self._loss_arg, self.targets = loss, targets
         self.layers = []  # no sparkavg layers: the module is the model
         self._init_state(plan.segments, plan.num_params, plan.buffer_segments, plan.num_buffers, updater, l2,
-                         l2_bias, weight_decay, seed, plan.dtype)
+                         l2_bias, weight_decay, seed, plan.dtype, gradient_normalization)
         self._torch_params = [p for _, p in plan.params]
         self._torch_buffers = [(self._owner(n), n.rpartition(".")[2], b.dtype) for n, b in plan.buffers]
         with torch.no_grad():
@@ -431,8 +435,7 @@ class TorchModel(FlatModel):
                 "updater": self.updater, "input_shape": list(self.input_shape)}
         if self._loss_fn is not None:
             args["targets"] = self.targets
-        args.update({"l2": self.l2, "l2_bias": self.l2_bias, "weight_decay": self.weight_decay,
-                     "seed": self.seed, "dtype": str(self.dtype)})
+        args.update({k: v for k, v in self._training_arguments().items() if k != "updater"})
         return args
 
     def clone(self):
@@ -440,7 +443,7 @@ class TorchModel(FlatModel):
         state and counters), also for a model of a plain callable."""
         other = TorchModel(self._factory_arg, self._loss_arg, self.updater, self.input_shape,
                            self.factory_kwargs, self.targets, self.l2, self.l2_bias, self.weight_decay,
-                           self.seed, str(self.dtype))
+                           self.seed, str(self.dtype), self.gradient_normalization)
         if self._xp is not np:
             other.to_gpu()
         other.load_state(self.state)
@@ -452,7 +455,7 @@ class TorchModel(FlatModel):
         """The module's own text, its parameter and buffer counts and the training setup."""
         return (f"{self.module}\ntotal params: {self.num_params:,} ({self.dtype}); buffers: "
                 f"{self._buffers.size:,}; outputs: {self.units} ({self.loss_kind}); updater: {self.updater!r}; "
-                f"l2={self.l2}, l2_bias={self.l2_bias}, weight_decay={self.weight_decay}; seed={self.seed}")
+                f"{self._training_summary()}")
 
     def __repr__(self):
         name = self.factory_ref or getattr(self._factory_arg, "__qualname__", "?")

@@ -103,7 +103,7 @@ def cached_network(config_json: str, device=None):
 
 def load_state(net, state: dict, with_updater: bool) -> None:
     """Copy a shipped state (:func:`sparkavg.spark.runners.base.network_state`:
-    ``iteration`` and the named host vectors ``params``, ``updater``,
+    ``iteration``, ``epoch`` and the named host vectors ``params``, ``updater``,
     ``buffers``) into ``net``, onto its device (host -> device copies on a GPU)."""
     vectors = {"params": state["params"], "buffers": state.get("buffers")}
     updater = state.get("updater")
@@ -111,6 +111,7 @@ def load_state(net, state: dict, with_updater: bool) -> None:
         vectors["updater"] = updater
     net.load_state(vectors)
     net.iteration = int(state["iteration"])
+    net.epoch = int(state.get("epoch", 0))  # a schedule by epoch follows it
 
 
 class LossSum:

@@ -213,8 +213,8 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
                         f"worker rank {rank}: no state of the last epoch kept on this executor (lost with its "
                         f"executor, or the rank moved host): the driver ships the whole state")
                 saved = kept["sharing"]
-                start = {"iteration": value["state"]["iteration"], "params": kept["params"],
-                         "updater": kept["updater"], "buffers": kept["buffers"]}
+                start = {"iteration": value["state"]["iteration"], "epoch": value["state"].get("epoch", 0),
+                         "params": kept["params"], "updater": kept["updater"], "buffers": kept["buffers"]}
             else:
                 saved = value["rank_states"][rank] if value["rank_states"] else None
                 start = value["state"]

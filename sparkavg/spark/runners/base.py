@@ -45,14 +45,15 @@ logger = logging.getLogger(__name__)
 
 
 def network_state(network, with_updater: bool) -> dict:
-    """What ships to executors: ``iteration`` and the model's named state
+    """What ships to executors: ``iteration``, ``epoch`` (the counters a
+    learning-rate schedule follows) and the model's named state
     vectors (``params``, ``updater`` -- None without ``with_updater`` --,
     ``buffers``) as plain host float32 numpy arrays (may share memory with
     a CPU model's live vectors: copy before changing them)."""
     live = network.state
     host = {name: np.ascontiguousarray(to_cpu(live[name]), dtype=np.float32) for name in ("params", "buffers")}
     host["updater"] = np.ascontiguousarray(to_cpu(live["updater"]), dtype=np.float32) if with_updater else None
-    return {"iteration": int(network.iteration), **host}
+    return {"iteration": int(network.iteration), "epoch": int(network.epoch), **host}
 
 
 def set_state(network, weight: float, iterations: int, **sums) -> None:

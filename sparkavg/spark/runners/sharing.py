@@ -149,7 +149,7 @@ class SharingRunner(EpochRunner):
                       "resident": {"expect": None, "store": self._storing}, **self.decided}
         value = self._full
         if self._resident is not None and self._resident[1] == state_fingerprint(state):
-            value = {"state": {"iteration": state["iteration"]}, "rank_states": None,
+            value = {"state": {"iteration": state["iteration"], "epoch": state["epoch"]}, "rank_states": None,
                      "resident": {"expect": self._resident[0], "store": self._storing}, **self.decided}
         self._resident = None  # until this epoch's ranks kept theirs (merge)
         self._sent = value

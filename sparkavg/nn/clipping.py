@@ -151,14 +151,8 @@ class ClipElementWise(_Threshold):
 @register("gradient_normalization")
 @dataclass(frozen=True)
 class ClipL2PerLayer(_ClipL2):
-    """Scale each layer's gradient down to an L2 norm of ``threshold`` where
-    it is larger (DL4J's ``ClipL2PerLayer``).
-
-    Parameters
-    ----------
-    threshold : float
-        > 0.
-    """
+    """Scale each layer's gradient down to an L2 norm of ``threshold`` (> 0)
+    where it is larger (DL4J's ``ClipL2PerLayer``)."""
 
     per: ClassVar[Optional[str]] = "layer"
 
@@ -167,13 +161,7 @@ class ClipL2PerLayer(_ClipL2):
 @dataclass(frozen=True)
 class ClipL2PerParamType(_ClipL2):
     """Scale each parameter tensor's gradient down to an L2 norm of
-    ``threshold`` where it is larger (DL4J's ``ClipL2PerParamType``).
-
-    Parameters
-    ----------
-    threshold : float
-        > 0.
-    """
+    ``threshold`` (> 0) where it is larger (DL4J's ``ClipL2PerParamType``)."""
 
     per: ClassVar[Optional[str]] = "parameter"
 

@@ -221,15 +221,9 @@ class StepSchedule(Schedule):
 @register("schedule")
 @dataclass(frozen=True, repr=False)
 class ExponentialSchedule(Schedule):
-    """Exponential decay (DL4J's ``ExponentialSchedule``): ``initial * gamma ** i``.
-
-    Parameters
-    ----------
-    initial : float
-        The rate at ``i = 0`` (> 0).
-    gamma : float
-        The factor per iteration or epoch (> 0; below 1 decays).
-    """
+    """Exponential decay (DL4J's ``ExponentialSchedule``): ``initial * gamma ** i``,
+    ``initial`` the rate at ``i = 0`` (> 0) and ``gamma`` the factor per
+    iteration or epoch (> 0; below 1 decays)."""
 
     initial: float
     gamma: float
@@ -245,17 +239,9 @@ class ExponentialSchedule(Schedule):
 @register("schedule")
 @dataclass(frozen=True, repr=False)
 class InverseSchedule(Schedule):
-    """Inverse decay (DL4J's ``InverseSchedule``): ``initial / (1 + gamma * i) ** power``.
-
-    Parameters
-    ----------
-    initial : float
-        The rate at ``i = 0`` (> 0).
-    gamma : float
-        >= 0.
-    power : float
-        Finite (> 0 decays).
-    """
+    """Inverse decay (DL4J's ``InverseSchedule``): ``initial / (1 + gamma * i) ** power``,
+    ``initial`` the rate at ``i = 0`` (> 0), ``gamma >= 0``, ``power`` finite
+    (> 0 decays)."""
 
     initial: float
     gamma: float

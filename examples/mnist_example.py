@@ -146,9 +146,18 @@ def train_local(args, net, train, test):
 def as_minibatch_rdd(sc, x, y, slices, rows_per_record=500):
     """A cached RDD of (x, y) chunks, materialised now (not inside timed epochs).
 
-    Chunks mean far fewer Python objects than one record per example."""
-    records = [(x[i:i + rows_per_record], y[i:i + rows_per_record]) for i in range(0, len(x), rows_per_record)]
-    rdd = sc.parallelize(records, slices).cache()
+    Chunks mean far fewer Python objects than one record per example.  The
+    arrays travel once, by broadcast; the tasks carry only chunk numbers (a
+    ``parallelize`` of the chunks themselves would put megabytes into every
+    task, which Spark warns about), dealt to the same partitions."""
+    arrays = sc.broadcast((x, y))
+    starts = list(range(0, len(x), rows_per_record))
+
+    def chunk(i):
+        bx, by = arrays.value
+        return bx[i:i + rows_per_record], by[i:i + rows_per_record]
+
+    rdd = sc.parallelize(starts, slices).map(chunk).cache()
     rdd.count()
     return rdd
 

@@ -69,6 +69,7 @@ def test_spark_modes_on_local2(tmp_path, fashion_dir, mode, monkeypatch):
     page = html.read_text()
     assert "<svg" in page and "http://" not in page and "https://" not in page  # self-contained timeline
     assert report["test_accuracy"] > 0.5
+    assert "very large size" not in log  # the data ships once by broadcast, not inside every task
     if mode == "sharing":
         assert SHARING_KEYS <= report.keys()
         assert report["compression_ratio"] > 10 and report["replica_max_abs_diff"] < 1e-4

@@ -44,7 +44,7 @@ from typing import Any, Dict, Optional, Type
 
 import numpy as np
 
-__all__ = ["Configurable", "register", "from_config", "checked_arguments", "registered", "ConfigError"]
+__all__ = ["Configurable", "register", "from_config", "checked_arguments", "registered", "ConfigError", "constructor_hints"]
 
 logger = logging.getLogger(__name__)
 
@@ -249,8 +249,8 @@ def _check_value(where: str, annotation: Any, value: Any) -> Any:
     return value
 
 
-def _type_hints(cls: type) -> dict:
-    """The resolved annotations of ``cls.__init__`` (cached per class)."""
+def constructor_hints(cls: type) -> dict:
+    """The resolved annotations of ``cls.__init__``, ``Annotated`` extras kept (cached per class)."""
     hints = _HINTS.get(cls)
     if hints is None:
         try:
@@ -335,7 +335,7 @@ def checked_arguments(config: Any, kind: Optional[str] = None, *, expect: Option
     missing = [k for k, p in named.items() if p.default is p.empty and k not in args]
     if missing:
         raise ConfigError(f"Expect {name} config with {missing}, got keys {sorted(args)}")
-    hints = _type_hints(cls)
+    hints = constructor_hints(cls)
     for key, value in list(args.items()):
         if key in hints:
             args[key] = _check_value(f"{name}.{key}", hints[key], value)

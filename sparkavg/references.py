@@ -42,10 +42,9 @@ import contextvars
 import importlib
 import socket
 import sys
-import typing
 from typing import Callable, Iterable, Optional, Union
 
-from .configurable import ConfigError
+from .configurable import ConfigError, constructor_hints
 
 __all__ = ["KINDS", "factory", "loss", "transform", "mark", "trusting", "check", "resolve", "reference_of",
            "parse", "UntrustedReference", "UnresolvedReference", "is_marked", "Names", "named_code"]
@@ -221,9 +220,9 @@ def named_code(obj) -> frozenset:
     (a checkpoint resumed by the model it was written from)."""
     try:
         config = obj.to_config()
-        hints = typing.get_type_hints(type(obj).__init__, include_extras=True)
-    except (ValueError, TypeError, NameError, AttributeError):
+    except (ValueError, TypeError, AttributeError):
         return frozenset()
+    hints = constructor_hints(type(obj))
     found = set()
     for key, hint in hints.items():
         value = config.get(key)

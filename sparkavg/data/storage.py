@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import posixpath
+import shutil
 import struct
 import tempfile
 import uuid
@@ -84,8 +85,6 @@ def sweep_stale_exports(folder: Optional[str] = None) -> list:
     temporary folder by default) of driver processes that no longer run;
     returns the paths removed.  A folder of a live process, or one not named
     after a process, is left alone."""
-    import shutil
-
     folder = folder or tempfile.gettempdir()
     removed = []
     try:

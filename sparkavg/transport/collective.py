@@ -395,7 +395,7 @@ class CollectiveGroup:
         try:
             for peer in range(self.rank):
                 links[peer] = dial(self.rank, peer, address_of[peer], keys[peer], self.agreement.context, deadline,
-                                   stall_timeout=self.stall_timeout, max_payload=self.piece_bytes)
+                                   stall_timeout=self.stall_timeout)
             accepter.join(max(0.0, deadline - time.monotonic()) + 1.0)
             links.update(accepted)
             missing = [r for r in range(self.world) if r != self.rank and r not in links]
@@ -436,8 +436,7 @@ class CollectiveGroup:
             try:
                 sock.settimeout(max(0.001, min(left, deadline - time.monotonic())))
                 link = accept_hello(sock, self.rank, keys, self.agreement.context, expected,
-                                    stall_timeout=self.stall_timeout, max_payload=self.piece_bytes,
-                                    address_of=address_of)
+                                    stall_timeout=self.stall_timeout, address_of=address_of)
             except (FrameRejectedError, OSError) as exc:
                 logger.warning("rank %d: dropped a connection from %s:%d: %s", self.rank, where[0], where[1], exc)
                 sock.close()

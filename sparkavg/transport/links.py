@@ -124,7 +124,7 @@ def _read_exact(sock, n: int) -> bytes:
 
 
 def dial(rank: int, peer: int, address, key: bytes, context: int, deadline: float, *,
-         stall_timeout: float, max_payload: int) -> "Link":
+         stall_timeout: float) -> "Link":
     """Connect to ``peer`` at ``address`` (retrying while it refuses, until
     ``deadline`` on :func:`time.monotonic`) and run the dialer's handshake.
 
@@ -169,11 +169,11 @@ def dial(rank: int, peer: int, address, key: bytes, context: int, deadline: floa
                                  f"verify as rank {peer}'s (expected rank {peer}, context {context:#x}, "
                                  f"got rank {src}, context {ctx:#x})", peer, address, "handshake")
     return Link(sock, rank, peer, address, _direction_key(key, rank, peer, nonce_d, nonce_a),
-                _direction_key(key, peer, rank, nonce_d, nonce_a), stall_timeout, max_payload)
+                _direction_key(key, peer, rank, nonce_d, nonce_a), stall_timeout)
 
 
 def accept_hello(sock, rank: int, keys: Mapping[int, bytes], context: int, expected, *,
-                 stall_timeout: float, max_payload: int, address_of: Mapping[int, tuple]) -> "Link":
+                 stall_timeout: float, address_of: Mapping[int, tuple]) -> "Link":
     """The acceptor's handshake on an accepted ``sock`` (its timeout set by
     the caller): the dialer must be a rank of ``expected`` and its hello
     must verify under that rank's key.
@@ -202,7 +202,7 @@ def accept_hello(sock, rank: int, keys: Mapping[int, bytes], context: int, expec
     nonce_a = os.urandom(16)
     sock.sendall(_hello(_HELLO_ACCEPT, rank, src, context, nonce_a, key, nonce_d))
     return Link(sock, rank, src, address_of[src], _direction_key(key, rank, src, nonce_d, nonce_a),
-                _direction_key(key, src, rank, nonce_d, nonce_a), stall_timeout, max_payload)
+                _direction_key(key, src, rank, nonce_d, nonce_a), stall_timeout)
 
 
 class Link:
@@ -223,8 +223,6 @@ class Link:
         This direction's and the other's key.
     stall_timeout : float
         A send or receive that makes no progress for this long fails.
-    max_payload : int
-        Largest DATA payload accepted.
 
     Attributes
     ----------
@@ -236,10 +234,10 @@ class Link:
     """
 
     def __init__(self, sock, rank: int, peer: int, address, send_key: bytes, recv_key: bytes,
-                 stall_timeout: float, max_payload: int):
+                 stall_timeout: float):
         self.sock, self.rank, self.peer = sock, int(rank), int(peer)
         self.address = (str(address[0]), int(address[1]))
-        self.stall_timeout, self.max_payload = float(stall_timeout), int(max_payload)
+        self.stall_timeout = float(stall_timeout)
         self._send_mac = hmac.new(send_key, digestmod=hashlib.sha256)
         self._recv_mac = hmac.new(recv_key, digestmod=hashlib.sha256)
         self._send_seq = self._recv_seq = 0
@@ -413,6 +411,9 @@ class Link:
         except (ValueError, KeyError, TypeError):
             return PeerLostError(f"rank {self.rank}: {self._where()} failed (unreadable notice)", self.peer,
                                  self.address, "failed")
+        if rank == self.rank:  # the peer refused or lost this very rank
+            return PeerLostError(f"rank {self.rank}: {self._where()} dropped this rank ({reason}): {why}", self.peer,
+                                 self.address, reason)
         if rank == self.peer:
             return PeerLostError(f"rank {self.rank}: {self._where()} failed: {why}", rank, (host, port), reason)
         return PeerLostError(f"rank {self.rank}: rank {rank} at {host}:{port} was lost ({reason}), as "

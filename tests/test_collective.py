@@ -23,8 +23,7 @@ import numpy as np
 import pytest
 
 from sparkavg import ops
-from sparkavg.transport import (CollectiveGroup, FrameRejectedError, KeyAgreement, PeerLostError,
-                                TransportError)
+from sparkavg.transport import CollectiveGroup, FrameRejectedError, KeyAgreement, PeerLostError
 from sparkavg.transport.links import HEADER, HELLO, TAG_BYTES, Kind, tcp_pair_keys
 
 CTX = multiprocessing.get_context("spawn")

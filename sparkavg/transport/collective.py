@@ -44,13 +44,10 @@ One stage of averaging inside a Spark barrier task::
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
 import queue
 import socket
-import struct
 import threading
 import time
 from collections.abc import Mapping
@@ -61,7 +58,8 @@ from .. import ops
 from .address import select_address
 from .errors import FrameRejectedError, PeerLostError, TransportError
 from .keys import KeyAgreement
-from .links import Kind, Link, LinkClosed, accept_hello, dial, tcp_pair_keys
+from .links import Link, LinkClosed, accept_hello, dial, tcp_pair_keys
+from .reduction import DTYPES, Layout, Round, Stop
 
 __all__ = ["PIECE_BYTES", "CollectiveGroup"]
 
@@ -69,189 +67,6 @@ logger = logging.getLogger(__name__)
 
 #: Largest piece of a vector in one frame (and the buffer a connection holds).
 PIECE_BYTES = 1 << 20
-#: weight, dtype code, element count, layout digest
-_ROUND = struct.Struct("!dBQ16s")
-_DTYPES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2}
-_REDUCE, _GATHER = 1, 2
-#: How long an error seen while sending waits for one seen while receiving,
-#: which names the lost rank more surely (a survivor that aborts breaks its
-#: connections too).
-_SEND_ERROR_GRACE = 0.5
-
-
-class _Stop(Exception):
-    """The round failed elsewhere: this thread stops."""
-
-
-class _Layout:
-    """Where the pieces of each rank's chunk lie in the arrays of a round.
-
-    The logical vector is the concatenation of the arrays; chunk ``j`` is
-    ``[n j // W, n (j + 1) // W)``.  A piece is ``(offset, array, start,
-    stop)``: elements ``start:stop`` of one array, ``offset`` in the logical
-    vector.
-    """
-
-    __slots__ = ("arrays", "dtype", "size", "digest", "bounds", "pieces")
-
-    def __init__(self, arrays, names, world: int, piece_bytes: int):
-        self.arrays = arrays
-        self.dtype = arrays[0].dtype if arrays else np.dtype(np.float32)
-        sizes = [a.size for a in arrays]
-        self.size = sum(sizes)
-        described = json.dumps([self.dtype.str, [[str(n), s] for n, s in zip(names, sizes)]])
-        self.digest = hashlib.sha256(described.encode()).digest()[:16]
-        self.bounds = [self.size * j // world for j in range(world + 1)]
-        step = max(1, piece_bytes // self.dtype.itemsize)
-        starts = np.cumsum([0] + sizes)
-        self.pieces = []
-        for j in range(world):
-            lo, hi, pieces = self.bounds[j], self.bounds[j + 1], []
-            for index, (first, n) in enumerate(zip(starts, sizes)):
-                s, e = max(lo, first), min(hi, first + n)
-                for a in range(s, e, step):
-                    b = min(e, a + step)
-                    pieces.append((int(a), index, int(a - first), int(b - first)))
-            self.pieces.append(pieces)
-
-    def view(self, piece):
-        _, index, start, stop = piece
-        return self.arrays[index][start:stop]
-
-
-class _Round:
-    """The shared state of one round on one rank: the peers' weights, how
-    many contributions each piece of this rank's chunk has taken, which of
-    its pieces are final, and the first error."""
-
-    def __init__(self, group: "CollectiveGroup", number: int, layout: _Layout, weight: float, acc):
-        self.group, self.number, self.layout, self.weight = group, number, layout, weight
-        self.rank, self.world = group.rank, group.world
-        self.cond = threading.Condition()
-        self.weights = [None] * self.world
-        self.weights[self.rank] = weight
-        self.announced = 1
-        self.position = None  # rank -> index in the summation order, once every weight is known
-        self.contributors = 0
-        self.total = self.inv = None
-        mine = layout.pieces[self.rank]
-        lo = layout.bounds[self.rank]
-        self.acc = [acc[p[0] - lo: p[0] - lo + p[3] - p[2]] for p in mine]
-        self.applied = [0] * len(mine)
-        self.final = [False] * len(mine)
-        self.pending = 2 * (self.world - 1)
-        self.error = None
-        self._announce_done()
-
-    # ------------------------------------------------------------ coordination
-    def _announce_done(self) -> None:
-        if self.announced < self.world:
-            return
-        total, order = None, []
-        for r, w in enumerate(self.weights):
-            if w:
-                order.append(r)
-                total = w if total is None else total + w  # the driver's order, not sum()'s compensated one
-        self.total = 0.0 if total is None else total
-        self.inv = 1.0 / self.total if self.total else None
-        self.contributors = len(order)
-        self.position = {r: i for i, r in enumerate(order)}
-        self.cond.notify_all()
-
-    def announce(self, peer: int, weight: float) -> None:
-        with self.cond:
-            self.weights[peer] = weight
-            self.announced += 1
-            self._announce_done()
-
-    def wait(self, ready) -> None:
-        """Until ``ready()`` (called under the lock) or the round fails."""
-        with self.cond:
-            while True:
-                if self.error is not None:
-                    raise _Stop
-                if ready():
-                    return
-                self.cond.wait()
-
-    def fail(self, exc: BaseException, weak: bool = False) -> None:
-        """Record the round's first error and abort the group; a ``weak``
-        one (seen while sending) first gives a receiving thread
-        :data:`_SEND_ERROR_GRACE` to report a better one."""
-        with self.cond:
-            if weak and self.error is None:
-                self.cond.wait_for(lambda: self.error is not None, _SEND_ERROR_GRACE)
-            if self.error is not None:
-                return
-            self.error = exc
-            self.cond.notify_all()
-        self.group._abort(exc)
-
-    def part_done(self) -> None:
-        with self.cond:
-            self.pending -= 1
-            self.cond.notify_all()
-
-    # ------------------------------------------------------------ the reduction
-    def apply(self, k: int, rank: int, src) -> None:
-        """Add ``rank``'s contribution to piece ``k`` of this rank's chunk in
-        its turn; the last one makes the piece final."""
-        self.wait(lambda: self.position is not None and self.applied[k] == self.position[rank])
-        dst = self.acc[k]
-        if self.applied[k] == 0:
-            np.copyto(dst, src)
-        else:
-            ops.accumulate(dst, src)
-        last = self.applied[k] + 1 == self.contributors
-        if last:
-            if self.inv != 1.0:
-                ops.scale(dst, self.inv)
-            np.copyto(self.layout.view(self.layout.pieces[self.rank][k]), dst)
-        with self.cond:
-            self.applied[k] += 1
-            self.final[k] = last
-            self.cond.notify_all()
-
-    def contribute_own(self) -> None:
-        if self.weight:
-            for k, piece in enumerate(self.layout.pieces[self.rank]):
-                self.apply(k, self.rank, self.layout.view(piece))
-
-    def send_to(self, link: Link) -> None:
-        layout, number = self.layout, self.number
-        link.send(Kind.ROUND, number, _ROUND.pack(self.weight, _DTYPES[layout.dtype], layout.size, layout.digest))
-        if self.weight:
-            for piece in layout.pieces[link.peer]:
-                link.send(Kind.DATA, number, layout.view(piece), _REDUCE, piece[0])
-        self.wait(lambda: self.position is not None)
-        if self.total:
-            for k, piece in enumerate(layout.pieces[self.rank]):
-                self.wait(lambda: self.final[k])
-                link.send(Kind.DATA, number, layout.view(piece), _GATHER, piece[0])
-
-    def read_from(self, link: Link, buffer) -> None:
-        layout, number, peer = self.layout, self.number, link.peer
-        weight, code, size, digest = _ROUND.unpack(link.recv(Kind.ROUND, number, length=_ROUND.size))
-        if (code, size, digest) != (_DTYPES[layout.dtype], layout.size, layout.digest):
-            dtypes = {v: k for k, v in _DTYPES.items()}
-            raise ValueError(f"rank {self.rank}: rank {peer} at {link.address[0]}:{link.address[1]} reduces {size} "
-                             f"{dtypes.get(code, code)} values (layout {digest.hex()}), this rank {layout.size} "
-                             f"{layout.dtype} values (layout {layout.digest.hex()}): every rank must pass the same "
-                             "names, sizes and dtype")
-        if not (math.isfinite(weight) and weight >= 0):
-            raise ValueError(f"rank {self.rank}: rank {peer} announced weight {weight}; expected a finite weight "
-                             ">= 0")
-        self.announce(peer, weight)
-        if weight:
-            for k, piece in enumerate(layout.pieces[self.rank]):
-                view = buffer[: (piece[3] - piece[2]) * layout.dtype.itemsize].view(layout.dtype)
-                link.recv(Kind.DATA, number, view, phase=_REDUCE, offset=piece[0])
-                self.apply(k, peer, view)
-        self.wait(lambda: self.position is not None)
-        if self.total:
-            for piece in layout.pieces[peer]:
-                link.recv(Kind.DATA, number, layout.view(piece), phase=_GATHER, offset=piece[0])
-
 
 def _as_arrays(vectors):
     """``(arrays, names)`` of a mapping, sequence or single array of
@@ -268,7 +83,7 @@ def _as_arrays(vectors):
         if not isinstance(a, np.ndarray):
             raise TypeError(f"Expect {where} to be a numpy array (the all-reduce sends host memory), "
                             f"got {type(a).__name__}")
-        if a.dtype not in _DTYPES:
+        if a.dtype not in DTYPES:
             raise TypeError(f"Expect {where} of dtype float32 or float64, got {a.dtype}")
         if a.ndim != 1 or not a.flags.c_contiguous or not a.flags.writeable:
             raise ValueError(f"Expect {where} to be a 1-D, C-contiguous, writeable array (it is averaged in "
@@ -449,7 +264,7 @@ class CollectiveGroup:
         while (rnd := q.get()) is not None:
             try:
                 rnd.send_to(link)
-            except (_Stop, LinkClosed):
+            except (Stop, LinkClosed):
                 pass
             except PeerLostError as exc:
                 rnd.fail(exc, weak=True)
@@ -463,7 +278,7 @@ class CollectiveGroup:
         while (rnd := q.get()) is not None:
             try:
                 rnd.read_from(link, buffer)
-            except (_Stop, LinkClosed):
+            except (Stop, LinkClosed):
                 pass
             except BaseException as exc:  # raised in the caller's thread
                 rnd.fail(exc)
@@ -536,7 +351,7 @@ class CollectiveGroup:
         if weight:
             for a in arrays:
                 ops.scale(a, weight)
-        layout = _Layout(arrays, names, self.world, self.piece_bytes)
+        layout = Layout(arrays, names, self.world, self.piece_bytes)
         number, self.rounds = self.rounds, self.rounds + 1
         if self.world == 1:
             if weight and 1.0 / weight != 1.0:
@@ -546,12 +361,12 @@ class CollectiveGroup:
         own = layout.bounds[self.rank + 1] - layout.bounds[self.rank]
         if self._acc is None or self._acc.dtype != layout.dtype or self._acc.size < own:
             self._acc = np.empty(own, dtype=layout.dtype)
-        rnd = self._round = _Round(self, number, layout, weight, self._acc)
+        rnd = self._round = Round(self.rank, number, layout, weight, self._acc, on_fail=self._abort)
         for q in self._queues:
             q.put(rnd)
         try:
             rnd.contribute_own()
-        except _Stop:
+        except Stop:
             pass
         except BaseException as exc:
             rnd.fail(exc)

@@ -1,10 +1,12 @@
-"""UDP transport of the gradient-sharing master.
+"""UDP transport of the gradient-sharing master, and a TCP all-reduce.
 
 Authenticated (HMAC-SHA256 per datagram, under a key each pair of ranks
 agrees by X25519 -- :mod:`.keys`; nothing secret is shipped), chunked, acked
 and retransmitted messages between ranks (:class:`ReliableEndpoint`), and an
 all-to-all exchange over it with PLAIN or MESH topology (:class:`PeerGroup`).
-No pickle anywhere: payloads are opaque bytes.
+No pickle anywhere: payloads are opaque bytes.  :class:`CollectiveGroup` is
+a full mesh of authenticated TCP connections whose weighted all-reduce
+averages parameters with the driver's arithmetic (:mod:`.collective`).
 
 Examples
 --------
@@ -35,21 +37,25 @@ One epoch of the gradient-sharing master inside a Spark barrier task::
         endpoint.close()
 """
 from .address import ENV_VAR, local_ipv4_addresses, select_address
+from .collective import CollectiveGroup
 from .config import EndpointConfig
 from .endpoint import ReliableEndpoint
-from .errors import EndpointClosedError, PeerStalledError, TransportError
+from .errors import EndpointClosedError, FrameRejectedError, PeerLostError, PeerStalledError, TransportError
 from .faults import FaultInjection
 from .group import PeerGroup, Topology, tree_neighbours
 from .keys import KeyAgreement
 from .protocol import RejectReason
 
 __all__ = [
+    "CollectiveGroup",
     "ENV_VAR",
     "EndpointClosedError",
     "EndpointConfig",
     "FaultInjection",
+    "FrameRejectedError",
     "KeyAgreement",
     "PeerGroup",
+    "PeerLostError",
     "PeerStalledError",
     "RejectReason",
     "ReliableEndpoint",

@@ -384,8 +384,7 @@ class Graph(FlatModel):
             self._forward({k: a[start:start + step] for k, a in prepared.items()}, training=False)
             rows = min(step, n - start)
             for name in self.outputs:
-                kind, lab = labels[name]
-                total += self.loss_weights[name] * by_name[name].op.loss((kind, lab[start:start + step])) * rows
+                total += self.loss_weights[name] * by_name[name].op.loss(labels[name].rows(start, start + step)) * rows
         return total / n + self._penalty()
 
     # ------------------------------------------------------------- config

@@ -229,8 +229,7 @@ class Network(FlatModel):
         for start in range(0, n, step):
             chunk = xi[start:start + step]
             self._forward(chunk, training=False)
-            kind, lab = labels_all
-            total += out.loss((kind, lab[start:start + step])) * chunk.shape[0]
+            total += out.loss(labels_all.rows(start, start + step)) * chunk.shape[0]
         return total / n + self._penalty()
 
     # ---------------------------------------------------------- config

@@ -165,3 +165,54 @@ def test_a_label_outside_zero_one_is_refused_with_its_row(spark):
     trainer = SparkTrainer(spark, _binary_net(), ParameterAveraging(batch_size_per_worker=8))
     with pytest.raises(DataValidationError, match=r"row 7.*expected a label in \[0, 1\], got 2.0"):
         trainer.fit(rdd, epochs=1)
+
+
+# ------------------------------------------------------------ TorchModel
+@pytest.mark.parametrize("loss, kwargs, labels", [
+    ("bce", {}, lambda rng: rng.integers(0, 2, (6, 3)).astype(np.float32)),
+    ("bce", {"class_weights": (0.5, 3.0)}, lambda rng: rng.integers(0, 2, (6, 3)).astype(np.float32)),
+    ("cross_entropy", {"class_weights": (1.0, 0.25, 2.0)}, lambda rng: rng.integers(0, 3, 6)),
+    ("mae", {}, lambda rng: rng.standard_normal((6, 3)).astype(np.float32)),
+    ("huber", {"huber_delta": 0.5}, lambda rng: 3 * rng.standard_normal((6, 3)).astype(np.float32)),
+])
+def test_torch_losses_equal_the_native_engines_formulas(loss, kwargs, labels):
+    pytest.importorskip("torch")
+    from sparkavg.nn.losses import bce_terms, regression_terms, softplus
+    from sparkavg.torch import TorchModel
+
+    model = TorchModel("tests.torch_models:mlp", loss=loss, input_shape=(16,), dtype="float64",
+                       factory_kwargs={"inputs": 16, "hidden": 8, "outputs": 3}, **kwargs)
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((6, 16)), labels(rng)
+    weights = rng.random(6)
+    z = np.concatenate([model._array(out) for _, out in model._chunks(x)])
+    if loss == "bce":
+        a, b = bce_terms(y.astype(np.float64), model.class_weights, np.dtype(np.float64))
+        elements = a * softplus(-z, np) + b * softplus(z, np)
+    elif loss == "cross_entropy":
+        logp = z - z.max(axis=1, keepdims=True)
+        logp -= np.log(np.exp(logp).sum(axis=1, keepdims=True))
+        elements = -logp[np.arange(6), y] * np.asarray(model.class_weights)[y]
+    else:
+        elements, _ = regression_terms(loss, z - y, np, model.huber_delta)
+    mean = elements.sum() / (6 if loss == "cross_entropy" else elements.size)
+    assert model.score(x, y) - model._penalty() == pytest.approx(mean, rel=1e-10)
+    weighted = (elements * (weights if elements.ndim == 1 else weights[:, None])).sum() / (
+        6 if loss == "cross_entropy" else elements.size)
+    assert float(model._loss_of(model._chunks(x).__next__()[1], model._targets(y, 6, weights))) == \
+        pytest.approx(weighted, rel=1e-10)
+    if loss == "bce":
+        np.testing.assert_allclose(model.output(x), 1 / (1 + np.exp(-z)), rtol=1e-12)
+    again = model_from_config(model.to_config())
+    assert again.to_config() == model.to_config()
+
+
+def test_torch_class_weights_are_checked_against_its_outputs():
+    pytest.importorskip("torch")
+    from sparkavg.torch import TorchModel
+
+    with pytest.raises(ValueError, match=r"one weight per class \(2\)"):
+        TorchModel("tests.torch_models:mlp", input_shape=(16,), class_weights=(1.0, 2.0, 3.0))
+    with pytest.raises(ValueError, match="class_weights only with a built-in loss"):
+        TorchModel("tests.torch_models:mlp", loss="tests.torch_models:huber", targets="values", input_shape=(16,),
+                   class_weights=(1.0, 2.0))

@@ -221,10 +221,10 @@ def option_variants(seed: int) -> dict:
 
     def schedule_only():
         scheduled.iteration += 1
-        scheduled._step_updater()
+        scheduled.flat.step_updater()
 
     steps["schedule_only"] = schedule_only
-    steps["clip_only"] = clipped._normalize_gradient
+    steps["clip_only"] = clipped.flat.normalize_gradient
     return steps
 
 

@@ -84,11 +84,9 @@ def test_each_mode_normalises_the_loss_gradient_before_l2_and_the_updater(make, 
 
 def test_a_torch_models_layers_are_its_parameter_tensors():
     net = _torch(gradient_normalization=ClipL2PerLayer(0.05))
-    net._normalize_gradient()  # builds the groups
-    assert net._groups["layer"] == tuple((s.start, s.stop) for s in net.param_segments)
+    assert net.flat.normalization_groups("layer") == tuple((s.start, s.stop) for s in net.param_segments)
     layered = _network(gradient_normalization=ClipL2PerLayer(0.05))
-    layered._normalize_gradient()
-    assert len(layered._groups["layer"]) == 3 and len(layered.param_segments) == 6
+    assert len(layered.flat.normalization_groups("layer")) == 3 and len(layered.param_segments) == 6
 
 
 def test_a_zero_gradient_is_left_alone():

@@ -43,7 +43,7 @@ def _sigmoid(z):
 def test_bce_value_equals_the_formula_and_is_finite_at_saturated_logits():
     net = _net(1, loss="bce", class_weights=(0.5, 3.0))
     x, t = _x(), np.array([0, 1, 1, 0, 1, 0.0])
-    loss = net.score(x, t) - net._penalty()
+    loss = net.score(x, t) - net.flat.penalty()
     p = net.output(x)[:, 0]
     direct = -np.mean(3.0 * t * np.log(p) + 0.5 * (1 - t) * np.log(1 - p))
     assert loss == pytest.approx(direct, rel=1e-12)
@@ -51,7 +51,7 @@ def test_bce_value_equals_the_formula_and_is_finite_at_saturated_logits():
     net.layers[-1].W[...] = 0
     net.layers[-1].b[...] = 800.0
     assert net.output(x[:1])[0, 0] == 1.0
-    assert net.score(x, t) - net._penalty() == pytest.approx(800.0 * 0.5 * 3 / 6, rel=1e-12)
+    assert net.score(x, t) - net.flat.penalty() == pytest.approx(800.0 * 0.5 * 3 / 6, rel=1e-12)
 
 
 def test_losses_equal_pytorchs():
@@ -74,7 +74,7 @@ def test_losses_equal_pytorchs():
         net._forward(net._prepare_input(x), training=False)
         z = torch.from_numpy(np.array(out._z if out.loss_name == "bce" else out._y))
         expected = float(reference(z, torch.from_numpy(t)))
-        assert net.score(x, t) - net._penalty() == pytest.approx(expected, rel=1e-10), output
+        assert net.score(x, t) - net.flat.penalty() == pytest.approx(expected, rel=1e-10), output
 
 
 def test_class_weights_in_nll_scale_each_rows_loss_by_its_class():
@@ -82,9 +82,9 @@ def test_class_weights_in_nll_scale_each_rows_loss_by_its_class():
     x, y = _x(), np.array([0, 0, 1, 1, 2, 2])
     per_row = []
     for i in range(6):
-        per_row.append(plain.score(x[i:i + 1], y[i:i + 1]) - plain._penalty())
+        per_row.append(plain.score(x[i:i + 1], y[i:i + 1]) - plain.flat.penalty())
     expected = np.mean(np.array(per_row) * np.array([2.0, 1.0, 0.5])[y])
-    assert weighted.score(x, y) - weighted._penalty() == pytest.approx(expected, rel=1e-12)
+    assert weighted.score(x, y) - weighted.flat.penalty() == pytest.approx(expected, rel=1e-12)
 
 
 def test_outputs_with_the_new_losses_round_trip_through_their_configuration():
@@ -196,7 +196,7 @@ def test_torch_losses_equal_the_native_engines_formulas(loss, kwargs, labels):
     else:
         elements, _ = regression_terms(loss, z - y, np, model.huber_delta)
     mean = elements.sum() / (6 if loss == "cross_entropy" else elements.size)
-    assert model.score(x, y) - model._penalty() == pytest.approx(mean, rel=1e-10)
+    assert model.score(x, y) - model.flat.penalty() == pytest.approx(mean, rel=1e-10)
     weighted = (elements * (weights if elements.ndim == 1 else weights[:, None])).sum() / (
         6 if loss == "cross_entropy" else elements.size)
     assert float(model._loss_of(model._chunks(x).__next__()[1], model._targets(y, 6, weights))) == \

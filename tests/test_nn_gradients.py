@@ -22,7 +22,7 @@ def _loss(net, x, y, dropout_seed=None):
 
 def check_gradient(net, x, y, dropout_seed=None, max_params=400, seed=0):
     """Compare back-propagation with central differences on (a sample of) all params."""
-    loss, grad = (lambda: (_loss(net, x, y, dropout_seed), net._grads.copy()))()
+    loss, grad = (lambda: (_loss(net, x, y, dropout_seed), net.flat.grads.copy()))()
     p0 = net.params.copy()
     n = net.num_params
     rng = np.random.default_rng(seed)

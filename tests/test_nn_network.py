@@ -33,7 +33,7 @@ def test_lenet_has_431080_params_and_views_share_the_flat_vector():
     assert net.params.shape == (431_080,) and net.params.dtype == np.float32
     assert net.updater_state.shape == (2 * 431_080,)  # Adam: [m | v]
     conv1 = net.layers[0]
-    assert np.shares_memory(conv1.W, net.params) and np.shares_memory(conv1.dW, net._grads)
+    assert np.shares_memory(conv1.W, net.params) and np.shares_memory(conv1.dW, net.flat.grads)
     net.params[:] = 0.5
     assert float(conv1.W[0, 0, 0, 0]) == 0.5 and float(net.layers[-1].b[-1]) == 0.5
 

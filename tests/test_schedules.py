@@ -271,16 +271,16 @@ def test_a_torch_model_follows_cosine_annealing_as_torch_itself_does():
 
 def test_a_constant_rate_pays_nothing_and_an_epoch_schedule_resolves_once_per_epoch():
     net = small_net(seed=7)
-    assert net._step_updater() is net.updater  # a constant rate: the updater itself
+    assert net.flat.step_updater() is net.updater  # a constant rate: the updater itself
     net.updater = Adam(lr=ExponentialSchedule(0.01, 0.5, by="epoch"))
     x, y = blobs(8, seed=7)
-    first = net._step_updater()
+    first = net.flat.step_updater()
     net.fit_batch(x, y)
-    assert net._step_updater() is first and first.lr == 0.01  # same epoch, same rate: the same updater
+    assert net.flat.step_updater() is first and first.lr == 0.01  # same epoch, same rate: the same updater
     net.epoch = 1
-    assert net._step_updater().lr == 0.005
+    assert net.flat.step_updater().lr == 0.005
     net.updater = net.updater.with_learning_rate(0.001)  # what a divergence recovery does: the shape is kept
-    assert net.updater.schedule.scale == pytest.approx(0.1) and net._step_updater().lr == pytest.approx(0.0005)
+    assert net.updater.schedule.scale == pytest.approx(0.1) and net.flat.step_updater().lr == pytest.approx(0.0005)
     assert net.updater.learning_rate == pytest.approx(0.001)
     assert net.updater.with_learning_rate(StepSchedule(0.1, 0.5, 1)).schedule == StepSchedule(0.1, 0.5, 1)
     assert net.clone().updater == net.updater

@@ -39,7 +39,7 @@ def test_parameters_and_gradients_are_views_of_the_flat_vectors():
     flat = net.state["params"]
     base = flat.ctypes.data
     assert [p.data_ptr() - base for p in params] == [4 * s.start for s in net.param_segments]
-    assert [p.grad.data_ptr() - net._grads.ctypes.data for p in params] == [4 * s.start for s in net.param_segments]
+    assert [p.grad.data_ptr() - net.flat.grads.ctypes.data for p in params] == [4 * s.start for s in net.param_segments]
     flat[:3] = 7.0  # writes through numpy are the module's weights
     assert params[0].detach().reshape(-1)[:3].tolist() == [7.0, 7.0, 7.0]
     x, y = blobs(32, seed=2)

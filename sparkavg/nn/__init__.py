@@ -4,7 +4,9 @@ updater state, array-module generic (numpy or CuPy).
 Modules: :mod:`.model` (the model contract every strategy sees: ``Model``,
 ``ModelSpec``), :mod:`.loading` (``load_model``, ``model_from_json``: a
 model of any type), :mod:`.upgrades` (configurations of an older layout),
-:mod:`.flat` (flat state vectors shared by the layer-built models),
+:mod:`.flatstate` (``FlatState``: the flat vectors and the updater step
+every model holds), :mod:`.flat` (the model contract over it, and the
+provider for models built of layers),
 :mod:`.network` (``Network``), :mod:`.layers`, :mod:`.output`
 (the loss layer), :mod:`.updaters`, :mod:`.schedules` (learning-rate
 schedules an updater's ``lr`` may be), :mod:`.clipping` (gradient

@@ -1,106 +1,66 @@
-"""What every layer-built model shares: flat state vectors, the updater step,
-devices, configuration and model files.
+"""The model contract over a composed :class:`~sparkavg.nn.flatstate.FlatState`:
+what every sparkavg model (:class:`~sparkavg.nn.network.Network`,
+:class:`~sparkavg.nn.graph.Graph`, ``sparkavg.torch.TorchModel``) shares.
 
-:class:`FlatModel` holds a model's layers (in a fixed order) over ONE flat
-parameter vector, one flat gradient vector, one flat updater state and one
-flat buffer vector; every layer's weights, gradients and buffers are views
-into them (FSDP's ``FlatParameter``; Chainer's optimizer apart from the
-link).  A subclass says only how its layers are wired:
+A model HOLDS its flat state (``model.flat``: the params/grads/updater/
+buffers vectors, their segments, the device and the updater step) and is
+its provider (:class:`~sparkavg.nn.flatstate.FlatProvider`): it binds its
+own arrays to the vectors and computes a minibatch's loss and gradient.
+:class:`FlatModel` implements :class:`~sparkavg.nn.model.Model` on top:
+the state vectors, training steps, devices, configuration and model files,
+each delegated to ``model.flat`` or written once here.  A model says only:
 
-- :meth:`FlatModel._loss_and_grad` -- forward and backward of one batch in
-  training mode, filling :attr:`_grads`;
-- :meth:`FlatModel._structure` -- validate its configuration and build its
-  layers (nothing allocated), for construction and for model files;
+- :meth:`FlatModel._bind_flat` and :meth:`FlatModel._loss_terms` -- the
+  provider hooks (``_step_work``, ``_has_lazy_rows``, ``_touched_rows`` as needed);
 - :attr:`FlatModel.spec`, :meth:`output`, :meth:`score`,
-  :meth:`config_arguments`.
+  :meth:`config_arguments`, :meth:`planned_sizes`.
 
-:class:`~sparkavg.nn.network.Network` (a sequential stack) and
-:class:`~sparkavg.nn.graph.Graph` (named inputs and vertices) are the two;
-both implement :class:`~sparkavg.nn.model.Model`.
+:class:`LayerModel` is the provider for models built of sparkavg layers
+(their layout, initial values, views, lazy tables and step cost): a
+``Network`` or a ``Graph`` adds how its layers are wired
+(:meth:`LayerModel._structure`, :meth:`_loss_terms`).
 """
 from __future__ import annotations
 
 import json
-import logging
-import math
-import numbers
-from collections import namedtuple
 
 import numpy as np
 
-import contextlib
-
-from .. import backend
 from ..configurable import ConfigError, Configurable, from_config
 from ..references import trusting
-from ..threads import single_threaded_blas
-from .clipping import GradientNormalization
+from .flatstate import DTYPES, FlatState, Segment, blocks, segments_of
 from .layers import Dropout
-from .model import STATE_VECTORS, config_fingerprint
-from .regularization import Regularization
-from .schedules import Schedule
+from .model import config_fingerprint
 from .serialization import load_network, save_network
-from .updaters import Adam, Updater
 from .upgrades import upgrade_config
 
-__all__ = ["FlatModel", "Segment", "DTYPES"]
-
-logger = logging.getLogger(__name__)
-
-#: Where one parameter (or buffer) of one layer sits in its flat vector.
-Segment = namedtuple("Segment", "layer name start stop shape regularized")
-
-#: Parameter dtypes a model may have (model files are checked against it).
-DTYPES = ("float32", "float64")
+__all__ = ["FlatModel", "LayerModel", "Segment", "DTYPES"]
 
 
-def _nonneg(name, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (value >= 0) \
-            or not math.isfinite(value):
-        raise ValueError(f"Expect {name} >= 0, got {value!r}")
-    return float(value)
+class _OnFlat:
+    """A model attribute kept by its :class:`~sparkavg.nn.flatstate.FlatState`
+    (read and assigned through the model: ``net.updater = ...``)."""
 
+    def __init__(self, doc: str):
+        self.__doc__ = doc
 
-def _layout(layers, specs) -> tuple:
-    """Segments and total size of a flat vector over built ``layers``
-    (``specs(layer)`` lists one layer's pieces)."""
-    segments, offset = [], 0
-    for i, layer in enumerate(layers):
-        for spec in specs(layer):
-            size = math.prod(spec.shape)
-            segments.append(Segment(i, spec.name, offset, offset + size, spec.shape, spec.regularized))
-            offset += size
-    return segments, offset
+    def __set_name__(self, owner, name):
+        self.name = name
 
+    def __get__(self, model, owner=None):
+        return self if model is None else getattr(model.flat, self.name)
 
-def _blocks(segments, count):
-    """Each layer's contiguous (start, stop) block of a flat vector."""
-    blocks = {}
-    for seg in segments:  # a layer's pieces are contiguous
-        start, _ = blocks.get(seg.layer, (seg.start, seg.stop))
-        blocks[seg.layer] = (start, seg.stop)
-    return [blocks.get(i, (0, 0)) for i in range(count)]
-
-
-def check_gradient_normalization(value):
-    if value is not None and not isinstance(value, GradientNormalization):
-        raise ValueError(f"Expect gradient_normalization as a GradientNormalization (sparkavg.nn.clipping: "
-                         f"ClipGlobalNorm(1.0), ClipL2PerLayer(...), ...) or None, got {value!r:.200}")
-    return value
-
-
-def check_updater(updater):
-    updater = Adam() if updater is None else updater
-    if not isinstance(updater, Updater):
-        raise ValueError(f"Expect an Updater instance, got {updater!r}")
-    return updater
+    def __set__(self, model, value):
+        setattr(model.flat, self.name, value)
 
 
 class FlatModel(Configurable):
-    """Base of the layer-built models (see the module doc).
+    """The model contract over a composed flat state (see the module doc).
 
     Attributes
     ----------
+    flat : FlatState
+        The model's flat vectors and training step.
     iteration : int
         Completed updater steps (Adam's bias correction uses iteration + 1;
         a learning-rate schedule by iteration follows it).
@@ -114,75 +74,44 @@ class FlatModel(Configurable):
     _config_kind = "network"
     #: Parameter dtypes a model may have (model files are checked against it).
     DTYPES = DTYPES
-    #: A step runs BLAS at one thread when OpenMP kernels carry at least this
-    #: share of its multiply-adds (:meth:`step_threads`).
-    OPENMP_SHARE_FOR_SINGLE_BLAS = 0.9
 
-    # ------------------------------------------------------ for subclasses
-    @classmethod
-    def _structure(cls, args: dict) -> tuple:
-        """``(layers, updater)`` of the model the constructor arguments
-        ``args`` describe: validated, layers built (fresh copies), in flat
-        order; nothing allocated.  Raises ValueError naming what is wrong."""
+    iteration = _OnFlat("Completed updater steps.")
+    epoch = _OnFlat("Completed epochs.")
+    updater = _OnFlat("The updater (the trainer may replace it, e.g. at a lower rate).")
+    l2 = _OnFlat("L2 coefficient of the weights.")
+    l2_bias = _OnFlat("L2 coefficient of the biases.")
+    weight_decay = _OnFlat("Decoupled weight decay of the weights.")
+    gradient_normalization = _OnFlat("What a training step does to the loss gradient (or None).")
+    seed = _OnFlat("The seed of initial values (and dropout).")
+    dtype = _OnFlat("The numpy dtype of every vector and activation.")
+
+    # ------------------------------------------------- the provider's hooks
+    def _bind_flat(self, flat: FlatState) -> None:
+        """Point this model's own arrays at views of ``flat``'s vectors
+        (:class:`~sparkavg.nn.flatstate.FlatProvider`)."""
         raise NotImplementedError
 
-    def _loss_and_grad(self, x, y):
-        """Forward + backward in training mode; fill :attr:`_grads` (L2
-        included); return the pending loss for :meth:`_loss_value`."""
+    def _loss_terms(self, x, y) -> list:
+        """Forward + backward of one minibatch in training mode into
+        ``flat.grads``; the ``(weight, total, count)`` loss terms
+        (:class:`~sparkavg.nn.flatstate.FlatProvider`)."""
         raise NotImplementedError
 
-    # ---------------------------------------------------------- building
-    def _init_flat(self, layers, updater, l2, l2_bias, weight_decay, seed, dtype, gradient_normalization=None):
-        """Lay out, allocate and initialise the flat vectors over built ``layers``."""
-        self.layers = list(layers)
-        segments, num_params = _layout(self.layers, lambda layer: layer.param_specs())
-        buffer_segments, num_buffers = _layout(self.layers, lambda layer: layer.buffer_specs())
-        self._init_state(segments, num_params, buffer_segments, num_buffers, updater, l2, l2_bias, weight_decay,
-                         seed, dtype, gradient_normalization)
-        rng = np.random.default_rng(self.seed)
-        for seg in self._segments:
-            layer = self.layers[seg.layer]
-            spec = next(s for s in layer.param_specs() if s.name == seg.name)
-            self._params[seg.start:seg.stop] = layer.initial_value(spec, rng).ravel()
-        for seg in self._buffer_segments:
-            layer = self.layers[seg.layer]
-            spec = next(s for s in layer.buffer_specs() if s.name == seg.name)
-            self._buffers[seg.start:seg.stop] = layer.initial_buffer(spec).ravel()
-        self._bind()
+    def _step_work(self) -> tuple:
+        """(OpenMP, BLAS) multiply-adds of a step: none counted by default."""
+        return 0, 0
 
-    def _init_state(self, segments, num_params, buffer_segments, num_buffers, updater, l2, l2_bias, weight_decay,
-                    seed, dtype, gradient_normalization=None):
-        """The flat state every model of this family holds, allocated (zeros
-        but the parameters and buffers, which the caller fills): the one
-        setup a layer-built model and a torch module share."""
-        if str(dtype) not in DTYPES:
-            raise ValueError(f"Expect dtype in {DTYPES}, got {dtype!r}")
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"Expect seed as an int >= 0, got {seed!r}")
-        self.updater = check_updater(updater)
-        self.l2 = _nonneg("l2", l2)
-        self.l2_bias = _nonneg("l2_bias", l2_bias)
-        self.weight_decay = _nonneg("weight_decay", weight_decay)
-        self.gradient_normalization = check_gradient_normalization(gradient_normalization)
-        self.seed = int(seed)
-        self.dtype = np.dtype(str(dtype))
-        self.iteration = 0
-        self.epoch = 0
+    def _has_lazy_rows(self) -> bool:
+        return False
+
+    def _touched_rows(self) -> list:
+        return []
+
+    def _compose(self, flat: FlatState) -> None:
+        """Hold ``flat`` (its initial values in) and bind to it."""
+        self.flat = flat
         self.inference_batch_size = 256
-        self._xp = np
-        self._reg = None
-        self._resolved = None
-        self._normalizing = False
-        self._groups = {}
-        self._single_blas = None
-        self._segments, self._num_params = segments, num_params
-        self._buffer_segments = buffer_segments
-        n = num_params
-        self._params = np.empty(n, dtype=self.dtype)
-        self._grads = np.zeros(n, dtype=self.dtype)
-        self._update = np.zeros(n, dtype=self.dtype)
-        self._state = np.zeros(self.updater.state_size(n), dtype=self.dtype)
-        self._buffers = np.zeros(num_buffers, dtype=self.dtype)
+        self._bind_flat(flat)
 
     @classmethod
     def planned_sizes(cls, args: dict) -> dict:
@@ -190,140 +119,12 @@ class FlatModel(Configurable):
         of the model these constructor arguments would build, computed
         without allocating any array (model files are checked against it
         before anything is read).  Raises ValueError as the constructor."""
-        layers, updater = cls._structure(args)
-        _, num_params = _layout(layers, lambda layer: layer.param_specs())
-        _, num_buffers = _layout(layers, lambda layer: layer.buffer_specs())
-        return {"params": num_params, "updater": int(updater.state_size(num_params)), "buffers": num_buffers}
-
-    def _bind(self):
-        """Hand every layer its views into the flat vectors (after any move)."""
-        count = len(self.layers)
-        for i, ((start, stop), (bstart, bstop)) in enumerate(zip(_blocks(self._segments, count),
-                                                                 _blocks(self._buffer_segments, count))):
-            layer = self.layers[i]
-            layer.bind(self._params[start:stop], self._grads[start:stop])
-            layer.bind_buffers(self._buffers[bstart:bstop])
-            if isinstance(layer, Dropout):
-                layer.reseed(int(np.random.SeedSequence([self.seed, i]).generate_state(1)[0]), self._xp)
-
-    # ---------------------------------------------------------- helpers
-    def _on_device(self, a, what=None):
-        """``a`` as an array of this model's dtype on its device (copying only if needed)."""
-        xp = self._xp
-        if xp is np and backend.is_gpu_array(a):
-            a = backend.to_cpu(a)  # device -> host sync
-        elif xp is not np and not backend.is_gpu_array(a):
-            a = backend.to_gpu(np.asarray(a))  # host -> device sync
-        return xp.asarray(a, dtype=self.dtype)
-
-    def _check_flat(self, a, name, size):
-        if getattr(a, "shape", None) != (size,):
-            raise ValueError(f"Expect {name} of shape ({size},), got {getattr(a, 'shape', type(a).__name__)}")
-        if a.dtype != self.dtype:
-            raise ValueError(f"Expect {name} of dtype {self.dtype}, got {a.dtype}")
-        if backend.is_gpu_array(a) != (self._xp is not np):
-            where = "CuPy (GPU)" if self._xp is not np else "numpy (CPU)"
-            raise ValueError(f"Expect {name} as a {where} array like the model's, got {type(a).__module__}")
-
-    def _regularization(self) -> Regularization:
-        """The L2 / weight-decay ranges (rebuilt when a coefficient was reassigned)."""
-        key = (self.l2, self.l2_bias, self.weight_decay)
-        if self._reg is None or self._reg.coefficients != key:
-            self._reg = Regularization(self._segments, *key)
-        return self._reg
-
-    def _penalty(self):
-        """0.5 * l2 * |W|^2 + 0.5 * l2_bias * |b|^2 (a device -> host sync on CuPy)."""
-        reg = self._regularization()
-        return reg.penalty(reg.penalty_terms(self._params))
-
-    def _pending(self, loss):
-        """The pending loss of a step: the loss terms and the L2 terms of the
-        parameters before any update; adds the L2 gradient."""
-        reg = self._regularization()
-        penalty = reg.penalty_terms(self._params)  # before any update touches the parameters
-        if self._normalizing:  # a training step: the loss gradient is normalised before L2 joins it
-            self._normalize_gradient()
-        reg.add_gradient(self._grads, self._params)
-        return loss, penalty
-
-    def _normalize_gradient(self) -> None:
-        """Apply :attr:`gradient_normalization` to the loss gradient, in place."""
-        norm = self.gradient_normalization
-        if norm is None:
-            return
-        groups = self._groups.get(norm.per)
-        if groups is None:
-            if norm.per == "parameter":
-                groups = [(seg.start, seg.stop) for seg in self._segments if seg.stop > seg.start]
-            elif norm.per == "layer":  # a layer's segments are contiguous; a TorchModel's "layer" is a parameter
-                count = 1 + max((seg.layer for seg in self._segments), default=-1)
-                groups = [(a, b) for a, b in _blocks(self._segments, count) if b > a]
-            else:
-                groups = [(0, self._num_params)]
-            self._groups[norm.per] = groups = tuple(groups)
-        norm.apply(self._grads, groups)
-
-    def _step_loss_and_grad(self, x, y):
-        """:meth:`_loss_and_grad` of a training step: the loss gradient
-        normalised by :attr:`gradient_normalization`, then L2 added."""
-        self._normalizing = self.gradient_normalization is not None
-        try:
-            with self.step_threads():
-                return self._loss_and_grad(x, y)
-        finally:
-            self._normalizing = False
-
-    @staticmethod
-    def _loss_value(pending, sync: bool = True):
-        """Mean loss + L2 penalty: a float (device -> host syncs on CuPy: call
-        it at the end of a step), or with ``sync=False`` on a GPU a 0-d array
-        on the device, computed there (no sync); numpy models always give a float.
-
-        ``pending[0]`` is a list of ``(weight, total, count)`` loss terms."""
-        terms, penalty = pending
-        if sync or all(isinstance(total, (float, np.generic, np.ndarray)) for _, total, _ in terms):
-            return sum(w * float(total) / count for w, total, count in terms) + Regularization.penalty(penalty)
-        value = None
-        for w, total, count in terms:
-            term = total * (w / count)
-            value = term if value is None else value + term
-        for half, dot in penalty:
-            value = value + half * dot
-        return value
-
-    def _step_updater(self) -> Updater:
-        """The updater of the step at :attr:`iteration` and :attr:`epoch`:
-        :attr:`updater` itself at a constant rate; at a scheduled one, the
-        same updater at the schedule's rate there
-        (:meth:`~sparkavg.nn.updaters.Updater.at_rate`), kept while the
-        updater and the rate stay (an epoch's steps of a ``by="epoch"``
-        schedule build one).  Raises
-        :class:`~sparkavg.nn.schedules.ScheduleError` for a rate that is not
-        finite and > 0, before the step changes anything."""
-        updater = self.updater
-        if not isinstance(updater.lr, Schedule):
-            return updater
-        rate = updater.lr.value(self.iteration, self.epoch)
-        resolved = getattr(self, "_resolved", None)
-        if resolved is None or resolved[0] is not updater or resolved[1] != rate:
-            resolved = self._resolved = (updater, rate, updater.at_rate(rate))
-        return resolved[2]
+        raise NotImplementedError
 
     def step_threads(self):
-        """The thread pools of a step: on the CPU in float32, when OpenMP
-        kernels (the direct convolutions) carry at least
-        :attr:`OPENMP_SHARE_FOR_SINGLE_BLAS` of the multiply-adds, BLAS runs
-        at one thread inside (:func:`sparkavg.threads.single_threaded_blas`:
-        its spinning idle threads would take the cores OpenMP's threads
-        need; a ResNet step on 2 threads 37 -> 26 ms), else the pools as set."""
-        if getattr(self, "_single_blas", None) is None:  # a subclass may build its state without _init_flat
-            work = [layer.multiply_adds() for layer in self.layers]
-            openmp, blas = sum(w[0] for w in work), sum(w[1] for w in work)
-            self._single_blas = openmp > 0 and openmp >= self.OPENMP_SHARE_FOR_SINGLE_BLAS * (openmp + blas)
-        if self._single_blas and self._xp is np and self.dtype == np.float32:
-            return single_threaded_blas()
-        return contextlib.nullcontext()
+        """The thread pools of a training step (:meth:`FlatState.step_threads
+        <sparkavg.nn.flatstate.FlatState.step_threads>`)."""
+        return self.flat.step_threads(self)
 
     # ------------------------------------------------------------ training
     def gradient(self, x, y):
@@ -337,8 +138,7 @@ class FlatModel(Configurable):
             Mean loss (+ L2 penalty) and a COPY of the flat gradient
             (``num_params``,), L2 included, on the model's device.
         """
-        loss = self._loss_value(self._loss_and_grad(x, y))
-        return loss, self._grads.copy()
+        return self.flat.gradient(self, x, y)
 
     def compute_update(self, x, y, out, *, sync: bool = True):
         """Fill ``out`` with exactly what :meth:`fit_batch` would add to the
@@ -354,59 +154,11 @@ class FlatModel(Configurable):
         device; it is zeroed first.  Returns the batch loss (``sync=False``:
         as a 0-d array on the device, see :meth:`fit_batch`).
         """
-        self._check_flat(out, "out", self._num_params)
-        updater = self._step_updater()
-        pending = self._step_loss_and_grad(x, y)
-        out.fill(0)
-        kept = self._keep_untouched_rows()
-        updater.apply(out, self._grads, self._state, self.iteration)
-        self._regularization().decay(out, self._params, updater.lr)
-        if kept:
-            self._restore_untouched_rows(kept, out)
-        self.iteration += 1
-        return self._loss_value(pending, sync)
-
-    def _lazy_tables(self) -> list:
-        """``(segment, touched rows mask)`` of each layer whose last step
-        touched only some rows of a table (an ``Embedding(lazy=True)``)."""
-        tables = []
-        for seg in self._segments:
-            touched = getattr(self.layers[seg.layer], "touched_rows", None)
-            mask = touched(seg.name) if touched is not None else None
-            if mask is not None:
-                tables.append((seg, mask))
-        return tables
-
-    def _keep_untouched_rows(self) -> list:
-        """Before the updater's step: the updater state of the rows a lazy
-        table's step did not touch, to put back after it."""
-        tables = self._lazy_tables()
-        if not tables:
-            return []
-        n, size = self._num_params, self._state.shape[0]
-        if size % n:
-            raise ValueError(f"Expect an updater whose state is whole vectors of the parameters' length for "
-                             f"Embedding(lazy=True), got {self.updater!r} with {size} values for {n} parameters")
-        kept = []
-        for seg, mask in tables:
-            untouched = ~mask
-            saved = [self._state[j * n + seg.start:j * n + seg.stop].reshape(seg.shape)[untouched]
-                     for j in range(size // n)]
-            kept.append((seg, untouched, saved))
-        return kept
-
-    def _restore_untouched_rows(self, kept: list, out) -> None:
-        """After the updater's step: untouched rows get no update and keep their state."""
-        n = self._num_params
-        for seg, untouched, saved in kept:
-            out[seg.start:seg.stop].reshape(seg.shape)[untouched] = 0
-            for j, rows in enumerate(saved):
-                self._state[j * n + seg.start:j * n + seg.stop].reshape(seg.shape)[untouched] = rows
+        return self.flat.compute_update(self, x, y, out, sync=sync)
 
     def apply_update(self, update) -> None:
         """``params += update`` in place (``update`` flat, same dtype and device)."""
-        self._check_flat(update, "update", self._num_params)
-        self._params += update
+        self.flat.apply_update(update)
 
     def fit_batch(self, x, y, *, sync: bool = True):
         """One training step (forward, backward, updater); returns the batch loss.
@@ -419,16 +171,7 @@ class FlatModel(Configurable):
         device instead of a float: on a GPU the step then ends without
         waiting for the device (the caller reads the loss when it needs it).
         """
-        if self._regularization().decay_ranges or any(getattr(layer, "lazy", False) for layer in self.layers):
-            # decay reads the parameters before the step; lazy tables zero their untouched rows' update
-            loss = self.compute_update(x, y, self._update, sync=sync)
-            self._params += self._update
-            return loss
-        updater = self._step_updater()
-        pending = self._step_loss_and_grad(x, y)
-        updater.apply(self._params, self._grads, self._state, self.iteration)
-        self.iteration += 1
-        return self._loss_value(pending, sync)
+        return self.flat.fit_batch(self, x, y, sync=sync)
 
     @staticmethod
     def _count(x) -> int:
@@ -470,128 +213,81 @@ class FlatModel(Configurable):
     @property
     def num_params(self) -> int:
         """Length of the flat parameter vector."""
-        return self._num_params
+        return self.flat.num_params
 
     @property
     def params(self):
         """The LIVE flat parameter vector (``num_params``,); every layer's
         weights are views into it.  Assigning copies in (shape and dtype must
         match)."""
-        return self._params
+        return self.flat.params
 
     @params.setter
     def params(self, value):
-        self._check_flat(value, "params", self._num_params)
-        self._params[...] = value
+        self.flat.assign("params", value)
 
     @property
     def updater_state(self):
         """The LIVE flat updater state (``updater.state_size(num_params)``,);
         assigning copies in (shape and dtype must match)."""
-        return self._state
+        return self.flat.updater_state
 
     @updater_state.setter
     def updater_state(self, value):
-        self._check_flat(value, "updater_state", self._state.shape[0])
-        self._state[...] = value
+        self.flat.assign("updater_state", value)
 
     @property
     def buffers(self):
         """The LIVE flat buffer vector (non-trainable state such as
         BatchNorm's running statistics; empty when no layer has any);
         assigning copies in."""
-        return self._buffers
+        return self.flat.buffers
 
     @buffers.setter
     def buffers(self, value):
-        self._check_flat(value, "buffers", self._buffers.shape[0])
-        self._buffers[...] = value
+        self.flat.assign("buffers", value)
 
     @property
     def state(self) -> dict:
         """The live flat vectors by name: ``{"params", "updater", "buffers"}``."""
-        return {"params": self._params, "updater": self._state, "buffers": self._buffers}
+        return self.flat.vectors
 
     def load_state(self, state) -> None:
         """Copy the given named vectors in (any of ``params``, ``updater``,
         ``buffers``; host or device arrays are moved to the model's device;
         shapes must match).  ``None`` values are skipped."""
-        unknown = sorted(set(state) - set(STATE_VECTORS))
-        if unknown:
-            raise ValueError(f"Expect state vectors among {list(STATE_VECTORS)}, got {unknown}")
-        live = self.state
-        for name, value in state.items():
-            if value is None:
-                continue
-            target = live[name]
-            if getattr(value, "shape", None) != target.shape:
-                raise ValueError(f"Expect {name} of shape {target.shape}, got {getattr(value, 'shape', None)}")
-            target[...] = self._on_device(value)
+        self.flat.load(state)
 
     @property
     def param_segments(self) -> list:
         """(layer index, name, start, stop, shape, regularized) per parameter."""
-        return list(self._segments)
+        return list(self.flat.param_segments)
 
     @property
     def buffer_segments(self) -> list:
         """(layer index, name, start, stop, shape, False) per buffer."""
-        return list(self._buffer_segments)
+        return list(self.flat.buffer_segments)
 
     @property
     def xp(self):
         """The array module of this model's arrays (numpy or cupy)."""
-        return self._xp
+        return self.flat.xp
 
     # ---------------------------------------------------------- devices
-    def _move(self, convert, xp):
-        self._params = convert(self._params)
-        self._grads = convert(self._grads)
-        self._update = convert(self._update)
-        self._state = convert(self._state)
-        self._buffers = convert(self._buffers)
-        self._xp = xp
-        self._bind()
-        logger.debug("model of %d params moved to %s", self._num_params, xp.__name__)
-        return self
-
     def to_gpu(self):
         """Move parameters, gradients, state and buffers to the current CUDA
         device (host -> device copies); returns self."""
-        if self._xp is not np:
-            return self
-        backend.check_available()
-        return self._move(backend.to_gpu, backend.cupy())
+        if self.flat.to_gpu():
+            self._bind_flat(self.flat)
+        return self
 
     def to_cpu(self):
         """Move everything back to host memory; returns self."""
-        if self._xp is np:
-            return self
-        return self._move(backend.to_cpu, np)
+        if self.flat.to_cpu():
+            self._bind_flat(self.flat)
+        return self
 
     # ---------------------------------------------------------- config
-    def _training_arguments(self) -> dict:
-        """The constructor arguments every layer-built model shares (updater,
-        penalties, seed, dtype): the rest of its :meth:`config_arguments`."""
-        args = {"updater": self.updater, "l2": self.l2, "l2_bias": self.l2_bias,
-                "weight_decay": self.weight_decay, "seed": self.seed, "dtype": str(self.dtype)}
-        if self.gradient_normalization is not None:  # configs without it stay as they were
-            args["gradient_normalization"] = self.gradient_normalization
-        return args
-
-    def _training_summary(self) -> str:
-        """The penalties, gradient normalisation and seed, for summaries."""
-        norm = self.gradient_normalization
-        return (f"l2={self.l2}, l2_bias={self.l2_bias}, weight_decay={self.weight_decay}; "
-                + (f"gradient_normalization={norm!r}; " if norm is not None else "") + f"seed={self.seed}")
-
-    def _layer_param_counts(self) -> list:
-        """Parameters per layer of :attr:`layers` (for summaries)."""
-        counts = [0] * len(self.layers)
-        for seg in self._segments:
-            counts[seg.layer] += seg.stop - seg.start
-        return counts
-
     def fingerprint(self) -> str:
         """SHA-256 of what fixes the state layout (inputs and layers, not the
         updater's hyper-parameters, penalties or seed)."""
@@ -624,14 +320,18 @@ class FlatModel(Configurable):
         """An independent copy: config, parameters, updater state, buffers,
         counters, on the same device."""
         other = from_config(self.to_config(), kind="network", expect=type(self))
-        if self._xp is not np:
+        if self.flat.xp is not np:
             other.to_gpu()
-        other._params[...] = self._params
-        other._state[...] = self._state
-        other._buffers[...] = self._buffers
+        other.flat.params[...] = self.flat.params
+        other.flat.updater_state[...] = self.flat.updater_state
+        other.flat.buffers[...] = self.flat.buffers
+        self._copy_counters(other)
+        return other
+
+    def _copy_counters(self, other) -> None:
+        """The counters and the inference chunk size, onto a clone."""
         other.iteration, other.epoch = self.iteration, self.epoch
         other.inference_batch_size = self.inference_batch_size
-        return other
 
     def save(self, path) -> None:
         """Write an .npz (params, updater state, buffers, counters, JSON
@@ -666,3 +366,85 @@ class FlatModel(Configurable):
 
     def __copy__(self):
         return self.clone()
+
+
+def _pieces(specs) -> list:
+    """One layer's parameter or buffer specs as :func:`~sparkavg.nn.flatstate.segments_of` takes them."""
+    return [(s.name, s.shape, s.regularized) for s in specs]
+
+
+class LayerModel(FlatModel):
+    """A model built of sparkavg layers (in a fixed order) over its flat
+    state: the provider hooks for :attr:`layers`, whose weights, gradients
+    and buffers are views into the flat vectors.  A subclass says how they
+    are wired: :meth:`_structure` and :meth:`_loss_terms`."""
+
+    @classmethod
+    def _structure(cls, args: dict) -> tuple:
+        """``(layers, updater)`` of the model the constructor arguments
+        ``args`` describe: validated, layers built (fresh copies), in flat
+        order; nothing allocated.  Raises ValueError naming what is wrong."""
+        raise NotImplementedError
+
+    def _init_layers(self, layers, updater, l2, l2_bias, weight_decay, seed, dtype, gradient_normalization=None):
+        """Lay out, allocate and initialise the flat state over built ``layers``."""
+        self.layers = list(layers)
+        param_segments, _ = segments_of(_pieces(layer.param_specs()) for layer in self.layers)
+        buffer_segments, _ = segments_of(_pieces(layer.buffer_specs()) for layer in self.layers)
+        flat = FlatState(param_segments, buffer_segments, updater=updater, l2=l2, l2_bias=l2_bias,
+                         weight_decay=weight_decay, seed=seed, dtype=dtype,
+                         gradient_normalization=gradient_normalization)
+        rng = np.random.default_rng(flat.seed)
+        for seg in flat.param_segments:
+            layer = self.layers[seg.layer]
+            spec = next(s for s in layer.param_specs() if s.name == seg.name)
+            flat.params[seg.start:seg.stop] = layer.initial_value(spec, rng).ravel()
+        for seg in flat.buffer_segments:
+            layer = self.layers[seg.layer]
+            spec = next(s for s in layer.buffer_specs() if s.name == seg.name)
+            flat.buffers[seg.start:seg.stop] = layer.initial_buffer(spec).ravel()
+        self._compose(flat)
+
+    @classmethod
+    def planned_sizes(cls, args: dict) -> dict:
+        layers, updater = cls._structure(args)
+        _, num_params = segments_of(_pieces(layer.param_specs()) for layer in layers)
+        _, num_buffers = segments_of(_pieces(layer.buffer_specs()) for layer in layers)
+        return {"params": num_params, "updater": int(updater.state_size(num_params)), "buffers": num_buffers}
+
+    def _bind_flat(self, flat: FlatState) -> None:
+        """Hand every layer its views into the flat vectors (after any move)."""
+        count = len(self.layers)
+        for i, ((start, stop), (bstart, bstop)) in enumerate(zip(blocks(flat.param_segments, count),
+                                                                 blocks(flat.buffer_segments, count))):
+            layer = self.layers[i]
+            layer.bind(flat.params[start:stop], flat.grads[start:stop])
+            layer.bind_buffers(flat.buffers[bstart:bstop])
+            if isinstance(layer, Dropout):
+                layer.reseed(int(np.random.SeedSequence([flat.seed, i]).generate_state(1)[0]), flat.xp)
+
+    def _step_work(self) -> tuple:
+        """(OpenMP, BLAS) multiply-adds of a step, summed over the layers."""
+        work = [layer.multiply_adds() for layer in self.layers]
+        return sum(w[0] for w in work), sum(w[1] for w in work)
+
+    def _has_lazy_rows(self) -> bool:
+        return any(getattr(layer, "lazy", False) for layer in self.layers)
+
+    def _touched_rows(self) -> list:
+        """``(segment, touched rows mask)`` of each layer whose last step
+        touched only some rows of a table (an ``Embedding(lazy=True)``)."""
+        tables = []
+        for seg in self.flat.param_segments:
+            touched = getattr(self.layers[seg.layer], "touched_rows", None)
+            mask = touched(seg.name) if touched is not None else None
+            if mask is not None:
+                tables.append((seg, mask))
+        return tables
+
+    def _layer_param_counts(self) -> list:
+        """Parameters per layer of :attr:`layers` (for summaries)."""
+        counts = [0] * len(self.layers)
+        for seg in self.flat.param_segments:
+            counts[seg.layer] += seg.stop - seg.start
+        return counts

@@ -41,7 +41,8 @@ import numpy as np
 
 from ..configurable import Configurable, from_config, register
 from .clipping import GradientNormalization
-from .flat import FlatModel, check_updater
+from .flat import LayerModel
+from .flatstate import check_updater
 from .layers import Layer
 from .model import InputSpec, ModelSpec, OutputSpec, config_fingerprint
 from .network import format_summary, prepare_input
@@ -138,7 +139,7 @@ def _topology(input_shapes: dict, vertices: list, outputs: list):
 
 
 @register("network")
-class Graph(FlatModel):
+class Graph(LayerModel):
     """A computation graph trained one minibatch at a time (see the module doc).
 
     Parameters
@@ -165,7 +166,7 @@ class Graph(FlatModel):
                  dtype: str = "float32", gradient_normalization: GradientNormalization | None = None):
         structure = self._graph(inputs, vertices, outputs, loss_weights)
         self.inputs, self._order, self.outputs, self.loss_weights, layers = structure
-        self._init_flat(layers, updater, l2, l2_bias, weight_decay, seed, dtype, gradient_normalization)
+        self._init_layers(layers, updater, l2, l2_bias, weight_decay, seed, dtype, gradient_normalization)
         self._plan()
 
     # ------------------------------------------------------------ structure
@@ -285,7 +286,7 @@ class Graph(FlatModel):
                 v.op.forward(args, training)
         return values
 
-    def _loss_and_grad(self, x, y):
+    def _loss_terms(self, x, y):
         values, n = self._prepare(x)
         if n == 0:
             raise ValueError("Expect a non-empty batch, got 0 examples")
@@ -297,7 +298,7 @@ class Graph(FlatModel):
             if count != n:
                 raise ValueError(f"Expect x and y with the same number of examples, got {n} inputs and {count} "
                                  f"labels for output {name!r}")
-            labels[name] = by_name[name].op.prepare_labels(ys[name], n, self._xp, self.dtype)
+            labels[name] = by_name[name].op.prepare_labels(ys[name], n, self.xp, self.dtype)
         self._forward(values, training=True)
         terms, grads = [], {}
         for v in reversed(self._order):
@@ -316,13 +317,13 @@ class Graph(FlatModel):
                 continue
             dy = grads.pop(v.name, None)
             if dy is None:  # no output depends on this value with a gradient (e.g. a zero loss weight path)
-                dy = self._xp.zeros((n,) + values[v.name].shape[1:], dtype=self.dtype)
+                dy = self.xp.zeros((n,) + values[v.name].shape[1:], dtype=self.dtype)
             if isinstance(v.op, Layer):
                 self._hand(grads, v.inputs[0], v.op.backward(dy, need_dx=self._need[v.name][0]))
             else:
                 for i, dx in zip(v.inputs, v.op.backward(dy, self._need[v.name])):
                     self._hand(grads, i, dx)
-        return self._pending(terms)
+        return terms
 
     def _hand(self, grads, name, dx):
         """Add a consumer's gradient for value ``name`` (the array is handed
@@ -354,7 +355,7 @@ class Graph(FlatModel):
         dict by output name for several (class probabilities for softmax outputs)."""
         prepared, n = self._prepare(x)
         by_name = {v.name: v for v in self._order}
-        result = {name: self._xp.empty((n,) + tuple(by_name[name].op.output_shape), dtype=self.dtype)
+        result = {name: self.xp.empty((n,) + tuple(by_name[name].op.output_shape), dtype=self.dtype)
                   for name in self.outputs}
         step = max(1, int(self.inference_batch_size))
         for start in range(0, n, step):
@@ -377,7 +378,7 @@ class Graph(FlatModel):
             raise ValueError("Expect a non-empty batch, got 0 examples")
         ys = self._named(y, self.outputs, "labels")
         by_name = {v.name: v for v in self._order}
-        labels = {name: by_name[name].op.prepare_labels(ys[name], n, self._xp, self.dtype) for name in self.outputs}
+        labels = {name: by_name[name].op.prepare_labels(ys[name], n, self.xp, self.dtype) for name in self.outputs}
         step = max(1, int(self.inference_batch_size))
         total = 0.0
         for start in range(0, n, step):
@@ -385,7 +386,7 @@ class Graph(FlatModel):
             rows = min(step, n - start)
             for name in self.outputs:
                 total += self.loss_weights[name] * by_name[name].op.loss(labels[name].rows(start, start + step)) * rows
-        return total / n + self._penalty()
+        return total / n + self.flat.penalty()
 
     # ------------------------------------------------------------- config
     def config_arguments(self) -> dict:
@@ -394,7 +395,7 @@ class Graph(FlatModel):
             "vertices": [Vertex(v.name, v.op, v.inputs) for v in self._order],
             "outputs": list(self.outputs),
             "loss_weights": dict(self.loss_weights),
-            **self._training_arguments(),
+            **self.flat.arguments(),
         }
 
     def summary(self) -> str:
@@ -411,4 +412,4 @@ class Graph(FlatModel):
 
     def __repr__(self):
         return (f"Graph(inputs={list(self.inputs)}, vertices={len(self._order)}, outputs={self.outputs}, "
-                f"num_params={self._num_params}, updater={self.updater!r})")
+                f"num_params={self.num_params}, updater={self.updater!r})")

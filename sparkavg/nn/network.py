@@ -26,7 +26,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..configurable import from_config, register
-from .flat import FlatModel, Segment, check_updater
+from .flat import LayerModel
+from .flatstate import Segment, check_updater
 from .layers import Layer
 from .model import InputSpec, ModelSpec, OutputSpec
 from .output import Output
@@ -40,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 
 @register("network")
-class Network(FlatModel):
+class Network(LayerModel):
     """A feed-forward network trained one minibatch at a time (a sequential
     stack of layers ending in an :class:`~sparkavg.nn.output.Output`).
 
@@ -79,8 +80,8 @@ class Network(FlatModel):
     -----
     A network implements :class:`~sparkavg.nn.model.Model` (see
     :class:`~sparkavg.nn.flat.FlatModel` for the state vectors, training
-    step, devices and files); its one input is named ``"input"`` and its
-    one output ``"output"``.
+    step, devices and files, held in :attr:`flat`); its one input is named
+    ``"input"`` and its one output ``"output"``.
     """
 
     #: A saved config of an older version, as this version's (model files use it).
@@ -90,7 +91,7 @@ class Network(FlatModel):
                  l2: float = 0.0, l2_bias: float = 0.0, weight_decay: float = 0.0, seed: int = 123,
                  dtype: str = "float32", gradient_normalization: GradientNormalization | None = None):
         self.input_shape, built = self._stack(input_shape, layers)
-        self._init_flat(built, updater, l2, l2_bias, weight_decay, seed, dtype, gradient_normalization)
+        self._init_layers(built, updater, l2, l2_bias, weight_decay, seed, dtype, gradient_normalization)
 
     # ------------------------------------------------------------ plumbing
     @staticmethod
@@ -173,25 +174,25 @@ class Network(FlatModel):
             x = layer.forward(x, training)
         return x
 
-    def _loss_and_grad(self, x, y):
-        """Forward + backward in training mode; fills the flat gradient (L2
-        included).  Returns the loss for :meth:`_loss_value` as device values
-        (of the parameters before any update), to be read at the step's end."""
+    def _loss_terms(self, x, y):
+        """Forward + backward in training mode; fills the flat gradient.
+        Returns the loss term as device values, to be read at the step's end."""
         self._check_pair(x, y)
         xi = self._prepare_input(x)
         n = xi.shape[0]
         if n == 0:
             raise ValueError("Expect a non-empty batch, got 0 examples")
         out = self.layers[-1]
-        labels = out.prepare_labels(y, n, self._xp, self.dtype)
+        labels = out.prepare_labels(y, n, self.xp, self.dtype)
         self._forward(xi, training=True)
         total, count = out.loss_sum(labels)
         # Layers below the first one with parameters (a Reshape in front) need no gradient.
-        first = self._segments[0].layer if self._segments else len(self.layers) - 1
+        segments = self.flat.param_segments
+        first = segments[0].layer if segments else len(self.layers) - 1
         d = out.backward_loss(labels, need_dx=len(self.layers) - 1 > first)
         for i in range(len(self.layers) - 2, first - 1, -1):
             d = self.layers[i].backward(d, need_dx=i > first)
-        return self._pending([(1.0, total, count)])
+        return [(1.0, total, count)]
 
     def fit(self, x, y, batch_size=64, epochs=1, shuffle=True) -> list:
         """Minibatch training on in-memory arrays (a convenience for local
@@ -209,7 +210,7 @@ class Network(FlatModel):
         """
         xi = self._prepare_input(x)
         n = xi.shape[0]
-        result = self._xp.empty((n,) + tuple(self.layers[-1].output_shape), dtype=self.dtype)
+        result = self.xp.empty((n,) + tuple(self.layers[-1].output_shape), dtype=self.dtype)
         step = max(1, int(self.inference_batch_size))
         for start in range(0, n, step):
             result[start:start + step] = self._forward(xi[start:start + step], training=False)
@@ -223,14 +224,14 @@ class Network(FlatModel):
         if n == 0:
             raise ValueError("Expect a non-empty batch, got 0 examples")
         out = self.layers[-1]
-        labels_all = out.prepare_labels(y, n, self._xp, self.dtype)
+        labels_all = out.prepare_labels(y, n, self.xp, self.dtype)
         step = max(1, int(self.inference_batch_size))
         total = 0.0
         for start in range(0, n, step):
             chunk = xi[start:start + step]
             self._forward(chunk, training=False)
             total += out.loss(labels_all.rows(start, start + step)) * chunk.shape[0]
-        return total / n + self._penalty()
+        return total / n + self.flat.penalty()
 
     # ---------------------------------------------------------- config
     def config_arguments(self) -> dict:
@@ -239,7 +240,7 @@ class Network(FlatModel):
         return {
             "input_shape": self.input_shape,
             "layers": self.layers,
-            **self._training_arguments(),
+            **self.flat.arguments(),
         }
 
     def summary(self) -> str:
@@ -253,7 +254,7 @@ class Network(FlatModel):
 
     def __repr__(self):
         return (f"Network(input_shape={self.input_shape}, layers={len(self.layers)}, "
-                f"num_params={self._num_params}, updater={self.updater!r})")
+                f"num_params={self.num_params}, updater={self.updater!r})")
 
 
 def prepare_input(model, x, input_shape):
@@ -267,7 +268,7 @@ def prepare_input(model, x, input_shape):
         raise ValueError(f"Expect inputs of shape (batch, {dims})"
                          + (f" or (batch, {flat})" if len(input_shape) > 1 else "")
                          + f", got {shape}")
-    x = model._on_device(x, "inputs")
+    x = model.flat.on_device(x)
     n = shape[0]
     if len(input_shape) == 3:
         c, h, w = input_shape
@@ -275,7 +276,7 @@ def prepare_input(model, x, input_shape):
         x = x.reshape(n, h, w, 1) if c == 1 else x.transpose(0, 2, 3, 1)
     else:
         x = x.reshape((n,) + tuple(input_shape))
-    return model._xp.ascontiguousarray(x)
+    return model.flat.xp.ascontiguousarray(x)
 
 
 def format_summary(model, rows) -> str:
@@ -286,5 +287,5 @@ def format_summary(model, rows) -> str:
     lines.insert(1, "-" * len(lines[0]))
     lines.append("-" * len(lines[0]))
     lines.append(f"total params: {model.num_params:,} ({model.dtype}); buffers: {model.buffers.size:,}; "
-                 f"updater: {model.updater!r}; {model._training_summary()}")
+                 f"updater: {model.updater!r}; {model.flat.describe()}")
     return "\n".join(lines)

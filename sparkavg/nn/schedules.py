@@ -2,8 +2,8 @@
 
 A schedule stands wherever a learning rate does: ``Adam(lr=CosineSchedule(1e-3,
 steps=5000))``, ``SGD(lr=StepSchedule(0.1, 0.5, 1000))``, for every updater.
-The model resolves it at each step (:meth:`sparkavg.nn.flat.FlatModel.compute_update`,
-``fit_batch``) from its global :attr:`iteration` and its :attr:`epoch`, so a
+The model's flat state resolves it at each step
+(:meth:`sparkavg.nn.flatstate.FlatState.step_updater`: ``compute_update``, ``fit_batch``) from its global :attr:`iteration` and its :attr:`epoch`, so a
 :class:`~sparkavg.nn.Network`, a :class:`~sparkavg.nn.Graph` and a
 :class:`~sparkavg.torch.TorchModel` all follow it, on one process or on Spark:
 parameter averaging's workers start every round from the round's shipped

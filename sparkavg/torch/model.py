@@ -7,8 +7,10 @@ into a second (FSDP's ``FlatParameter``): ``param.data`` and
 the flat gradient.  On the CPU the flat tensors are the memory of numpy
 arrays (``torch.from_numpy``: zero-copy), on a GPU of CuPy arrays (DLPack),
 so sparkavg's own updaters, averaging, block momentum and threshold
-encoding act on them unchanged: the model is a
-:class:`~sparkavg.nn.flat.FlatModel` whose layers are a torch module.
+encoding act on them unchanged: the model holds a
+:class:`~sparkavg.nn.flatstate.FlatState` like every sparkavg model and is
+its provider (binding the module's tensors to it, computing a minibatch's
+loss and gradient).
 Torch's optimizers are not used: their per-parameter state could not be
 averaged, shipped or checkpointed as one vector.
 
@@ -31,7 +33,8 @@ import numpy as np
 from .. import backend
 from ..configurable import ConfigError, register
 from ..nn.clipping import GradientNormalization
-from ..nn.flat import FlatModel, Segment, check_updater
+from ..nn.flat import FlatModel
+from ..nn.flatstate import FlatState, check_dtype, check_seed, check_updater, segments_of
 from ..nn.losses import Targets, check_class_weights, check_huber_delta, prepare_targets
 from ..nn.model import InputSpec, ModelSpec, OutputSpec
 from ..nn.updaters import Updater
@@ -89,13 +92,9 @@ class _Plan:
         if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
             raise ValueError(f"Expect factory_kwargs as a dict of keyword arguments, got {kwargs!r:.100}")
         self.factory, self.kwargs = factory, dict(kwargs)
-        dtype = str(args.get("dtype", "float32"))
-        if dtype not in FlatModel.DTYPES:
-            raise ValueError(f"Expect dtype in {FlatModel.DTYPES}, got {dtype!r}")
-        self.dtype = np.dtype(dtype)
-        seed = args.get("seed", 123)
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"Expect seed as an int >= 0, got {seed!r}")
+        self.dtype = check_dtype(str(args.get("dtype", "float32")))
+        dtype = str(self.dtype)
+        seed = check_seed(args.get("seed", 123))
         name = self.factory_ref or getattr(factory, "__qualname__", repr(factory))
         module = None
         if meta:
@@ -117,16 +116,9 @@ class _Plan:
         self.params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         persistent = set(module.state_dict(keep_vars=True))
         self.buffers = [(n, b) for n, b in module.named_buffers() if n in persistent]
-        self.segments, offset = [], 0
-        for i, (n, p) in enumerate(self.params):
-            self.segments.append(Segment(i, n, offset, offset + p.numel(), tuple(p.shape), p.dim() > 1))
-            offset += p.numel()
-        self.num_params = offset
-        self.buffer_segments, offset = [], 0
-        for i, (n, b) in enumerate(self.buffers):
-            self.buffer_segments.append(Segment(i, n, offset, offset + b.numel(), tuple(b.shape), False))
-            offset += b.numel()
-        self.num_buffers = offset
+        # each parameter (buffer) tensor is its own owner; weights are those of two or more dimensions
+        self.segments, self.num_params = segments_of([(n, tuple(p.shape), p.dim() > 1)] for n, p in self.params)
+        self.buffer_segments, self.num_buffers = segments_of([(n, tuple(b.shape), False)] for n, b in self.buffers)
 
 
 @register("network", "TorchModel")
@@ -204,18 +196,18 @@ class TorchModel(FlatModel):
         if class_weights is not None and self._loss_fn is not None:
             raise ValueError("Expect class_weights only with a built-in loss ('cross_entropy' or 'bce'): a custom "
                              "loss weighs its own classes")
-        self.layers = []  # no sparkavg layers: the module is the model
-        self._init_state(plan.segments, plan.num_params, plan.buffer_segments, plan.num_buffers, updater, l2,
-                         l2_bias, weight_decay, seed, plan.dtype, gradient_normalization)
+        flat = FlatState(plan.segments, plan.buffer_segments, updater=updater, l2=l2, l2_bias=l2_bias,
+                         weight_decay=weight_decay, seed=seed, dtype=plan.dtype,
+                         gradient_normalization=gradient_normalization)
         self._torch_params = [p for _, p in plan.params]
         self._torch_buffers = [(self._owner(n), n.rpartition(".")[2], b.dtype) for n, b in plan.buffers]
         with torch.no_grad():
-            for seg, p in zip(self._segments, self._torch_params):
-                self._params[seg.start:seg.stop] = p.detach().reshape(-1).cpu().numpy()
-            for seg, (_, b) in zip(self._buffer_segments, plan.buffers):
-                self._buffers[seg.start:seg.stop] = b.detach().reshape(-1).cpu().to(torch.float64).numpy()
+            for seg, p in zip(flat.param_segments, self._torch_params):
+                flat.params[seg.start:seg.stop] = p.detach().reshape(-1).cpu().numpy()
+            for seg, (_, b) in zip(flat.buffer_segments, plan.buffers):
+                flat.buffers[seg.start:seg.stop] = b.detach().reshape(-1).cpu().to(torch.float64).numpy()
         self._training = None
-        self._bind()
+        self._compose(flat)
         self.units = self._dry_run()
         self.class_weights = check_class_weights(self.loss_kind, class_weights, self.units)
 
@@ -250,27 +242,26 @@ class TorchModel(FlatModel):
     def _tensor(self, array):
         """A torch tensor sharing ``array``'s memory (numpy or CuPy)."""
         torch = _torch()
-        if self._xp is np:
+        if self.flat.xp is np:
             return torch.from_numpy(array)
         return torch.from_dlpack(array)
 
     def _device(self):
         torch = _torch()
-        if self._xp is np:
+        if self.flat.xp is np:
             return torch.device("cpu")
         return torch.device("cuda", backend.cupy().cuda.Device().id)
 
-    def _bind(self):
+    def _bind_flat(self, flat):
         """Point every parameter, gradient and same-dtype buffer of the module
         at its slice of the flat vectors (after construction and any move)."""
         self.module.to(self._device())
-        flat, grads, buffers = self._tensor(self._params), self._tensor(self._grads), self._tensor(self._buffers)
-        self._flat, self._flat_grad = flat, grads
-        for seg, p in zip(self._segments, self._torch_params):
-            p.data = flat[seg.start:seg.stop].view(seg.shape)
+        params, grads, buffers = self._tensor(flat.params), self._tensor(flat.grads), self._tensor(flat.buffers)
+        for seg, p in zip(flat.param_segments, self._torch_params):
+            p.data = params[seg.start:seg.stop].view(seg.shape)
             p.grad = grads[seg.start:seg.stop].view(seg.shape)
         self._copied = []
-        for seg, (owner, name, dtype) in zip(self._buffer_segments, self._torch_buffers):
+        for seg, (owner, name, dtype) in zip(flat.buffer_segments, self._torch_buffers):
             view = buffers[seg.start:seg.stop].view(seg.shape)
             if dtype == view.dtype:
                 owner._buffers[name] = view
@@ -281,7 +272,7 @@ class TorchModel(FlatModel):
     def _dry_run(self) -> int:
         """Output units, from one inference forward of a zero batch."""
         torch = _torch()
-        x = torch.zeros((2,) + self.input_shape, dtype=self._flat.dtype, device=self._flat.device)
+        x = torch.zeros((2,) + self.input_shape, dtype=getattr(torch, str(self.dtype)), device=self._device())
         dims = ", ".join(map(str, self.input_shape))
         with torch.no_grad():
             self._mode(False)
@@ -310,15 +301,15 @@ class TorchModel(FlatModel):
             dims = ", ".join(str(d) for d in self.input_shape)
             raise ValueError(f"Expect inputs of shape (batch, {dims})"
                              + (f" or (batch, {flat})" if len(self.input_shape) > 1 else "") + f", got {shape}")
-        a = self._on_device(x)
-        if self._xp is np and not a.flags.writeable:
+        a = self.flat.on_device(x)
+        if self.xp is np and not a.flags.writeable:
             a = a.copy()  # torch.from_numpy warns on read-only memory
-        return self._tensor(self._xp.ascontiguousarray(a.reshape((shape[0],) + self.input_shape)))
+        return self._tensor(self.xp.ascontiguousarray(a.reshape((shape[0],) + self.input_shape)))
 
     def _targets(self, y, n, weights=None) -> Targets:
         """Labels checked as :mod:`sparkavg.nn.losses` does, as tensors: int64
         class indices, or float rows (one-hot, binary labels or values)."""
-        xp = self._xp
+        xp = self.xp
         if xp is np and not isinstance(y, np.ndarray) and hasattr(y, "__cuda_array_interface__"):
             y = backend.to_cpu(y)
         t = prepare_targets(self.loss_kind, y, n, self.units, xp, self.dtype, weights)
@@ -365,15 +356,15 @@ class TorchModel(FlatModel):
             elements = elements * w[:, None]
         return elements.sum() / elements.numel()
 
-    def _loss_and_grad(self, x, y):
-        """Forward + backward in training mode; fills the flat gradient (L2 included)."""
+    def _loss_terms(self, x, y):
+        """Forward + backward in training mode; fills the flat gradient."""
         torch = _torch()
         xt = self._inputs(x)
         n = xt.shape[0]
         if n == 0:
             raise ValueError("Expect a non-empty batch, got 0 examples")
         yt = self._targets(y, n)
-        self._grads.fill(0)
+        self.flat.grads.fill(0)
         self._mode(True)
         self._copy_in()
         loss = self._loss_of(self.module(xt), yt)
@@ -382,13 +373,8 @@ class TorchModel(FlatModel):
             for owner, name, view in self._copied:
                 view.copy_(owner._buffers[name])
         loss = loss.detach()
-        total = loss.item() if self._xp is np else backend.cupy().from_dlpack(loss)
-        return self._pending([(1.0, total, 1)])
-
-    def _lazy_tables(self) -> list:
-        """None: the segments index the module's parameters, not sparkavg
-        layers, and no sparkavg ``Embedding(lazy=True)`` lives in a module."""
-        return []
+        total = loss.item() if self.xp is np else backend.cupy().from_dlpack(loss)
+        return [(1.0, total, 1)]
 
     def _copy_in(self):
         """The buffers of another dtype than the model's, from the flat vector."""
@@ -419,7 +405,7 @@ class TorchModel(FlatModel):
 
     def _array(self, tensor):
         """A tensor as a new array of the model's module (numpy or CuPy)."""
-        if self._xp is np:
+        if self.xp is np:
             return tensor.numpy().copy()
         return backend.cupy().from_dlpack(tensor).copy()
 
@@ -428,7 +414,7 @@ class TorchModel(FlatModel):
         device: softmax probabilities when trained on classes, raw outputs
         for regression."""
         n = int(getattr(x, "shape", np.shape(x))[0])
-        result = self._xp.empty((n, self.units), dtype=self.dtype)
+        result = self.xp.empty((n, self.units), dtype=self.dtype)
         for start, out in self._chunks(x):
             if self.loss_kind == "nll":
                 out = _torch().softmax(out, dim=1)
@@ -446,7 +432,7 @@ class TorchModel(FlatModel):
         total = 0.0
         for start, out in self._chunks(x):
             total += float(self._loss_of(out, target.rows(start, start + out.shape[0]))) * out.shape[0]
-        return total / n + self._penalty()
+        return total / n + self.flat.penalty()
 
     # ---------------------------------------------------------- config
     def config_arguments(self) -> dict:
@@ -474,7 +460,7 @@ class TorchModel(FlatModel):
             args["class_weights"] = list(self.class_weights)
         if self.loss_kind == "huber":
             args["huber_delta"] = self.huber_delta
-        args.update({k: v for k, v in self._training_arguments().items() if k != "updater"})
+        args.update({k: v for k, v in self.flat.arguments().items() if k != "updater"})
         return args
 
     def clone(self):
@@ -484,20 +470,19 @@ class TorchModel(FlatModel):
                            self.factory_kwargs, self.targets, self.l2, self.l2_bias, self.weight_decay,
                            self.seed, str(self.dtype), self.gradient_normalization, self.class_weights,
                            self.huber_delta)
-        if self._xp is not np:
+        if self.xp is not np:
             other.to_gpu()
         other.load_state(self.state)
-        other.iteration, other.epoch = self.iteration, self.epoch
-        other.inference_batch_size = self.inference_batch_size
+        self._copy_counters(other)
         return other
 
     def summary(self) -> str:
         """The module's own text, its parameter and buffer counts and the training setup."""
         return (f"{self.module}\ntotal params: {self.num_params:,} ({self.dtype}); buffers: "
-                f"{self._buffers.size:,}; outputs: {self.units} ({self.loss_kind}); updater: {self.updater!r}; "
-                f"{self._training_summary()}")
+                f"{self.buffers.size:,}; outputs: {self.units} ({self.loss_kind}); updater: {self.updater!r}; "
+                f"{self.flat.describe()}")
 
     def __repr__(self):
         name = self.factory_ref or getattr(self._factory_arg, "__qualname__", "?")
         return (f"TorchModel(factory={name!r}, input_shape={self.input_shape}, units={self.units}, "
-                f"num_params={self._num_params}, updater={self.updater!r})")
+                f"num_params={self.num_params}, updater={self.updater!r})")

@@ -216,3 +216,67 @@ def test_torch_class_weights_are_checked_against_its_outputs():
     with pytest.raises(ValueError, match="class_weights only with a built-in loss"):
         TorchModel("tests.torch_models:mlp", loss="tests.torch_models:huber", targets="values", input_shape=(16,),
                    class_weights=(1.0, 2.0))
+
+
+# ------------------------------------------------------------ row weights
+def _numeric_gradient(net, x, y, weights, eps=1e-6):
+    """Central differences of the weighted loss, every parameter."""
+    p0 = net.params.copy()
+    numeric = np.empty(p0.size)
+    for i in range(p0.size):
+        up, down = p0.copy(), p0.copy()
+        up[i] += eps
+        down[i] -= eps
+        net.params = up
+        high = net.gradient(x, y, weights)[0]
+        net.params = down
+        numeric[i] = (high - net.gradient(x, y, weights)[0]) / (2 * eps)
+    net.params = p0
+    return numeric
+
+
+@pytest.mark.parametrize("units, output, y", [
+    (3, dict(loss="nll", class_weights=(1.0, 0.5, 2.0)), np.array([0, 1, 2, 2, 1, 0])),
+    (3, dict(loss="nll"), np.random.default_rng(5).dirichlet(np.ones(3), 6)),
+    (1, dict(loss="bce", class_weights=(0.5, 2.0)), np.array([0, 1, 1, 0, 1, 0.0])),
+    (2, dict(loss="huber"), 2 * np.random.default_rng(6).standard_normal((6, 2))),
+    (2, dict(loss="mse"), np.random.default_rng(7).standard_normal((6, 2))),
+])
+def test_row_weights_pass_a_gradient_check_and_scale_each_rows_loss(units, output, y):
+    net = _net(units, **output)
+    x, w = _x(), np.array([0.0, 1.0, 2.5, 0.5, 1.0, 3.0])
+    loss, grad = net.gradient(x, y, w)
+    np.testing.assert_allclose(grad, _numeric_gradient(net, x, y, w), rtol=1e-5, atol=1e-8)
+    per_row = np.array([net.gradient(x[i:i + 1], y[i:i + 1])[0] - net.flat.penalty() for i in range(6)])
+    assert loss - net.flat.penalty() == pytest.approx(np.mean(per_row * w), rel=1e-10)
+
+
+def test_unit_weights_train_bit_identically_to_none():
+    x, y = _x(32, seed=2), np.random.default_rng(2).integers(0, 3, 32)
+    plain, weighted = _net(3), _net(3)
+    plain.fit(x, y, batch_size=8, epochs=2)
+    weighted.fit(x, y, batch_size=8, epochs=2, weights=np.ones(32))
+    np.testing.assert_array_equal(plain.params, weighted.params)
+
+
+def test_torch_row_weights_equal_the_engines():
+    pytest.importorskip("torch")
+    from sparkavg.torch import TorchModel
+
+    x, y, w = np.random.default_rng(0).standard_normal((6, 16)), np.array([0, 1, 1, 0, 1, 0]), np.arange(6.0)
+    model = TorchModel("tests.torch_models:mlp", input_shape=(16,), dtype="float64")
+    loss, grad = model.gradient(x, y, w)
+    per_row = np.array([model.gradient(x[i:i + 1], y[i:i + 1])[0] for i in range(6)])
+    assert loss == pytest.approx(np.mean(per_row * w), rel=1e-10)
+    rows = [model.gradient(x[i:i + 1], y[i:i + 1])[1] for i in range(6)]
+    np.testing.assert_allclose(grad, sum(g * wi for g, wi in zip(rows, w)) / 6, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("weights, message", [
+    (np.array([1.0, -1.0, 1, 1, 1, 1]), "finite and >= 0"),
+    (np.array([1.0, np.nan, 1, 1, 1, 1]), "finite and >= 0"),
+    (np.ones(5), r"one weight per example, shape \(6,\), got \(5,\)"),
+])
+def test_bad_row_weights_are_named(weights, message):
+    with pytest.raises(ValueError, match=message):
+        _net(3).fit_batch(_x(), np.zeros(6, np.int64), weights=weights)

@@ -286,7 +286,7 @@ class Graph(LayerModel):
                 v.op.forward(args, training)
         return values
 
-    def _loss_terms(self, x, y):
+    def _loss_terms(self, x, y, weights=None):
         values, n = self._prepare(x)
         if n == 0:
             raise ValueError("Expect a non-empty batch, got 0 examples")
@@ -298,7 +298,7 @@ class Graph(LayerModel):
             if count != n:
                 raise ValueError(f"Expect x and y with the same number of examples, got {n} inputs and {count} "
                                  f"labels for output {name!r}")
-            labels[name] = by_name[name].op.prepare_labels(ys[name], n, self.xp, self.dtype)
+            labels[name] = by_name[name].op.prepare_labels(ys[name], n, self.xp, self.dtype, weights)
         self._forward(values, training=True)
         terms, grads = [], {}
         for v in reversed(self._order):
@@ -335,9 +335,10 @@ class Graph(LayerModel):
         else:
             grads[name] = dx
 
-    def fit(self, x, y, batch_size=64, epochs=1, shuffle=True) -> list:
+    def fit(self, x, y, batch_size=64, epochs=1, shuffle=True, weights=None) -> list:
         """Minibatch training on in-memory arrays (dicts by name for several
-        inputs or outputs); advances :attr:`epoch`.  Returns each epoch's mean loss."""
+        inputs or outputs); advances :attr:`epoch`.  Returns each epoch's mean
+        loss.  ``weights``: one per example (every output's loss), or None."""
         xs = self._named(x, list(self.inputs), "inputs")
         ys = self._named(y, self.outputs, "labels")
         n = len(next(iter(xs.values())))
@@ -346,7 +347,7 @@ class Graph(LayerModel):
                              f"{ {k: len(a) for k, a in {**xs, **ys}.items()} }")
         xs = xs if len(xs) > 1 else next(iter(xs.values()))
         ys = ys if len(ys) > 1 else next(iter(ys.values()))
-        return super().fit(xs, ys, batch_size, epochs, shuffle)
+        return super().fit(xs, ys, batch_size, epochs, shuffle, weights)
 
     # ----------------------------------------------------------- inference
     def output(self, x):

@@ -185,11 +185,12 @@ class Model(Protocol):
     def xp(self):
         """numpy or cupy: where the state lives."""
 
-    def fit_batch(self, x, y, *, sync: bool = True):
+    def fit_batch(self, x, y, *, weights=None, sync: bool = True):
         """One training step; the batch loss (a float, or with ``sync=False``
-        on a GPU a 0-d device array)."""
+        on a GPU a 0-d device array).  ``weights``: one per example, scaling
+        its loss (the mean keeps the example count as its divisor), or None."""
 
-    def compute_update(self, x, y, out, *, sync: bool = True):
+    def compute_update(self, x, y, out, *, weights=None, sync: bool = True):
         """Fill flat ``out`` with what :meth:`fit_batch` would add to the
         parameters, advancing the updater and buffers; return the loss."""
 

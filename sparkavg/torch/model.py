@@ -356,14 +356,14 @@ class TorchModel(FlatModel):
             elements = elements * w[:, None]
         return elements.sum() / elements.numel()
 
-    def _loss_terms(self, x, y):
+    def _loss_terms(self, x, y, weights=None):
         """Forward + backward in training mode; fills the flat gradient."""
         torch = _torch()
         xt = self._inputs(x)
         n = xt.shape[0]
         if n == 0:
             raise ValueError("Expect a non-empty batch, got 0 examples")
-        yt = self._targets(y, n)
+        yt = self._targets(y, n, weights)
         self.flat.grads.fill(0)
         self._mode(True)
         self._copy_in()

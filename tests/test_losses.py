@@ -280,3 +280,12 @@ def test_torch_row_weights_equal_the_engines():
 def test_bad_row_weights_are_named(weights, message):
     with pytest.raises(ValueError, match=message):
         _net(3).fit_batch(_x(), np.zeros(6, np.int64), weights=weights)
+
+
+def test_a_binary_output_predicts_at_the_half_threshold():
+    net = _net(1, loss="bce")
+    x = _x(20, seed=8)
+    p = net.output(x)[:, 0]
+    np.testing.assert_array_equal(net.predict(x), (p > 0.5).astype(p.dtype))
+    regression = _net(2, loss="mae")
+    np.testing.assert_array_equal(regression.predict(x), regression.output(x)[:, 0])

@@ -30,6 +30,7 @@ from ..configurable import ConfigError, Configurable, from_config
 from ..references import trusting
 from .flatstate import DTYPES, FlatState, Segment, blocks, segments_of
 from .layers import Dropout
+from .losses import predicted
 from .model import config_fingerprint
 from .serialization import load_network, save_network
 from .upgrades import upgrade_config
@@ -212,8 +213,10 @@ class FlatModel(Configurable):
         return losses
 
     def predict(self, x):
-        """Arg-max class index per example, (N,) int64 (numpy on CPU)."""
-        return self.output(x).argmax(axis=1)
+        """The prediction per example, (N,) (numpy on CPU): the arg-max
+        class, a binary output's 0/1 at the 0.5 threshold, a regression
+        output's first value (:func:`sparkavg.nn.losses.predicted`)."""
+        return predicted(self.spec.outputs[0].target, self.output(x))
 
     # ----------------------------------------------------------- state
     @property

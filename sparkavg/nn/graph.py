@@ -44,6 +44,7 @@ from .clipping import GradientNormalization
 from .flat import LayerModel
 from .flatstate import check_updater
 from .layers import Layer
+from .losses import predicted
 from .model import InputSpec, ModelSpec, OutputSpec, config_fingerprint
 from .network import format_summary, prepare_input
 from .output import Output
@@ -366,11 +367,13 @@ class Graph(LayerModel):
         return result[self.outputs[0]] if len(self.outputs) == 1 else result
 
     def predict(self, x):
-        """Arg-max class index per example (a dict by output name for several outputs)."""
+        """The prediction per example (a dict by output name for several
+        outputs), as :meth:`FlatModel.predict <sparkavg.nn.flat.FlatModel.predict>` says."""
         out = self.output(x)
+        targets = {o.name: o.target for o in self.spec.outputs}
         if isinstance(out, dict):
-            return {k: v.argmax(axis=1) for k, v in out.items()}
-        return out.argmax(axis=1)
+            return {k: predicted(targets[k], v) for k, v in out.items()}
+        return predicted(targets[self.outputs[0]], out)
 
     def score(self, x, y) -> float:
         """Weighted sum of the outputs' mean losses (inference mode, chunked) + L2 penalty."""

@@ -21,6 +21,8 @@ from typing import Callable, Iterable, Iterator, List, Mapping, Optional, Sequen
 
 import numpy as np
 
+from ..nn.model import TARGETS
+
 __all__ = [
     "DataValidationError",
     "DataSpec",
@@ -114,9 +116,12 @@ class DataSpec:
         Shape of one example's features (e.g. ``(1, 28, 28)``); any array
         with the same number of elements is accepted and reshaped.
     num_outputs : int
-        Classes (``loss='nll'``) or regression targets (``loss='mse'``).
+        Classes (``loss='nll'``), binary labels (``'bce'``) or regression
+        targets (``'mse'``, ``'mae'``, ``'huber'``).
     loss : str
-        ``'nll'`` (labels are class indices or one-hot rows) or ``'mse'``.
+        The output's loss (:data:`sparkavg.nn.model.TARGETS` says what its
+        labels are: class indices or one-hot rows, values in [0, 1], or
+        finite values).
     dtype : {"float32", "int64"}
         The one input's dtype: ``"int64"`` keeps integer ids integer.
     inputs : tuple of NamedInput
@@ -152,8 +157,13 @@ class DataSpec:
         return int(math.prod(self.input_shape))
 
     @property
+    def target(self) -> str:
+        """``"classes"``, ``"binary"`` or ``"values"``."""
+        return TARGETS[self.loss]
+
+    @property
     def classification(self) -> bool:
-        return self.loss != "mse"
+        return self.target == "classes"
 
     @property
     def shape_note(self) -> str:
@@ -171,6 +181,8 @@ class DataSpec:
         if self.classification:
             return (f"a class index in [0, {self.num_outputs}) or a one-hot row of length "
                     f"{self.num_outputs}")
+        if self.target == "binary":
+            return "a label in [0, 1]" if self.num_outputs == 1 else f"{self.num_outputs} labels in [0, 1]"
         return f"{self.num_outputs} finite regression target(s)"
 
 
@@ -382,7 +394,17 @@ def check_label_values(values: np.ndarray, spec: DataSpec, where: Where) -> np.n
     if spec.num_outputs != 1:
         raise _label_error(spec, where(0), values[0])
     check_finite(values, where, "label")
+    _check_binary(values.reshape(-1, 1), spec, where)
     return values.astype(np.float32).reshape(-1, 1)
+
+
+def _check_binary(rows: np.ndarray, spec: DataSpec, where: Where) -> None:
+    """Binary labels (``loss='bce'``) lie in [0, 1]."""
+    if spec.target == "binary":
+        bad = ((rows < 0) | (rows > 1)).any(axis=1)
+        if bad.any():
+            i = _first(bad)
+            raise _label_error(spec, where(i), rows[i] if rows.shape[1] > 1 else rows[i, 0])
 
 
 def _label_rows(y: np.ndarray, spec: DataSpec, where: Where) -> np.ndarray:
@@ -393,6 +415,7 @@ def _label_rows(y: np.ndarray, spec: DataSpec, where: Where) -> np.ndarray:
     check_widths(np.full(len(y), rows.shape[1]), spec.num_outputs, where, lambda i: f"shape {y.shape[1:]}",
                  "label", spec.label_note)
     check_finite(rows, where, "label")
+    _check_binary(rows, spec, where)
     return rows.astype(np.float32, copy=False)
 
 

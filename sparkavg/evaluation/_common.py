@@ -65,6 +65,11 @@ def _class_indices(a, num_classes: int, what: str) -> np.ndarray:
     (argmax taken); the first bad value is named."""
     a = to_cpu(a)
     c = num_classes
+    if c == 2 and a.ndim == 2 and a.shape[1] == 1:  # a binary output's one column: P(class 1), or 0/1 labels
+        if a.dtype.kind == "f":
+            _first_nonfinite(a, what)
+            return (a[:, 0] > 0.5).astype(np.int64)
+        a = a[:, 0]
     if a.ndim == 2 and a.shape[1] == c:
         if a.dtype.kind == "f":
             _first_nonfinite(a, what)
@@ -125,9 +130,11 @@ def _checked_batch(num_classes: int, labels, probabilities, weights, unit_interv
     if p.dtype.kind not in "biuf":
         raise ValueError(f"Expect real probabilities, got dtype {p.dtype}")
     eps = float(np.finfo(p.dtype).eps) if p.dtype.kind == "f" else float(np.finfo(np.float64).eps)
-    one_column = p.ndim == 1 and c == 2
+    one_column = c == 2 and (p.ndim == 1 or (p.ndim == 2 and p.shape[1] == 1))
     if not one_column and (p.ndim != 2 or p.shape[1] != c):
-        raise ValueError(f"Expect probabilities of shape (N, {c}){' or (N,)' if c == 2 else ''}, got shape {p.shape}")
+        raise ValueError(f"Expect probabilities of shape (N, {c}){' or (N,) or (N, 1)' if c == 2 else ''}, "
+                         f"got shape {p.shape}")
+    p = p.reshape(-1) if one_column else p
     p = np.asarray(p, dtype=np.float64)
     _first_nonfinite(p, "probabilities")
     if unit_interval and p.size and (p.min() < 0 or p.max() > 1):

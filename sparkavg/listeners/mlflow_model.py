@@ -57,6 +57,7 @@ import numpy as np
 import pandas as pd
 
 from ..data.transforms import check_encoding_dict, encode_inputs
+from ..nn.losses import predicted
 
 __all__ = ["NetworkPyfunc", "log_network", "save_network_model", "features_matrix", "input_columns"]
 
@@ -157,7 +158,7 @@ def prediction_frame(spec, out) -> pd.DataFrame:
         values = by_name[output.name]
         values = np.asarray(values.get() if hasattr(values, "__cuda_array_interface__") else values)
         values = values.reshape(len(values), -1).astype(np.float32, copy=False)
-        prediction = values.argmax(axis=1) if output.classification else values[:, 0]
+        prediction = predicted(output.target, values)
         suffix = "" if single else f"_{output.name}"
         columns["prediction" + suffix] = prediction.astype(np.float64)
         columns["probability" + suffix] = list(values)

@@ -30,6 +30,7 @@ from ..configurable import ConfigError, Configurable, from_config
 from ..references import trusting
 from .flatstate import DTYPES, FlatState, Segment, blocks, segments_of
 from .layers import Dropout
+from .losses import predicted
 from .model import config_fingerprint
 from .serialization import load_network, save_network
 from .upgrades import upgrade_config
@@ -91,7 +92,7 @@ class FlatModel(Configurable):
         (:class:`~sparkavg.nn.flatstate.FlatProvider`)."""
         raise NotImplementedError
 
-    def _loss_terms(self, x, y) -> list:
+    def _loss_terms(self, x, y, weights=None) -> list:
         """Forward + backward of one minibatch in training mode into
         ``flat.grads``; the ``(weight, total, count)`` loss terms
         (:class:`~sparkavg.nn.flatstate.FlatProvider`)."""
@@ -127,10 +128,10 @@ class FlatModel(Configurable):
         return self.flat.step_threads(self)
 
     # ------------------------------------------------------------ training
-    def gradient(self, x, y):
+    def gradient(self, x, y, weights=None):
         """Loss and gradient of one batch, without updating anything (nor
         normalising the gradient: :attr:`gradient_normalization` acts in
-        training steps only).
+        training steps only); ``weights``: one per example, or None.
 
         Returns
         -------
@@ -138,9 +139,9 @@ class FlatModel(Configurable):
             Mean loss (+ L2 penalty) and a COPY of the flat gradient
             (``num_params``,), L2 included, on the model's device.
         """
-        return self.flat.gradient(self, x, y)
+        return self.flat.gradient(self, x, y, weights)
 
-    def compute_update(self, x, y, out, *, sync: bool = True):
+    def compute_update(self, x, y, out, *, weights=None, sync: bool = True):
         """Fill ``out`` with exactly what :meth:`fit_batch` would add to the
         parameters (the updater's step after L2 and weight decay), advancing
         the updater state, the buffers and :attr:`iteration`, without applying it.
@@ -154,14 +155,18 @@ class FlatModel(Configurable):
         device; it is zeroed first.  Returns the batch loss (``sync=False``:
         as a 0-d array on the device, see :meth:`fit_batch`).
         """
-        return self.flat.compute_update(self, x, y, out, sync=sync)
+        return self.flat.compute_update(self, x, y, out, weights=weights, sync=sync)
 
     def apply_update(self, update) -> None:
         """``params += update`` in place (``update`` flat, same dtype and device)."""
         self.flat.apply_update(update)
 
-    def fit_batch(self, x, y, *, sync: bool = True):
+    def fit_batch(self, x, y, *, weights=None, sync: bool = True):
         """One training step (forward, backward, updater); returns the batch loss.
+
+        ``weights``, one finite weight >= 0 per example (or None), scale
+        each example's loss; the mean keeps its divisor, the example count
+        (:mod:`sparkavg.nn.losses`).
 
         Exactly ``compute_update`` into a buffer followed by ``apply_update``;
         without weight decay the updater adds to the parameters directly (same
@@ -171,7 +176,7 @@ class FlatModel(Configurable):
         device instead of a float: on a GPU the step then ends without
         waiting for the device (the caller reads the loss when it needs it).
         """
-        return self.flat.fit_batch(self, x, y, sync=sync)
+        return self.flat.fit_batch(self, x, y, weights=weights, sync=sync)
 
     @staticmethod
     def _count(x) -> int:
@@ -187,9 +192,10 @@ class FlatModel(Configurable):
             return {k: v[idx] for k, v in x.items()}
         return x[idx]
 
-    def fit(self, x, y, batch_size=64, epochs=1, shuffle=True) -> list:
+    def fit(self, x, y, batch_size=64, epochs=1, shuffle=True, weights=None) -> list:
         """Minibatch training on in-memory arrays (a convenience for local
-        runs); advances :attr:`epoch`.  Returns the mean loss of each epoch."""
+        runs); advances :attr:`epoch`.  Returns the mean loss of each epoch.
+        ``weights``: one per example, or None (see :meth:`fit_batch`)."""
         n = self._count(x)
         if n == 0:
             raise ValueError("Expect a non-empty dataset, got 0 examples")
@@ -200,14 +206,17 @@ class FlatModel(Configurable):
             total = 0.0
             for start in range(0, n, batch_size):
                 idx = order[start:start + batch_size]
-                total += self.fit_batch(self._take(x, idx), self._take(y, idx)) * len(idx)
+                w = None if weights is None else np.asarray(weights)[idx]
+                total += self.fit_batch(self._take(x, idx), self._take(y, idx), weights=w) * len(idx)
             self.epoch += 1
             losses.append(total / n)
         return losses
 
     def predict(self, x):
-        """Arg-max class index per example, (N,) int64 (numpy on CPU)."""
-        return self.output(x).argmax(axis=1)
+        """The prediction per example, (N,) (numpy on CPU): the arg-max
+        class, a binary output's 0/1 at the 0.5 threshold, a regression
+        output's first value (:func:`sparkavg.nn.losses.predicted`)."""
+        return predicted(self.spec.outputs[0].target, self.output(x))
 
     # ----------------------------------------------------------- state
     @property

@@ -114,10 +114,12 @@ class FlatProvider(Protocol):
         a module's tensors) at views of ``flat``'s vectors; called once the
         initial values are in and after every device move."""
 
-    def _loss_terms(self, x, y) -> list:
+    def _loss_terms(self, x, y, weights=None) -> list:
         """Forward and backward of one minibatch in training mode, writing
         the loss gradient (without L2) into every element of
-        :attr:`FlatState.grads`.  Returns the loss as ``(weight, total,
+        :attr:`FlatState.grads`; ``weights``, one per example, scale the
+        examples' losses (:mod:`sparkavg.nn.losses`): a provider that takes
+        none is called without them.  Returns the loss as ``(weight, total,
         count)`` terms, totals possibly device values read at the step's end."""
 
     def _step_work(self) -> tuple:
@@ -365,26 +367,26 @@ class FlatState:
             return single_threaded_blas()
         return contextlib.nullcontext()
 
-    def _training_loss(self, provider: FlatProvider, x, y):
+    def _training_loss(self, provider: FlatProvider, x, y, weights=None):
         """The provider's loss and gradient of a training step: the loss
         gradient normalised by :attr:`gradient_normalization`, then L2 added."""
         normalize = self.gradient_normalization is not None
         with self.step_threads(provider):
-            return self._pending(provider._loss_terms(x, y), normalize)
+            return self._pending(_loss_terms(provider, x, y, weights), normalize)
 
-    def gradient(self, provider: FlatProvider, x, y):
+    def gradient(self, provider: FlatProvider, x, y, weights=None):
         """Loss and a copy of the gradient of one batch, L2 included, nothing
         updated nor normalised (see :meth:`~sparkavg.nn.flat.FlatModel.gradient`)."""
-        loss = self.loss_value(self._pending(provider._loss_terms(x, y), False))
+        loss = self.loss_value(self._pending(_loss_terms(provider, x, y, weights), False))
         return loss, self.grads.copy()
 
-    def compute_update(self, provider: FlatProvider, x, y, out, *, sync: bool = True):
+    def compute_update(self, provider: FlatProvider, x, y, out, *, weights=None, sync: bool = True):
         """Fill ``out`` with what :meth:`fit_batch` would add to the
         parameters, advancing the updater state, the buffers and
         :attr:`iteration` (see :meth:`~sparkavg.nn.flat.FlatModel.compute_update`)."""
         self.check_flat(out, "out", self.num_params)
         updater = self.step_updater()
-        pending = self._training_loss(provider, x, y)
+        pending = self._training_loss(provider, x, y, weights)
         out.fill(0)
         self._step_into(updater, out, provider)
         self.iteration += 1
@@ -406,18 +408,18 @@ class FlatState:
         decay reads the parameters before the step)."""
         return not (self.regularization().decay_ranges or provider._has_lazy_rows())
 
-    def fit_batch(self, provider: FlatProvider, x, y, *, sync: bool = True):
+    def fit_batch(self, provider: FlatProvider, x, y, *, weights=None, sync: bool = True):
         """One training step; the batch loss (see
         :meth:`~sparkavg.nn.flat.FlatModel.fit_batch`).  Exactly
         :meth:`compute_update` into :attr:`update` then ``params += update``;
         where the updater may add to the parameters directly it does (same
         sums, bit-identical on the CPU; no buffer to zero, one pass fewer)."""
         if not self._adds_directly(provider):
-            loss = self.compute_update(provider, x, y, self.update, sync=sync)
+            loss = self.compute_update(provider, x, y, self.update, weights=weights, sync=sync)
             self.params += self.update
             return loss
         updater = self.step_updater()
-        pending = self._training_loss(provider, x, y)
+        pending = self._training_loss(provider, x, y, weights)
         updater.apply(self.params, self.grads, self.updater_state, self.iteration)
         self.iteration += 1
         return self.loss_value(pending, sync)
@@ -468,3 +470,10 @@ class FlatState:
         norm = self.gradient_normalization
         return (f"l2={self.l2}, l2_bias={self.l2_bias}, weight_decay={self.weight_decay}; "
                 + (f"gradient_normalization={norm!r}; " if norm is not None else "") + f"seed={self.seed}")
+
+
+def _loss_terms(provider: FlatProvider, x, y, weights) -> list:
+    """The provider's loss terms; ``weights`` passed only when given."""
+    if weights is None:
+        return provider._loss_terms(x, y)
+    return provider._loss_terms(x, y, weights)

@@ -44,6 +44,7 @@ from .clipping import GradientNormalization
 from .flat import LayerModel
 from .flatstate import check_updater
 from .layers import Layer
+from .losses import predicted
 from .model import InputSpec, ModelSpec, OutputSpec, config_fingerprint
 from .network import format_summary, prepare_input
 from .output import Output
@@ -286,7 +287,7 @@ class Graph(LayerModel):
                 v.op.forward(args, training)
         return values
 
-    def _loss_terms(self, x, y):
+    def _loss_terms(self, x, y, weights=None):
         values, n = self._prepare(x)
         if n == 0:
             raise ValueError("Expect a non-empty batch, got 0 examples")
@@ -298,7 +299,7 @@ class Graph(LayerModel):
             if count != n:
                 raise ValueError(f"Expect x and y with the same number of examples, got {n} inputs and {count} "
                                  f"labels for output {name!r}")
-            labels[name] = by_name[name].op.prepare_labels(ys[name], n, self.xp, self.dtype)
+            labels[name] = by_name[name].op.prepare_labels(ys[name], n, self.xp, self.dtype, weights)
         self._forward(values, training=True)
         terms, grads = [], {}
         for v in reversed(self._order):
@@ -335,9 +336,10 @@ class Graph(LayerModel):
         else:
             grads[name] = dx
 
-    def fit(self, x, y, batch_size=64, epochs=1, shuffle=True) -> list:
+    def fit(self, x, y, batch_size=64, epochs=1, shuffle=True, weights=None) -> list:
         """Minibatch training on in-memory arrays (dicts by name for several
-        inputs or outputs); advances :attr:`epoch`.  Returns each epoch's mean loss."""
+        inputs or outputs); advances :attr:`epoch`.  Returns each epoch's mean
+        loss.  ``weights``: one per example (every output's loss), or None."""
         xs = self._named(x, list(self.inputs), "inputs")
         ys = self._named(y, self.outputs, "labels")
         n = len(next(iter(xs.values())))
@@ -346,7 +348,7 @@ class Graph(LayerModel):
                              f"{ {k: len(a) for k, a in {**xs, **ys}.items()} }")
         xs = xs if len(xs) > 1 else next(iter(xs.values()))
         ys = ys if len(ys) > 1 else next(iter(ys.values()))
-        return super().fit(xs, ys, batch_size, epochs, shuffle)
+        return super().fit(xs, ys, batch_size, epochs, shuffle, weights)
 
     # ----------------------------------------------------------- inference
     def output(self, x):
@@ -365,11 +367,13 @@ class Graph(LayerModel):
         return result[self.outputs[0]] if len(self.outputs) == 1 else result
 
     def predict(self, x):
-        """Arg-max class index per example (a dict by output name for several outputs)."""
+        """The prediction per example (a dict by output name for several
+        outputs), as :meth:`FlatModel.predict <sparkavg.nn.flat.FlatModel.predict>` says."""
         out = self.output(x)
+        targets = {o.name: o.target for o in self.spec.outputs}
         if isinstance(out, dict):
-            return {k: v.argmax(axis=1) for k, v in out.items()}
-        return out.argmax(axis=1)
+            return {k: predicted(targets[k], v) for k, v in out.items()}
+        return predicted(targets[self.outputs[0]], out)
 
     def score(self, x, y) -> float:
         """Weighted sum of the outputs' mean losses (inference mode, chunked) + L2 penalty."""
@@ -385,8 +389,7 @@ class Graph(LayerModel):
             self._forward({k: a[start:start + step] for k, a in prepared.items()}, training=False)
             rows = min(step, n - start)
             for name in self.outputs:
-                kind, lab = labels[name]
-                total += self.loss_weights[name] * by_name[name].op.loss((kind, lab[start:start + step])) * rows
+                total += self.loss_weights[name] * by_name[name].op.loss(labels[name].rows(start, start + step)) * rows
         return total / n + self.flat.penalty()
 
     # ------------------------------------------------------------- config

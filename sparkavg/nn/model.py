@@ -46,9 +46,14 @@ __all__ = [
 #: The names of a model's flat state vectors, in the order they travel.
 STATE_VECTORS = ("params", "updater", "buffers")
 
-#: Losses an output may carry: negative log-likelihood of a softmax
-#: (classification) and mean squared error (regression).
-LOSS_KINDS = ("nll", "mse")
+#: Losses an output may carry (:mod:`sparkavg.nn.losses`): negative
+#: log-likelihood of a softmax, binary cross-entropy of a sigmoid, and the
+#: regression losses.
+LOSS_KINDS = ("nll", "bce", "mse", "mae", "huber")
+
+#: What each loss trains on: class indices or one-hot rows (``classes``),
+#: independent 0/1 labels (``binary``), or real values (``values``).
+TARGETS = {"nll": "classes", "bce": "binary", "mse": "values", "mae": "values", "huber": "values"}
 
 
 @dataclass(frozen=True)
@@ -86,8 +91,9 @@ class OutputSpec:
     ----------
     name : str
     units : int
-        Classes (``loss="nll"``) or regression targets (``loss="mse"``).
-    loss : {"nll", "mse"}
+        Classes (``loss="nll"``), independent binary labels (``"bce"``) or
+        regression targets (``"mse"``, ``"mae"``, ``"huber"``).
+    loss : {"nll", "bce", "mse", "mae", "huber"}
     weight : float
         This output's weight in the summed loss of a several-output model.
     """
@@ -98,8 +104,14 @@ class OutputSpec:
     weight: float = 1.0
 
     @property
+    def target(self) -> str:
+        """``"classes"``, ``"binary"`` or ``"values"`` (:data:`TARGETS`)."""
+        return TARGETS[self.loss]
+
+    @property
     def classification(self) -> bool:
-        return self.loss != "mse"
+        """Whether labels are class indices (or one-hot rows): softmax outputs."""
+        return self.target == "classes"
 
 
 @dataclass(frozen=True)
@@ -173,11 +185,12 @@ class Model(Protocol):
     def xp(self):
         """numpy or cupy: where the state lives."""
 
-    def fit_batch(self, x, y, *, sync: bool = True):
+    def fit_batch(self, x, y, *, weights=None, sync: bool = True):
         """One training step; the batch loss (a float, or with ``sync=False``
-        on a GPU a 0-d device array)."""
+        on a GPU a 0-d device array).  ``weights``: one per example, scaling
+        its loss (the mean keeps the example count as its divisor), or None."""
 
-    def compute_update(self, x, y, out, *, sync: bool = True):
+    def compute_update(self, x, y, out, *, weights=None, sync: bool = True):
         """Fill flat ``out`` with what :meth:`fit_batch` would add to the
         parameters, advancing the updater and buffers; return the loss."""
 

@@ -174,7 +174,7 @@ class Network(LayerModel):
             x = layer.forward(x, training)
         return x
 
-    def _loss_terms(self, x, y):
+    def _loss_terms(self, x, y, weights=None):
         """Forward + backward in training mode; fills the flat gradient.
         Returns the loss term as device values, to be read at the step's end."""
         self._check_pair(x, y)
@@ -183,7 +183,7 @@ class Network(LayerModel):
         if n == 0:
             raise ValueError("Expect a non-empty batch, got 0 examples")
         out = self.layers[-1]
-        labels = out.prepare_labels(y, n, self.xp, self.dtype)
+        labels = out.prepare_labels(y, n, self.xp, self.dtype, weights)
         self._forward(xi, training=True)
         total, count = out.loss_sum(labels)
         # Layers below the first one with parameters (a Reshape in front) need no gradient.
@@ -194,11 +194,12 @@ class Network(LayerModel):
             d = self.layers[i].backward(d, need_dx=i > first)
         return [(1.0, total, count)]
 
-    def fit(self, x, y, batch_size=64, epochs=1, shuffle=True) -> list:
+    def fit(self, x, y, batch_size=64, epochs=1, shuffle=True, weights=None) -> list:
         """Minibatch training on in-memory arrays (a convenience for local
-        runs); advances :attr:`epoch`.  Returns the mean loss of each epoch."""
+        runs); advances :attr:`epoch`.  Returns the mean loss of each epoch.
+        ``weights``: one per example, or None (see :meth:`fit_batch`)."""
         self._check_pair(x, y)
-        return super().fit(x, y, batch_size, epochs, shuffle)
+        return super().fit(x, y, batch_size, epochs, shuffle, weights)
 
     # ----------------------------------------------------------- inference
     def output(self, x):
@@ -230,8 +231,7 @@ class Network(LayerModel):
         for start in range(0, n, step):
             chunk = xi[start:start + step]
             self._forward(chunk, training=False)
-            kind, lab = labels_all
-            total += out.loss((kind, lab[start:start + step])) * chunk.shape[0]
+            total += out.loss(labels_all.rows(start, start + step)) * chunk.shape[0]
         return total / n + self.flat.penalty()
 
     # ---------------------------------------------------------- config

@@ -493,8 +493,13 @@ class SparkTrainer:
 
     # ------------------------------------------------------- evaluate/predict
     def _default_evaluation(self):
+        """Accuracy and the confusion matrix of classes (one binary label: two
+        classes at the 0.5 threshold); per-column errors otherwise (of
+        several binary labels: the Brier score of each)."""
         if self.spec.classification:
             return Evaluation(self.spec.num_outputs)
+        if self.spec.target == "binary" and self.spec.num_outputs == 1:
+            return Evaluation(2)
         return RegressionEvaluation(self.spec.num_outputs)
 
     def _inference(self, what: str, make, combine, data):

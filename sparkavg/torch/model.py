@@ -35,6 +35,7 @@ from ..configurable import ConfigError, register
 from ..nn.clipping import GradientNormalization
 from ..nn.flat import FlatModel
 from ..nn.flatstate import FlatState, check_dtype, check_seed, check_updater, segments_of
+from ..nn.losses import Targets, check_class_weights, check_huber_delta, prepare_targets
 from ..nn.model import InputSpec, ModelSpec, OutputSpec
 from ..nn.updaters import Updater
 from ..references import Names, reference_of, resolve
@@ -43,8 +44,13 @@ __all__ = ["TorchModel", "LOSSES"]
 
 logger = logging.getLogger(__name__)
 
-#: Built-in losses by name and the kind of targets each trains on.
-LOSSES = {"cross_entropy": "nll", "mse": "mse"}
+#: Built-in losses by name and the loss kind each is (:mod:`sparkavg.nn.losses`):
+#: ``bce`` takes the module's outputs as logits, as
+#: ``torch.nn.functional.binary_cross_entropy_with_logits`` does.
+LOSSES = {"cross_entropy": "nll", "bce": "bce", "mse": "mse", "mae": "mae", "huber": "huber"}
+
+#: A custom loss's ``targets`` and the loss kind its labels are checked as.
+_CUSTOM_TARGETS = {"classes": "nll", "binary": "bce", "values": "mse"}
 
 
 def _torch():
@@ -132,8 +138,11 @@ class TorchModel(FlatModel):
     loss : str or callable, default "cross_entropy"
         ``"cross_entropy"`` (targets are class indices or one-hot rows;
         :meth:`output` gives softmax probabilities, as a
-        :class:`~sparkavg.nn.Network` does), ``"mse"`` (float targets;
-        raw outputs), or ``loss_fn(outputs, targets) -> mean loss`` as a
+        :class:`~sparkavg.nn.Network` does), ``"bce"`` (binary labels in
+        [0, 1], the module's outputs taken as logits; :meth:`output` gives
+        sigmoid probabilities), ``"mse"``, ``"mae"``, ``"huber"`` (float
+        targets; raw outputs) -- computed as :mod:`sparkavg.nn.losses`
+        says -- or ``loss_fn(outputs, targets) -> mean loss`` as a
         ``"package.module:function"`` name or callable, with ``targets``
         saying what it trains on.
     updater : Updater, default Adam(lr=1e-3)
@@ -143,9 +152,14 @@ class TorchModel(FlatModel):
         ((C, H, W), (features,), (T, F)); inputs may also arrive flat.
     factory_kwargs : dict, optional
         JSON keyword arguments of the factory.
-    targets : {"classes", "values"}, default "classes"
-        For a custom ``loss`` only: class labels (softmax outputs, accuracy)
-        or regression values.
+    targets : {"classes", "binary", "values"}, default "classes"
+        For a custom ``loss`` only: class labels (softmax outputs, accuracy),
+        binary labels (sigmoid outputs) or regression values.
+    class_weights : sequence of float, optional
+        As for :class:`~sparkavg.nn.Output`: one weight per class for
+        ``"cross_entropy"``, ``(negative, positive)`` for ``"bce"``.
+    huber_delta : float, default 1.0
+        Where ``"huber"`` turns from squared to absolute error.
     l2, l2_bias, weight_decay : float, default 0
         As for :class:`~sparkavg.nn.Network`: weights are the parameters of
         two or more dimensions, biases the others.
@@ -167,7 +181,8 @@ class TorchModel(FlatModel):
                  loss: Annotated[Any, Names("loss", plain=LOSSES)] = "cross_entropy", updater: Updater | None = None,
                  input_shape: Sequence[int] = (), factory_kwargs: dict | None = None,
                  targets: str = "classes", l2: float = 0.0, l2_bias: float = 0.0, weight_decay: float = 0.0,
-                 seed: int = 123, dtype: str = "float32", gradient_normalization: GradientNormalization | None = None):
+                 seed: int = 123, dtype: str = "float32", gradient_normalization: GradientNormalization | None = None,
+                 class_weights: Sequence[float] | None = None, huber_delta: float = 1.0):
         torch = _torch()
         plan = _Plan({"factory": factory, "factory_kwargs": factory_kwargs, "input_shape": input_shape,
                       "seed": seed, "dtype": dtype})
@@ -177,6 +192,10 @@ class TorchModel(FlatModel):
         self.module = plan.module
         self._loss_ref, self._loss_fn, self.loss_kind = self._loss(loss, targets)
         self._loss_arg, self.targets = loss, targets
+        self.huber_delta = check_huber_delta(huber_delta)
+        if class_weights is not None and self._loss_fn is not None:
+            raise ValueError("Expect class_weights only with a built-in loss ('cross_entropy' or 'bce'): a custom "
+                             "loss weighs its own classes")
         flat = FlatState(plan.segments, plan.buffer_segments, updater=updater, l2=l2, l2_bias=l2_bias,
                          weight_decay=weight_decay, seed=seed, dtype=plan.dtype,
                          gradient_normalization=gradient_normalization)
@@ -190,6 +209,7 @@ class TorchModel(FlatModel):
         self._training = None
         self._compose(flat)
         self.units = self._dry_run()
+        self.class_weights = check_class_weights(self.loss_kind, class_weights, self.units)
 
     # ------------------------------------------------------------ building
     @staticmethod
@@ -197,13 +217,13 @@ class TorchModel(FlatModel):
         """``(reference or None, callable or None, loss kind)``; None: a built-in."""
         if isinstance(loss, str) and loss in LOSSES:
             return loss, None, LOSSES[loss]
-        if targets not in ("classes", "values"):
-            raise ValueError(f"Expect targets in ['classes', 'values'], got {targets!r}")
+        if targets not in _CUSTOM_TARGETS:
+            raise ValueError(f"Expect targets in {list(_CUSTOM_TARGETS)}, got {targets!r}")
         if isinstance(loss, str) and ":" not in loss:
             raise ValueError(f"Expect loss in {sorted(LOSSES)}, a 'package.module:function' or a callable, "
                              f"got {loss!r}")
         ref, fn = _callable_or_reference(loss, "loss", "loss function")
-        return ref, fn, "nll" if targets == "classes" else "mse"
+        return ref, fn, _CUSTOM_TARGETS[targets]
 
     def _owner(self, name):
         module = self.module
@@ -286,51 +306,64 @@ class TorchModel(FlatModel):
             a = a.copy()  # torch.from_numpy warns on read-only memory
         return self._tensor(self.xp.ascontiguousarray(a.reshape((shape[0],) + self.input_shape)))
 
-    def _targets(self, y, n):
-        """Labels as a tensor: int64 class indices, or float rows (one-hot or values)."""
-        shape = tuple(getattr(y, "shape", np.shape(y)))
-        k, xp = self.units, self.xp
-        if self.loss_kind == "nll":
-            if shape == (n, k):
-                return self._tensor(xp.ascontiguousarray(xp.asarray(self.flat.on_device(y))))
-            if shape == (n,):
-                labels = backend.to_cpu(y) if xp is np else y
-                labels = xp.asarray(labels)
-                if labels.dtype.kind == "f":
-                    if n and not bool((labels == xp.floor(labels)).all()):
-                        raise ValueError("Expect integer class labels, got non-integral floats")
-                elif labels.dtype.kind not in "iu":
-                    raise ValueError(f"Expect integer class labels, got dtype {labels.dtype}")
-                labels = xp.ascontiguousarray(labels.astype(xp.int64, copy=False))
-                if n:
-                    lo, hi = int(labels.min()), int(labels.max())
-                    if lo < 0 or hi >= k:
-                        raise ValueError(f"Expect class labels in [0, {k}), got values from {lo} to {hi}")
-                if xp is not np and not backend.is_gpu_array(labels):
-                    labels = backend.to_gpu(labels)
-                return self._tensor(labels)
-            raise ValueError(f"Expect labels of shape ({n},) class indices or ({n}, {k}) one-hot rows, got {shape}")
-        if shape == (n, k) or (k == 1 and shape == (n,)):
-            return self._tensor(xp.ascontiguousarray(self.flat.on_device(y).reshape(n, k)))
-        raise ValueError(f"Expect labels of shape ({n}, {k})" + (f" or ({n},)" if k == 1 else "") + f", got {shape}")
+    def _targets(self, y, n, weights=None) -> Targets:
+        """Labels checked as :mod:`sparkavg.nn.losses` does, as tensors: int64
+        class indices, or float rows (one-hot, binary labels or values)."""
+        xp = self.xp
+        if xp is np and not isinstance(y, np.ndarray) and hasattr(y, "__cuda_array_interface__"):
+            y = backend.to_cpu(y)
+        t = prepare_targets(self.loss_kind, y, n, self.units, xp, self.dtype, weights)
+        w = None if t.weight is None else self._tensor(xp.ascontiguousarray(t.weight[:, 0]))
+        return Targets(t.kind, self._tensor(xp.ascontiguousarray(t.y)), w)
 
-    def _loss_of(self, out, target):
-        """Mean loss of outputs against prepared targets (a 0-d tensor)."""
+    def _class_weights(self, like):
+        if self.class_weights is None:
+            return None
+        return _torch().tensor(self.class_weights, dtype=like.dtype, device=like.device)
+
+    def _loss_of(self, out, target: Targets):
+        """Mean loss of outputs against prepared targets (a 0-d tensor): the
+        formulas of :mod:`sparkavg.nn.losses` (weights scale a row's loss; the
+        mean keeps its divisor)."""
         functional = _torch().nn.functional
+        kind, y, w = target
         if self._loss_fn is not None:
-            return self._loss_fn(out, target)
-        if self.loss_kind == "nll":
-            return functional.cross_entropy(out, target)
-        return functional.mse_loss(out, target)
+            if w is not None:
+                raise ValueError("Expect no per-row weights with a custom loss: it returns the batch's mean loss, "
+                                 "which weights cannot reach")
+            return self._loss_fn(out, y)
+        loss, cw = self.loss_kind, self._class_weights(out)
+        if w is None and cw is None:  # the plain losses, as torch computes them
+            if loss == "nll":
+                return functional.cross_entropy(out, y)
+            if loss == "bce":
+                return functional.binary_cross_entropy_with_logits(out, y)
+            if loss == "huber":
+                return functional.huber_loss(out, y, delta=self.huber_delta)
+            return (functional.mse_loss if loss == "mse" else functional.l1_loss)(out, y)
+        n = out.shape[0]
+        if loss == "nll":
+            rows = functional.cross_entropy(out, y, weight=cw, reduction="none")
+            return (rows if w is None else rows * w).sum() / n
+        if loss == "bce":
+            a, b = (y, 1 - y) if cw is None else (y * cw[1], (1 - y) * cw[0])
+            elements = (a + b) * functional.softplus(out) - a * out  # a*softplus(-z) + b*softplus(z)
+        elif loss == "huber":
+            elements = functional.huber_loss(out, y, delta=self.huber_delta, reduction="none")
+        else:
+            elements = (functional.mse_loss if loss == "mse" else functional.l1_loss)(out, y, reduction="none")
+        if w is not None:
+            elements = elements * w[:, None]
+        return elements.sum() / elements.numel()
 
-    def _loss_terms(self, x, y):
+    def _loss_terms(self, x, y, weights=None):
         """Forward + backward in training mode; fills the flat gradient."""
         torch = _torch()
         xt = self._inputs(x)
         n = xt.shape[0]
         if n == 0:
             raise ValueError("Expect a non-empty batch, got 0 examples")
-        yt = self._targets(y, n)
+        yt = self._targets(y, n, weights)
         self.flat.grads.fill(0)
         self._mode(True)
         self._copy_in()
@@ -385,6 +418,8 @@ class TorchModel(FlatModel):
         for start, out in self._chunks(x):
             if self.loss_kind == "nll":
                 out = _torch().softmax(out, dim=1)
+            elif self.loss_kind == "bce":
+                out = _torch().sigmoid(out)
             result[start:start + out.shape[0]] = self._array(out)
         return result
 
@@ -396,7 +431,7 @@ class TorchModel(FlatModel):
         target = self._targets(y, n)
         total = 0.0
         for start, out in self._chunks(x):
-            total += float(self._loss_of(out, target[start:start + out.shape[0]])) * out.shape[0]
+            total += float(self._loss_of(out, target.rows(start, start + out.shape[0]))) * out.shape[0]
         return total / n + self.flat.penalty()
 
     # ---------------------------------------------------------- config
@@ -421,6 +456,10 @@ class TorchModel(FlatModel):
                 "updater": self.updater, "input_shape": list(self.input_shape)}
         if self._loss_fn is not None:
             args["targets"] = self.targets
+        if self.class_weights is not None:
+            args["class_weights"] = list(self.class_weights)
+        if self.loss_kind == "huber":
+            args["huber_delta"] = self.huber_delta
         args.update({k: v for k, v in self.flat.arguments().items() if k != "updater"})
         return args
 
@@ -429,7 +468,8 @@ class TorchModel(FlatModel):
         state and counters), also for a model of a plain callable."""
         other = TorchModel(self._factory_arg, self._loss_arg, self.updater, self.input_shape,
                            self.factory_kwargs, self.targets, self.l2, self.l2_bias, self.weight_decay,
-                           self.seed, str(self.dtype), self.gradient_normalization)
+                           self.seed, str(self.dtype), self.gradient_normalization, self.class_weights,
+                           self.huber_delta)
         if self.xp is not np:
             other.to_gpu()
         other.load_state(self.state)

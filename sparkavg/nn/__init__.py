@@ -38,6 +38,8 @@ from .clipping import (ClipElementWise, ClipGlobalNorm, ClipL2PerLayer, ClipL2Pe
                        RenormalizeL2PerLayer, RenormalizeL2PerParamType)
 from .schedules import (CosineSchedule, ExponentialSchedule, InverseSchedule, MapSchedule, OneCycleSchedule,
                         PolySchedule, Schedule, ScheduleError, SigmoidSchedule, StepSchedule)
+from .finetune import FineTuning
+from .transfer import transfer
 from .zoo import lenet
 
 __all__ = [
@@ -72,6 +74,8 @@ __all__ = [
     "GRU",
     "Embedding",
     "Conv1D",
+    "FineTuning",
+    "transfer",
     "Updater",
     "SGD",
     "Nesterov",

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..configurable import ConfigError, Configurable, from_config
 from ..references import trusting
+from .finetune import FineTuning
 from .flatstate import DTYPES, FlatState, Segment, blocks, segments_of
 from .layers import Dropout
 from .losses import predicted
@@ -107,6 +108,15 @@ class FlatModel(Configurable):
 
     def _touched_rows(self) -> list:
         return []
+
+    def _range_scales(self) -> list:
+        return []
+
+    @property
+    def frozen_ranges(self) -> list:
+        """``(start, stop)`` ranges of the parameters no step updates (frozen
+        layers): averaging keeps them as they were."""
+        return [(a, b) for a, b, s in self._range_scales() if s == 0]
 
     def _compose(self, flat: FlatState) -> None:
         """Hold ``flat`` (its initial values in) and bind to it."""
@@ -395,9 +405,11 @@ class LayerModel(FlatModel):
         order; nothing allocated.  Raises ValueError naming what is wrong."""
         raise NotImplementedError
 
-    def _init_layers(self, layers, updater, l2, l2_bias, weight_decay, seed, dtype, gradient_normalization=None):
+    def _init_layers(self, layers, updater, l2, l2_bias, weight_decay, seed, dtype, gradient_normalization=None,
+                     fine_tuning=None):
         """Lay out, allocate and initialise the flat state over built ``layers``."""
         self.layers = list(layers)
+        self._fine_tuning, self._scales = None, []
         param_segments, _ = segments_of(_pieces(layer.param_specs()) for layer in self.layers)
         buffer_segments, _ = segments_of(_pieces(layer.buffer_specs()) for layer in self.layers)
         flat = FlatState(param_segments, buffer_segments, updater=updater, l2=l2, l2_bias=l2_bias,
@@ -413,6 +425,40 @@ class LayerModel(FlatModel):
             spec = next(s for s in layer.buffer_specs() if s.name == seg.name)
             flat.buffers[seg.start:seg.stop] = layer.initial_buffer(spec).ravel()
         self._compose(flat)
+        self.fine_tuning = fine_tuning
+
+    def layer_names(self) -> list:
+        """Each layer's name, in :attr:`layers` order (what
+        :class:`~sparkavg.nn.finetune.FineTuning` and
+        :func:`~sparkavg.nn.finetune.transfer` name)."""
+        return [str(i) for i in range(len(self.layers))]
+
+    @property
+    def fine_tuning(self):
+        """Frozen layers and learning-rate multipliers
+        (:class:`~sparkavg.nn.finetune.FineTuning`), or None."""
+        return self._fine_tuning
+
+    @fine_tuning.setter
+    def fine_tuning(self, value):
+        if value is not None and not isinstance(value, FineTuning):
+            raise ValueError(f"Expect fine_tuning as a FineTuning (sparkavg.nn.finetune) or None, got "
+                             f"{type(value).__name__}")
+        scales = [] if value is None else value.scales(
+            self.layer_names(), blocks(self.flat.param_segments, len(self.layers)))
+        if scales and any(s == 0 for _, _, s in scales):
+            self.flat._state_ranges([(0, 0)])  # an updater whose state is not per parameter is refused here
+        self._fine_tuning, self._scales = value, scales
+
+    def _range_scales(self) -> list:
+        return self._scales
+
+    def _training_options(self) -> dict:
+        """The flat state's constructor arguments and the fine-tuning, for configs."""
+        args = self.flat.arguments()
+        if self._fine_tuning is not None:
+            args["fine_tuning"] = self._fine_tuning
+        return args
 
     @classmethod
     def planned_sizes(cls, args: dict) -> dict:

@@ -134,6 +134,11 @@ class FlatProvider(Protocol):
         """Optional: after :meth:`_loss_terms`, ``(segment, touched rows
         mask)`` of each table whose step touched only some rows."""
 
+    def _range_scales(self) -> list:
+        """Optional: ``(start, stop, scale)`` ranges of the parameters whose
+        step is scaled (a layer's learning-rate multiplier), 0 for ranges
+        never updated (frozen layers; :mod:`sparkavg.nn.finetune`)."""
+
 
 class FlatState:
     """The flat vectors of one model and the step that updates them (see
@@ -368,11 +373,16 @@ class FlatState:
         return contextlib.nullcontext()
 
     def _training_loss(self, provider: FlatProvider, x, y, weights=None):
-        """The provider's loss and gradient of a training step: the loss
-        gradient normalised by :attr:`gradient_normalization`, then L2 added."""
+        """The provider's loss and gradient of a training step: frozen
+        ranges' gradient zeroed, the loss gradient normalised by
+        :attr:`gradient_normalization`, then L2 added."""
         normalize = self.gradient_normalization is not None
         with self.step_threads(provider):
-            return self._pending(_loss_terms(provider, x, y, weights), normalize)
+            terms = _loss_terms(provider, x, y, weights)
+            for start, stop, scale in provider._range_scales():
+                if scale == 0:
+                    self.grads[start:stop] = 0
+            return self._pending(terms, normalize)
 
     def gradient(self, provider: FlatProvider, x, y, weights=None):
         """Loss and a copy of the gradient of one batch, L2 included, nothing
@@ -397,16 +407,37 @@ class FlatState:
         ranges of it: weight decay (at the step's rate) and a lazy table's
         untouched rows, which get no update and keep their updater state."""
         kept = self._keep_untouched_rows(provider._touched_rows())
+        scales = provider._range_scales()
+        frozen = self._state_ranges([(a, b) for a, b, s in scales if s == 0])
+        saved = [self.updater_state[a:b].copy() for a, b in frozen]
         updater.apply(out, self.grads, self.updater_state, self.iteration)
         self.regularization().decay(out, self.params, updater.lr)
         if kept:
             self._restore_untouched_rows(kept, out)
+        for (a, b), values in zip(frozen, saved):
+            self.updater_state[a:b] = values
+        for start, stop, scale in scales:
+            if scale == 0:
+                out[start:stop] = 0
+            else:
+                out[start:stop] *= out.dtype.type(scale)
+
+    def _state_ranges(self, ranges) -> list:
+        """The updater state's ranges over parameter ``ranges``: each slot
+        (a whole vector of the parameters' length) at that range."""
+        n, size = self.num_params, self.updater_state.shape[0]
+        if not ranges or not size:
+            return []
+        if size % n:
+            raise ValueError(f"Expect an updater whose state is whole vectors of the parameters' length to freeze "
+                             f"layers, got {self.updater!r} with {size} values for {n} parameters")
+        return [(j * n + a, j * n + b) for j in range(size // n) for a, b in ranges]
 
     def _adds_directly(self, provider: FlatProvider) -> bool:
         """Whether the updater may add its step to the parameters directly:
         nothing acts on ranges of the update (:meth:`_step_into`; weight
         decay reads the parameters before the step)."""
-        return not (self.regularization().decay_ranges or provider._has_lazy_rows())
+        return not (self.regularization().decay_ranges or provider._has_lazy_rows() or provider._range_scales())
 
     def fit_batch(self, provider: FlatProvider, x, y, *, weights=None, sync: bool = True):
         """One training step; the batch loss (see

@@ -41,6 +41,7 @@ import numpy as np
 
 from ..configurable import Configurable, from_config, register
 from .clipping import GradientNormalization
+from .finetune import FineTuning
 from .flat import LayerModel
 from .flatstate import check_updater
 from .layers import Layer
@@ -156,18 +157,21 @@ class Graph(LayerModel):
         Output vertices (their op an :class:`~sparkavg.nn.output.Output`).
     loss_weights : dict of str -> float, optional
         Each output's weight in the summed loss (default 1).
-    updater, l2, l2_bias, weight_decay, seed, dtype, gradient_normalization
+    updater, l2, l2_bias, weight_decay, seed, dtype, gradient_normalization, fine_tuning
         As :class:`~sparkavg.nn.network.Network` (a layer of
-        ``gradient_normalization`` is a vertex's layer).
+        ``gradient_normalization`` is a vertex's layer; ``fine_tuning``
+        names vertices).
     """
 
     def __init__(self, inputs: Mapping[str, Sequence[int]], vertices: Sequence[Vertex], outputs: Sequence[str],
                  loss_weights: Mapping[str, float] | None = None, updater: Updater | None = None,
                  l2: float = 0.0, l2_bias: float = 0.0, weight_decay: float = 0.0, seed: int = 123,
-                 dtype: str = "float32", gradient_normalization: GradientNormalization | None = None):
+                 dtype: str = "float32", gradient_normalization: GradientNormalization | None = None,
+                 fine_tuning: FineTuning | None = None):
         structure = self._graph(inputs, vertices, outputs, loss_weights)
         self.inputs, self._order, self.outputs, self.loss_weights, layers = structure
-        self._init_layers(layers, updater, l2, l2_bias, weight_decay, seed, dtype, gradient_normalization)
+        self._init_layers(layers, updater, l2, l2_bias, weight_decay, seed, dtype, gradient_normalization,
+                          fine_tuning)
         self._plan()
 
     # ------------------------------------------------------------ structure
@@ -228,6 +232,10 @@ class Graph(LayerModel):
         *_, layers = cls._graph(args["inputs"], args["vertices"], args["outputs"], args.get("loss_weights"))
         return layers, check_updater(args.get("updater"))
 
+    def layer_names(self) -> list:
+        """The vertex name of each layer, in :attr:`layers` order."""
+        return [v.name for v in self._order if isinstance(v.op, Layer)]
+
     def _plan(self):
         """Per vertex: its consumers count (fan-out) and whether it needs input gradients."""
         self._consumers = {name: 0 for name in self.inputs}
@@ -255,7 +263,8 @@ class Graph(LayerModel):
 
     def fingerprint(self) -> str:
         return config_fingerprint(self.to_config(), drop=("updater", "l2", "l2_bias", "weight_decay", "seed",
-                                                          "dtype", "loss_weights", "gradient_normalization"))
+                                                          "dtype", "loss_weights", "gradient_normalization",
+                                                          "fine_tuning"))
 
     # --------------------------------------------------------------- data
     def _named(self, value, names, what):
@@ -399,7 +408,7 @@ class Graph(LayerModel):
             "vertices": [Vertex(v.name, v.op, v.inputs) for v in self._order],
             "outputs": list(self.outputs),
             "loss_weights": dict(self.loss_weights),
-            **self.flat.arguments(),
+            **self._training_options(),
         }
 
     def summary(self) -> str:

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..configurable import from_config, register
+from .finetune import FineTuning
 from .flat import LayerModel
 from .flatstate import Segment, check_updater
 from .layers import Layer
@@ -75,6 +76,9 @@ class Network(LayerModel):
         What each training step does to the loss gradient before L2 and the
         updater: ``ClipGlobalNorm(1.0)``, ``ClipL2PerLayer(...)``, ... (see
         :mod:`sparkavg.nn.clipping`); None (the default) leaves it as it is.
+    fine_tuning : FineTuning, optional
+        Frozen layers and per-layer learning-rate multipliers, layers named
+        by index (:mod:`sparkavg.nn.finetune`).
 
     Notes
     -----
@@ -89,9 +93,11 @@ class Network(LayerModel):
 
     def __init__(self, input_shape: Sequence[int], layers: Sequence[Layer], updater: Updater | None = None,
                  l2: float = 0.0, l2_bias: float = 0.0, weight_decay: float = 0.0, seed: int = 123,
-                 dtype: str = "float32", gradient_normalization: GradientNormalization | None = None):
+                 dtype: str = "float32", gradient_normalization: GradientNormalization | None = None,
+                 fine_tuning: FineTuning | None = None):
         self.input_shape, built = self._stack(input_shape, layers)
-        self._init_layers(built, updater, l2, l2_bias, weight_decay, seed, dtype, gradient_normalization)
+        self._init_layers(built, updater, l2, l2_bias, weight_decay, seed, dtype, gradient_normalization,
+                          fine_tuning)
 
     # ------------------------------------------------------------ plumbing
     @staticmethod
@@ -241,7 +247,7 @@ class Network(LayerModel):
         return {
             "input_shape": self.input_shape,
             "layers": self.layers,
-            **self.flat.arguments(),
+            **self._training_options(),
         }
 
     def summary(self) -> str:

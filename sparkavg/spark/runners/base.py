@@ -29,6 +29,7 @@ import numpy as np
 from ... import ops
 from ...backend import to_cpu
 from ...listeners.base import EventDispatcher, sample_points
+from ...nn.finetune import keep_frozen
 from ..cancel import CancelRequest
 from ..data import PreparedData
 from ..deal import EpochPlan, deal_choice
@@ -64,6 +65,7 @@ def set_state(network, weight: float, iterations: int, **sums) -> None:
     for value in sums.values():
         if value is not None and inv != 1.0:
             ops.scale(value, inv)
+    keep_frozen(network, sums)
     network.load_state(sums)
     network.iteration = network.iteration + int(iterations)
 

@@ -8,19 +8,19 @@ far; its ``state_dict`` travels in the fit's checkpoints, so a resumed
 run goes on counting where it stopped.  The terminations are DL4J's
 (``EarlyStoppingConfiguration``):
 
-=================  ==============================================================
-reason             when
-=================  ==============================================================
-``no_improvement`` ``patience`` epochs in a row did not improve on the best value
-                   by more than ``min_delta`` (``patience=0``: the first that did not)
-``max_epochs``     the model has trained ``max_epochs`` epochs (in all, a resumed
-                   run's earlier epochs included)
-``max_seconds``    the run has taken ``max_seconds`` (training and validation, a
-                   resumed run's earlier fits included), checked at epoch ends
-``invalid_score``  the training loss or the monitored value is NaN or infinite
-                   (the diverged epoch is not kept)
-``listener``       a listener asked the fit to stop (``trainer.request_stop``)
-=================  ==============================================================
+==================  ==============================================================
+reason              when
+==================  ==============================================================
+``no_improvement``  ``patience`` epochs in a row did not improve on the best value
+                    by more than ``min_delta`` (``patience=0``: the first that did not)
+``max_epochs``      the model has trained ``max_epochs`` epochs (in all, a resumed
+                    run's earlier epochs included)
+``max_seconds``     the run has taken ``max_seconds`` (training and validation, a
+                    resumed run's earlier fits included), checked at epoch ends
+``invalid_score``   the training loss or the monitored value is NaN or infinite
+                    (the diverged epoch is not kept)
+``listener``        a listener asked the fit to stop (``trainer.request_stop``)
+==================  ==============================================================
 
 Every check runs when an epoch has ended (checkpointed and validated):
 the epoch in flight always finishes.

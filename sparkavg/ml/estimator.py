@@ -143,7 +143,7 @@ class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, HasValidationIndi
     batchSize : int, optional
         Examples per minibatch on each worker; by default the master's
         ``batch_size_per_worker``.
-    earlyStopping : EarlyStopping, optional
+    earlyStopping : sparkavg.fitting.early_stopping.EarlyStopping, optional
         Stop when the monitored value stops improving and keep the best
         epoch (:class:`~sparkavg.fitting.early_stopping.EarlyStopping`); a
         validation monitor (``val_loss``...) needs ``validationIndicatorCol``.

@@ -276,7 +276,7 @@ class SparkTrainer:
         validation_data : optional
             Evaluated after every epoch (not counted in training time):
             ``val_loss`` and ``val_<metric>`` land in ``trainer.history``.
-        early_stopping : EarlyStopping, optional
+        early_stopping : sparkavg.fitting.early_stopping.EarlyStopping, optional
             When to stop early; the best epoch (:mod:`sparkavg.fitting`).
         metrics : list of str, optional
             Validation metrics (:mod:`sparkavg.fitting.metrics`): ``["f1", "auc"]``.

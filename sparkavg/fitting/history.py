@@ -22,8 +22,9 @@ class History:
         (:mod:`sparkavg.fitting.metrics`; a classifier's ``val_accuracy``
         also under its earlier name ``accuracy``).
     best_epoch : int or None
-        The epoch (from 1) with the best ``monitor`` value; None when no
-        epoch had a finite one.
+        The epoch (from 1) with the best ``monitor`` value among this fit's
+        epochs (a resumed run's earlier ones included); None when no epoch
+        had a finite one.
     monitor : str
         What ``best_epoch`` is best at: the early stopping's monitor, else
         ``val_loss`` with validation data, else ``loss``.

@@ -111,7 +111,7 @@ class FitTracker:
             self.best.forget_other_runs()
         reason, why = self.monitor.verdict(epochs_done)
         if reason is not None:
-            self._stop(reason, f"the resumed run had already stopped: {why}", epochs_done)
+            self._stop(reason, f"the run had already met its stopping rule: {why}", epochs_done)
         return reason is not None
 
     # ---------------------------------------------------------------- epochs

@@ -150,13 +150,16 @@ def checkpoint_resume(ctx: Context) -> dict:
     rdd = ctx.pairs(x, y, 2)
     master = ParameterAveraging(batch_size_per_worker=10, averaging_frequency=5, workers=2)
     straight = small_net(seed=7)
-    SparkTrainer(ctx.spark, straight, master).fit(rdd, epochs=3).close()
+    with SparkTrainer(ctx.spark, straight, master) as trainer:
+        trainer.fit(rdd, epochs=3)
     ckpt = os.path.join(ctx.shared, "checkpoints")
     first = SparkTrainer(ctx.spark, small_net(seed=7), master, checkpoint_dir=ckpt)
-    first.fit(rdd, epochs=2).close()
+    first.fit(rdd, epochs=2)
+    first.close()
     listed = sorted(os.listdir(ckpt))
     resumed = SparkTrainer(ctx.spark, small_net(seed=99), master, checkpoint_dir=ckpt)  # all from the checkpoint
-    resumed.fit(rdd, epochs=3, resume_from=ckpt).close()
+    resumed.fit(rdd, epochs=3, resume_from=ckpt)
+    resumed.close()
     return {"checkpoints_after_2": listed, "epochs_done": resumed.epochs_done,
             "history_epochs": [h["epoch"] for h in resumed.history],
             "params_max_abs_diff": max_abs_diff(resumed.network.params, straight.params),
@@ -196,7 +199,9 @@ def kill_averaging(ctx: Context) -> dict:
     rdd = ctx.pairs(x, y, 2)
     master = ParameterAveraging(batch_size_per_worker=10, averaging_frequency=5, workers=2)
     clean = SparkTrainer(ctx.spark, small_net(seed=9), master)
-    clean.fit(rdd, epochs=1).fit(rdd, epochs=1).close()
+    clean.fit(rdd, epochs=1)
+    clean.fit(rdd, epochs=1)
+    clean.close()
     crashed = SparkTrainer(ctx.spark, small_net(seed=9), master)
     crashed.fit(rdd, epochs=1)
     out = _with_kill_marker(ctx, "kill-averaging", lambda: crashed.fit(rdd, epochs=1))
@@ -246,7 +251,8 @@ def shared_dir(ctx: Context) -> dict:
     left = os.listdir(folder)
     sharing = SparkTrainer(ctx.spark, small_net(seed=14),
                            GradientSharing(batch_size_per_worker=10, workers=2, data=DataOptions(shared_dir=folder)))
-    sharing.fit(rdd, epochs=1).close()
+    sharing.fit(rdd, epochs=1)
+    sharing.close()
     return {"prepared": ctx.logs.since(mark, "prepared"), "files_per_fit": [len(w) for w in written],
             "minibatch_files": all(name.endswith(".minibatch") for w in written for name in w), "left_after_close": left,
             "params_max_abs_diff_vs_blocks": max_abs_diff(files.params, blocks.params),
@@ -261,7 +267,8 @@ def private_dir(ctx: Context) -> dict:
     master = ParameterAveraging(batch_size_per_worker=10, averaging_frequency=1, workers=2,
                                 data=DataOptions(shared_dir="/tmp/sparkavg-not-shared"))
     try:
-        SparkTrainer(ctx.spark, small_net(seed=16), master).fit(rdd, epochs=1).close()
+        with SparkTrainer(ctx.spark, small_net(seed=16), master) as trainer:
+            trainer.fit(rdd, epochs=1)
     except Exception as exc:  # what the user would see
         return {"raised": type(exc).__name__, "message": str(exc)[:3000]}
     return {"raised": None, "message": ""}
@@ -274,7 +281,8 @@ def _many_hosts(ctx: Context, master_for) -> dict:
     x, y = blobs(128 * workers, seed=41)
     rdd = ctx.pairs(x, y, workers)
     trainer = SparkTrainer(ctx.spark, small_net(seed=42), master_for(workers))
-    trainer.fit(rdd, epochs=2).close()
+    trainer.fit(rdd, epochs=2)
+    trainer.close()
     c = trainer.stats.counters
     return {"workers": workers, "n": len(x), "examples": [h["examples"] for h in trainer.history],
             "replica_max_abs_diff": max((h.get("replica_max_abs_diff", 0.0) for h in trainer.history), default=0.0),

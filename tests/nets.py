@@ -137,3 +137,10 @@ def job_properties(sc, properties: dict):
     finally:
         for key in properties:
             sc.setLocalProperty(key, None)
+
+
+def vectors(column) -> np.ndarray:
+    """An Arrow column of ml Vectors (VectorUDT's struct, as ``toArrow`` gives it) as an ``(n, k)`` array."""
+    rows = column.to_pylist()
+    assert all(r["type"] == 1 for r in rows), "expected dense vectors"
+    return np.array([r["values"] for r in rows], dtype=np.float64)

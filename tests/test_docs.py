@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 #: Pages the guide must have (the README's "where to read more" links them).
-GUIDE = ["index", "quickstart", "models", "masters", "data", "cluster", "connect-ml", "torch", "listeners",
+GUIDE = ["index", "quickstart", "models", "masters", "data", "training", "cluster", "connect-ml", "torch", "listeners",
          "troubleshooting", "performance", "security", "development"]
 #: API pages and one object each must document.
 API = {"nn": "sparkavg.nn.Network", "spark": "sparkavg.spark.SparkTrainer", "ml": "sparkavg.ml.NetworkEstimator",

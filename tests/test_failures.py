@@ -215,7 +215,8 @@ def test_overwrite_checkpoints_removes_the_old_runs_later_epochs(sc, tmp_path):
     folder = str(tmp_path / "ckpt")
     master = ParameterAveraging(workers=2, batch_size_per_worker=10, averaging_frequency=2)
     rdd = _rdd(sc)
-    old = SparkTrainer(sc, small_net(seed=56), master, checkpoint_dir=folder).fit(rdd, epochs=2)
+    old = SparkTrainer(sc, small_net(seed=56), master, checkpoint_dir=folder)
+    old.fit(rdd, epochs=2)
     new = SparkTrainer(sc, small_net(seed=57), master, checkpoint_dir=folder, overwrite_checkpoints=True)
     new.fit(rdd, epochs=1)
     found = list_checkpoints(folder)
@@ -303,7 +304,8 @@ _SIGTERMED_FIT = textwrap.dedent("""
     x, y = blobs(40, seed=66)
     rdd = sc.parallelize(list(zip(x, y.tolist())), 2)
     master = ParameterAveraging(workers=2, batch_size_per_worker=10, data=DataOptions(shared_dir=shared))
-    SparkTrainer(sc, small_net(seed=66), master).fit(rdd, epochs=1).close()
+    with SparkTrainer(sc, small_net(seed=66), master) as trainer:
+        trainer.fit(rdd, epochs=1)
     print("handler after a fit:", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, flush=True)
     sc.setLocalProperty(HOLD_MARKER, marker)  # the round's tasks hold until the process ends
     SparkTrainer(sc, small_net(seed=66), master).fit(rdd, epochs=1)

@@ -249,7 +249,8 @@ def test_prepared_blocks_leave_the_source_behind_and_are_prepared_again_when_los
     extra = {"averaging_frequency": 2} if master_type is ParameterAveraging else {}
     master = master_type(workers=2, batch_size_per_worker=10, data=DataOptions(placement="spark"), **extra)
     clean = SparkTrainer(sc, small_net(seed=20), master)
-    clean.fit(rdd).fit(rdd)
+    clean.fit(rdd)
+    clean.fit(rdd)
     trainer = SparkTrainer(sc, small_net(seed=20), master)
     trainer.fit(rdd)
     prepared = trainer._prepared

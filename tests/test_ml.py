@@ -10,7 +10,7 @@ from sparkavg.ml import NetworkEstimator, NetworkModel
 from sparkavg.nn import Adam, Dense, Network, Output
 from sparkavg.spark import GradientSharing, ParameterAveraging
 
-from .nets import blobs, small_net
+from .nets import blobs, small_net, vectors
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -31,7 +31,7 @@ def _outputs(df, prediction="prediction", probability="probability"):
     table = df.select("id", prediction, probability).toArrow()
     order = np.argsort(table.column("id").to_numpy())
     return (table.column("id").to_numpy()[order], table.column(prediction).to_numpy()[order],
-            np.stack(table.column(probability).to_pylist())[order].astype(np.float32))
+            vectors(table.column(probability))[order].astype(np.float32))
 
 
 def _trained_net(seed=0):
@@ -59,8 +59,8 @@ def test_estimator_in_a_pipeline_fits_transforms_and_round_trips(request, flavou
     np.testing.assert_array_equal(start.params, before)  # fit trained a copy
 
     out = fitted.transform(df)
-    assert out.columns == ["id", "features", "label", "pred", "probability"]
-    assert dict(out.dtypes)["pred"] == "double" and dict(out.dtypes)["probability"] == "array<float>"
+    assert out.columns == ["id", "features", "label", "pred", "rawPrediction", "probability"]
+    assert dict(out.dtypes)["pred"] == "double" and dict(out.dtypes)["probability"] == "vector"
     ids, pred, prob = _outputs(out, prediction="pred")
     expected = model.network.output(x)
     np.testing.assert_allclose(prob, expected, rtol=1e-5, atol=1e-6)
@@ -129,7 +129,7 @@ def test_regression_on_ml_vectors_and_bad_rows(spark):
     bad = spark.createDataFrame([(0, [0.0, 1.0, 2.0]), (1, [0.0, 1.0])], "id long, features array<float>")
     with pytest.raises(Exception, match=r"Bad features at partition 0, row 1: expected 3 values"):
         NetworkModel(network=net).transform(bad.coalesce(1)).collect()
-    with pytest.raises(ValueError, match="Expect output columns 'prediction' and 'probability' not in the input"):
+    with pytest.raises(ValueError, match=r"Expect output columns .* not in the input, got \['prediction'\]"):
         NetworkModel(network=net).transform(df.withColumn("prediction", df.id))
     with pytest.raises(ValueError, match="Expect network=... \\(a sparkavg.nn.Model\\)"):
         NetworkEstimator().fit(df)

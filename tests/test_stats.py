@@ -77,7 +77,8 @@ def test_every_name_in_use_is_in_the_enums():
                 "bytes_sent", "bytes_received", "payload_bytes_sent", "dense_bytes_equivalent", "datagrams_sent",
                 "datagrams_retransmitted", "datagrams_rejected", "datagrams_invalid", "datagrams_forged",
                 "datagrams_replayed", "stage_restarts", "resident_state_misses"}
-    series = {"threshold", "sparsity", "residual_norm", "replica_max_abs_diff", "score"}
+    series = {"threshold", "sparsity", "residual_norm", "replica_max_abs_diff", "score", "learning_rate",
+              "validation"}
     assert {m.value for m in Phase} == phases
     assert {m.value for m in CounterName} == counters
     assert {m.value for m in SeriesName} == series

@@ -17,7 +17,7 @@ from sparkavg.nn import Adam, load_model
 from sparkavg.spark import DataOptions, GradientSharing, ParameterAveraging, SparkTrainer
 from sparkavg.torch import TorchModel
 
-from .nets import averaged_updater_state, blobs, fit_replicas, straight_and_resumed
+from .nets import averaged_updater_state, blobs, fit_replicas, straight_and_resumed, vectors
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -120,7 +120,7 @@ def test_estimator_of_a_torch_model_in_a_pipeline_saves_and_loads(request, flavo
     assert isinstance(model, NetworkModel) and isinstance(model.network, TorchModel)
     table = fitted.transform(df).select("id", "prediction", "probability").toArrow()
     order = np.argsort(table.column("id").to_numpy())
-    prob = np.stack(table.column("probability").to_pylist())[order]
+    prob = vectors(table.column("probability"))[order]
     np.testing.assert_allclose(prob, model.network.output(x), rtol=1e-5, atol=1e-6)
     assert np.mean(table.column("prediction").to_numpy()[order] == y) > 0.9
 
@@ -128,7 +128,7 @@ def test_estimator_of_a_torch_model_in_a_pipeline_saves_and_loads(request, flavo
     loaded = PipelineModel.load(str(tmp_path / "fitted"))
     assert isinstance(loaded.stages[-1].network, TorchModel)
     table2 = loaded.transform(df).select("id", "probability").toArrow()
-    prob2 = np.stack(table2.column("probability").to_pylist())[np.argsort(table2.column("id").to_numpy())]
+    prob2 = vectors(table2.column("probability"))[np.argsort(table2.column("id").to_numpy())]
     np.testing.assert_array_equal(prob2, prob)
     Pipeline(stages=[est]).write().save(str(tmp_path / "pipeline"))
     stage = Pipeline.load(str(tmp_path / "pipeline")).getStages()[0]

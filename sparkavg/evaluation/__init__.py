@@ -14,7 +14,9 @@ per-column error sums and label moments; MSE, MAE, RMSE and R² are derived.
 Of predicted probabilities: :class:`ROC` (ROC AUC and PR AUC, binary or
 one-vs-rest; exact, or in bounded memory with a stated error bound),
 :class:`TopKAccuracy`, :class:`LogLoss` and :class:`CalibrationError`
-(expected calibration error). Their ``eval(labels, probabilities,
+(expected calibration error). :class:`Loss` is the mean of a model's own
+loss (its ``score``), which needs the model and not only its outputs:
+``eval_model(model, x, y)``; a fit's validation loss. Their ``eval(labels, probabilities,
 weights=None)`` takes per-example weights (scikit-learn's
 ``sample_weight``), and their values equal scikit-learn's on the same
 predictions (its conventions are in each class's notes).
@@ -30,8 +32,9 @@ NaN; ``count`` tells whether there is anything to ask, and ``stats()`` /
 ``repr()`` print ``n/a``.
 """
 from .classification import Evaluation
+from .loss import Loss
 from .probabilistic import CalibrationError, LogLoss, TopKAccuracy
 from .regression import RegressionEvaluation
 from .roc import ROC
 
-__all__ = ["Evaluation", "RegressionEvaluation", "ROC", "TopKAccuracy", "LogLoss", "CalibrationError"]
+__all__ = ["Evaluation", "RegressionEvaluation", "ROC", "TopKAccuracy", "LogLoss", "CalibrationError", "Loss"]

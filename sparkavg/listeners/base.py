@@ -10,6 +10,12 @@ time), recorded (:attr:`EventDispatcher.errors`, ``trainer.listener_errors``
 and a ``listener_error`` decision in ``trainer.stats``) and the fit goes on
 as if it had returned.
 
+A listener may end the fit: ``trainer.request_stop(reason)`` from any
+handler (Keras' ``model.stop_training = True``).  The epoch in flight
+finishes as usual -- its rounds, checkpoint, validation and ``epoch_end``
+-- and ``fit`` returns a history whose ``stop_reason`` is ``"listener"``;
+the checkpoints are those of completed epochs, as after any fit.
+
 Events and their payloads
 -------------------------
 Epochs and rounds count from 1 in every payload (as in ``trainer.history``).
@@ -36,7 +42,9 @@ Epochs and rounds count from 1 in every payload (as in ``trainer.history``).
 ``epoch_end`` -- after each epoch (after its checkpoint and validation):
     the epoch's ``trainer.history`` entry -- ``epoch``, ``loss``,
     ``examples``, ``rounds``, ``seconds``, ``examples_per_second``,
-    ``accuracy`` (with ``validation_data``), and what the master adds
+    ``learning_rate``, with ``validation_data`` ``val_loss`` and
+    ``val_<metric>`` (:mod:`sparkavg.fitting.metrics`; a classifier's
+    ``val_accuracy`` also as ``accuracy``), and what the master adds
     (``averaging_frequency``, ``replica_max_abs_diff``) -- plus
     ``target_epochs`` (int) and ``decisions`` (list of the
     ``trainer.stats.decisions`` entries of this epoch).
@@ -48,8 +56,9 @@ Epochs and rounds count from 1 in every payload (as in ``trainer.history``).
     "recover"`` trains again; False when ``fit`` raises it, after this event).
 ``fit_end`` -- once per successful ``fit``: ``run_id`` (str),
     ``epochs_done`` (int), ``seconds`` (float, the fit's wall time),
-    ``history`` (list of dict, every epoch's entry) and ``summary`` (str,
-    ``trainer.stats.summary()``).
+    ``history`` (list of dict, every epoch's entry), ``summary`` (str,
+    ``trainer.stats.summary()``), ``best_epoch`` (int or None) and
+    ``stop_reason`` (str or None: why the fit ended early).
 """
 from __future__ import annotations
 
@@ -157,6 +166,8 @@ class EventDispatcher:
         self.error_count = 0
         self.seconds = {name: 0.0 for name in EVENTS}
         self._reported = set()
+        #: Why a listener asked the running fit to stop (``trainer.request_stop``), or None.
+        self.stop_request: Optional[str] = None
 
     def __bool__(self) -> bool:
         return bool(self.listeners)

@@ -7,8 +7,9 @@ Per fit, :class:`MLflowListener` logs into one MLflow run:
   joined with dots) and as JSON artifacts (``sparkavg/master.json``,
   ``sparkavg/network.json``), tags ``sparkavg.run_id`` and ``sparkavg.version``;
 - per epoch: every number of the epoch's ``trainer.history`` entry as a
-  metric at step ``epoch`` (``loss``, ``examples_per_second``, ``seconds``,
-  ``accuracy`` with validation data, ``averaging_frequency`` ...);
+  metric at step ``epoch`` (``loss``, ``learning_rate``, ``examples_per_second``,
+  ``seconds``, ``averaging_frequency``, with validation data ``val_loss``,
+  ``val_<metric>`` and ``accuracy`` ...);
   per round too with ``log_rounds=True`` (``round_loss``, ``round_examples_per_second``);
   the mean sampled ``sharing_threshold`` / ``sharing_sparsity`` per iteration;
 - the last checkpoint's path (tag ``sparkavg.last_checkpoint``);

@@ -1,7 +1,7 @@
 """A progress bar of epochs and rounds on the driver (tqdm), when the output is a terminal.
 
 :class:`ProgressBar` draws two bars: the fit's epochs (loss, validation
-accuracy, ETA) and the running epoch's rounds (running loss, examples/s,
+loss, accuracy and metrics, ETA) and the running epoch's rounds (running loss, examples/s,
 ETA).  While they are drawn, log lines of the console handlers go above
 them (``tqdm.contrib.logging``) and the runner's periodic progress lines
 stay quiet.  Without a terminal or without tqdm, those periodic log lines
@@ -106,6 +106,9 @@ class ProgressBar(TrainingListener):
             post = {"loss": f"{event['loss']:.4f}", "ex/s": f"{event['examples_per_second']:.0f}"}
             if event.get("accuracy") is not None:
                 post["acc"] = f"{event['accuracy']:.4f}"
+            for key, value in event.items():  # validation values: val_loss, val_<metric> (accuracy as acc)
+                if key.startswith("val_") and key != "val_accuracy" and isinstance(value, float):
+                    post[key] = f"{value:.4g}"
             self._epochs.set_postfix(post, refresh=False)
             self._epochs.update(1)
 

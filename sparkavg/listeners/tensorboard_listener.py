@@ -7,8 +7,10 @@ Written with TensorBoard's own event-file writer
 tag                                step                    what
 =================================  ======================  ============================
 ``epoch/loss``,                    epoch (from 1)          the epoch's ``trainer.history``
-``epoch/examples_per_second``,                             entry (``epoch/accuracy`` with
-``epoch/seconds``, ``epoch/...``                           validation data)
+``epoch/examples_per_second``,                             entry (``epoch/val_loss``,
+``epoch/learning_rate``,                                   ``epoch/val_<metric>`` and
+``epoch/seconds``, ``epoch/...``                           ``epoch/accuracy`` with validation
+                                                           data)
 ``round/loss``,                    round of the fit        the ``round_end`` event
 ``round/round_loss``,              (from 1, across
 ``round/examples_per_second``,     epochs)

@@ -6,7 +6,7 @@ Spark Connect sessions alike::
 
     est = NetworkEstimator(network=lenet(), master=ParameterAveraging(), epochs=3)
     model = est.fit(df)
-    out = model.transform(df)            # + prediction (double), probability (array<float>)
+    out = model.transform(df)            # + prediction (double), rawPrediction and probability (ml Vectors)
     model.write().overwrite().save(path)
     same = NetworkModel.load(path)
 

@@ -2,11 +2,17 @@
 
     est = NetworkEstimator(network=lenet(), master=ParameterAveraging(), epochs=3)
     model = Pipeline(stages=[est]).fit(df).stages[-1]     # or est.fit(df)
-    out = model.transform(df)      # + prediction (double), probability (array<float>)
+    out = model.transform(df)      # + prediction (double), rawPrediction and probability (ml Vectors)
     model.write().overwrite().save(path); NetworkModel.load(path)
 
 Fitting runs :class:`~sparkavg.spark.SparkTrainer` on the DataFrame's own
-session (classic or Spark Connect) over a copy of ``network``.
+session (classic or Spark Connect) over a copy of ``network``.  The output
+columns are those of Spark's own classifiers, so that
+``BinaryClassificationEvaluator`` and ``MulticlassClassificationEvaluator``
+read them as they are, and the common hyperparameters (``learningRate``,
+``epochs``, ``batchSize``, ``earlyStopping``) are Params that
+``CrossValidator`` and ``TrainValidationSplit`` tune over a
+``ParamGridBuilder`` grid.
 ``transform`` is a lazy ``mapInArrow``: each Arrow batch's features are
 reshaped to the network's input shape and run through it on the
 executors in batches of ``inferenceBatchSize``; nothing is collected to
@@ -20,7 +26,8 @@ from typing import Optional
 from pyspark import keyword_only
 from pyspark.ml.base import Estimator, Model
 from pyspark.ml.param import Param, Params, TypeConverters
-from pyspark.ml.param.shared import HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbabilityCol
+from pyspark.ml.param.shared import (HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbabilityCol,
+                                     HasRawPredictionCol, HasValidationIndicatorCol)
 from pyspark.ml.util import MLReadable, MLWritable
 
 from .persistence import NetworkReader, NetworkWriter
@@ -47,6 +54,25 @@ def _to_master(value):
     return value
 
 
+def _to_early_stopping(value):
+    from ..fitting.early_stopping import EarlyStopping
+
+    if value is not None and not isinstance(value, EarlyStopping):
+        raise TypeError(f"Expect earlyStopping as an EarlyStopping(...) (sparkavg.spark.EarlyStopping) or None, "
+                        f"got {type(value).__name__}")
+    return value
+
+
+def _positive_float(name: str):
+    def convert(value):
+        value = TypeConverters.toFloat(value)
+        if not (value > 0 and value != float("inf")):
+            raise ValueError(f"Expect {name} > 0 and finite, got {value}")
+        return value
+
+    return convert
+
+
 def _positive_int(name: str):
     def convert(value):
         value = TypeConverters.toInt(value)
@@ -57,7 +83,7 @@ def _positive_int(name: str):
     return convert
 
 
-class _NetworkParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol):
+class _NetworkParams(HasFeaturesCol, HasPredictionCol, HasRawPredictionCol, HasProbabilityCol):
     """Params shared by the estimator and its model."""
 
     inferenceBatchSize: "Param[int]" = Param(
@@ -94,11 +120,14 @@ class _NetworkParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol):
     def setProbabilityCol(self, value: str):
         return self._set(probabilityCol=value)
 
+    def setRawPredictionCol(self, value: str):
+        return self._set(rawPredictionCol=value)
+
     def setInferenceBatchSize(self, value: int):
         return self._set(inferenceBatchSize=value)
 
 
-class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, MLReadable, MLWritable):
+class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, HasValidationIndicatorCol, MLReadable, MLWritable):
     """Trains a model (:class:`sparkavg.nn.Model`) on a DataFrame (a pyspark.ml Estimator).
 
     Parameters
@@ -107,6 +136,24 @@ class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, MLReadable, MLWri
         The network to train; ``fit`` trains a copy and leaves it as it is.
     master : ParameterAveraging or GradientSharing, default ParameterAveraging()
     epochs : int, default 1
+        Epochs to train (with ``earlyStopping``: at most).
+    learningRate : float, optional
+        The updater's (base) learning rate; by default the network's own.
+        A schedule keeps its shape and is scaled to it.
+    batchSize : int, optional
+        Examples per minibatch on each worker; by default the master's
+        ``batch_size_per_worker``.
+    earlyStopping : sparkavg.fitting.early_stopping.EarlyStopping, optional
+        Stop when the monitored value stops improving and keep the best
+        epoch (:class:`~sparkavg.fitting.early_stopping.EarlyStopping`); a
+        validation monitor (``val_loss``...) needs ``validationIndicatorCol``.
+    validationIndicatorCol : str, optional
+        A boolean column: rows where it is true are validation data
+        (evaluated after every epoch, not trained on), as in Spark's GBT
+        estimators.
+    metrics : list of str, optional
+        Validation metrics recorded every epoch besides the loss and the
+        accuracy (:mod:`sparkavg.fitting.metrics`).
     featuresCol : str, default "features"
         ``array<float>``, ``array<double>`` or ml ``Vector``; flat features
         are reshaped to the network's input shape.
@@ -118,8 +165,9 @@ class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, MLReadable, MLWri
     labelCol : str, default "label"
         Class indices (integers or integer-valued doubles), one-hot rows,
         or regression targets.
-    predictionCol, probabilityCol : str, default "prediction", "probability"
-        Columns the fitted model's ``transform`` appends.
+    predictionCol, rawPredictionCol, probabilityCol : str
+        Columns the fitted model's ``transform`` appends (default
+        "prediction", "rawPrediction", "probability"; "" leaves one out).
     inferenceBatchSize : int, default 256
         Examples per forward pass in ``transform``.
     checkpointDir : str, optional
@@ -139,11 +187,25 @@ class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, MLReadable, MLWri
     checkpointDir: "Param[str]" = Param(Params._dummy(), "checkpointDir",
                                         "folder for a checkpoint after every epoch (optional)",
                                         typeConverter=TypeConverters.toString)
+    learningRate: "Param[float]" = Param(Params._dummy(), "learningRate",
+                                         "the updater's (base) learning rate (> 0; default: the network's own)",
+                                         typeConverter=_positive_float("learningRate"))
+    batchSize: "Param[int]" = Param(Params._dummy(), "batchSize", "examples per minibatch on each worker (>= 1; "
+                                    "default: the master's batch_size_per_worker)",
+                                    typeConverter=_positive_int("batchSize"))
+    earlyStopping: "Param" = Param(Params._dummy(), "earlyStopping", "an EarlyStopping(...) or None (optional)",
+                                   typeConverter=_to_early_stopping)
+    metrics: "Param[list]" = Param(Params._dummy(), "metrics", "validation metrics recorded every epoch besides the "
+                                   "loss and the accuracy ('f1', 'auc', 'log_loss', 'mse', 'mae', 'r2' ...)",
+                                   typeConverter=TypeConverters.toListString)
 
     @keyword_only
     def __init__(self, *, network=None, master=None, epochs: int = 1, featuresCol: str = "features", featuresCols=None,
                  labelCol: str = "label", predictionCol: str = "prediction", probabilityCol: str = "probability",
-                 inferenceBatchSize: int = 256, checkpointDir: Optional[str] = None, listeners=None):
+                 rawPredictionCol: str = "rawPrediction", inferenceBatchSize: int = 256,
+                 checkpointDir: Optional[str] = None, learningRate: Optional[float] = None,
+                 batchSize: Optional[int] = None, earlyStopping=None, validationIndicatorCol: Optional[str] = None,
+                 metrics=None, listeners=None):
         super().__init__()
         self._setDefault(epochs=1)
         self.listeners: list = []
@@ -152,8 +214,10 @@ class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, MLReadable, MLWri
     @keyword_only
     def setParams(self, *, network=None, master=None, epochs: int = 1, featuresCol: str = "features", featuresCols=None,
                   labelCol: str = "label", predictionCol: str = "prediction", probabilityCol: str = "probability",
-                  inferenceBatchSize: int = 256, checkpointDir: Optional[str] = None,
-                  listeners=None) -> "NetworkEstimator":
+                  rawPredictionCol: str = "rawPrediction", inferenceBatchSize: int = 256,
+                  checkpointDir: Optional[str] = None, learningRate: Optional[float] = None,
+                  batchSize: Optional[int] = None, earlyStopping=None, validationIndicatorCol: Optional[str] = None,
+                  metrics=None, listeners=None) -> "NetworkEstimator":
         """Set any of the constructor's params (None leaves a param unset)."""
         kwargs = dict(self._input_kwargs)
         if kwargs.get("listeners") is not None:
@@ -180,6 +244,39 @@ class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, MLReadable, MLWri
     def getCheckpointDir(self) -> Optional[str]:
         return self.getOrDefault(self.checkpointDir) if self.isDefined(self.checkpointDir) else None
 
+    def _optional(self, param):
+        return self.getOrDefault(param) if self.isDefined(param) else None
+
+    def getLearningRate(self) -> float:
+        """The learning rate set, else the network's updater's."""
+        return self._optional(self.learningRate) or self.getNetwork().updater.learning_rate
+
+    def getBatchSize(self) -> int:
+        """The batch size set, else the master's ``batch_size_per_worker``."""
+        return self._optional(self.batchSize) or self.getMaster().batch_size_per_worker
+
+    def getEarlyStopping(self):
+        """The EarlyStopping set, or None."""
+        return self._optional(self.earlyStopping)
+
+    def getMetrics(self) -> Optional[list]:
+        return self._optional(self.metrics)
+
+    def setLearningRate(self, value: float) -> "NetworkEstimator":
+        return self._set(learningRate=value)
+
+    def setBatchSize(self, value: int) -> "NetworkEstimator":
+        return self._set(batchSize=value)
+
+    def setEarlyStopping(self, value) -> "NetworkEstimator":
+        return self._set(earlyStopping=value)
+
+    def setValidationIndicatorCol(self, value: str) -> "NetworkEstimator":
+        return self._set(validationIndicatorCol=value)
+
+    def setMetrics(self, value) -> "NetworkEstimator":
+        return self._set(metrics=value)
+
     def setNetwork(self, value) -> "NetworkEstimator":
         return self._set(network=value)
 
@@ -198,20 +295,48 @@ class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, MLReadable, MLWri
         self.listeners = list(EventDispatcher(value).listeners)  # checked as the trainer will
         return self
 
+    def _split(self, dataset):
+        """``(training rows, validation rows or None)`` by ``validationIndicatorCol``."""
+        name = self._optional(self.validationIndicatorCol)
+        stopping = self.getEarlyStopping()
+        if not name:
+            if stopping is not None and stopping.needs_validation:
+                raise ValueError(f"Expect validationIndicatorCol with earlyStopping monitoring {stopping.monitor!r} "
+                                 "(a validation value), got none; set it, or monitor 'loss'")
+            if self.getMetrics():
+                raise ValueError(f"Expect validationIndicatorCol with metrics={self.getMetrics()!r}, got none")
+            return dataset, None
+        kind = dict(dataset.dtypes).get(name)
+        if kind != "boolean":
+            raise ValueError(f"Expect validationIndicatorCol {name!r} to be a boolean column of the input, got "
+                             f"{kind or 'no such column'} among {dataset.columns}")
+        flag = dataset[name].eqNullSafe(True)  # null: a training row
+        return dataset.filter(~flag), dataset.filter(flag)
+
     def _fit(self, dataset) -> "NetworkModel":
+        import dataclasses
+
         from ..spark.trainer import SparkTrainer
         from ..data.transforms import input_encoding
 
-        trainer = SparkTrainer(dataset.sparkSession, self.getNetwork().clone(), self.getMaster(),
-                               features_col=self._features(), label_col=self.getLabelCol(),
-                               checkpoint_dir=self.getCheckpointDir(), listeners=self.listeners)
+        network, master = self.getNetwork().clone(), self.getMaster()
+        if self.isDefined(self.learningRate):
+            network.updater = network.updater.with_learning_rate(self.getOrDefault(self.learningRate))
+        if self.isDefined(self.batchSize):
+            master = dataclasses.replace(master, batch_size_per_worker=self.getOrDefault(self.batchSize))
+        train, validation = self._split(dataset)
+        trainer = SparkTrainer(dataset.sparkSession, network, master, features_col=self._features(),
+                               label_col=self.getLabelCol(), checkpoint_dir=self.getCheckpointDir(),
+                               listeners=self.listeners)
         try:
-            trainer.fit(dataset, epochs=self.getEpochs())
+            history = trainer.fit(train, epochs=self.getEpochs(), validation_data=validation,
+                                  early_stopping=self.getEarlyStopping(), metrics=self.getMetrics())
         finally:
             trainer.close()
         model = NetworkModel(network=trainer.network)
-        model.input_encoding = input_encoding(self.getMaster().data)
+        model.input_encoding = input_encoding(master.data)
         model.history = list(trainer.history)
+        model.best_epoch = history.best_epoch
         model.stats = trainer.stats
         return self._copyValues(model)
 
@@ -227,16 +352,23 @@ class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, MLReadable, MLWri
 class NetworkModel(Model, _NetworkParams, MLReadable, MLWritable):
     """A trained network as a pyspark.ml Model (Transformer).
 
-    ``transform(df)`` appends ``predictionCol`` (double: the class index,
-    or the first output for regression) and ``probabilityCol``
-    (``array<float>``: the network's outputs -- class probabilities for
-    classifiers) by batched Arrow inference on the executors.
+    ``transform(df)`` appends, by batched Arrow inference on the
+    executors, the columns of Spark's own classifiers: ``predictionCol``
+    (double: the class index, or the first output for regression),
+    ``rawPredictionCol`` and ``probabilityCol`` (``pyspark.ml.linalg``
+    dense Vectors of the network's outputs: class probabilities for
+    classifiers, which both serve as scores), so that
+    ``BinaryClassificationEvaluator`` and
+    ``MulticlassClassificationEvaluator`` read them as they are.  A column
+    whose name is set to "" is left out.
 
     Attributes
     ----------
     network : sparkavg.nn.Model
     history : list of dict
         The fit's per-epoch summaries (saved with the model).
+    best_epoch : int or None
+        The fit's best epoch (``History.best_epoch``; saved with the model).
     input_encoding : dict or None
         The features' encoding the network was fitted on (``{"scale",
         "normalize"}`` of the fit's ``DataOptions``), applied by
@@ -247,18 +379,21 @@ class NetworkModel(Model, _NetworkParams, MLReadable, MLWritable):
 
     @keyword_only
     def __init__(self, *, network=None, featuresCol: str = "features", featuresCols=None,
-                 predictionCol: str = "prediction", probabilityCol: str = "probability", inferenceBatchSize: int = 256):
+                 predictionCol: str = "prediction", probabilityCol: str = "probability",
+                 rawPredictionCol: str = "rawPrediction", inferenceBatchSize: int = 256):
         super().__init__()
         kwargs = dict(self._input_kwargs)
         network = kwargs.pop("network", None)
         self.network = _to_network(network) if network is not None else None
         self.history: list = []
+        self.best_epoch = None
         self.input_encoding = None
         self.stats = None
         self._set(**{k: v for k, v in kwargs.items() if v is not None})
 
     def _transform(self, dataset):
-        from pyspark.sql.types import ArrayType, DoubleType, FloatType, StructField, StructType
+        from pyspark.ml.linalg import VectorUDT
+        from pyspark.sql.types import DoubleType, StructField, StructType
 
         from ..data.validation import DataSpec
         from ..spark.connect import ShippedValue
@@ -269,21 +404,23 @@ class NetworkModel(Model, _NetworkParams, MLReadable, MLWritable):
         net = self.network
         if net is None:
             raise ValueError("Expect a NetworkModel with a network (fit one, or NetworkModel(network=...)), got none")
-        prediction, probability = self.getPredictionCol(), self.getProbabilityCol()
+        names = {"prediction": self.getPredictionCol(), "rawPrediction": self.getRawPredictionCol(),
+                 "probability": self.getProbabilityCol()}
         spec = DataSpec.of(net.spec)
         features = resolve_features(self._features(), spec)
         check_columns(dataset, features, None)
-        taken = [c for c in (prediction, probability) if c in dataset.columns]
-        if taken:
-            raise ValueError(f"Expect output columns {prediction!r} and {probability!r} not in the input, "
-                             f"got {taken} among {dataset.columns}")
+        wanted = {k: v for k, v in names.items() if v}
+        taken = [c for c in wanted.values() if c in dataset.columns]
+        if taken or len(set(wanted.values())) < len(wanted):
+            raise ValueError(f"Expect output columns {list(wanted.values())} distinct and not in the input, got "
+                             f"{taken or list(wanted.values())} among {dataset.columns}")
         out = net.spec.single_output()
-        schema = StructType(list(dataset.schema.fields) + [StructField(prediction, DoubleType(), True),
-                                                           StructField(probability, ArrayType(FloatType()), True)])
+        types = {"prediction": DoubleType(), "rawPrediction": VectorUDT(), "probability": VectorUDT()}
+        schema = StructType(list(dataset.schema.fields) + [StructField(v, types[k], True) for k, v in wanted.items()])
         # The parameters travel with the job (JSON + raw float32 bytes in the closure), on both flavours.
         fn = make_transformer(net.to_json(), ShippedValue(network_state(net, with_updater=False)), features,
-                              tuple(spec.input_shape), self.getInferenceBatchSize(), out.classification,
-                              prediction, probability, self.input_encoding)
+                              tuple(spec.input_shape), self.getInferenceBatchSize(), out.classification, wanted,
+                              self.input_encoding)
         return dataset.mapInArrow(fn, schema)
 
     def write(self) -> NetworkWriter:

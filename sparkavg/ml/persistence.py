@@ -9,8 +9,9 @@ A saved stage is a folder:
 - ``network.npz`` -- ``model.save`` (any :class:`sparkavg.nn.Model`) (parameters,
   updater state, counters, JSON configuration, SHA-256);
 - ``sparkavg.json`` -- what is neither: the estimator's master
-  (``Master.to_config()``, rebuilt by ``from_config``) or the model's
-  training history, and the network's fingerprint
+  (``Master.to_config()``, rebuilt by ``from_config``) and early stopping
+  (``EarlyStopping.to_config()``), or the model's training history and
+  best epoch, and the network's fingerprint
   (:meth:`sparkavg.nn.Model.fingerprint`), compared on load: a
   ``network.npz`` swapped for another architecture's is refused.
 
@@ -37,7 +38,7 @@ FORMAT = "sparkavg.ml/1"
 _NETWORK = "network.npz"
 _EXTRA = "sparkavg.json"
 #: Params that are objects, saved as files rather than in pyspark's metadata.
-_OBJECT_PARAMS = ("network", "master")
+_OBJECT_PARAMS = ("network", "master", "earlyStopping")
 
 
 def _is_url(path: str) -> bool:
@@ -156,9 +157,13 @@ class NetworkWriter(MLWriter):
         if hasattr(instance, "getMaster"):  # the estimator
             network = instance.getOrDefault(instance.network) if instance.isDefined(instance.network) else None
             extra["master"] = instance.getMaster().to_config()
+            if instance.getEarlyStopping() is not None:  # estimators saved before it stay equal
+                extra["early_stopping"] = instance.getEarlyStopping().to_config()
         else:
             network = instance.network
             extra["history"] = instance.history
+            if getattr(instance, "best_epoch", None) is not None:
+                extra["best_epoch"] = instance.best_epoch
             if getattr(instance, "input_encoding", None) is not None:  # models saved before it stay equal
                 extra["input_encoding"] = instance.input_encoding
         extra["network"] = _NETWORK if isinstance(network, Model) else None
@@ -179,7 +184,9 @@ def _plain(value):
 _EXTRA_FIELDS = {"history": (list, "a list of per-epoch summaries"),
                  "master": (dict, "a master configuration (a JSON object)"),
                  "network": ((str, type(None)), f"the name {_NETWORK!r} or null"),
-                 "fingerprint": (str, "the network's fingerprint (a str)")}
+                 "fingerprint": (str, "the network's fingerprint (a str)"),
+                 "early_stopping": (dict, "an EarlyStopping configuration (a JSON object)"),
+                 "best_epoch": (int, "the fit's best epoch (an int)")}
 
 
 def _read_extra(name: str) -> dict:
@@ -191,6 +198,16 @@ def _read_extra(name: str) -> dict:
             raise ValueError(f"{name}: expected {key!r} as {want}, got {type(extra[key]).__name__} "
                              f"{extra[key]!r:.80}")
     return extra
+
+
+def _early_stopping(config: dict, name: str):
+    from ..configurable import from_config
+    from ..fitting.early_stopping import EarlyStopping
+
+    try:
+        return from_config(config, kind="early_stopping", expect=EarlyStopping)
+    except ValueError as exc:  # ConfigError is a ValueError
+        raise ValueError(f"{name}: its early stopping: {exc}") from exc
 
 
 class NetworkReader(MLReader):
@@ -226,10 +243,13 @@ class NetworkReader(MLReader):
             except (ValueError, TypeError) as exc:  # ConfigError is a ValueError
                 raise ValueError(f"{_join(path, _EXTRA)}: its master: {exc}") from exc
             instance._set(master=master)
+            if "early_stopping" in extra:
+                instance._set(earlyStopping=_early_stopping(extra["early_stopping"], _join(path, _EXTRA)))
             if network is not None:
                 instance._set(network=network)
         else:
             instance.network = network
             instance.history = list(extra.get("history", []))
+            instance.best_epoch = extra.get("best_epoch")
             instance.input_encoding = check_encoding_dict(extra.get("input_encoding"), _join(path, _EXTRA))
         return instance

@@ -4,23 +4,39 @@
 network's batch inference (:func:`~sparkavg.spark.executor.inference.make_predict_fn`):
 each record batch's features become one validated float32 matrix, the
 network runs over it in chunks of ``batch_size`` and the batch comes back
-with two appended columns, built from numpy arrays in one step each:
-``prediction`` (double) and ``probability`` (``array<float>``).  Nothing is
-collected to the driver.
+with the columns of Spark's own classifiers appended, each built from
+numpy arrays in one step: ``prediction`` (double), ``rawPrediction`` and
+``probability`` (``pyspark.ml.linalg`` dense Vectors: VectorUDT's struct of
+``type``, ``size``, ``indices`` and ``values``).  Nothing is collected to
+the driver.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..spark.executor.inference import list_column, make_predict_fn, predict_arrow
+from ..spark.executor.inference import make_predict_fn, predict_arrow
 
-__all__ = ["make_transformer"]
+__all__ = ["make_transformer", "vector_column"]
+
+
+def vector_column(out: np.ndarray):
+    """An ``(n, k)`` matrix as an Arrow column of ``n`` dense ml Vectors
+    (``VectorUDT``'s storage: ``type`` 1, ``size`` and ``indices`` null,
+    ``values`` the row as float64)."""
+    import pyarrow as pa
+
+    n, k = out.shape
+    offsets = pa.array(np.arange(0, n * k + 1, k, dtype=np.int32))
+    values = pa.ListArray.from_arrays(offsets, pa.array(np.ascontiguousarray(out, np.float64).reshape(-1)))
+    return pa.StructArray.from_arrays(
+        [pa.array(np.ones(n, np.int8)), pa.nulls(n, pa.int32()), pa.nulls(n, pa.list_(pa.int32())), values],
+        names=["type", "size", "indices", "values"])
 
 
 def make_transformer(config_json: str, shipped, features_col, input_shape: Sequence[int], batch_size: int,
-                     classification: bool, prediction_col: str, probability_col: str, encoding=None):
+                     classification: bool, columns: Mapping[str, str], encoding=None):
     """The ``mapInArrow`` function of a model's ``transform``.
 
     Parameters
@@ -38,18 +54,27 @@ def make_transformer(config_json: str, shipped, features_col, input_shape: Seque
         Examples per forward pass.
     classification : bool
         ``prediction`` is the arg-max class index (else the first output).
-    prediction_col, probability_col : str
-        Names of the appended columns.
+    columns : mapping
+        The columns to append, in order: ``{"prediction" | "rawPrediction" |
+        "probability": column name}``.
     encoding : dict, optional
         The model's input encoding (``DataOptions(scale=, normalize=)`` of
         its fit), applied to the features before the network.
     """
-    def columns(out: np.ndarray) -> list:
+    columns = dict(columns)
+
+    def appended(out: np.ndarray) -> list:
         import pyarrow as pa
 
-        prediction = np.argmax(out, axis=1) if classification else out[:, 0]
-        return [(prediction_col, pa.array(prediction.astype(np.float64), pa.float64())),
-                (probability_col, list_column(out))]
+        result, vectors = [], None
+        for kind, name in columns.items():
+            if kind == "prediction":
+                prediction = np.argmax(out, axis=1) if classification else out[:, 0]
+                result.append((name, pa.array(prediction.astype(np.float64), pa.float64())))
+            else:  # rawPrediction and probability: the same outputs (immutable Arrow arrays, built once)
+                vectors = vector_column(out) if vectors is None else vectors
+                result.append((name, vectors))
+        return result
 
     return predict_arrow(make_predict_fn(config_json, shipped, batch_size, encoding), features_col, input_shape,
-                         columns)
+                         appended)

@@ -31,6 +31,7 @@ _EXPORTS = {
     "DivergenceError": ".errors",
     "CheckpointError": ".checkpoint",
     "Recover": ".divergence",
+    "EarlyStopping": "..fitting.early_stopping",
 }
 
 __all__ = list(_EXPORTS)

@@ -21,6 +21,7 @@ import numpy as np
 from ..backend import to_cpu
 from ..data.validation import DataSpec, rebatch_partition
 from ..evaluation import Evaluation, RegressionEvaluation
+from ..fitting.tracker import FitTracker
 from ..listeners.base import EventDispatcher
 from ..listeners.progress import progress_listeners
 from . import checkpoint as ckpt_io
@@ -258,8 +259,9 @@ class SparkTrainer:
         return dict(self._events.seconds)
 
     # ------------------------------------------------------------------- fit
-    def fit(self, data, epochs: int = 1, *, resume_from: Optional[str] = None, validation_data=None):
-        """Train for ``epochs`` epochs.
+    def fit(self, data, epochs: int = 1, *, resume_from: Optional[str] = None, validation_data=None,
+            early_stopping=None, metrics: Optional[Sequence[str]] = None):
+        """Train for ``epochs`` epochs, or until ``early_stopping`` ends the run.
 
         Parameters
         ----------
@@ -272,12 +274,17 @@ class SparkTrainer:
             checkpoint).  The checkpoint's architecture and master
             configuration must be the trainer's; its run is continued.
         validation_data : optional
-            Evaluated after every epoch (not counted in training time);
-            results land in ``trainer.history``.
+            Evaluated after every epoch (not counted in training time):
+            ``val_loss`` and ``val_<metric>`` land in ``trainer.history``.
+        early_stopping : sparkavg.fitting.early_stopping.EarlyStopping, optional
+            When to stop early; the best epoch (:mod:`sparkavg.fitting`).
+        metrics : list of str, optional
+            Validation metrics (:mod:`sparkavg.fitting.metrics`): ``["f1", "auc"]``.
 
         Returns
         -------
-        self
+        History
+            ``history``, ``best_epoch``, ``stop_reason`` (:class:`~sparkavg.fitting.History`).
 
         Raises
         ------
@@ -305,7 +312,8 @@ class SparkTrainer:
             try:
                 with release_on_sigterm(release_live_locations), \
                         self.seam.watch_cancels(self._runner.cancel_request.set):
-                    return self._fit(data, epochs, resume_from=resume_from, validation_data=validation_data)
+                    return self._fit(data, epochs, resume_from=resume_from, validation_data=validation_data,
+                                     tracker=FitTracker.of(self, early_stopping, metrics, validation_data))
             except BaseException as exc:
                 self._emit_failure(exc, recovered=False)
                 raise
@@ -337,12 +345,19 @@ class SparkTrainer:
         self._runner.cancel_request.set(reason)
         return True
 
+    def request_stop(self, reason: str = "request_stop()") -> bool:
+        """End the running fit after the epoch in flight, which finishes as usual; ``fit`` returns with
+        ``stop_reason`` ``"listener"`` (:mod:`sparkavg.listeners.base`).  Whether a fit was running."""
+        if self._fitting_thread is not None:
+            self._events.stop_request = str(reason)
+        return self._fitting_thread is not None
+
     def _emit_failure(self, exc: BaseException, recovered: bool) -> None:
         epoch = self._epoch_running
         self._events.emit("failure", {"epoch": None if epoch is None else epoch + 1, "error": exc,
                                       "message": str(exc), "type": type(exc).__name__, "recovered": recovered})
 
-    def _fit(self, data, epochs: int, *, resume_from: Optional[str], validation_data):
+    def _fit(self, data, epochs: int, *, resume_from: Optional[str], validation_data, tracker: FitTracker):
         fit_started = time.perf_counter()
         if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
             raise ValueError(f"Expect epochs >= 1 (an int), got {epochs!r}")
@@ -353,6 +368,7 @@ class SparkTrainer:
                 resume_from, network=self.network, master=self.master.to_config(), epochs=epochs,
                 check=self._runner.check_state_dict)
             self._restore(found, saved, runner_state)
+            tracker.resume(found)
             logger.info("resuming %s; %d epoch(s) to go", found.describe(), epochs - self.epochs_done)
         elif self.checkpoint_dir and not self.overwrite_checkpoints:
             ckpt_io.check_fresh(self.checkpoint_dir, self.run_id)
@@ -368,7 +384,8 @@ class SparkTrainer:
                 "examples": int(prepared.examples), "minibatches": len(prepared.sizes)})
         self.seam.begin_fit()
         recoveries, first_epoch = 0, self.epochs_done
-        while self.epochs_done < target:
+        stop = tracker.done_before_start(self.epochs_done)
+        while self.epochs_done < target and not stop:
             epoch = self._epoch_running = self.epochs_done
             snapshot = self._snapshot()  # restored when the epoch fails (or diverges, under Recover)
             t0 = time.perf_counter()
@@ -384,6 +401,8 @@ class SparkTrainer:
             except DivergenceError as exc:
                 if self.recover is None or recoveries >= self.recover.max_recoveries:
                     self._restore_failed(snapshot, exc, epoch, first_epoch)
+                    if tracker.diverged(exc, epoch):  # early stopping: an invalid score ends the run
+                        break
                     raise
                 recoveries += 1
                 self._emit_failure(exc, recovered=True)
@@ -398,6 +417,7 @@ class SparkTrainer:
             entry = {"epoch": epoch + 1, "seconds": seconds,
                      "examples_per_second": summary["examples"] / max(seconds, 1e-9), **summary}
             self.history.append(entry)
+            evaluations = path = None
             if self.checkpoint_dir:  # before validation: a failing validation pass loses no trained epoch
                 with self.stats.timed(Phase.CHECKPOINT, epoch=epoch):
                     path = ckpt_io.save_checkpoint(self.checkpoint_dir, self.network, run_id=self.run_id,
@@ -408,21 +428,17 @@ class SparkTrainer:
                 self._events.emit("checkpoint", {"epoch": epoch + 1, "path": path})
             if validation_data is not None:
                 with self.stats.timed(Phase.EVALUATE, epoch=epoch):
-                    ev = self.evaluate(validation_data)
-                entry["accuracy"] = ev.accuracy() if hasattr(ev, "accuracy") else None
-            logger.info("epoch %d/%d: loss %.4f, %d examples in %.1fs (%.0f ex/s)%s", epoch + 1, target,
-                        summary["loss"], summary["examples"], seconds, entry["examples_per_second"],
-                        f", validation accuracy {entry['accuracy']:.4f}" if entry.get("accuracy") is not None else "")
-            if self._events.wants("epoch_end"):
-                self._events.emit("epoch_end", {**entry, "target_epochs": target, "decisions": [
-                    d for d in self.stats.decisions if d.get("epoch") == epoch]})
+                    evaluations = self.evaluate(validation_data, tracker.evaluations())
+            stop = tracker.end_epoch(entry, evaluations, target, path, lambda: self._snapshot()[0])
         self._epoch_running = None
+        history = tracker.finish(self.network, self.history)
         summary_text = self.stats.summary()
         logger.info("%s", summary_text)
         self._events.emit("fit_end", {"run_id": self.run_id, "epochs_done": self.epochs_done,
                                       "seconds": time.perf_counter() - fit_started, "history": self.history,
-                                      "summary": summary_text})
-        return self
+                                      "summary": summary_text, "best_epoch": history.best_epoch,
+                                      "stop_reason": history.stop_reason})
+        return history
 
     def _snapshot(self) -> tuple:
         """Host copies of the network's state vectors (in its own dtype), its
@@ -488,7 +504,7 @@ class SparkTrainer:
             self._load_snapshot(before)
             raise
         self.run_id = found.run_id
-        self.history = list(found.extra.get("history", []))
+        self.history[:] = found.extra.get("history", [])
         self._checkpointed = (found.directory, found.epochs_done)
 
     # ------------------------------------------------------- evaluate/predict

@@ -167,6 +167,10 @@ class SeriesName(_StatName):
     #: Largest absolute parameter difference between replicas, per epoch (over the
     #: parameters ranks above 0 return: at most 4096, evenly spaced).
     REPLICA_MAX_ABS_DIFF = "replica_max_abs_diff"
+    #: The learning rate of each epoch's last step, per epoch.
+    LEARNING_RATE = "learning_rate"
+    #: A fit's validation values per epoch, one lane each (``val_loss``, ``val_accuracy`` ...).
+    VALIDATION = "validation"
 
 
 class DecisionName(_StatName):
@@ -193,6 +197,8 @@ class DecisionName(_StatName):
     #: The trainer.
     LEARNING_RATE = "learning_rate"
     LISTENER_ERROR = "listener_error"
+    #: Why a fit with early stopping ended, and its best epoch.
+    EARLY_STOPPING = "early_stopping"
 
 
 # str -> plain value; enum members hash and compare as their values, so one lookup serves both.

@@ -52,7 +52,7 @@ def _encoded(x, encoding: Optional[dict]):
 def make_evaluator(config_json: str, shipped, evaluations: list, rebatch_fn, encoding: Optional[dict] = None):
     """Executor function: evaluate one partition into fresh copies of the
     given (empty) evaluations; yields one list of evaluations (or a
-    :class:`TaskFailure`).  ``encoding``: the model's input encoding."""
+    :class:`TaskFailure`).  ``encoding``: the model's input encoding; ``eval_model`` evaluations get the model."""
 
     def run(index, rows):
         failures: list = []
@@ -60,10 +60,12 @@ def make_evaluator(config_json: str, shipped, evaluations: list, rebatch_fn, enc
         with task_failure_guard(failures, partition=index):
             net = _net(config_json, shipped)
             evals = copy.deepcopy(evaluations)
+            given_model = [hasattr(ev, "eval_model") for ev in evals]
             for x, y in rebatch_fn(index, rows):
-                out = net.output(_encoded(x, encoding))
-                for ev in evals:
-                    ev.eval(y, out)
+                x = _encoded(x, encoding)
+                out = None if all(given_model) else net.output(x)
+                for ev, model in zip(evals, given_model):
+                    ev.eval_model(net, x, y) if model else ev.eval(y, out)
         yield failures[0] if failures else evals
 
     return run

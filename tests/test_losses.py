@@ -149,8 +149,34 @@ def test_a_binary_classifier_trains_on_spark_from_rdd_and_dataframe(spark):
     df = spark.createDataFrame([(row.reshape(-1).tolist(), float(label)) for row, label in zip(x, y)],
                                ["features", "label"])
     again = SparkTrainer(spark, _binary_net(seed=1), ParameterAveraging(batch_size_per_worker=16))
-    again.fit(df, epochs=2)
+    history = again.fit(df, epochs=2, validation_data=df, metrics=["auc", "log_loss"])
     assert again.evaluate(df).accuracy() > 0.9
+    last = history.history[-1]
+    assert last["val_auc"] > 0.98 and 0 < last["val_log_loss"] < 0.5 and last["val_accuracy"] > 0.9
+
+
+@pytest.mark.filterwarnings("ignore:The y_prob values do not sum to one")
+def test_a_binary_estimators_output_is_read_by_sparks_binary_evaluator(spark):
+    from pyspark.ml.evaluation import BinaryClassificationEvaluator
+    from sklearn.metrics import roc_auc_score
+
+    from sparkavg.ml import NetworkEstimator
+    from sparkavg.spark import ParameterAveraging
+
+    from .nets import blobs
+    x, y = blobs(128, seed=9)
+    x[::5] *= -1  # some mistakes
+    df = spark.createDataFrame([(i, row.reshape(-1).tolist(), float(label)) for i, (row, label) in
+                                enumerate(zip(x, y))], "id long, features array<float>, label double")
+    est = NetworkEstimator(network=_binary_net(seed=2, class_weights=(1.0, 2.0)),
+                           master=ParameterAveraging(batch_size_per_worker=16), epochs=2)
+    out = est.fit(df).transform(df)
+    rows = sorted(out.select("id", "label", "prediction", "probability").collect())
+    p = np.array([r.probability[1] for r in rows])
+    np.testing.assert_allclose([r.probability[0] for r in rows], 1 - p, rtol=1e-6)
+    np.testing.assert_array_equal([r.prediction for r in rows], (p > 0.5).astype(float))
+    auc = BinaryClassificationEvaluator().evaluate(out)
+    assert auc == pytest.approx(roc_auc_score([r.label for r in rows], p), rel=1e-6)
 
 
 def test_a_label_outside_zero_one_is_refused_with_its_row(spark):

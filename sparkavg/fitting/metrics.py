@@ -33,7 +33,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 from ..evaluation import ROC, CalibrationError, Evaluation, LogLoss, Loss, RegressionEvaluation, TopKAccuracy
 
 __all__ = ["METRICS", "LOSS", "VALIDATION_PREFIX", "ValidationPlan", "monitor_names", "higher_is_better",
-           "check_metrics"]
+           "check_metrics", "evaluated_as", "default_evaluation"]
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +80,24 @@ METRICS: Dict[str, _Metric] = {
 
 #: What every validation pass computes besides the loss.
 DEFAULT_METRICS = {"classification": ("accuracy",), "regression": ("mse", "mae", "r2")}
+
+
+def evaluated_as(spec) -> tuple:
+    """``(classification, units)`` as the metrics see a model of data spec
+    ``spec``: a classifier of its classes; a one-label binary output
+    (``loss="bce"``) a classifier of two classes at the 0.5 threshold;
+    several binary labels or regression outputs per column (for binary
+    labels the MSE is the Brier score)."""
+    if spec.target == "binary" and spec.num_outputs == 1:
+        return True, 2
+    return spec.classification, spec.num_outputs
+
+
+def default_evaluation(spec):
+    """What ``evaluate`` fills by default: an :class:`Evaluation` or a
+    :class:`RegressionEvaluation`, as :func:`evaluated_as` sees the model."""
+    classification, units = evaluated_as(spec)
+    return Evaluation(units) if classification else RegressionEvaluation(units)
 
 
 def monitor_names(classification: Optional[bool] = None, validation: bool = True) -> List[str]:

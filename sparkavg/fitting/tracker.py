@@ -19,7 +19,7 @@ from ..stats import DecisionName, SeriesName
 from .best import BestEpoch, update_record
 from .early_stopping import EarlyStopping, Monitor
 from .history import History
-from .metrics import LOSS, VALIDATION_PREFIX, ValidationPlan, check_metrics, monitor_names
+from .metrics import LOSS, VALIDATION_PREFIX, ValidationPlan, check_metrics, evaluated_as, monitor_names
 
 __all__ = ["FitTracker"]
 
@@ -72,13 +72,14 @@ class FitTracker:
         metrics = check_metrics(metrics)
         if metrics and not validation:
             raise ValueError(f"Expect validation_data with metrics={metrics!r}: they are computed on it, got none")
-        available = monitor_names(spec.classification, validation)
+        classification, units = evaluated_as(spec)
+        available = monitor_names(classification, validation)
         if es is not None and es.monitor not in available:
             hint = " (validation values need validation_data)" if es.needs_validation and not validation else ""
             raise ValueError(f"Expect EarlyStopping.monitor among the values this fit produces, {available}, got "
                              f"{es.monitor!r}{hint}")
         named = metrics + ([es.metric] if es is not None and es.metric else [])
-        self.plan = ValidationPlan(spec.classification, spec.num_outputs, named) if validation else None
+        self.plan = ValidationPlan(classification, units, named) if validation else None
         self.monitor = Monitor(es, VALIDATION_PREFIX + LOSS if validation else LOSS)
         self.network, self.history, self.stats, self.events = network, history, stats, events
         self.best = BestEpoch(checkpoint_dir, run_id, in_memory=es is not None and es.restore_best)

@@ -16,6 +16,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from ..nn.losses import predicted
 from ..spark.executor.inference import make_predict_fn, predict_arrow
 
 __all__ = ["make_transformer", "vector_column"]
@@ -36,7 +37,7 @@ def vector_column(out: np.ndarray):
 
 
 def make_transformer(config_json: str, shipped, features_col, input_shape: Sequence[int], batch_size: int,
-                     classification: bool, columns: Mapping[str, str], encoding=None):
+                     target: str, columns: Mapping[str, str], encoding=None):
     """The ``mapInArrow`` function of a model's ``transform``.
 
     Parameters
@@ -52,8 +53,11 @@ def make_transformer(config_json: str, shipped, features_col, input_shape: Seque
         One example's shape; flat features are reshaped to it.
     batch_size : int
         Examples per forward pass.
-    classification : bool
-        ``prediction`` is the arg-max class index (else the first output).
+    target : {"classes", "binary", "values"}
+        What the model's output is (:data:`sparkavg.nn.model.TARGETS`):
+        ``prediction`` is the arg-max class, a binary output's 0/1 at the
+        0.5 threshold, or the first output; a one-label binary output's
+        vectors are ``[1 - p, p]``, as Spark's binary classifiers write them.
     columns : mapping
         The columns to append, in order: ``{"prediction" | "rawPrediction" |
         "probability": column name}``.
@@ -69,10 +73,12 @@ def make_transformer(config_json: str, shipped, features_col, input_shape: Seque
         result, vectors = [], None
         for kind, name in columns.items():
             if kind == "prediction":
-                prediction = np.argmax(out, axis=1) if classification else out[:, 0]
+                prediction = predicted(target, out)
                 result.append((name, pa.array(prediction.astype(np.float64), pa.float64())))
             else:  # rawPrediction and probability: the same outputs (immutable Arrow arrays, built once)
-                vectors = vector_column(out) if vectors is None else vectors
+                if vectors is None:
+                    vectors = vector_column(np.hstack([1 - out, out]) if target == "binary" and out.shape[1] == 1
+                                            else out)
                 result.append((name, vectors))
         return result
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..backend import to_cpu
 from ..data.validation import DataSpec, rebatch_partition
-from ..evaluation import Evaluation, RegressionEvaluation
+from ..fitting.metrics import default_evaluation
 from ..fitting.tracker import FitTracker
 from ..listeners.base import EventDispatcher
 from ..listeners.progress import progress_listeners
@@ -508,16 +508,6 @@ class SparkTrainer:
         self._checkpointed = (found.directory, found.epochs_done)
 
     # ------------------------------------------------------- evaluate/predict
-    def _default_evaluation(self):
-        """Accuracy and the confusion matrix of classes (one binary label: two
-        classes at the 0.5 threshold); per-column errors otherwise (of
-        several binary labels: the Brier score of each)."""
-        if self.spec.classification:
-            return Evaluation(self.spec.num_outputs)
-        if self.spec.target == "binary" and self.spec.num_outputs == 1:
-            return Evaluation(2)
-        return RegressionEvaluation(self.spec.num_outputs)
-
     def _inference(self, what: str, make, combine, data):
         shipped = self.seam.ship(network_state(self.network, with_updater=False))
         try:
@@ -539,7 +529,7 @@ class SparkTrainer:
         no example.
         """
         single = evaluations is None
-        evals = [self._default_evaluation()] if single else list(evaluations)
+        evals = [default_evaluation(self.spec)] if single else list(evaluations)
         rebatch = rebatch_partition(self.spec, self.eval_batch_size)
         config = self.network.to_json()
         encoding = input_encoding(self.master.data)

@@ -133,3 +133,29 @@ def test_tabular_example_with_both_masters_on_local2(tmp_path):
         assert report[kind]["test_accuracy"] > 0.75 and os.path.basename(report[kind]["saved_model"])
     assert report["sharing"]["dense_bytes_equivalent"] > 10 * report["sharing"]["bytes_sent"]
     assert "bytes on the wire" in log
+
+
+CLASSIFICATION = EXAMPLE.with_name("tabular_classification.py")
+
+
+def test_classification_example_learns_an_imbalanced_problem_in_one_process(tmp_path):
+    report, log = run_example(tmp_path, "--mode", "local", "--rows", "4000", "--test-rows", "2000", "--epochs", "3",
+                              example=CLASSIFICATION)
+    assert 0.05 < report["positive_share"] < 0.12
+    local = report["local"]
+    assert local["auc"] > 0.9 and local["pr_auc"] > 3 * report["positive_share"]  # chance: 0.5 and the share
+    assert 1 <= local["best_epoch"] <= local["epochs_run"] <= 3
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_classification_example_tunes_stops_early_and_agrees_with_sklearn(tmp_path):
+    report, log = run_example(tmp_path, "--rows", "4000", "--test-rows", "2000", "--epochs", "3", "--master",
+                              "local[2]", example=CLASSIFICATION)
+    for kind in ("averaging", "sharing"):
+        r = report[kind]
+        assert r["auc"] > 0.85 and len(r["cv_auc"]) == 2 and 1 <= r["best_epoch"] <= r["epochs_run"] <= 3
+        assert r["auc_spark"] == pytest.approx(r["auc_sklearn"], abs=1e-9)
+        assert r["auc"] == pytest.approx(r["auc_sklearn"], abs=1e-9)
+        assert r["pr_auc"] == pytest.approx(r["pr_auc_sklearn"], abs=1e-9)
+        assert os.path.basename(r["saved_model"]) == f"pipeline-{kind}"

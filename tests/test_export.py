@@ -12,16 +12,20 @@ other sizes than any seen at export (the batch axis is dynamic).
 - the fit's input encoding inside the graph (what the MLflow pyfunc takes),
   float64 models, and the refusals (a merge of sequences, no onnx);
 - TorchModels (``tests.torch_models`` and ``sparkavg.torch.zoo``) through
-  ``torch.onnx`` and TorchScript, and a module torch cannot export.
+  ``torch.onnx`` and TorchScript, and a module torch cannot export;
+- ``MLflowListener`` logs ``model.onnx`` beside the pyfunc (a real SQLite
+  store under tmp_path), or the pyfunc alone for a model ONNX cannot express.
 """
 from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -36,6 +40,8 @@ from sparkavg.export.onnx import EXPORTERS  # noqa: E402
 from sparkavg.nn import (GRU, LSTM, Activation, Add, AvgPool2D, BatchNorm, Conv1D, Conv2D, Dense, Dropout,  # noqa: E402
                          Embedding, Flatten, GlobalAvgPool, GlobalMaxPool, Graph, LayerNorm, MaxPool2D, Merge,
                          Multiply, Network, Output, Reshape, lenet)
+
+from .test_listeners import mlflow_store  # noqa: E402,F401  (the fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 TOL = 1e-5
@@ -352,3 +358,49 @@ def test_a_module_torch_cannot_export_is_refused_naming_it(tmp_path):
     with pytest.raises(ExportError, match="svdvals") as info:
         model.export_onnx(tmp_path / "m.onnx")
     assert "_svd_head" in str(info.value)  # the factory
+
+
+# ------------------------------------------------------------------ MLflow
+
+def _fit_end(mlflow, model, data):
+    """A listener driven with the payloads of a fit of ``model`` (no Spark)."""
+    from sparkavg.listeners import MLflowListener
+    from sparkavg.spark import ParameterAveraging, TrainingStats
+
+    master = ParameterAveraging(workers=2, data=data)
+    trainer = SimpleNamespace(stats=TrainingStats(), network=model, features_col="features", master=master)
+    start = {"run_id": "abc", "epochs": 1, "epochs_done": 0, "resumed": False, "workers": 2,
+             "master": master.to_config(), "network": model.to_config(), "num_params": model.num_params,
+             "examples": 10, "minibatches": 2}
+    listener = MLflowListener(log_stats=False)
+    listener.on_fit_start(trainer, start)
+    listener.on_fit_end(trainer, {})
+    return listener, mlflow.tracking.MlflowClient()
+
+
+def test_the_mlflow_listener_logs_model_onnx_beside_the_pyfunc(mlflow_store, tmp_path):
+    import pandas as pd
+
+    from sparkavg.spark import DataOptions
+
+    mlflow = mlflow_store
+    net = trained(lenet(), images(4), RNG.integers(0, 10, 4), steps=1)
+    listener, client = _fit_end(mlflow, net, DataOptions(scale=1 / 255, normalize=(0.5, 0.25)))
+    assert "model.onnx" in {a.path for a in client.list_artifacts(listener.run_id)}
+    path = client.download_artifacts(listener.run_id, "model.onnx", str(tmp_path))
+    pixels = np.round(images(6) * 255).astype(np.float32)
+    pyfunc = mlflow.pyfunc.load_model(listener.model_uri).predict(pd.DataFrame({"features": list(pixels.reshape(6, -1))}))
+    got = run_onnx(path, {"input": pixels})["output"]
+    np.testing.assert_allclose(got, np.stack(pyfunc["probability"]), atol=TOL, rtol=0)
+
+
+def test_the_mlflow_listener_logs_the_pyfunc_alone_for_a_model_onnx_cannot_express(mlflow_store, caplog):
+    from sparkavg.spark import DataOptions
+
+    graph = Graph({"a": (3, 4), "b": (2, 4)}, [("seqs", Merge(), ["a", "b"]), ("flat", Flatten(), "seqs"),
+                                               ("output", Output(2), "flat")], ["output"])
+    with caplog.at_level(logging.WARNING, logger="sparkavg.listeners.mlflow_listener"):
+        listener, client = _fit_end(mlflow_store, graph, DataOptions())
+    assert listener.model_uri is not None  # the pyfunc
+    assert "model.onnx" not in {a.path for a in client.list_artifacts(listener.run_id)}
+    assert any("'seqs'" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)

@@ -15,7 +15,12 @@ Per fit, :class:`MLflowListener` logs into one MLflow run:
 - at the end: the stats as ``stats/stats.json``, ``stats/stats.html`` and
   ``stats/trace.json`` (Chrome trace), and the trained model -- a Network,
   a Graph or a TorchModel -- as a pyfunc model (:mod:`.mlflow_model`, which
-  says its input and output frames) that ``mlflow.pyfunc.load_model`` loads;
+  says its input and output frames) that ``mlflow.pyfunc.load_model`` loads,
+  and beside it the run's artifact ``model.onnx`` when onnx is installed
+  (``sparkavg[onnx]``; :mod:`sparkavg.export`): the same outputs from the
+  same input features, the fit's input encoding included; a model ONNX
+  cannot express is logged as the pyfunc alone, with a warning naming
+  what was refused;
   the run ends ``FINISHED`` -- or ``FAILED`` (``KILLED`` on
   ``KeyboardInterrupt``) with tag ``sparkavg.error`` when the fit raises.
 
@@ -122,7 +127,8 @@ class MLflowListener(TrainingListener):
     nested : bool, default False
         Start a child run of the active run for every fit.
     log_model : bool, default True
-        Log the trained model as a pyfunc model (artifact path ``model``).
+        Log the trained model as a pyfunc model (named ``model``) and, with
+        onnx installed, as the run's artifact ``model.onnx``.
     log_rounds : bool, default False
         Metrics per round, not only per epoch (one request per round).
     log_stats : bool, default True
@@ -268,6 +274,7 @@ class MLflowListener(TrainingListener):
 
         active = self._mlflow.active_run()
         encoding = input_encoding(trainer.master.data)  # scale/normalize: the pyfunc applies them too
+        self._log_onnx(trainer.network, encoding)
         if active is not None and active.info.run_id == self.run_id:
             return log_network(trainer.network, features_col=trainer.features_col, encoding=encoding).model_uri
         # The user made another run active meanwhile: the model goes into this fit's run as plain artifacts.
@@ -276,3 +283,22 @@ class MLflowListener(TrainingListener):
                                encoding=encoding)
             self._client.log_artifacts(self.run_id, os.path.join(folder, "model"), "model")
         return f"runs:/{self.run_id}/model"
+
+    def _log_onnx(self, model, encoding) -> None:
+        """``model.onnx`` beside the pyfunc, when onnx is installed and the model exports."""
+        import importlib.util
+
+        if importlib.util.find_spec("onnx") is None:
+            logger.info("MLflow run %s: the model is logged as a pyfunc only; pip install 'sparkavg[onnx]' to log "
+                        "model.onnx beside it", self.run_id)
+            return
+        from ..export.onnx import ExportError
+
+        with tempfile.TemporaryDirectory(prefix="sparkavg-mlflow-") as folder:
+            path = os.path.join(folder, "model.onnx")
+            try:
+                model.export_onnx(path, encoding=encoding)
+            except (ExportError, ImportError, NotImplementedError) as exc:
+                logger.warning("MLflow run %s: the model is logged as a pyfunc but not as ONNX: %s", self.run_id, exc)
+                return
+            self._client.log_artifact(self.run_id, path)

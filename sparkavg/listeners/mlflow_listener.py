@@ -265,6 +265,7 @@ class MLflowListener(TrainingListener):
                     self._client.log_artifacts(self.run_id, folder, "stats")
             if self.log_model:
                 self.model_uri = self._log_network(trainer)
+                self._log_onnx(trainer)
         finally:
             self._end("FINISHED")
 
@@ -274,7 +275,6 @@ class MLflowListener(TrainingListener):
 
         active = self._mlflow.active_run()
         encoding = input_encoding(trainer.master.data)  # scale/normalize: the pyfunc applies them too
-        self._log_onnx(trainer.network, encoding)
         if active is not None and active.info.run_id == self.run_id:
             return log_network(trainer.network, features_col=trainer.features_col, encoding=encoding).model_uri
         # The user made another run active meanwhile: the model goes into this fit's run as plain artifacts.
@@ -284,9 +284,11 @@ class MLflowListener(TrainingListener):
             self._client.log_artifacts(self.run_id, os.path.join(folder, "model"), "model")
         return f"runs:/{self.run_id}/model"
 
-    def _log_onnx(self, model, encoding) -> None:
-        """``model.onnx`` beside the pyfunc, when onnx is installed and the model exports."""
+    def _log_onnx(self, trainer) -> None:
+        """``model.onnx`` beside the pyfunc (logged first), when onnx is installed and the model exports."""
         import importlib.util
+
+        from ..data.transforms import input_encoding
 
         if importlib.util.find_spec("onnx") is None:
             logger.info("MLflow run %s: the model is logged as a pyfunc only; pip install 'sparkavg[onnx]' to log "
@@ -297,7 +299,7 @@ class MLflowListener(TrainingListener):
         with tempfile.TemporaryDirectory(prefix="sparkavg-mlflow-") as folder:
             path = os.path.join(folder, "model.onnx")
             try:
-                model.export_onnx(path, encoding=encoding)
+                trainer.network.export_onnx(path, encoding=input_encoding(trainer.master.data))
             except (ExportError, ImportError, NotImplementedError) as exc:
                 logger.warning("MLflow run %s: the model is logged as a pyfunc but not as ONNX: %s", self.run_id, exc)
                 return

@@ -447,8 +447,6 @@ class LayerModel(FlatModel):
 
         export_layer_model(self, path, encoding)
 
-    export_onnx.__doc__ = FlatModel.export_onnx.__doc__
-
     @classmethod
     def planned_sizes(cls, args: dict) -> dict:
         layers, updater = cls._structure(args)

@@ -442,7 +442,7 @@ def to_onnx(model, encoding: Optional[dict] = None):
                                     f"as model.output() gives them")
     h.set_model_props(proto, {"sparkavg.outputs": json.dumps([[o.name, o.loss] for o in spec.outputs]),
                               "sparkavg.input_encoding": json.dumps(encoding)})
-    proto.ir_version = min(proto.ir_version, 10)  # what onnxruntime releases of the last two years read
+    proto.ir_version = min(proto.ir_version, 8)  # opset 17's: onnxruntime reads it from release 1.12 on
     onnx.checker.check_model(proto)
     return proto
 

@@ -20,13 +20,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 #: Pages the guide must have (the README's "where to read more" links them).
-GUIDE = ["index", "quickstart", "models", "masters", "data", "training", "cluster", "connect-ml", "torch", "listeners",
-         "troubleshooting", "performance", "security", "development"]
+GUIDE = ["index", "quickstart", "models", "masters", "data", "training", "cluster", "connect-ml", "torch", "export",
+         "listeners", "troubleshooting", "performance", "security", "development"]
 #: API pages and one object each must document.
 API = {"nn": "sparkavg.nn.Network", "spark": "sparkavg.spark.SparkTrainer", "ml": "sparkavg.ml.NetworkEstimator",
        "torch": "sparkavg.torch.TorchModel", "listeners": "sparkavg.listeners.TrainingListener",
        "evaluation": "sparkavg.evaluation.Evaluation", "references": "sparkavg.references.trusting",
-       "data": "sparkavg.data.load_mnist"}
+       "data": "sparkavg.data.load_mnist", "export": "sparkavg.export.ExportError"}
 
 
 @pytest.fixture(scope="module")

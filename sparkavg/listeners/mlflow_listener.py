@@ -16,7 +16,12 @@ Per fit, :class:`MLflowListener` logs into one MLflow run:
 - at the end: the stats as ``stats/stats.json``, ``stats/stats.html`` and
   ``stats/trace.json`` (Chrome trace), and the trained model -- a Network,
   a Graph or a TorchModel -- as a pyfunc model (:mod:`.mlflow_model`, which
-  says its input and output frames) that ``mlflow.pyfunc.load_model`` loads;
+  says its input and output frames) that ``mlflow.pyfunc.load_model`` loads,
+  and beside it the run's artifact ``model.onnx`` when onnx is installed
+  (``sparkavg[onnx]``; :mod:`sparkavg.export`): the same outputs from the
+  same input features, the fit's input encoding included; a model ONNX
+  cannot express is logged as the pyfunc alone, with a warning naming
+  what was refused;
   the run ends ``FINISHED`` -- or ``FAILED`` (``KILLED`` on
   ``KeyboardInterrupt``) with tag ``sparkavg.error`` when the fit raises.
 
@@ -123,7 +128,8 @@ class MLflowListener(TrainingListener):
     nested : bool, default False
         Start a child run of the active run for every fit.
     log_model : bool, default True
-        Log the trained model as a pyfunc model (artifact path ``model``).
+        Log the trained model as a pyfunc model (named ``model``) and, with
+        onnx installed, as the run's artifact ``model.onnx``.
     log_rounds : bool, default False
         Metrics per round, not only per epoch (one request per round).
     log_stats : bool, default True
@@ -260,6 +266,7 @@ class MLflowListener(TrainingListener):
                     self._client.log_artifacts(self.run_id, folder, "stats")
             if self.log_model:
                 self.model_uri = self._log_network(trainer)
+                self._log_onnx(trainer)
         finally:
             self._end("FINISHED")
 
@@ -277,3 +284,24 @@ class MLflowListener(TrainingListener):
                                encoding=encoding)
             self._client.log_artifacts(self.run_id, os.path.join(folder, "model"), "model")
         return f"runs:/{self.run_id}/model"
+
+    def _log_onnx(self, trainer) -> None:
+        """``model.onnx`` beside the pyfunc (logged first), when onnx is installed and the model exports."""
+        import importlib.util
+
+        from ..data.transforms import input_encoding
+
+        if importlib.util.find_spec("onnx") is None:
+            logger.info("MLflow run %s: the model is logged as a pyfunc only; pip install 'sparkavg[onnx]' to log "
+                        "model.onnx beside it", self.run_id)
+            return
+        from ..export.onnx import ExportError
+
+        with tempfile.TemporaryDirectory(prefix="sparkavg-mlflow-") as folder:
+            path = os.path.join(folder, "model.onnx")
+            try:
+                trainer.network.export_onnx(path, encoding=input_encoding(trainer.master.data))
+            except (ExportError, ImportError, NotImplementedError) as exc:
+                logger.warning("MLflow run %s: the model is logged as a pyfunc but not as ONNX: %s", self.run_id, exc)
+                return
+            self._client.log_artifact(self.run_id, path)

@@ -380,6 +380,27 @@ class FlatModel(Configurable):
         """
         return load_network(path, cls, max_params=max_params, trusted=trusted)
 
+    def export_onnx(self, path, *, encoding: dict | None = None) -> None:
+        """Write this model's inference graph to ``path`` as an ONNX file
+        (``pip install 'sparkavg[onnx]'``): inputs named as :attr:`spec`'s,
+        with a dynamic batch axis, and one output per model output, as
+        :meth:`output` computes it (see :mod:`sparkavg.export`).
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+        encoding : dict, optional
+            A fit's input encoding, ``{"scale": s, "normalize": [mean, std]}``
+            (:func:`sparkavg.data.transforms.input_encoding`), applied to the
+            float inputs first: the graph then takes what the MLflow pyfunc takes.
+
+        Raises
+        ------
+        sparkavg.export.ExportError
+            A layer or configuration ONNX cannot express (the message names it).
+        """
+        raise NotImplementedError(f"Expect a model type that exports to ONNX, got {type(self).__name__}")
+
     def __deepcopy__(self, memo):
         return self.clone()
 
@@ -459,6 +480,18 @@ class LayerModel(FlatModel):
         if self._fine_tuning is not None:
             args["fine_tuning"] = self._fine_tuning
         return args
+
+    def _wiring(self) -> tuple:
+        """The model as a graph: ``(inputs, vertices, outputs)`` -- ``{name:
+        example shape}``, ``(name, layer or combining vertex, [input names])``
+        in topological order, and the output vertices' names (the names of
+        :attr:`spec`'s outputs)."""
+        raise NotImplementedError
+
+    def export_onnx(self, path, *, encoding: dict | None = None) -> None:
+        from ..export.onnx import export_layer_model
+
+        export_layer_model(self, path, encoding)
 
     @classmethod
     def planned_sizes(cls, args: dict) -> dict:

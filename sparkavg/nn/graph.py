@@ -254,6 +254,9 @@ class Graph(LayerModel):
                          tuple(OutputSpec(n, int(by_name[n].op.units), by_name[n].op.loss_name,
                                           self.loss_weights[n]) for n in self.outputs))
 
+    def _wiring(self):
+        return dict(self.inputs), [(v.name, v.op, list(v.inputs)) for v in self._order], list(self.outputs)
+
     def _input_dtype(self, name: str) -> str:
         """``"int64"`` for an input that only Embedding layers read (ids), else ``"float32"``."""
         from .embedding import Embedding

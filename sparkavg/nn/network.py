@@ -162,6 +162,13 @@ class Network(LayerModel):
         return ModelSpec((InputSpec("input", tuple(self.input_shape), dtype),),
                          (OutputSpec("output", int(out.units), out.loss_name),))
 
+    def _wiring(self):
+        """A chain: input ``"input"``, layer ``i`` named ``"<i>_<type>"``, the last one ``"output"``."""
+        names = [f"{i}_{type(layer).__name__.lower()}" for i, layer in enumerate(self.layers[:-1])] + ["output"]
+        sources = ["input"] + names[:-1]
+        return ({"input": tuple(self.input_shape)},
+                [(n, layer, [s]) for n, layer, s in zip(names, self.layers, sources)], ["output"])
+
     def _prepare_input(self, x):
         """Validate, cast and lay out a batch: (N, *input_shape) or flat
         (N, prod) -> internal (N, H, W, C) or (N, features), contiguous."""

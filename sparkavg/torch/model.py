@@ -434,6 +434,24 @@ class TorchModel(FlatModel):
             total += float(self._loss_of(out, target.rows(start, start + out.shape[0]))) * out.shape[0]
         return total / n + self.flat.penalty()
 
+    # ---------------------------------------------------------- export
+    def export_onnx(self, path, *, encoding: dict | None = None) -> None:
+        """Write :meth:`output` as an ONNX file (``torch.onnx.export``; input
+        ``"input"``, output ``"output"``, a dynamic batch axis; ``encoding``:
+        a fit's input encoding, applied first).  See :mod:`sparkavg.export.torch_model`."""
+        from ..export.torch_model import export_onnx
+
+        self._mode(False)
+        export_onnx(self, path, encoding)
+
+    def export_torchscript(self, path, *, encoding: dict | None = None) -> None:
+        """Write :meth:`output` as a TorchScript file (``torch.jit.trace``;
+        ``torch.jit.load(path)(x)`` gives ``output(x)``).  As :meth:`export_onnx`."""
+        from ..export.torch_model import export_torchscript
+
+        self._mode(False)
+        export_torchscript(self, path, encoding)
+
     # ---------------------------------------------------------- config
     def config_arguments(self) -> dict:
         """The constructor arguments that rebuild this model, by name.

@@ -122,7 +122,7 @@ def prepare_rows_per_second(session, df, spec, batch_size: int, placement: str, 
         t = time.perf_counter()
         if path == "rows":  # before: what as_example_rdd did for a DataFrame, then the RDD path
             rdd = df.select("features", "label").rdd.map(_row_to_pair)
-            prepared = prepare(rdd, spec, batch_size, placement_for(options, seam.local), STORAGE_LEVEL)
+            prepared = prepare(seam, rdd, spec, batch_size, placement_for(options, seam.local), STORAGE_LEVEL)
         else:
             prepared = seam.prepare(df, spec, batch_size, options, "features", "label")
         times.append(time.perf_counter() - t)

@@ -115,7 +115,7 @@ def stored_bytes(session, prepared) -> dict:
     """What the prepared minibatches take: files' bytes on disk, or a classic
     session's persisted blocks (Spark's storage status: memory and disk);
     Connect does not say (None)."""
-    if prepared.in_files:
+    if prepared.description == "shared files":
         return {"disk": sum(os.path.getsize(p) for p in prepared.paths), "memory": 0}
     if getattr(prepared, "rdd", None) is None:
         return {"disk": None, "memory": None}

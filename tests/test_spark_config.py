@@ -5,8 +5,8 @@ import pytest
 from sparkavg.configurable import ConfigError
 
 from sparkavg.data.validation import DataSpec, DataValidationError, rebatch_partition
-from sparkavg.spark.data import PreparedData
-from sparkavg.spark.deal import deal, deal_choice, deal_shards, local_shards, shard_label_skew
+from sparkavg.spark.deal import deal, deal_shards, local_shards, shard_label_skew
+from sparkavg.spark.sources import SharedFiles, SparkBlocks
 from sparkavg.spark.masters import (DEFAULT_THRESHOLD, AdaptiveThreshold, DataOptions, FixedThreshold,
                                     GradientSharing, ParameterAveraging, Placement, TargetSparsityThreshold, Topology,
                                     master_from_config)
@@ -211,9 +211,31 @@ def test_local_shards_follow_hosts_then_partitions():
     ("auto", False, True), ("auto", True, False), ("local", True, True), ("balanced", False, False),
     ("never", False, False)])
 def test_repartition_chooses_the_deal(repartition, in_files, local):
-    prepared = PreparedData([1, 1], paths=["a", "b"] if in_files else None)
-    chosen, reason = deal_choice(DataOptions(repartition=repartition), prepared, 2)
+    prepared = SharedFiles([1, 1], paths=["a", "b"]) if in_files else SparkBlocks([1, 1])
+    chosen, reason = prepared.deal_choice(DataOptions(repartition=repartition), 2)
     assert chosen is local and reason
+
+
+def test_every_source_deals_each_minibatch_once_and_rebuilds_only_what_spark_could_lose():
+    from sparkavg.spark.runners import runner_for
+    from sparkavg.spark.masters import GradientSharing, ParameterAveraging
+    from sparkavg.spark.streaming import StreamedSource
+
+    paths = [f"/shared/m{i}" for i in range(5)]
+    files = SharedFiles([2] * 5, paths=paths)
+    dealt = files.plan(2, 2, seed=3)
+    assert sorted(i for shards in dealt.rounds for shard in shards for i in shard) == list(range(5))
+    assert sorted(p for r in range(len(dealt.rounds)) for shard in dealt.shards(r) for p in shard) == paths
+    streamed = StreamedSource([4, 4, 2], rows={0: 8, 1: 0, 2: 2}, batches={0: [0, 1], 2: [2]}, parts=[0, 2])
+    # A streamed source deals the source's partitions afresh every epoch, whatever repartition says.
+    assert streamed.deal_choice(DataOptions(repartition="local"), 2)[0] is False
+    assert streamed.plan(2, 5, None).shards(0) == [0, 2]  # a round is a partition per worker, not per_round
+    for source in (files, streamed):  # nothing Spark could lose: nothing to rebuild, and no error
+        assert source.rebuild() is None
+    assert {files.description, streamed.description, SparkBlocks.description} == {
+        "shared files", "streamed", "Spark blocks"}
+    # The runner says whether its epoch can train streamed rounds; the trainer never asks the master's type.
+    assert runner_for(None, ParameterAveraging()).streams and not runner_for(None, GradientSharing()).streams
 
 
 @pytest.mark.parametrize("options, depth", [
@@ -231,10 +253,10 @@ def test_auto_deals_balanced_when_hosts_hold_different_classes():
     assert shard_label_skew(local_shards(8, 2, layout), mixed) == 0.0
     assert shard_label_skew(local_shards(8, 2, layout), by_label) == pytest.approx(0.5)
     auto = DataOptions()
-    assert deal_choice(auto, PreparedData([4] * 8, layout=layout, labels=mixed), 2)[0] is True
-    assert deal_choice(auto, PreparedData([4] * 8, layout=layout, labels=by_label), 2)[0] is False
+    assert SparkBlocks([4] * 8, layout=layout, labels=mixed).deal_choice(auto, 2)[0] is True
+    assert SparkBlocks([4] * 8, layout=layout, labels=by_label).deal_choice(auto, 2)[0] is False
     # Asked for explicitly, local stays local.
-    assert deal_choice(DataOptions(repartition="local"), PreparedData([4] * 8, labels=by_label), 2)[0]
+    assert SparkBlocks([4] * 8, labels=by_label).deal_choice(DataOptions(repartition="local"), 2)[0]
 
 
 SPEC = DataSpec((1, 2, 2), 3)

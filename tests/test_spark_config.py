@@ -271,7 +271,8 @@ def test_rebatch_keeps_every_example_and_mixes_formats():
     mb = (np.zeros((3, 4), np.float32), np.array([0, 1, 2]))
     out = _run(pairs + [mb], batch=3)
     assert [len(y) for _, y in out] == [3, 3, 2]
-    assert out[0][0].shape == (3, 1, 2, 2) and out[0][0].dtype == np.float32
+    assert list(out[0][0]) == ["input"]  # the one input's bare features come out as a mapping of one
+    assert out[0][0]["input"].shape == (3, 1, 2, 2) and out[0][0]["input"].dtype == np.float32
     onehot = _run([(np.ones(4), np.array([0, 0, 1.0])), (np.ones(4), 1)])
     np.testing.assert_array_equal(onehot[0][1], [[0, 0, 1], [0, 1, 0]])
 
@@ -300,6 +301,7 @@ def test_rows_and_arrow_batches_break_a_rule_with_one_message(bad):
     # One rule, one message: the row path and the Arrow path (outside Spark: partition 0) agree.
     import pyarrow as pa
 
+    from sparkavg.spark.data import resolve_features
     from sparkavg.spark.executor.arrow import failure_from_row, make_minibatcher
 
     features, label = bad
@@ -310,7 +312,7 @@ def test_rows_and_arrow_batches_break_a_rule_with_one_message(bad):
     batch = pa.RecordBatch.from_pydict({
         "features": pa.array([good[0].tolist(), features.tolist()], pa.list_(pa.float64())),
         "label": pa.array([good[1], label], pa.list_(pa.float64()) if onehot else None)})
-    out = list(make_minibatcher(SPEC, 2, "features", "label")(iter([batch])))
+    out = list(make_minibatcher(SPEC, 2, resolve_features("features", SPEC), "label")(iter([batch])))
     failure = failure_from_row(out[-1].column("error")[0].as_py())
     assert failure is not None and failure.kind == "DataValidationError"
     assert failure.message == str(rows.value)
@@ -328,6 +330,7 @@ def test_feature_dtype_auto_keeps_integers_and_float16_compact_with_float32_valu
     float32; converted to float32 the values are what None (float32) gives."""
     import pyarrow as pa
 
+    from sparkavg.spark.data import resolve_features
     from sparkavg.spark.executor.arrow import inputs_from_bytes, make_minibatcher
 
     assert DataOptions().feature_dtype == "auto" and "feature_dtype" not in DataOptions().config_arguments()
@@ -335,16 +338,17 @@ def test_feature_dtype_auto_keeps_integers_and_float16_compact_with_float32_valu
     lo, hi = (int(v) for v in bounds.split("..")) if bounds else (0, 200)
     x = np.linspace(lo, hi, 16).round().astype(dtype).reshape(4, 4)
     rows = [(x[i], i % 3) for i in range(4)]
-    auto = [mb for mb, _ in rebatch_partition(SPEC, 4, "auto")(0, iter(rows))]
-    old = [mb for mb, _ in rebatch_partition(SPEC, 4)(0, iter(rows))]
+    auto = [mb["input"] for mb, _ in rebatch_partition(SPEC, 4, "auto")(0, iter(rows))]
+    old = [mb["input"] for mb, _ in rebatch_partition(SPEC, 4)(0, iter(rows))]
     assert auto[0].dtype == np.dtype(kept) and old[0].dtype == np.float32
     np.testing.assert_array_equal(auto[0].astype(np.float32), old[0])
     arrow_type = pa.from_numpy_dtype(x.dtype)
     batch = pa.RecordBatch.from_pydict({"features": pa.array(list(x), pa.list_(arrow_type)),
                                         "label": pa.array([i % 3 for i in range(4)], pa.int64())})
     for feature_dtype, want in (("auto", kept), (None, "float32")):
-        out = list(make_minibatcher(SPEC, 4, "features", "label", feature_dtype=feature_dtype)(iter([batch])))
-        got = inputs_from_bytes(out[0].column("x")[0])
+        out = list(make_minibatcher(SPEC, 4, resolve_features("features", SPEC), "label",
+                                    feature_dtype=feature_dtype)(iter([batch])))
+        got = inputs_from_bytes(out[0].column("x")[0])["input"]
         assert got.dtype == np.dtype(want)
         np.testing.assert_array_equal(got.astype(np.float32), old[0])
 

@@ -282,8 +282,8 @@ class NetworkModel(Model, _NetworkParams, MLReadable, MLWritable):
                                                            StructField(probability, ArrayType(FloatType()), True)])
         # The parameters travel with the job (JSON + raw float32 bytes in the closure), on both flavours.
         fn = make_transformer(net.to_json(), ShippedValue(network_state(net, with_updater=False)), features,
-                              tuple(spec.input_shape), self.getInferenceBatchSize(), out.classification,
-                              prediction, probability, self.input_encoding)
+                              self.getInferenceBatchSize(), out.classification, prediction, probability,
+                              self.input_encoding)
         return dataset.mapInArrow(fn, schema)
 
     def write(self) -> NetworkWriter:

@@ -10,8 +10,6 @@ collected to the driver.
 """
 from __future__ import annotations
 
-from typing import Sequence
-
 import numpy as np
 
 from ..spark.executor.inference import list_column, make_predict_fn, predict_arrow
@@ -19,8 +17,8 @@ from ..spark.executor.inference import list_column, make_predict_fn, predict_arr
 __all__ = ["make_transformer"]
 
 
-def make_transformer(config_json: str, shipped, features_col, input_shape: Sequence[int], batch_size: int,
-                     classification: bool, prediction_col: str, probability_col: str, encoding=None):
+def make_transformer(config_json: str, shipped, features_col, batch_size: int, classification: bool,
+                     prediction_col: str, probability_col: str, encoding=None):
     """The ``mapInArrow`` function of a model's ``transform``.
 
     Parameters
@@ -29,11 +27,9 @@ def make_transformer(config_json: str, shipped, features_col, input_shape: Seque
         The network's JSON configuration.
     shipped
         A handle whose ``value`` is ``(iteration, params, None)``.
-    features_col : str or tuple of NamedInput
-        The features column, or several named inputs with their columns
-        (:func:`~sparkavg.spark.data.resolve_features`).
-    input_shape : sequence of int
-        One example's shape; flat features are reshaped to it.
+    features_col : tuple of NamedInput
+        The model's inputs with their columns (:func:`~sparkavg.spark.data.resolve_features`);
+        flat features are reshaped to each input's shape.
     batch_size : int
         Examples per forward pass.
     classification : bool
@@ -51,5 +47,4 @@ def make_transformer(config_json: str, shipped, features_col, input_shape: Seque
         return [(prediction_col, pa.array(prediction.astype(np.float64), pa.float64())),
                 (probability_col, list_column(out))]
 
-    return predict_arrow(make_predict_fn(config_json, shipped, batch_size, encoding), features_col, input_shape,
-                         columns)
+    return predict_arrow(make_predict_fn(config_json, shipped, batch_size, encoding), features_col, columns)

@@ -28,7 +28,7 @@ import numpy as np
 from ..configurable import from_config, register
 from .flat import FlatModel, Segment, check_updater
 from .layers import Layer
-from .model import InputSpec, ModelSpec, OutputSpec
+from .model import InputSpec, ModelSpec, OutputSpec, one_input
 from .output import Output
 from .clipping import GradientNormalization
 from .updaters import Updater
@@ -177,6 +177,7 @@ class Network(FlatModel):
         """Forward + backward in training mode; fills the flat gradient (L2
         included).  Returns the loss for :meth:`_loss_value` as device values
         (of the parameters before any update), to be read at the step's end."""
+        x = one_input(x, "input")
         self._check_pair(x, y)
         xi = self._prepare_input(x)
         n = xi.shape[0]
@@ -196,6 +197,7 @@ class Network(FlatModel):
     def fit(self, x, y, batch_size=64, epochs=1, shuffle=True) -> list:
         """Minibatch training on in-memory arrays (a convenience for local
         runs); advances :attr:`epoch`.  Returns the mean loss of each epoch."""
+        x = one_input(x, "input")
         self._check_pair(x, y)
         return super().fit(x, y, batch_size, epochs, shuffle)
 
@@ -207,7 +209,7 @@ class Network(FlatModel):
         Returns a new (N, units) array of the network's dtype on its device
         (class probabilities for a softmax output).
         """
-        xi = self._prepare_input(x)
+        xi = self._prepare_input(one_input(x, "input"))
         n = xi.shape[0]
         result = self._xp.empty((n,) + tuple(self.layers[-1].output_shape), dtype=self.dtype)
         step = max(1, int(self.inference_batch_size))
@@ -217,6 +219,7 @@ class Network(FlatModel):
 
     def score(self, x, y) -> float:
         """Mean loss over all of ``x`` (inference mode, chunked) + L2 penalty."""
+        x = one_input(x, "input")
         self._check_pair(x, y)
         xi = self._prepare_input(x)
         n = xi.shape[0]

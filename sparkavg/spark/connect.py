@@ -330,10 +330,10 @@ class ConnectSpark:
                 examples_adapter(task, features_col, label_col), RESULT_SCHEMA).toArrow()
         return functools.reduce(combine, results_from_table(table), None)
 
-    def map_features(self, data, make_predict: Callable, features_col: str, input_shape):
+    def map_features(self, data, make_predict: Callable, features_col: tuple):
         """A DataFrame: ``data``'s columns plus :data:`OUTPUT_COL` (``array<float>``),
         ``make_predict``'s ``predict`` run lazily over each Arrow batch of
-        ``features_col`` as one matrix (:func:`~.executor.inference.predict_arrow`)."""
+        ``features_col`` (resolved inputs) at once (:func:`~.executor.inference.predict_arrow`)."""
         from pyspark.sql.types import ArrayType, FloatType, StructField, StructType
 
         df = self._frame(data)
@@ -343,5 +343,5 @@ class ConnectSpark:
                              f"got columns {df.columns}")
         schema = StructType(list(df.schema.fields) + [StructField(OUTPUT_COL, ArrayType(FloatType()), True)])
         output_col = OUTPUT_COL
-        return df.mapInArrow(predict_arrow(make_predict, features_col, input_shape,
-                                           lambda out: [(output_col, list_column(out))]), schema)
+        return df.mapInArrow(predict_arrow(make_predict, features_col, lambda out: [(output_col, list_column(out))]),
+                             schema)

@@ -14,10 +14,10 @@ A DataFrame travels as Arrow record batches on both Spark flavours
 (:func:`minibatch_frame`, :class:`ExampleFrame`; the executor side is
 :mod:`sparkavg.spark.executor.arrow`): features and labels are validated
 and reshaped per record batch, never row by row through Python objects.
-A model with several inputs reads one column per input
-(:func:`resolve_features`: ``features_col`` as ``{input: column}`` or a
-list in the order of the model's inputs); its features travel as a dict of
-arrays by input name, each in its own dtype (int64 ids stay integer).
+Features travel as a dict of arrays by input name (one input's too),
+each in its own dtype (int64 ids stay integer); a model with several
+inputs reads one column per input (:func:`resolve_features`:
+``features_col`` as ``{input: column}`` or a list in input order).
 """
 from __future__ import annotations
 
@@ -33,9 +33,9 @@ from .errors import TaskFailure, executor_errors, guarded_partitions, raise_fail
 from ..data.storage import SUFFIX, SharedLocation, load_minibatch, save_minibatch
 from .sources import MinibatchSource, SharedFiles, SparkBlocks
 
-__all__ = ["STORAGE_LEVEL", "as_example_rdd", "feature_rows", "ExampleFrame", "minibatch_frame", "check_columns", "require_arrow",
-           "resolve_features", "feature_columns",
-           "prepare", "files_root", "placement_for", "load_minibatch", "arrow_batch_rdd"]
+__all__ = ["STORAGE_LEVEL", "as_example_rdd", "feature_rows", "ExampleFrame", "minibatch_frame", "check_columns",
+           "require_arrow", "resolve_features", "feature_columns", "prepare", "files_root", "placement_for",
+           "load_minibatch", "arrow_batch_rdd"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,14 +64,11 @@ def check_rdd(data, what: str):
 
 
 def feature_columns(features_col) -> List[str]:
-    """The DataFrame columns ``features_col`` reads: a name, or the columns
-    of named inputs (:func:`resolve_features`)."""
-    if isinstance(features_col, str):
-        return [features_col]
+    """The DataFrame columns of resolved inputs (:func:`resolve_features`)."""
     return [i.column for i in features_col]
 
 
-def resolve_features(features_col, spec: DataSpec):
+def resolve_features(features_col, spec: DataSpec) -> tuple:
     """Which DataFrame columns feed which model inputs.
 
     Parameters
@@ -85,35 +82,31 @@ def resolve_features(features_col, spec: DataSpec):
 
     Returns
     -------
-    str or tuple of NamedInput
-        The one column's name (one input), or each input with its column
-        (several inputs: features travel as a dict by input name).
+    tuple of NamedInput
+        Each input with its column (features travel as a dict by input name).
     """
-    names = [i.name for i in spec.inputs] if spec.named else None
+    names = [i.name for i in spec.inputs]
     if isinstance(features_col, str):
-        if names is None:
-            return features_col
-        raise ValueError(f"Expect features_col as a dict {{input: column}} or a list of {len(names)} columns for "
-                         f"the model's inputs {names}, got one column {features_col!r}")
-    if isinstance(features_col, Mapping):
+        if len(names) > 1:
+            raise ValueError(f"Expect features_col as a dict {{input: column}} or a list of {len(names)} columns "
+                             f"for the model's inputs {names}, got one column {features_col!r}")
+        pairs = {names[0]: features_col}
+    elif isinstance(features_col, Mapping):
         pairs = dict(features_col)
+        if len(names) == 1 and len(pairs) == 1:  # the one input's column, whatever its key says
+            pairs = {names[0]: next(iter(pairs.values()))}
     elif isinstance(features_col, (list, tuple)) and all(isinstance(c, str) for c in features_col):
-        if names is not None and len(features_col) != len(names):
-            raise ValueError(f"Expect {len(names)} feature columns, one per model input {names} in order, "
-                             f"got {len(features_col)}: {list(features_col)}")
-        if names is None and len(features_col) != 1:
-            raise ValueError(f"Expect one feature column for a model with one input, got {list(features_col)}")
-        pairs = dict(zip(names or [None], features_col))
+        if len(features_col) != len(names):
+            raise ValueError(f"Expect {len(names)} feature columns, one per model input {names} in order, got "
+                             f"{len(features_col)}: {list(features_col)}" if len(names) > 1 else
+                             f"Expect one feature column for a model with one input, got {list(features_col)}")
+        pairs = dict(zip(names, features_col))
     else:
         raise TypeError(f"Expect features_col as a column name, a dict {{input: column}} or a list of columns, "
                         f"got {type(features_col).__name__} {features_col!r:.80}")
     bad = [c for c in pairs.values() if not isinstance(c, str)]
     if bad:
         raise TypeError(f"Expect column names (str) in features_col, got {bad}")
-    if names is None:
-        if len(pairs) != 1:
-            raise ValueError(f"Expect one feature column for a model with one input, got {pairs}")
-        return next(iter(pairs.values()))
     if sorted(pairs) != sorted(names):
         raise ValueError(f"Expect features_col keyed by the model's inputs {names}, got keys {list(pairs)}")
     return tuple(dataclasses.replace(i, column=pairs[i.name]) for i in spec.inputs)
@@ -124,8 +117,7 @@ def check_columns(df, features_col, label_col: Optional[str]) -> None:
     wanted = feature_columns(features_col) + ([label_col] if label_col is not None else [])
     missing = [c for c in wanted if c not in df.columns]
     if missing:
-        what = (f"{features_col!r} (features)" if isinstance(features_col, str) else
-                ", ".join(f"{i.column!r} (input {i.name!r})" for i in features_col))
+        what = ", ".join(f"{i.column!r} ({'features' if i.sole else f'input {i.name!r}'})" for i in features_col)
         what += f" and {label_col!r} (label)" if label_col is not None else ""
         raise DataValidationError(f"Expect DataFrame columns {what}, missing {missing}; columns are {df.columns}")
 
@@ -202,9 +194,9 @@ def _decoded(rows):
 
 
 def feature_rows(df, features_col):
-    """An RDD (classic sessions) of ``df``'s ``features_col`` rows as float32
-    arrays (several named inputs: dicts of arrays by input name), read as
-    Arrow batches (no Python object per row), in partition order."""
+    """An RDD (classic sessions) of ``df``'s ``features_col`` rows, each a
+    dict of arrays by input name, read as Arrow batches (no Python object
+    per row), in partition order."""
     from .executor.arrow import FEATURE_SCHEMA, inputs_from_bytes, make_feature_decoder
 
     check_columns(df, features_col, None)
@@ -213,11 +205,8 @@ def feature_rows(df, features_col):
     def rows(chunks):
         for chunk in _decoded(chunks):
             x = inputs_from_bytes(chunk[0])
-            if isinstance(x, Mapping):
-                for i in range(count_examples(x)):
-                    yield {k: v[i] for k, v in x.items()}
-            else:
-                yield from x
+            for i in range(count_examples(x)):
+                yield {k: v[i] for k, v in x.items()}
 
     return (df.select(*feature_columns(features_col)).mapInArrow(make_feature_decoder(features_col), FEATURE_SCHEMA)
             .rdd.mapPartitions(rows, preservesPartitioning=True))

@@ -30,7 +30,8 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 __all__ = ["deal", "local_shards", "deal_shards", "deal_epoch", "shard_label_skew", "MAX_SHARD_LABEL_SKEW",
-           "apportion", "weighted_shards", "split_rounds", "share_choice", "MIN_SPEED_RATIO", "MIN_MEASURED_SECONDS", "equal_finish_shares"]
+           "apportion", "weighted_shards", "split_rounds", "share_choice", "MIN_SPEED_RATIO", "MIN_MEASURED_SECONDS",
+           "equal_finish_shares"]
 
 
 def deal(num_batches: int, workers: int, per_round: int, seed: Optional[int]) -> List[List[List[int]]]:

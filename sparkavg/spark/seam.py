@@ -132,18 +132,16 @@ class ClassicSpark:
         with executor_errors(what):
             return rdd.mapPartitionsWithIndex(task).treeAggregate(None, combine, combine, depth=2)
 
-    def map_features(self, data, make_predict: Callable, features_col: str, input_shape):
+    def map_features(self, data, make_predict: Callable, inputs: tuple):
         """An RDD of outputs, lazily: ``make_predict``'s ``predict`` over
-        ``data``'s rows gathered into matrices of ``input_shape`` examples,
-        checked as training features are (:func:`~.executor.inference.predict_rows`;
-        an RDD, or a DataFrame's ``features_col`` read as Arrow batches: no
-        Python object per row)."""
+        ``data``'s rows gathered into matrices, checked as training features
+        are against ``inputs`` (:func:`~.executor.inference.predict_rows`;
+        an RDD, or a DataFrame's columns of ``inputs`` read as Arrow batches:
+        no Python object per row)."""
         if is_dataframe(data):
-            data = feature_rows(data, features_col)
-        rows = check_rdd(data, "features or (key, features) rows")
-        if not isinstance(features_col, str):  # several named inputs: their shapes and dtypes
-            input_shape = features_col
-        return rows.mapPartitionsWithIndex(predict_rows(make_predict, input_shape))
+            data = feature_rows(data, inputs)
+        return check_rdd(data, "features or (key, features) rows").mapPartitionsWithIndex(
+            predict_rows(make_predict, inputs))
 
 
 def seam_for(spark_or_sc):

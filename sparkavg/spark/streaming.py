@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import shutil
 from dataclasses import dataclass, field, replace
 from typing import ClassVar, Dict, List, Optional, Tuple
@@ -85,31 +84,25 @@ def prepared_bytes_per_example(spec: DataSpec, value_bytes: int = 4) -> int:
     """Bytes one example takes in prepared minibatches: features of
     ``value_bytes`` a value (:func:`feature_value_bytes`; int64 ids: 8
     bytes) and its label."""
-    inputs = spec.inputs if spec.named else ((spec.input_shape, spec.dtype),)
-    feature = 0
-    for item in inputs:
-        shape, dtype = (item.shape, item.dtype) if hasattr(item, "shape") else item
-        feature += int(math.prod(shape)) * (8 if dtype == "int64" else value_bytes)
+    feature = sum(i.size * (8 if i.ids else value_bytes) for i in spec.inputs)
     label = _INDEX_LABEL_BYTES if spec.classification else 4 * spec.num_outputs
     return feature + label
 
 
-def feature_value_bytes(data, features_col, feature_dtype) -> int:
-    """Bytes a prepared minibatch keeps per feature value of a DataFrame
-    (``DataOptions.feature_dtype``): ``"auto"`` keeps a byte column, a
-    binary column of encoded images, and at most 2 bytes of a short column
-    (narrowed to uint8 when its values fit: Parquet's UINT_8); other
-    columns, and several named ones, are counted at float32's 4."""
+def feature_value_bytes(data, column: Optional[str], feature_dtype) -> int:
+    """Bytes a prepared minibatch keeps per feature value of a DataFrame's
+    ``column`` (``DataOptions.feature_dtype``): ``"auto"`` keeps a byte
+    column, a binary column of encoded images, and at most 2 bytes of a
+    short column (narrowed to uint8 when its values fit: Parquet's UINT_8);
+    other columns are counted at float32's 4."""
     if feature_dtype is None or feature_dtype == "float32":
         return 4
     if feature_dtype != "auto":
         return int(np.dtype(feature_dtype).itemsize)
-    if not isinstance(features_col, str):
-        return 4
     try:
         from pyspark.sql.types import ArrayType, BinaryType, ByteType, ShortType
 
-        t = data.schema[features_col].dataType
+        t = data.schema[column].dataType
     except Exception:  # noqa: BLE001 -- an estimate: the column's own errors come when it is read
         return 4
     if isinstance(t, ArrayType):
@@ -124,7 +117,7 @@ def _mb(n: float) -> str:
 
 
 def storage_choice(seam, data, options, spec: DataSpec, streams_master: bool,
-                   features_col="features") -> StorageChoice:
+                   features_col=None) -> StorageChoice:
     """Whether this fit streams its data (see the module docstring).
 
     Parameters
@@ -135,9 +128,9 @@ def storage_choice(seam, data, options, spec: DataSpec, streams_master: bool,
     spec : DataSpec
     streams_master : bool
         Whether the master's runner can train on streamed rounds (its ``streams``).
-    features_col : str or tuple
-        The DataFrame's features column(s): the prepared bytes follow its
-        type (:func:`feature_value_bytes`).
+    features_col : tuple of NamedInput, optional
+        The model's inputs with their DataFrame columns (default: ``spec``'s):
+        the prepared bytes follow their types (:func:`feature_value_bytes`, the widest).
     """
     mode = options.storage
     if mode == "memory":
@@ -167,7 +160,8 @@ def storage_choice(seam, data, options, spec: DataSpec, streams_master: bool,
         return StorageChoice(False, f"auto: Spark's plan puts the source at {_mb(planned)}; even {_PLAN_SLACK}x that "
                                     f"as {kept} fits {where}: kept")
     rows = data.count()
-    per_example = prepared_bytes_per_example(spec, feature_value_bytes(data, features_col, options.feature_dtype))
+    per_example = prepared_bytes_per_example(spec, max(feature_value_bytes(data, i.column, options.feature_dtype)
+                                                       for i in features_col or spec.inputs))
     need = copies * rows * per_example
     what = f"{rows:,} examples x {per_example} B = {_mb(rows * per_example)} as {kept} ({_mb(need)}) against {where}"
     if need <= MEMORY_SHARE * capacity:

@@ -217,12 +217,12 @@ class SparkTrainer:
                     prepared.description)
         return prepared
 
-    def _features_for(self, data):
-        """``features_col`` resolved against the model's inputs for a DataFrame
-        (:func:`~sparkavg.spark.data.resolve_features`); as given otherwise."""
+    def _features_for(self, data) -> tuple:
+        """The model's inputs, each with its ``features_col`` column for a
+        DataFrame (:func:`~sparkavg.spark.data.resolve_features`)."""
         if is_dataframe(data):
             return resolve_features(self.features_col, self.spec)
-        return self.features_col
+        return self.spec.inputs
 
     def release_data(self) -> None:
         """Drop the minibatches (files or blocks) of the last fitted data."""
@@ -544,11 +544,9 @@ class SparkTrainer:
         """
         shipped = self.seam.ship(network_state(self.network, with_updater=False))
         try:
-            spec = self.spec
             result = self.seam.map_features(
                 data, make_predict_fn(self.network.to_json(), shipped, self.eval_batch_size,
-                                      input_encoding(self.master.data)),
-                self._features_for(data), spec.inputs if spec.named else tuple(spec.input_shape))
+                                      input_encoding(self.master.data)), self._features_for(data))
         except BaseException:
             SparkTrainer._destroy_shipped(shipped)
             raise

@@ -32,7 +32,7 @@ from .. import backend
 from ..configurable import ConfigError, register
 from ..nn.clipping import GradientNormalization
 from ..nn.flat import FlatModel, Segment, check_updater
-from ..nn.model import InputSpec, ModelSpec, OutputSpec
+from ..nn.model import InputSpec, ModelSpec, OutputSpec, one_input
 from ..nn.updaters import Updater
 from ..references import Names, reference_of, resolve
 
@@ -335,7 +335,7 @@ class TorchModel(FlatModel):
     def _loss_and_grad(self, x, y):
         """Forward + backward in training mode; fills the flat gradient (L2 included)."""
         torch = _torch()
-        xt = self._inputs(x)
+        xt = self._inputs(one_input(x, "input"))
         n = xt.shape[0]
         if n == 0:
             raise ValueError("Expect a non-empty batch, got 0 examples")
@@ -394,6 +394,7 @@ class TorchModel(FlatModel):
         """Inference-mode outputs, (N, units), a new array on the model's
         device: softmax probabilities when trained on classes, raw outputs
         for regression."""
+        x = one_input(x, "input")
         n = int(getattr(x, "shape", np.shape(x))[0])
         result = self._xp.empty((n, self.units), dtype=self.dtype)
         for start, out in self._chunks(x):
@@ -404,6 +405,7 @@ class TorchModel(FlatModel):
 
     def score(self, x, y) -> float:
         """Mean loss over all of ``x`` (inference mode, chunked) + L2 penalty."""
+        x = one_input(x, "input")
         n = int(getattr(x, "shape", np.shape(x))[0])
         if n == 0:
             raise ValueError("Expect a non-empty batch, got 0 examples")

@@ -112,7 +112,7 @@ def _row_to_pair(row):
 
 def prepare_rows_per_second(session, df, spec, batch_size: int, placement: str, path: str, repeats: int) -> dict:
     from sparkavg.spark import DataOptions
-    from sparkavg.spark.data import STORAGE_LEVEL, placement_for, prepare
+    from sparkavg.spark.data import STORAGE_LEVEL, placement_for, prepare, resolve_features
     from sparkavg.spark.seam import seam_for
 
     seam = seam_for(session)
@@ -122,9 +122,9 @@ def prepare_rows_per_second(session, df, spec, batch_size: int, placement: str, 
         t = time.perf_counter()
         if path == "rows":  # before: what as_example_rdd did for a DataFrame, then the RDD path
             rdd = df.select("features", "label").rdd.map(_row_to_pair)
-            prepared = prepare(rdd, spec, batch_size, placement_for(options, seam.local), STORAGE_LEVEL)
+            prepared = prepare(seam, rdd, spec, batch_size, placement_for(options, seam.local), STORAGE_LEVEL)
         else:
-            prepared = seam.prepare(df, spec, batch_size, options, "features", "label")
+            prepared = seam.prepare(df, spec, batch_size, options, resolve_features("features", spec), "label")
         times.append(time.perf_counter() - t)
         examples = prepared.examples
         prepared.release()

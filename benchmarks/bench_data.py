@@ -101,13 +101,15 @@ def prepare(seam, df, placement: str):
     ``-none`` for ``feature_dtype=None`` (float32 minibatches)."""
     from sparkavg.data.validation import DataSpec
     from sparkavg.spark import DataOptions
+    from sparkavg.spark.data import resolve_features
 
     where, _, compact = placement.partition("-")
     extra = ({"feature_dtype": None} if compact == "none" else
              {"feature_dtype": compact, "scale": 1 / 255} if compact else {})
-    prepared = seam.prepare(df, DataSpec((WIDTH,), 10), BATCH, DataOptions(placement=where, shared_dir=(
+    spec = DataSpec((WIDTH,), 10)
+    prepared = seam.prepare(df, spec, BATCH, DataOptions(placement=where, shared_dir=(
         tempfile.mkdtemp(prefix="bench-data-", dir=os.environ.get("BENCH_DATA_TMP")) if where == "files"
-        else None), **extra), "features", "label")
+        else None), **extra), resolve_features("features", spec), "label")
     return prepared
 
 
@@ -115,7 +117,7 @@ def stored_bytes(session, prepared) -> dict:
     """What the prepared minibatches take: files' bytes on disk, or a classic
     session's persisted blocks (Spark's storage status: memory and disk);
     Connect does not say (None)."""
-    if prepared.in_files:
+    if prepared.description == "shared files":
         return {"disk": sum(os.path.getsize(p) for p in prepared.paths), "memory": 0}
     if getattr(prepared, "rdd", None) is None:
         return {"disk": None, "memory": None}
@@ -177,13 +179,15 @@ def profile_executor(frames: dict, dtype: str, placement: str) -> str:
     from pyspark import TaskContext  # noqa: F401  (imported by the function: not its time)
 
     from sparkavg.data.validation import DataSpec
+    from sparkavg.spark.data import resolve_features
     from sparkavg.spark.executor.arrow import make_minibatcher
 
     path = frames[dtype]["path"]
     table = pq.read_table(os.path.join(path, sorted(os.listdir(path))[0]))
     batches = table.to_batches(max_chunksize=10_000)  # spark.sql.execution.arrow.maxRecordsPerBatch
     folder = tempfile.mkdtemp(prefix="bench-data-profile-") if placement == "files" else None
-    run = make_minibatcher(DataSpec((WIDTH,), 10), BATCH, "features", "label", folder)
+    spec = DataSpec((WIDTH,), 10)
+    run = make_minibatcher(spec, BATCH, resolve_features("features", spec), "label", folder)
     prof = cProfile.Profile()
     t0 = time.perf_counter()
     prof.enable()

@@ -47,6 +47,11 @@ ROOT = Path(__file__).resolve().parents[1]
 TOL = 1e-5
 
 
+def _encode(model, x, encoding):
+    """Features as the model takes them (a one-input model's bare array as a mapping of one)."""
+    return encode_inputs(x if isinstance(x, dict) else {model.spec.inputs[0].name: x}, encoding)
+
+
 def example(name: str):
     """``examples/<name>.py`` as a module (the examples put their own folder on sys.path)."""
     spec = importlib.util.spec_from_file_location(f"examples_{name}", ROOT / "examples" / f"{name}.py")
@@ -66,7 +71,7 @@ def onnx_error(model, x, encoding=None) -> dict:
     """Max abs difference between onnxruntime's outputs and ``model.output``, by output name."""
     feeds = x if isinstance(x, dict) else {model.spec.inputs[0].name: x}
     got = run_onnx(to_onnx(model, encoding), feeds)
-    want = model.output(encode_inputs(x, encoding))
+    want = model.output(_encode(model, x, encoding))
     want = want if isinstance(want, dict) else {model.spec.outputs[0].name: want}
     assert set(got) == set(want), (sorted(got), sorted(want))
     for name in got:
@@ -229,7 +234,7 @@ def test_the_graph_takes_what_the_pyfunc_takes_with_the_fits_input_encoding(tmp_
     net.export_onnx(path, encoding=encoding)
     proto = onnx.load(str(path))
     got = run_onnx(str(path), {"input": pixels})["output"]
-    np.testing.assert_allclose(got, net.output(encode_inputs(pixels, encoding)), atol=TOL, rtol=0)
+    np.testing.assert_allclose(got, net.output(_encode(net, pixels, encoding)), atol=TOL, rtol=0)
     assert np.abs(got - net.output(pixels)).max() > 1e-3  # the encoding is in the graph
     props = {p.key: p.value for p in proto.metadata_props}
     assert json.loads(props["sparkavg.input_encoding"]) == encoding
@@ -327,7 +332,7 @@ def test_a_torch_models_files_take_the_fits_input_encoding(tmp_path):
     pixels = np.round(images(5) * 255).astype(np.float32)
     model.export_onnx(tmp_path / "m.onnx", encoding=encoding)
     model.export_torchscript(tmp_path / "m.pt", encoding=encoding)
-    want = model.output(encode_inputs(pixels, encoding))
+    want = model.output(_encode(model, pixels, encoding))
     np.testing.assert_allclose(run_onnx(str(tmp_path / "m.onnx"), {"input": pixels})["output"], want,
                                atol=TOL, rtol=0)
     np.testing.assert_allclose(torch.jit.load(str(tmp_path / "m.pt"))(torch.from_numpy(pixels)).detach().numpy(), want,

@@ -482,7 +482,7 @@ def test_a_minibatch_with_fewer_labels_than_examples_is_a_length_mismatch():
 
     x, y = blobs(12, seed=72)
     rebatch = rebatch_partition(DataSpec.of(small_net().spec), 4)
-    assert [len(b[0]) for b in rebatch(0, iter([(x[:8], y[:8])]))] == [4, 4]
+    assert [len(b[0]["input"]) for b in rebatch(0, iter([(x[:8], y[:8])]))] == [4, 4]
     for bx, by, got in [(x[:8], y[:7], "8 examples and 7 labels"),
                         (x[:8], np.eye(2, dtype=np.float32)[y[:9]], "8 examples and 9 labels"),
                         (x[:8].reshape(8, 16), y[:1], "8 examples and 1 labels")]:

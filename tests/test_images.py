@@ -188,6 +188,7 @@ def test_a_binary_column_of_png_trains_and_predicts_as_its_pixels(spark):
     from sparkavg.data.validation import DataSpec
     from sparkavg.ml import NetworkEstimator
     from sparkavg.spark import DataOptions, ParameterAveraging, SparkTrainer
+    from sparkavg.spark.data import resolve_features
     from sparkavg.spark.seam import seam_for
 
     x, y = blobs(96, seed=51)
@@ -214,12 +215,13 @@ def test_a_binary_column_of_png_trains_and_predicts_as_its_pixels(spark):
         assert trainer.evaluate(df_png).stats() == trainer.evaluate(df_f32).stats()
 
     seam, spec = seam_for(spark), DataSpec.of(small_net().spec)
-    prepared = seam.prepare(df_png, spec, 8, data, "features", "label")  # the default keeps a byte a pixel
+    features = resolve_features("features", spec)
+    prepared = seam.prepare(df_png, spec, 8, data, features, "label")  # the default keeps a byte a pixel
     try:
-        assert set(prepared.rdd.map(lambda kv: kv[1][0].dtype.str).collect()) == {"|u1"}
+        assert set(prepared.rdd.map(lambda kv: kv[1][0]["input"].dtype.str).collect()) == {"|u1"}
     finally:
         prepared.release()
     bad = spark.createDataFrame([(0, _encode(u8[0, 0]), 1), (1, b"not an image", 0)],
                                 "id long, features binary, label long").coalesce(1)
     with pytest.raises(DataValidationError, match=r"Bad features at partition 0, row 1: expected an encoded image"):
-        seam.prepare(bad, spec, 8, data, "features", "label")
+        seam.prepare(bad, spec, 8, data, features, "label")

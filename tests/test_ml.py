@@ -144,6 +144,7 @@ def test_uint8_features_stay_compact_train_as_scaled_floats_and_predict_alike_af
     applies the scale after save/load; a value uint8 cannot hold is named."""
     from sparkavg.data.validation import DataSpec, DataValidationError
     from sparkavg.spark import DataOptions
+    from sparkavg.spark.data import resolve_features
     from sparkavg.spark.seam import seam_for
 
     x, y = blobs(96, seed=41)
@@ -163,9 +164,9 @@ def test_uint8_features_stay_compact_train_as_scaled_floats_and_predict_alike_af
     seam, spec = seam_for(spark), DataSpec.of(small_net().spec)
 
     def kept(data):
-        prepared = seam.prepare(df_u8, spec, 8, data, "features", "label")
+        prepared = seam.prepare(df_u8, spec, 8, data, resolve_features("features", spec), "label")
         try:
-            blocks = prepared.rdd.map(lambda kv: (kv[1][0].dtype.str, kv[1][0].nbytes)).collect()
+            blocks = prepared.rdd.map(lambda kv: (kv[1][0]["input"].dtype.str, kv[1][0]["input"].nbytes)).collect()
         finally:
             prepared.release()
         return {d for d, _ in blocks}, sum(n for _, n in blocks)
@@ -195,7 +196,7 @@ def test_uint8_features_stay_compact_train_as_scaled_floats_and_predict_alike_af
     bad = spark.createDataFrame([(0, [300] + [0] * 15, 1)], "id long, features array<smallint>, label long").coalesce(1)
     with pytest.raises(DataValidationError, match=r"partition 0, row 0: expected integers in \[0, 255\] for "
                                                   r"feature_dtype='uint8', got 300"):
-        seam.prepare(bad, spec, 8, compact, "features", "label")
+        seam.prepare(bad, spec, 8, compact, resolve_features("features", spec), "label")
     with pytest.raises(ValueError, match=r"Expect feature_dtype 'auto', one of \['uint8', 'int8', 'uint16', "
                                          r"'int16', 'float16', 'float32'\] or None, got 'float64'"):
         DataOptions(feature_dtype="float64")

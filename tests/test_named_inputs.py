@@ -39,6 +39,27 @@ def test_bad_rows_name_the_input_partition_and_row(features, message):
         list(rebatch_partition(_spec(), 4)(3, iter(rows)))
 
 
-def test_a_single_input_spec_is_as_before():
+def test_a_single_input_is_a_mapping_of_one_by_the_models_input_name_and_messages_say_features():
     spec = DataSpec.of(tabular_graph().spec.__class__(tabular_graph().spec.inputs[1:], tabular_graph().spec.outputs))
-    assert spec == DataSpec((3,), 2, "nll") and not spec.named
+    assert spec.input_shape == (3,) and [(i.name, i.shape, i.sole) for i in spec.inputs] == [("nums", (3,), True)]
+    assert [(i.name, i.sole) for i in DataSpec((3,), 2).inputs] == [("input", True)]  # no model: "input"
+    # The one-input forms users give (bare arrays, as pairs or as a minibatch) come out by input name.
+    rows = [(np.ones(3), 0), (np.zeros((2, 3)), np.array([1, 0]))]
+    batches = list(rebatch_partition(spec, 4)(0, iter(rows)))
+    assert [sorted(x) for x, _ in batches] == [["nums"]] and batches[0][0]["nums"].shape == (3, 3)
+    with pytest.raises(DataValidationError, match=r"^Bad features at partition 0, row 1: expected 3 values"):
+        list(rebatch_partition(spec, 4)(0, iter([(np.ones(3), 0), (np.ones(4), 1)])))
+
+
+def test_a_one_input_model_takes_a_mapping_of_one_by_its_input_name_as_it_takes_its_array():
+    from .nets import blobs, small_net
+
+    x, y = blobs(8, seed=4)
+    net, twin = small_net(seed=5), small_net(seed=5)
+    name = net.spec.inputs[0].name
+    np.testing.assert_array_equal(net.output({name: x}), net.output(x))
+    assert net.fit_batch({name: x}, y) == twin.fit_batch(x, y) and net.score({name: x}, y) == twin.score(x, y)
+    np.testing.assert_array_equal(net.params, twin.params)
+    with pytest.raises(ValueError, match=r"Expect the features keyed by the model's input \['input'\], got keys "
+                                         r"\['pixels'\]"):
+        net.output({"pixels": x})

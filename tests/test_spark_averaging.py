@@ -99,7 +99,7 @@ def test_spark_blocks_and_shared_files_give_the_same_model(sc, tmp_path, deal):
             trainer.fit(rdd, epochs=2)
             if name != "spark":
                 prepared = trainer._prepared
-                assert prepared.in_files and prepared.examples == 64
+                assert prepared.description == "shared files" and prepared.examples == 64
                 assert all(os.path.exists(p.replace("file://", "")) for p in prepared.paths)
         params[name] = net.params.copy()
     np.testing.assert_allclose(params["files"], params["spark"], rtol=1e-6, atol=1e-7)

@@ -5,8 +5,8 @@ import pytest
 from sparkavg.configurable import ConfigError
 
 from sparkavg.data.validation import DataSpec, DataValidationError, rebatch_partition
-from sparkavg.spark.data import PreparedData
-from sparkavg.spark.deal import deal, deal_choice, deal_shards, local_shards, shard_label_skew
+from sparkavg.spark.deal import deal, deal_shards, local_shards, shard_label_skew
+from sparkavg.spark.sources import SharedFiles, SparkBlocks
 from sparkavg.spark.masters import (DEFAULT_THRESHOLD, AdaptiveThreshold, DataOptions, FixedThreshold,
                                     GradientSharing, ParameterAveraging, Placement, TargetSparsityThreshold, Topology,
                                     master_from_config)
@@ -211,9 +211,31 @@ def test_local_shards_follow_hosts_then_partitions():
     ("auto", False, True), ("auto", True, False), ("local", True, True), ("balanced", False, False),
     ("never", False, False)])
 def test_repartition_chooses_the_deal(repartition, in_files, local):
-    prepared = PreparedData([1, 1], paths=["a", "b"] if in_files else None)
-    chosen, reason = deal_choice(DataOptions(repartition=repartition), prepared, 2)
+    prepared = SharedFiles([1, 1], paths=["a", "b"]) if in_files else SparkBlocks([1, 1])
+    chosen, reason = prepared.deal_choice(DataOptions(repartition=repartition), 2)
     assert chosen is local and reason
+
+
+def test_every_source_deals_each_minibatch_once_and_rebuilds_only_what_spark_could_lose():
+    from sparkavg.spark.runners import runner_for
+    from sparkavg.spark.masters import GradientSharing, ParameterAveraging
+    from sparkavg.spark.streaming import StreamedSource
+
+    paths = [f"/shared/m{i}" for i in range(5)]
+    files = SharedFiles([2] * 5, paths=paths)
+    dealt = files.plan(2, 2, seed=3)
+    assert sorted(i for shards in dealt.rounds for shard in shards for i in shard) == list(range(5))
+    assert sorted(p for r in range(len(dealt.rounds)) for shard in dealt.shards(r) for p in shard) == paths
+    streamed = StreamedSource([4, 4, 2], rows={0: 8, 1: 0, 2: 2}, batches={0: [0, 1], 2: [2]}, parts=[0, 2])
+    # A streamed source deals the source's partitions afresh every epoch, whatever repartition says.
+    assert streamed.deal_choice(DataOptions(repartition="local"), 2)[0] is False
+    assert streamed.plan(2, 5, None).shards(0) == [0, 2]  # a round is a partition per worker, not per_round
+    for source in (files, streamed):  # nothing Spark could lose: nothing to rebuild, and no error
+        assert source.rebuild() is None
+    assert {files.description, streamed.description, SparkBlocks.description} == {
+        "shared files", "streamed", "Spark blocks"}
+    # The runner says whether its epoch can train streamed rounds; the trainer never asks the master's type.
+    assert runner_for(None, ParameterAveraging()).streams and not runner_for(None, GradientSharing()).streams
 
 
 @pytest.mark.parametrize("options, depth", [
@@ -231,10 +253,10 @@ def test_auto_deals_balanced_when_hosts_hold_different_classes():
     assert shard_label_skew(local_shards(8, 2, layout), mixed) == 0.0
     assert shard_label_skew(local_shards(8, 2, layout), by_label) == pytest.approx(0.5)
     auto = DataOptions()
-    assert deal_choice(auto, PreparedData([4] * 8, layout=layout, labels=mixed), 2)[0] is True
-    assert deal_choice(auto, PreparedData([4] * 8, layout=layout, labels=by_label), 2)[0] is False
+    assert SparkBlocks([4] * 8, layout=layout, labels=mixed).deal_choice(auto, 2)[0] is True
+    assert SparkBlocks([4] * 8, layout=layout, labels=by_label).deal_choice(auto, 2)[0] is False
     # Asked for explicitly, local stays local.
-    assert deal_choice(DataOptions(repartition="local"), PreparedData([4] * 8, labels=by_label), 2)[0]
+    assert SparkBlocks([4] * 8, labels=by_label).deal_choice(DataOptions(repartition="local"), 2)[0]
 
 
 SPEC = DataSpec((1, 2, 2), 3)
@@ -249,7 +271,8 @@ def test_rebatch_keeps_every_example_and_mixes_formats():
     mb = (np.zeros((3, 4), np.float32), np.array([0, 1, 2]))
     out = _run(pairs + [mb], batch=3)
     assert [len(y) for _, y in out] == [3, 3, 2]
-    assert out[0][0].shape == (3, 1, 2, 2) and out[0][0].dtype == np.float32
+    assert list(out[0][0]) == ["input"]  # the one input's bare features come out as a mapping of one
+    assert out[0][0]["input"].shape == (3, 1, 2, 2) and out[0][0]["input"].dtype == np.float32
     onehot = _run([(np.ones(4), np.array([0, 0, 1.0])), (np.ones(4), 1)])
     np.testing.assert_array_equal(onehot[0][1], [[0, 0, 1], [0, 1, 0]])
 
@@ -278,6 +301,7 @@ def test_rows_and_arrow_batches_break_a_rule_with_one_message(bad):
     # One rule, one message: the row path and the Arrow path (outside Spark: partition 0) agree.
     import pyarrow as pa
 
+    from sparkavg.spark.data import resolve_features
     from sparkavg.spark.executor.arrow import failure_from_row, make_minibatcher
 
     features, label = bad
@@ -288,7 +312,7 @@ def test_rows_and_arrow_batches_break_a_rule_with_one_message(bad):
     batch = pa.RecordBatch.from_pydict({
         "features": pa.array([good[0].tolist(), features.tolist()], pa.list_(pa.float64())),
         "label": pa.array([good[1], label], pa.list_(pa.float64()) if onehot else None)})
-    out = list(make_minibatcher(SPEC, 2, "features", "label")(iter([batch])))
+    out = list(make_minibatcher(SPEC, 2, resolve_features("features", SPEC), "label")(iter([batch])))
     failure = failure_from_row(out[-1].column("error")[0].as_py())
     assert failure is not None and failure.kind == "DataValidationError"
     assert failure.message == str(rows.value)
@@ -306,6 +330,7 @@ def test_feature_dtype_auto_keeps_integers_and_float16_compact_with_float32_valu
     float32; converted to float32 the values are what None (float32) gives."""
     import pyarrow as pa
 
+    from sparkavg.spark.data import resolve_features
     from sparkavg.spark.executor.arrow import inputs_from_bytes, make_minibatcher
 
     assert DataOptions().feature_dtype == "auto" and "feature_dtype" not in DataOptions().config_arguments()
@@ -313,16 +338,17 @@ def test_feature_dtype_auto_keeps_integers_and_float16_compact_with_float32_valu
     lo, hi = (int(v) for v in bounds.split("..")) if bounds else (0, 200)
     x = np.linspace(lo, hi, 16).round().astype(dtype).reshape(4, 4)
     rows = [(x[i], i % 3) for i in range(4)]
-    auto = [mb for mb, _ in rebatch_partition(SPEC, 4, "auto")(0, iter(rows))]
-    old = [mb for mb, _ in rebatch_partition(SPEC, 4)(0, iter(rows))]
+    auto = [mb["input"] for mb, _ in rebatch_partition(SPEC, 4, "auto")(0, iter(rows))]
+    old = [mb["input"] for mb, _ in rebatch_partition(SPEC, 4)(0, iter(rows))]
     assert auto[0].dtype == np.dtype(kept) and old[0].dtype == np.float32
     np.testing.assert_array_equal(auto[0].astype(np.float32), old[0])
     arrow_type = pa.from_numpy_dtype(x.dtype)
     batch = pa.RecordBatch.from_pydict({"features": pa.array(list(x), pa.list_(arrow_type)),
                                         "label": pa.array([i % 3 for i in range(4)], pa.int64())})
     for feature_dtype, want in (("auto", kept), (None, "float32")):
-        out = list(make_minibatcher(SPEC, 4, "features", "label", feature_dtype=feature_dtype)(iter([batch])))
-        got = inputs_from_bytes(out[0].column("x")[0])
+        out = list(make_minibatcher(SPEC, 4, resolve_features("features", SPEC), "label",
+                                    feature_dtype=feature_dtype)(iter([batch])))
+        got = inputs_from_bytes(out[0].column("x")[0])["input"]
         assert got.dtype == np.dtype(want)
         np.testing.assert_array_equal(got.astype(np.float32), old[0])
 

@@ -20,28 +20,30 @@ from sparkavg.data.storage import SUFFIX, decode_minibatch, encode_minibatch, lo
 ])
 def test_round_trip_keeps_dtype_shape_and_values(tmp_path, x, y):
     path = str(tmp_path / f"a{SUFFIX}")
-    save_minibatch(path, x, y)
-    gx, gy = load_minibatch(path)
+    save_minibatch(path, {"input": x}, y)
+    got, gy = load_minibatch(path)
+    gx = got["input"]
     assert gx.dtype == x.dtype and gy.dtype == y.dtype and gx.shape == x.shape and gy.shape == y.shape
     np.testing.assert_array_equal(gx, x)
     np.testing.assert_array_equal(gy, y)
     assert gx.flags.writeable and gy.flags.writeable  # the training step may use them in place
     assert gx.flags.aligned and gy.flags.aligned  # the header is padded: no unaligned copies in the kernels
     url = (tmp_path / f"b{SUFFIX}").as_uri()  # the same through fsspec
-    save_minibatch(url, x, y)
-    np.testing.assert_array_equal(load_minibatch(url)[0], x)
+    save_minibatch(url, {"input": x}, y)
+    np.testing.assert_array_equal(load_minibatch(url)[0]["input"], x)
 
 
 def test_big_endian_and_strided_inputs_are_stored_as_plain_little_endian(tmp_path):
     x = np.arange(12, dtype=">f4").reshape(3, 4)[:, ::2]
-    gx, gy = decode_minibatch(bytearray(encode_minibatch(x, np.arange(3, dtype=">i8"))))
+    got, gy = decode_minibatch(bytearray(encode_minibatch({"input": x}, np.arange(3, dtype=">i8"))))
+    gx = got["input"]
     assert gx.dtype == np.dtype("<f4") and gy.dtype == np.dtype("<i8")
     np.testing.assert_array_equal(gx, x)
 
 
 def test_objects_are_refused_when_writing():
     with pytest.raises(ValueError, match="plain numeric dtype"):
-        encode_minibatch(np.array([{"a": 1}], dtype=object), np.zeros(1))
+        encode_minibatch({"input": np.array([{"a": 1}], dtype=object)}, np.zeros(1))
 
 
 def _with_header(header: dict, payload: bytes = b"") -> bytes:
@@ -73,7 +75,7 @@ def test_corrupt_or_foreign_files_are_errors_naming_the_file(tmp_path, data, mes
 
 def test_a_truncated_real_file_is_an_error(tmp_path):
     path = tmp_path / f"t{SUFFIX}"
-    save_minibatch(str(path), np.ones((4, 3), np.float32), np.arange(4))
+    save_minibatch(str(path), {"input": np.ones((4, 3), np.float32)}, np.arange(4))
     path.write_bytes(path.read_bytes()[:-5])
     with pytest.raises(DataValidationError, match="truncated"):
         load_minibatch(str(path))
@@ -91,9 +93,19 @@ def test_named_inputs_round_trip_with_their_own_dtypes(tmp_path):
     assert got["cats"].dtype == np.int64 and got["cats"].tolist() == x["cats"].tolist()
     np.testing.assert_array_equal(got["nums"], x["nums"])
     assert all(a.ctypes.data % 64 == got["cats"].ctypes.data % 64 for a in got.values())
-    data = open(path, "rb").read()
-    assert data[8] == 2 and len(encode_minibatch(x["nums"], y)) < len(data)  # one input: version 1 as before
-    assert encode_minibatch(x["nums"], y)[8] == 1
+    assert open(path, "rb").read()[8] == 2
+
+
+def test_version_1_files_of_one_array_are_read_as_the_input_named_input(tmp_path):
+    """Files written before inputs were named: one ``x`` array, read by the name a Network's input has."""
+    x, y = np.arange(6, dtype=np.float32).reshape(2, 3), np.array([1, 0], np.int64)
+    path = tmp_path / f"v1{SUFFIX}"
+    path.write_bytes(_with_header({"x": {"dtype": "<f4", "shape": [2, 3]}, "y": {"dtype": "<i8", "shape": [2]}},
+                                  x.tobytes() + y.tobytes()))
+    got, gy = load_minibatch(str(path))
+    assert list(got) == ["input"] and gy.tolist() == [1, 0]
+    np.testing.assert_array_equal(got["input"], x)
+    assert encode_minibatch(got, gy)[8] == 2  # written again: the one format, version 2
 
 
 def test_a_truncated_named_file_is_an_error_naming_it(tmp_path):

@@ -97,22 +97,22 @@ def test_auto_storage_counts_the_bytes_the_prepared_dtype_keeps(spark):
 
 
 def test_a_streamed_epoch_deals_every_partition_once_the_same_for_the_same_epoch():
-    from sparkavg.spark.streaming import StreamedData
+    from sparkavg.spark.streaming import StreamedSource
 
     rows = {0: 40, 1: 0, 2: 33, 3: 16, 4: 16, 5: 7}
     batches, sizes = {}, []
     for p, n in rows.items():
         batches[p] = list(range(len(sizes), len(sizes) + -(-n // 16)))
         sizes += [min(16, n - s) for s in range(0, n, 16)]
-    data = StreamedData(sizes, rows=rows, batches=batches, parts=[p for p, n in rows.items() if n])
-    epochs = [data.plan(2, seed) for seed in (10, 11)]
+    data = StreamedSource(sizes, rows=rows, batches=batches, parts=[p for p, n in rows.items() if n])
+    epochs = [data.plan(2, 1, seed) for seed in (10, 11)]
     for plan in epochs:
         dealt = [p for r in plan.parts for p in r if p is not None]
         assert sorted(dealt) == [0, 2, 3, 4, 5] and all(len(r) == 2 for r in plan.parts)
         assert sorted(i for r in plan.rounds for shard in r for i in shard) == list(range(len(sizes)))
-    assert data.plan(2, 10).parts == epochs[0].parts  # a resumed run deals the same
+    assert data.plan(2, 1, 10).parts == epochs[0].parts  # a resumed run deals the same
     assert epochs[0].parts != epochs[1].parts  # and each epoch afresh
-    assert data.plan(2, None).parts == [[0, 2], [3, 4], [5, None]]  # repartition='never': in order
+    assert data.plan(2, 1, None).parts == [[0, 2], [3, 4], [5, None]]  # repartition='never': in order
 
 
 def test_storage_must_be_a_known_mode():

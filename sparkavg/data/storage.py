@@ -6,18 +6,18 @@ filesystem ``fsspec`` knows (``file://``, ``hdfs://``, ``s3://``, ...;
 the protocol's own package must be installed).  Each minibatch is one
 ``.minibatch`` file (:data:`SUFFIX`), written atomically::
 
-    b"SPKAVGMB" | version u8 (1) | header length u32 (little endian) |
-    header: JSON {"x": {"dtype": "<f4", "shape": [16, 784]}, "y": {...}} |
-    zero padding to a multiple of 64 bytes | x's bytes | y's bytes
+    b"SPKAVGMB" | version u8 (2) | header length u32 (little endian) |
+    header: JSON {"x": [{"name": "input", "dtype": "<f4", "shape": [16, 784]}, ...],
+                  "y": {"dtype": "<i8", "shape": [16]}} |
+    each array 64-byte aligned (zero padding before it): the inputs', in the model's order, then y's
 
-A minibatch of several named inputs (a :class:`~sparkavg.nn.Graph`'s)
-is version 2: ``x`` in the header is a list of ``{"name", "dtype",
-"shape"}``, one per input in the model's order, each array starting at a
-multiple of 64 bytes (zero padding between), then ``y`` likewise; each
-input keeps its own dtype (int64 ids stay integer).  Version 1 files are
-read as before.
+Features are a dict of arrays by input name (one input's too), each in
+its own dtype (int64 ids stay integer).  Version 1 files -- one ``x``
+array, ``{"x": {"dtype", "shape"}, "y": {...}}``, written before inputs
+were named -- are read with ``x`` as the input ``"input"`` (a Network's and a
+TorchModel's, :data:`~sparkavg.data.validation.DEFAULT_INPUT`).
 
-Reading it is a JSON parse and two ``frombuffer`` views: ~15x faster than
+Reading it is a JSON parse and a ``frombuffer`` view per array: ~15x faster than
 an ``.npz`` (whose zip and header parsing cost ~0.3 ms per minibatch, as
 much as a small network's step); dtypes come from a short whitelist and
 the sizes must add up to the file's length exactly -- never pickle, and a
@@ -39,7 +39,7 @@ from typing import Mapping, Optional, Tuple
 
 import numpy as np
 
-from .validation import DataValidationError
+from .validation import DEFAULT_INPUT, DataValidationError
 
 __all__ = ["SharedLocation", "save_minibatch", "load_minibatch", "is_url", "is_remote", "SUFFIX", "encode_minibatch",
            "decode_minibatch", "release_live_locations", "prefetch_depth", "sweep_stale_exports"]
@@ -52,7 +52,8 @@ _MAGIC, _VERSION, _NAMED_VERSION = b"SPKAVGMB", 1, 2
 _PREFIX = struct.Struct("<8sBI")
 _ALIGN = 64
 #: dtypes a minibatch file may hold (features, labels): plain numbers only.
-_DTYPES = {np.dtype(t).str: np.dtype(t) for t in ("<f4", "<f8", "<i8", "<i4", "<i2", "|i1", "|u1", "|b1")}
+_DTYPES = {np.dtype(t).str: np.dtype(t) for t in ("<f4", "<f8", "<f2", "<i8", "<i4", "<i2", "<u2", "|i1", "|u1",
+                                                  "|b1")}
 
 
 def is_url(location: str) -> bool:
@@ -119,8 +120,9 @@ def _plain(a: np.ndarray, name: str) -> np.ndarray:
     return a.astype(a.dtype.newbyteorder("<"), copy=False)
 
 
-def _encode_named(x: Mapping, y: np.ndarray) -> bytes:
-    """Version 2: several named inputs, each array 64-byte aligned."""
+def encode_minibatch(x: Mapping, y: np.ndarray) -> bytes:
+    """One minibatch file's bytes (the format in the module docstring;
+    ``x`` a dict of arrays by input name)."""
     arrays = [(str(k), _plain(np.asarray(v), f"x[{k!r}]")) for k, v in x.items()]
     ya = _plain(np.asarray(y), "y")
     header = json.dumps({"x": [{"name": k, "dtype": a.dtype.str, "shape": list(a.shape)} for k, a in arrays],
@@ -134,29 +136,10 @@ def _encode_named(x: Mapping, y: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
-def encode_minibatch(x, y: np.ndarray) -> bytes:
-    """One minibatch file's bytes (the format in the module docstring);
-    ``x`` is an array, or a dict of arrays by input name (version 2)."""
-    if isinstance(x, Mapping):
-        return _encode_named(x, y)
-    arrays = [np.ascontiguousarray(a) for a in (x, y)]
-    for name, a in zip("xy", arrays):
-        if a.dtype.newbyteorder("<").str not in _DTYPES:
-            raise ValueError(f"Expect minibatch {name} of a plain numeric dtype ({', '.join(_DTYPES)}), got {a.dtype}")
-    arrays = [a.astype(a.dtype.newbyteorder("<"), copy=False) for a in arrays]
-    header = json.dumps({n: {"dtype": a.dtype.str, "shape": list(a.shape)} for n, a in zip("xy", arrays)},
-                        separators=(",", ":")).encode()
-    start = _PREFIX.size + len(header)
-    pad = -start % _ALIGN
-    return b"".join([_PREFIX.pack(_MAGIC, _VERSION, len(header)), header, b"\0" * pad,
-                     *(a.tobytes() for a in arrays)])
-
-
-def decode_minibatch(data, name: str = "minibatch") -> Tuple[np.ndarray, np.ndarray]:
-    """``(x, y)`` from :func:`encode_minibatch` bytes (``x`` a dict by input
-    name for a version-2 file) (views of ``data``:
-    pass a ``bytearray`` for writeable arrays).  Raises ``ValueError``
-    naming ``name`` and what was wrong."""
+def decode_minibatch(data, name: str = "minibatch") -> Tuple[dict, np.ndarray]:
+    """``(x, y)`` from :func:`encode_minibatch` bytes, ``x`` a dict by input
+    name (views of ``data``: pass a ``bytearray`` for writeable arrays).
+    Raises ``ValueError`` naming ``name`` and what was wrong."""
     view = memoryview(data)
     if len(view) < _PREFIX.size:
         raise ValueError(f"{name}: {len(view)} bytes, shorter than a minibatch file's {_PREFIX.size}-byte prefix")
@@ -184,7 +167,7 @@ def decode_minibatch(data, name: str = "minibatch") -> Tuple[np.ndarray, np.ndar
         raise ValueError(f"{name}: {len(view) - y_end} bytes after the arrays (expected exactly {y_end})")
     x = np.frombuffer(view, x_dtype, (x_end - x_offset) // x_dtype.itemsize, x_offset).reshape(x_shape)
     y = np.frombuffer(view, y_dtype, (y_end - y_offset) // y_dtype.itemsize, y_offset).reshape(y_shape)
-    return x, y
+    return {DEFAULT_INPUT: x}, y
 
 
 #: Parsed headers (bytes -> array layouts): every minibatch of a fit has
@@ -270,7 +253,7 @@ def save_minibatch(location: str, x, y: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
-def load_minibatch(location: str) -> Tuple[np.ndarray, np.ndarray]:
+def load_minibatch(location: str) -> Tuple[dict, np.ndarray]:
     """Read a minibatch written by :func:`save_minibatch` (never unpickles)."""
     try:
         if is_url(location):

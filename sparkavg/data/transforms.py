@@ -4,7 +4,7 @@ normalisation, decoding), with a seeded random generator.
 
 A transform is a function::
 
-    def transform(x, y, rng):     # x: (N, ...) features, y: (N,) or (N, K) labels
+    def transform(x, y, rng):     # x: (N, ...) features (several inputs: a dict by name), y: (N,) or (N, K) labels
         ...                       # rng: numpy.random.Generator, seeded per minibatch
         return x, y               # the same N; x in the network's input shape
 
@@ -41,6 +41,7 @@ import numpy as np
 
 from ..configurable import ConfigError
 from ..references import resolve
+from .validation import count_examples
 
 __all__ = ["TransformError", "transform_reference", "resolve_transform", "transform_plan", "transformed",
            "COMPACT_DTYPES", "check_encoding", "check_encoding_dict", "input_encoding", "encode_inputs"]
@@ -156,14 +157,12 @@ def _encode_array(x: np.ndarray, encoding: Optional[dict]) -> np.ndarray:
     return x
 
 
-def encode_inputs(x, encoding: Optional[dict]):
-    """Features as the model takes them: a compact dtype (uint8 ...)
-    converted to float32, then ``x * scale`` and ``(x - mean) / std`` of
-    ``encoding`` (:func:`input_encoding`; None: the conversion only), all
-    in float32; int64 id inputs unchanged; several named inputs each."""
-    if isinstance(x, dict):
-        return {k: _encode_array(v, encoding) for k, v in x.items()}
-    return _encode_array(x, encoding)
+def encode_inputs(x, encoding: Optional[dict]) -> dict:
+    """Features (a dict by input name) as the model takes them: a compact
+    dtype (uint8 ...) converted to float32, then ``x * scale`` and
+    ``(x - mean) / std`` of ``encoding`` (:func:`input_encoding`; None: the
+    conversion only), all in float32; int64 id inputs unchanged."""
+    return {k: _encode_array(v, encoding) for k, v in x.items()}
 
 
 def transform_plan(options, seed: int, epoch: int, iteration: int) -> Optional[dict]:
@@ -196,14 +195,18 @@ def transformed(minibatches: Iterable, plan: Optional[dict], worker: Optional[in
     fn = resolve_transform(name)
     head = [_seed_word(plan[k]) for k in ("seed", "epoch", "iteration")] + [_seed_word(worker or 0)]
     for k, (x, y) in enumerate(minibatches):
-        out = fn(x, y, np.random.default_rng(head + [k]))
+        alone = next(iter(x)) if len(x) == 1 else None  # a one-input model's transform takes and gives its array
+        out = fn(x if alone is None else x[alone], y, np.random.default_rng(head + [k]))
         if not (isinstance(out, tuple) and len(out) == 2):
             raise TransformError(f"Expect the transform {name!r} to return an (x, y) tuple, got "
                                  f"{type(out).__name__}")
         tx, ty = out
-        if getattr(tx, "dtype", None) == np.float64:  # numpy's default for arithmetic on ints: the step's is float32
-            tx = tx.astype(np.float32)
-        if len(tx) != len(ty) or len(tx) == 0:
+        # numpy's default for arithmetic on ints is float64: the step's is float32
+        tx = {n: v.astype(np.float32) if getattr(v, "dtype", None) == np.float64 else v
+              for n, v in (tx.items() if alone is None else [(alone, tx)])}
+        n = count_examples(tx)
+        if n != len(ty) or n == 0:
             raise TransformError(f"Expect the transform {name!r} to return as many labels as examples (at least "
-                                 f"one), got {len(tx)} examples and {len(ty)} labels from a minibatch of {len(x)}")
+                                 f"one), got {n} examples and {len(ty)} labels from a minibatch of "
+                                 f"{count_examples(x)}")
         yield tx, ty

@@ -16,7 +16,7 @@ per Arrow record batch).  No pyspark here: the Spark adapters live in
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -41,7 +41,8 @@ __all__ = [
     "rebatch_partition",
     "split_features",
     "NamedInput",
-    "check_inputs",
+    "DEFAULT_INPUT",
+    "as_named",
     "check_input_rows",
     "check_ids",
     "count_examples",
@@ -65,11 +66,13 @@ class DataValidationError(ValueError):
 
 #: Input dtypes a model may declare: features (any float or int values, cast) and integer ids (kept integer).
 INPUT_DTYPES = ("float32", "int64")
+#: The input name of a :class:`DataSpec` made without inputs (a Network's and a TorchModel's one input).
+DEFAULT_INPUT = "input"
 
 
 @dataclass(frozen=True)
 class NamedInput:
-    """One named input of a several-input model, and where it is read from.
+    """One named input of a model, and where it is read from.
 
     Parameters
     ----------
@@ -82,12 +85,15 @@ class NamedInput:
         from the column to the minibatch, never rounded through float32.
     column : str or None
         The DataFrame column it is read from (None: data that is not a DataFrame).
+    sole : bool
+        The model's only input: messages call it ``features``.
     """
 
     name: str
     shape: Tuple[int, ...]
     dtype: str = "float32"
     column: Optional[str] = None
+    sole: bool = False
 
     @property
     def size(self) -> int:
@@ -100,7 +106,9 @@ class NamedInput:
 
     @property
     def what(self) -> str:
-        """This input in messages: ``features column 'age' (input 'numeric')``."""
+        """This input in messages: ``features column 'age' (input 'numeric')``; ``features`` when it is the only one."""
+        if self.sole:
+            return "features"
         if self.column is not None:
             return f"features column {self.column!r} (input {self.name!r})"
         return f"features of input {self.name!r}"
@@ -123,11 +131,11 @@ class DataSpec:
         labels are: class indices or one-hot rows, values in [0, 1], or
         finite values).
     dtype : {"float32", "int64"}
-        The one input's dtype: ``"int64"`` keeps integer ids integer.
+        The first input's dtype: ``"int64"`` keeps integer ids integer.
     inputs : tuple of NamedInput
-        Several named inputs (a :class:`sparkavg.nn.Graph`'s): examples'
-        features are then a dict of arrays by input name, and
-        ``input_shape`` is the first input's.  Empty for one input.
+        The model's inputs by name; examples' features are a dict of
+        arrays by input name, one input's too (a mapping of one).  Empty:
+        one input named :data:`DEFAULT_INPUT` of ``input_shape`` and ``dtype``.
     """
 
     input_shape: Tuple[int, ...]
@@ -136,25 +144,17 @@ class DataSpec:
     dtype: str = "float32"
     inputs: Tuple[NamedInput, ...] = ()
 
+    def __post_init__(self):
+        inputs = tuple(self.inputs) or (NamedInput(DEFAULT_INPUT, tuple(self.input_shape), self.dtype),)
+        object.__setattr__(self, "inputs", (replace(inputs[0], sole=True),) if len(inputs) == 1 else inputs)
+
     @classmethod
     def of(cls, model_spec) -> "DataSpec":
         """The spec of a model with one output (a :class:`sparkavg.nn.ModelSpec`;
-        several outputs are refused, naming them): one input as a plain
-        array, several as :attr:`inputs` by name."""
+        several outputs are refused, naming them), its inputs by name."""
         out = model_spec.single_output()
         ins = [NamedInput(i.name, tuple(int(d) for d in i.shape), _input_dtype(i)) for i in model_spec.inputs]
-        if len(ins) == 1:
-            return cls(ins[0].shape, int(out.units), out.loss, ins[0].dtype)
-        return cls(ins[0].shape, int(out.units), out.loss, inputs=tuple(ins))
-
-    @property
-    def named(self) -> bool:
-        """Whether examples' features are a dict of several named inputs."""
-        return bool(self.inputs)
-
-    @property
-    def input_size(self) -> int:
-        return int(math.prod(self.input_shape))
+        return cls(ins[0].shape, int(out.units), out.loss, ins[0].dtype, tuple(ins))
 
     @property
     def target(self) -> str:
@@ -164,11 +164,6 @@ class DataSpec:
     @property
     def classification(self) -> bool:
         return self.target == "classes"
-
-    @property
-    def shape_note(self) -> str:
-        """What follows an expected feature count in messages (:func:`shape_note`)."""
-        return shape_note(self.input_shape)
 
     @property
     def label_note(self) -> str:
@@ -356,11 +351,16 @@ def check_feature_rows(values: Sequence, input_shape, where: Where, dtype: str =
     return kept_features(flat, feature_dtype, where, what).reshape((len(xs),) + shape)
 
 
-def check_input_rows(values: Sequence, spec: DataSpec, where: Where, feature_dtype: Optional[str] = None):
-    """Rows of one example's features each (arrays; dicts by input name for
-    several inputs) as one checked chunk (:func:`check_feature_rows` per input)."""
-    if not spec.named:
-        return check_feature_rows(values, spec.input_shape, where, spec.dtype, feature_dtype=feature_dtype)
+def as_named(x, spec: DataSpec):
+    """Features as the library holds them, a dict of arrays by input name:
+    a one-input model's bare features (what users give) become a mapping of one."""
+    return x if isinstance(x, Mapping) or len(spec.inputs) > 1 else {spec.inputs[0].name: x}
+
+
+def check_input_rows(values: Sequence, spec: DataSpec, where: Where, feature_dtype: Optional[str] = None) -> dict:
+    """Rows of one example's features each (dicts by input name, :func:`as_named`)
+    as one checked chunk (:func:`check_feature_rows` per input)."""
+    values = [as_named(v, spec) for v in values]
     names = [i.name for i in spec.inputs]
     for r, value in enumerate(values):
         if not isinstance(value, Mapping) or sorted(value) != sorted(names):
@@ -456,22 +456,11 @@ def _check_input(x, shape, dtype: str, where: Where, what: str, feature_dtype: O
     return kept_features(flat, feature_dtype, where, what).reshape((len(x),) + shape)
 
 
-def check_features(x: np.ndarray, spec: DataSpec, where: Where, feature_dtype: Optional[str] = None) -> np.ndarray:
-    """A chunk of examples' features, ``(n, ...)``, as float32 ``(n, *input_shape)``:
-    numbers, ``input_size`` values each, all finite (``int64`` ids when the
-    spec's dtype says so; ``feature_dtype``: kept as :func:`kept_features`
-    says).  Several named inputs: :func:`check_inputs`."""
-    if spec.named:
-        return check_inputs(x, spec, where, feature_dtype)
-    return _check_input(x, spec.input_shape, spec.dtype, where, "features", feature_dtype)
-
-
-def check_inputs(x, spec: DataSpec, where: Where, feature_dtype: Optional[str] = None) -> dict:
-    """A chunk of several named inputs (a dict by input name) checked each
-    as :func:`check_features` does, naming the input; one count of examples."""
-    if not isinstance(x, Mapping):
-        raise DataValidationError(f"Bad features at {where(0)}: expected a dict of arrays keyed by the inputs "
-                                  f"{[i.name for i in spec.inputs]}, got {type(x).__name__}")
+def check_features(x, spec: DataSpec, where: Where, feature_dtype: Optional[str] = None) -> dict:
+    """A chunk of examples' features (a dict by input name), each input
+    ``(n, ...)`` as float32 ``(n, *shape)``: numbers, the input's size each,
+    all finite (``int64`` ids for an id input; ``feature_dtype``: kept as
+    :func:`kept_features` says), errors naming the input; one count of examples."""
     names = [i.name for i in spec.inputs]
     if sorted(x) != sorted(names):
         raise DataValidationError(f"Bad features at {where(0)}: expected arrays keyed by the inputs {names}, "
@@ -484,11 +473,9 @@ def check_inputs(x, spec: DataSpec, where: Where, feature_dtype: Optional[str] =
     return out
 
 
-def count_examples(x) -> int:
-    """Examples in a chunk of features: an array or a dict of arrays by input name."""
-    if isinstance(x, Mapping):
-        return len(next(iter(x.values()))) if x else 0
-    return len(x)
+def count_examples(x: Mapping) -> int:
+    """Examples in a chunk of features (a dict of arrays by input name)."""
+    return len(next(iter(x.values()))) if x else 0
 
 
 def label_counts(y, classes: Optional[int]) -> Optional[List[float]]:
@@ -502,20 +489,14 @@ def label_counts(y, classes: Optional[int]) -> Optional[List[float]]:
     return y.reshape(len(y), -1).sum(axis=0, dtype=np.float64)[:classes].tolist()
 
 
-def take_examples(x, start: int, stop: int):
-    """Examples ``start:stop`` of an array or of each array of a dict."""
-    if isinstance(x, Mapping):
-        return {k: v[start:stop] for k, v in x.items()}
-    return x[start:stop]
+def take_examples(x: Mapping, start: int, stop: int) -> dict:
+    """Examples ``start:stop`` of each input of a chunk of features."""
+    return {k: v[start:stop] for k, v in x.items()}
 
 
-def concat_examples(xs: Sequence):
-    """Chunks of features (arrays, or dicts of arrays) as one."""
-    if len(xs) == 1:
-        return xs[0]
-    if isinstance(xs[0], Mapping):
-        return {k: np.concatenate([x[k] for x in xs]) for k in xs[0]}
-    return np.concatenate(xs)
+def concat_examples(xs: Sequence) -> dict:
+    """Chunks of features (dicts of arrays by input name) as one."""
+    return xs[0] if len(xs) == 1 else {k: np.concatenate([x[k] for x in xs]) for k in xs[0]}
 
 
 def check_labels(y: np.ndarray, spec: DataSpec, where: Where) -> np.ndarray:
@@ -536,42 +517,28 @@ def split_features(record):
     return None, record
 
 
-def _is_minibatch(record, spec: DataSpec, where: Callable[[], str]) -> bool:
-    """Whether a record is an ``(x, y)`` minibatch rather than a
-    ``(features, label)`` pair.  A pair whose ``x`` holds several examples
-    (a whole number of them, more values than one example has) and whose
-    ``y`` holds another number of labels is refused as a length mismatch,
-    not as one example of the wrong size."""
-    if not (isinstance(record, tuple) and len(record) == 2):
-        return False
+def _is_minibatch(x: Mapping, y, spec: DataSpec, where: Callable[[], str]) -> bool:
+    """Whether a record ``(x, y)`` (``x`` by input name) is an ``(x, y)``
+    minibatch rather than one example's features and label.  A pair whose
+    inputs hold several examples (a whole number of them, more values than
+    one example has) and whose ``y`` holds another number of labels is
+    refused as a length mismatch, not as one example of the wrong size."""
     try:
-        x, y = np.asarray(record[0]), np.asarray(record[1])
-    except ValueError:  # ragged: a pair, whose check names it
+        y = np.asarray(y)
+        xs = [(i, np.asarray(x[i.name])) for i in spec.inputs]
+    except (KeyError, IndexError, TypeError, ValueError):  # not by input name, or ragged: a pair, whose check names it
         return False
-    if not (x.ndim >= 1 and y.ndim >= 1 and x.size == x.shape[0] * spec.input_size):
+    if y.ndim == 0 or not all(a.ndim >= 1 and a.size == a.shape[0] * i.size for i, a in xs):
         return False
-    if x.shape[0] == y.shape[0]:
-        return not (x.shape[0] == spec.input_size and y.ndim == 1 and y.size == spec.num_outputs and x.ndim == 1)
-    if x.shape[0] >= 2:
-        raise DataValidationError(f"Bad minibatch at {where()}: expected one label per example, got {x.shape[0]} "
-                                  f"examples and {y.shape[0]} labels (x of shape {x.shape}, y of shape {y.shape})")
+    counts = {a.shape[0] for _, a in xs}
+    if counts == {y.shape[0]}:
+        one = all(a.ndim == 1 and a.shape[0] == i.size for i, a in xs)
+        return not (one and y.ndim == 1 and y.size == spec.num_outputs)
+    if len(counts) == 1 and xs[0][1].shape[0] >= 2:
+        a = xs[0][1]
+        raise DataValidationError(f"Bad minibatch at {where()}: expected one label per example, got {a.shape[0]} "
+                                  f"examples and {y.shape[0]} labels (x of shape {a.shape}, y of shape {y.shape})")
     return False
-
-
-def _is_named_minibatch(record, spec: DataSpec) -> bool:
-    """Whether a ``(dict, y)`` record holds several examples (an ``(x, y)``
-    minibatch of named inputs) rather than one example's features and label."""
-    try:
-        y = np.asarray(record[1])
-        xs = {i.name: np.asarray(record[0][i.name]) for i in spec.inputs}
-    except (KeyError, ValueError):  # missing inputs or ragged: a pair, whose check names it
-        return False
-    if y.ndim == 0:
-        return False
-    n = len(y)
-    batched = all(a.ndim >= 1 and a.shape[0] == n and a.size == n * i.size for i, a in zip(spec.inputs, xs.values()))
-    one = all(a.size == i.size for i, a in zip(spec.inputs, xs.values()))
-    return batched and not (one and y.ndim == 1 and y.size == spec.num_outputs and n != 1)
 
 
 def _pair_chunk(spec: DataSpec, pairs: List[tuple], where: Where,
@@ -615,25 +582,23 @@ def _checked_chunks(spec: DataSpec, index: int, rows: Iterable,
         return chunk
 
     for record in rows:
-        named = spec.named and isinstance(record, tuple) and len(record) == 2 and isinstance(record[0], Mapping)
-        if _is_named_minibatch(record, spec) if named else \
-                _is_minibatch(record, spec, lambda: f"partition {index}, row {row_no + len(pairs)}"):
-            if pairs:
-                yield pair_chunk()
-            bx = record[0] if named else np.asarray(record[0])
-            by = np.asarray(record[1])
-            where = row_namer(index, row_no)
-            yield check_features(bx, spec, where, feature_dtype), check_labels(by, spec, where)
-            row_no += len(by)
-        elif isinstance(record, tuple) and len(record) == 2:
-            pairs.append(record)
-            if len(pairs) == _PAIRS_PER_CHUNK:
-                yield pair_chunk()
-        else:
+        if not (isinstance(record, tuple) and len(record) == 2):
             raise DataValidationError(
                 f"Bad record at partition {index}, row {row_no + len(pairs)}: expected a (features, label) "
                 f"pair or an (x, y) minibatch, got {type(record).__name__}"
             )
+        x = as_named(record[0], spec)  # the one input's bare features become a mapping of one
+        if _is_minibatch(x, record[1], spec, lambda: f"partition {index}, row {row_no + len(pairs)}"):
+            if pairs:
+                yield pair_chunk()
+            by = np.asarray(record[1])
+            where = row_namer(index, row_no)
+            yield check_features(x, spec, where, feature_dtype), check_labels(by, spec, where)
+            row_no += len(by)
+        else:
+            pairs.append((x, record[1]))
+            if len(pairs) == _PAIRS_PER_CHUNK:
+                yield pair_chunk()
     if pairs:
         yield pair_chunk()
 
@@ -680,7 +645,7 @@ def rebatch_partition(spec: DataSpec, batch_size: int, feature_dtype: Optional[s
 
     Validates every example (:func:`check_features`, :func:`check_labels`;
     runs of pairs are checked together, a minibatch record at once) and
-    yields ``(x float32 (b, *input_shape), y)`` minibatches of exactly
+    yields ``(x, y)`` minibatches (``x`` by input name, float32 ``(b, *shape)`` each) of exactly
     ``batch_size`` examples (the partition's last may be smaller; nothing
     is dropped).  Rows may be pairs or already-made minibatches.
     ``feature_dtype`` (``DataOptions.feature_dtype``; None: float32): the

@@ -187,9 +187,9 @@ class NetworkPyfunc(_python_model_base()):
 
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
         spec = self.spec
-        if len(spec.inputs) == 1:
+        if len(spec.inputs) == 1:  # the one input's frame forms (see the module docstring), as a mapping of one
             one = spec.inputs[0]
-            x = features_matrix(model_input, one.shape, self.columns[one.name], _dtype(one), one.name)
+            x = {one.name: features_matrix(model_input, one.shape, self.columns[one.name], _dtype(one), one.name)}
         else:
             x = _named_inputs(model_input, spec, self.columns)
         return prediction_frame(spec, self.model.output(encode_inputs(x, self.encoding)))

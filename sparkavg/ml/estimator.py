@@ -419,7 +419,7 @@ class NetworkModel(Model, _NetworkParams, MLReadable, MLWritable):
         schema = StructType(list(dataset.schema.fields) + [StructField(v, types[k], True) for k, v in wanted.items()])
         # The parameters travel with the job (JSON + raw float32 bytes in the closure), on both flavours.
         fn = make_transformer(net.to_json(), ShippedValue(network_state(net, with_updater=False)), features,
-                              tuple(spec.input_shape), self.getInferenceBatchSize(), out.target, wanted,
+                              self.getInferenceBatchSize(), out.target, wanted,
                               self.input_encoding)
         return dataset.mapInArrow(fn, schema)
 

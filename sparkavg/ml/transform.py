@@ -12,7 +12,7 @@ the driver.
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import numpy as np
 
@@ -36,8 +36,8 @@ def vector_column(out: np.ndarray):
         names=["type", "size", "indices", "values"])
 
 
-def make_transformer(config_json: str, shipped, features_col, input_shape: Sequence[int], batch_size: int,
-                     target: str, columns: Mapping[str, str], encoding=None):
+def make_transformer(config_json: str, shipped, features_col, batch_size: int, target: str,
+                     columns: Mapping[str, str], encoding=None):
     """The ``mapInArrow`` function of a model's ``transform``.
 
     Parameters
@@ -46,11 +46,9 @@ def make_transformer(config_json: str, shipped, features_col, input_shape: Seque
         The network's JSON configuration.
     shipped
         A handle whose ``value`` is ``(iteration, params, None)``.
-    features_col : str or tuple of NamedInput
-        The features column, or several named inputs with their columns
-        (:func:`~sparkavg.spark.data.resolve_features`).
-    input_shape : sequence of int
-        One example's shape; flat features are reshaped to it.
+    features_col : tuple of NamedInput
+        The model's inputs with their columns (:func:`~sparkavg.spark.data.resolve_features`);
+        flat features are reshaped to each input's shape.
     batch_size : int
         Examples per forward pass.
     target : {"classes", "binary", "values"}
@@ -82,5 +80,4 @@ def make_transformer(config_json: str, shipped, features_col, input_shape: Seque
                 result.append((name, vectors))
         return result
 
-    return predict_arrow(make_predict_fn(config_json, shipped, batch_size, encoding), features_col, input_shape,
-                         appended)
+    return predict_arrow(make_predict_fn(config_json, shipped, batch_size, encoding), features_col, appended)

@@ -379,7 +379,7 @@ class FlatState:
         normalize = self.gradient_normalization is not None
         with self.step_threads(provider):
             terms = _loss_terms(provider, x, y, weights)
-            for start, stop, scale in provider._range_scales():
+            for start, stop, scale in _range_scales(provider):
                 if scale == 0:
                     self.grads[start:stop] = 0
             return self._pending(terms, normalize)
@@ -407,7 +407,7 @@ class FlatState:
         ranges of it: weight decay (at the step's rate) and a lazy table's
         untouched rows, which get no update and keep their updater state."""
         kept = self._keep_untouched_rows(provider._touched_rows())
-        scales = provider._range_scales()
+        scales = _range_scales(provider)
         frozen = self._state_ranges([(a, b) for a, b, s in scales if s == 0])
         saved = [self.updater_state[a:b].copy() for a, b in frozen]
         updater.apply(out, self.grads, self.updater_state, self.iteration)
@@ -437,7 +437,7 @@ class FlatState:
         """Whether the updater may add its step to the parameters directly:
         nothing acts on ranges of the update (:meth:`_step_into`; weight
         decay reads the parameters before the step)."""
-        return not (self.regularization().decay_ranges or provider._has_lazy_rows() or provider._range_scales())
+        return not (self.regularization().decay_ranges or provider._has_lazy_rows() or _range_scales(provider))
 
     def fit_batch(self, provider: FlatProvider, x, y, *, weights=None, sync: bool = True):
         """One training step; the batch loss (see
@@ -508,3 +508,9 @@ def _loss_terms(provider: FlatProvider, x, y, weights) -> list:
     if weights is None:
         return provider._loss_terms(x, y)
     return provider._loss_terms(x, y, weights)
+
+
+def _range_scales(provider: FlatProvider) -> list:
+    """The provider's scaled and frozen ranges (an optional hook)."""
+    hook = getattr(provider, "_range_scales", None)
+    return hook() if hook is not None else []

@@ -41,6 +41,7 @@ __all__ = [
     "ModelSpec",
     "Model",
     "config_fingerprint",
+    "one_input",
 ]
 
 #: The names of a model's flat state vectors, in the order they travel.
@@ -142,6 +143,10 @@ class ModelSpec:
 class Model(Protocol):
     """The one contract every model implements (structural: no base class).
 
+    A batch's features ``x`` are a mapping of arrays by input name (how
+    sparkavg holds them, one input's too); a one-input model also takes its
+    bare array (:func:`one_input`).
+
     Attributes
     ----------
     iteration : int
@@ -225,6 +230,16 @@ class Model(Protocol):
 
     def to_cpu(self) -> "Model":
         """Move the state to host memory; returns self."""
+
+
+def one_input(x, name: str):
+    """A one-input model's batch as its array: ``x`` itself, or ``x[name]``
+    of a mapping by input name (how sparkavg holds features)."""
+    if not isinstance(x, Mapping):
+        return x
+    if list(x) != [name]:
+        raise ValueError(f"Expect the features keyed by the model's input [{name!r}], got keys {list(x)}")
+    return x[name]
 
 
 def config_fingerprint(config: Mapping, drop=("updater", "l2", "l2_bias", "weight_decay", "seed", "dtype",

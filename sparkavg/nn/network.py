@@ -30,7 +30,7 @@ from .finetune import FineTuning
 from .flat import LayerModel
 from .flatstate import Segment, check_updater
 from .layers import Layer
-from .model import InputSpec, ModelSpec, OutputSpec
+from .model import InputSpec, ModelSpec, OutputSpec, one_input
 from .output import Output
 from .clipping import GradientNormalization
 from .updaters import Updater
@@ -190,6 +190,7 @@ class Network(LayerModel):
     def _loss_terms(self, x, y, weights=None):
         """Forward + backward in training mode; fills the flat gradient.
         Returns the loss term as device values, to be read at the step's end."""
+        x = one_input(x, "input")
         self._check_pair(x, y)
         xi = self._prepare_input(x)
         n = xi.shape[0]
@@ -211,6 +212,7 @@ class Network(LayerModel):
         """Minibatch training on in-memory arrays (a convenience for local
         runs); advances :attr:`epoch`.  Returns the mean loss of each epoch.
         ``weights``: one per example, or None (see :meth:`fit_batch`)."""
+        x = one_input(x, "input")
         self._check_pair(x, y)
         return super().fit(x, y, batch_size, epochs, shuffle, weights)
 
@@ -222,7 +224,7 @@ class Network(LayerModel):
         Returns a new (N, units) array of the network's dtype on its device
         (class probabilities for a softmax output).
         """
-        xi = self._prepare_input(x)
+        xi = self._prepare_input(one_input(x, "input"))
         n = xi.shape[0]
         result = self.xp.empty((n,) + tuple(self.layers[-1].output_shape), dtype=self.dtype)
         step = max(1, int(self.inference_batch_size))
@@ -232,6 +234,7 @@ class Network(LayerModel):
 
     def score(self, x, y) -> float:
         """Mean loss over all of ``x`` (inference mode, chunked) + L2 penalty."""
+        x = one_input(x, "input")
         self._check_pair(x, y)
         xi = self._prepare_input(x)
         n = xi.shape[0]

@@ -12,15 +12,13 @@ only:
 - **prepare**: one ``mapInArrow`` validates and minibatches the
   DataFrame (:func:`~sparkavg.spark.data.minibatch_frame`, shared with
   the classic flavour); the minibatches are ``.minibatch`` files at a shared
-  location, or a persisted DataFrame of ``.npy`` blobs;
-- **rounds**: one ``mapInArrow`` job per averaging round over
-  ``spark.range(workers)`` (files: row ``w`` reads worker ``w``'s paths)
-  or over the epoch's minibatches (blocks: shuffled once per epoch into
-  one partition per worker, a round filters its own); gradient sharing
-  runs one ``mapInArrow(..., barrier=True)`` stage per epoch, whose tasks
-  meet through ``BarrierTaskContext.allGather``.  Results come back as
-  Arrow rows (:data:`~sparkavg.spark.executor.codec.RESULT_SCHEMA`: JSON
-  and float32 bytes, never pickle) and are combined on the driver;
+  location (:class:`ConnectFiles`), or a persisted DataFrame of ``.npy``
+  blobs (:class:`ConnectBlocks`), the Connect variants of :mod:`.sources`;
+- **rounds**: one ``mapInArrow`` job per round (:class:`ConnectDeal`;
+  gradient sharing's is ``barrier=True``, its tasks meet through
+  ``BarrierTaskContext.allGather``), results as Arrow rows
+  (:data:`~sparkavg.spark.executor.codec.RESULT_SCHEMA`: JSON and float32
+  bytes, never pickle) combined on the driver;
 - **evaluate / score / predict**: ``mapInArrow`` over the DataFrame;
   ``predict`` returns a DataFrame (Connect has no RDDs): the input's
   columns plus ``output`` (``array<float>``).
@@ -36,14 +34,14 @@ import logging
 import re
 import socket
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, ClassVar, List, Optional
 
 import numpy as np
 
 from ..data.validation import DataSpec
-from .data import (STORAGE_LEVEL, PreparedData, check_columns, describe_data, feature_columns, frame_failures, is_dataframe,
-                   minibatch_frame, placement_for)
-from .deal import Dealt, deal_epoch
+from .data import (STORAGE_LEVEL, check_columns, describe_data, feature_columns, frame_failures, frame_files,
+                   is_dataframe, minibatch_frame, placement_for)
+from .sources import EpochDeal, FilesDeal, MinibatchSource, SharedFiles, blocks_deal
 from .cancel import watching
 from .errors import executor_errors
 from .executor.adapters import examples_adapter, round_adapter
@@ -51,7 +49,7 @@ from .executor.codec import RESULT_SCHEMA, decode_value, encode_value, results_f
 from .executor.hooks import TestHooks
 from .executor.inference import list_column, predict_arrow
 
-__all__ = ["ConnectSpark", "ShippedValue", "FramePrepared", "FramePlan", "OUTPUT_COL"]
+__all__ = ["ConnectSpark", "ShippedValue", "ConnectFiles", "ConnectBlocks", "OUTPUT_COL"]
 
 logger = logging.getLogger(__name__)
 
@@ -88,37 +86,85 @@ def _shipped(text, blobs) -> ShippedValue:
     return ShippedValue(_encoded=(text, blobs))
 
 
+def _unpersist(frame, blocking: bool = False) -> None:
+    try:
+        frame.unpersist(blocking=blocking)
+    except Exception:  # a stopped session has dropped it already
+        pass
+
+
+class ConnectDeal(EpochDeal):
+    """A deal on a Connect session: a round is one ``mapInArrow`` job
+    (``_round_frame``), its results Arrow rows combined on the driver."""
+
+    def aggregate(self, r, task, combine, depth, what):
+        """``depth`` is the classic treeAggregate's: unused."""
+        with executor_errors(what):
+            table = self._round_frame(r, task, barrier=False).toArrow()
+        return functools.reduce(combine, results_from_table(table), None)
+
+    def barrier(self, r, task, what) -> list:
+        """One ``mapInArrow(..., barrier=True)`` stage, a task per worker; all results."""
+        with executor_errors(what):
+            table = self._round_frame(r, task, barrier=True).toArrow()
+        return results_from_table(table)
+
+
+class ConnectFilesDeal(ConnectDeal):
+    shards = FilesDeal.shards
+
+    def _round_frame(self, r, task, barrier: bool):
+        """Row ``w`` of ``spark.range(workers)`` reads worker ``w``'s paths."""
+        return self.source.seam.worker_rows(self.workers).mapInArrow(round_adapter(task, self.shards(r)),
+                                                                      RESULT_SCHEMA, barrier=barrier)
+
+
+class ConnectFiles(SharedFiles):
+    Deal = ConnectFilesDeal
+
+
 @dataclass
-class FramePrepared(PreparedData):
-    """Minibatches of a Connect fit: files (``paths``) or a persisted
-    DataFrame ``frame`` whose row ``ids[i]`` is minibatch ``i``."""
+class ConnectBlocksDeal(ConnectDeal):
+    """The deal and the epoch's minibatches, one partition per worker, rows
+    ``(r, w, x, y)`` sorted; a round filters its own."""
 
     frame: object = None
-    ids: Optional[np.ndarray] = None
 
-    def release(self) -> None:
-        if self.frame is not None:
-            try:
-                self.frame.unpersist(blocking=True)  # the next fit's blocks find the memory free
-            except Exception:  # a stopped session has dropped it already
-                pass
-            self.frame = None
-        super().release()
+    def __post_init__(self):
+        if self.rounds:
+            source = self.source
+            self.frame = source.seam.dealt_frame(source.frame, source.ids, self.rounds, self.workers)
 
+    def shards(self, r: int) -> list:
+        """The minibatch ids of round ``r``, one list per worker."""
+        return self.rounds[r]
 
-@dataclass
-class FramePlan(Dealt):
-    """One epoch's deal; for DataFrame blocks also the epoch's minibatches,
-    one partition per worker, rows ``(r, w, pos, x, y)`` sorted."""
-
-    frame: object = None
+    def _round_frame(self, r, task, barrier: bool):
+        source = self.frame.where(self.frame["r"] == r).select("w", "x", "y")
+        return source.mapInArrow(round_adapter(task, per_partition=barrier), RESULT_SCHEMA, barrier=barrier)
 
     def drop(self) -> None:
         if self.frame is not None:
-            try:
-                self.frame.unpersist()
-            except Exception:
-                pass
+            _unpersist(self.frame)
+            self.frame = None
+
+
+@dataclass
+class ConnectBlocks(MinibatchSource):
+    """Minibatches in a persisted DataFrame ``frame`` whose row ``ids[i]`` is
+    minibatch ``i`` (Connect does not say where a block lives: a local
+    deal's shards follow partition order)."""
+
+    frame: object = None
+    ids: Optional[np.ndarray] = None
+    description: ClassVar[str] = "Spark blocks"
+    Deal: ClassVar[type] = ConnectBlocksDeal
+
+    auto_deal = blocks_deal
+
+    def release(self) -> None:
+        if self.frame is not None:
+            _unpersist(self.frame, blocking=True)  # the next fit's blocks find the memory free
             self.frame = None
 
 
@@ -137,20 +183,14 @@ def _loopback_or_here(host: str) -> bool:
     return any(ipaddress.ip_address(a.split("%")[0]).is_loopback or a in own for a in addresses)
 
 
-
-def _by_id(table):
-    """Minibatch ids (ascending), their sizes, and the row order that sorts them."""
-    ids = table.column("id").to_numpy()
-    order = np.argsort(ids, kind="stable")
-    return ids[order], table.column("n").to_numpy()[order].tolist(), order
-
 class ConnectSpark:
     """A Spark Connect session: DataFrame jobs only (see the module docstring)."""
 
-    kind = "connect"
+    #: Streaming (:mod:`.streaming`) runs on classic sessions only.
+    streams = False
 
     def __init__(self, spark):
-        self.spark = spark
+        self._spark = spark
         self._parallelism: Optional[int] = None
         self._keys: dict = {}
         self._hooks = _UNREAD
@@ -166,7 +206,7 @@ class ConnectSpark:
             else:
                 from pyspark.sql.connect import functions as F
 
-                p = self.spark.range(0, 1 << 20).select(F.spark_partition_id().alias("p")).agg(F.max("p"))
+                p = self._spark.range(0, 1 << 20).select(F.spark_partition_id().alias("p")).agg(F.max("p"))
                 self._parallelism = int(p.first()[0]) + 1
         return self._parallelism
 
@@ -174,16 +214,16 @@ class ConnectSpark:
     def local(self) -> bool:
         """Whether the executors run on this machine: a ``local`` master reached at a local address."""
         master = self.conf("spark.master", "") or ""
-        return master.startswith("local") and _loopback_or_here(str(self.spark.client.host))
+        return master.startswith("local") and _loopback_or_here(str(self._spark.client.host))
 
     def conf(self, key: str, default: Optional[str] = None) -> Optional[str]:
-        return self.spark.conf.get(key, default)
+        return self._spark.conf.get(key, default)
 
     def begin_fit(self) -> None:
         """Read the tests' fault-injection hooks for this fit: session confs of
         the same names (Connect has no job-local properties), the two keys
         alone, once per fit (a round trip to the server each)."""
-        self._hooks = TestHooks.from_properties(lambda key: self.spark.conf.get(key, None))
+        self._hooks = TestHooks.from_properties(lambda key: self._spark.conf.get(key, None))
 
     def test_hooks(self) -> Optional[TestHooks]:
         """The hooks :meth:`begin_fit` read (None in production)."""
@@ -195,8 +235,8 @@ class ConnectSpark:
         """A context manager: while it is open, this client's
         ``spark.interruptAll()`` and ``spark.interruptTag`` naming one of the
         calling thread's tags call ``on_cancel(reason)`` too (:mod:`.cancel`)."""
-        tags = set(self.spark.getTags())
-        return watching(self.spark, {
+        tags = set(self._spark.getTags())
+        return watching(self._spark, {
             "interruptAll": lambda *a, **k: "SparkSession.interruptAll()",
             "interruptTag": lambda tag, *a, **k: f"SparkSession.interruptTag({tag!r})" if tag in tags else None,
         }, on_cancel)
@@ -215,24 +255,14 @@ class ConnectSpark:
         return data
 
     def prepare(self, data, spec: DataSpec, batch_size: int, options, features_col: str,
-                label_col: str) -> FramePrepared:
+                label_col: str) -> MinibatchSource:
         from pyspark.storagelevel import StorageLevel
 
         df = self._frame(data)
         location = placement_for(options, self.local)
         if location is not None:
-            try:
-                folder = location.make()
-                with executor_errors("writing minibatches to the shared location"):
-                    table = minibatch_frame(df, spec, batch_size, features_col, label_col, folder,
-                                            options.feature_dtype).toArrow()
-                frame_failures(table.column("error").to_pylist(), "minibatching")
-            except BaseException:
-                location.release()
-                raise
-            ids, sizes, order = _by_id(table)
-            paths = table.column("path").to_pylist()
-            return FramePrepared(sizes, paths=[paths[i] for i in order], location=location)
+            return frame_files(self, location, df, spec, batch_size, features_col, label_col, options.feature_dtype,
+                               ConnectFiles)
         frame = minibatch_frame(df, spec, batch_size, features_col, label_col, feature_dtype=options.feature_dtype)
         frame = frame.persist(getattr(StorageLevel, STORAGE_LEVEL))
         try:
@@ -242,19 +272,13 @@ class ConnectSpark:
         except BaseException:
             frame.unpersist()
             raise
-        ids, sizes, _ = _by_id(table)
-        return FramePrepared(sizes, frame=frame, ids=ids)
+        order = np.argsort(table.column("id").to_numpy(), kind="stable")
+        return ConnectBlocks(table.column("n").to_numpy()[order].tolist(), self, frame=frame,
+                             ids=table.column("id").to_numpy()[order])
 
-    def plan(self, prepared: FramePrepared, workers: int, per_round: int, seed: Optional[int],
-             local: bool = False, weights=None) -> FramePlan:
-        """The epoch's deal (``local``: each worker's shard in place; Connect
-        does not say where a block lives, so shards follow partition order;
-        ``weights``: see :func:`~sparkavg.spark.deal.deal_epoch`)."""
-        rounds = deal_epoch(len(prepared.sizes), workers, per_round, seed, local, prepared.layout, weights)
-        plan = FramePlan(rounds, prepared)
-        if not prepared.in_files and plan.rounds:
-            plan.frame = self._epoch_frame(prepared, plan.rounds, workers)
-        return plan
+    def worker_rows(self, workers: int):
+        """``spark.range(workers)``, a row per partition."""
+        return self._spark.range(0, workers, 1, workers)
 
     def _partition_keys(self, workers: int) -> List[int]:
         """A long ``k_w`` per worker that Spark's hash partitioning into
@@ -263,7 +287,7 @@ class ConnectSpark:
         if workers not in self._keys:
             from pyspark.sql.connect import functions as F
 
-            table = self.spark.range(0, 64 * workers).select(
+            table = self._spark.range(0, 64 * workers).select(
                 "id", F.pmod(F.hash("id"), F.lit(workers)).alias("p")).toArrow()
             found: dict = {}
             for k, p in zip(table.column("id").to_pylist(), table.column("p").to_pylist()):
@@ -273,50 +297,27 @@ class ConnectSpark:
             self._keys[workers] = [found[w] for w in range(workers)]
         return self._keys[workers]
 
-    def _epoch_frame(self, prepared: FramePrepared, rounds, workers: int):
-        """The epoch's minibatches, one partition per worker, sorted by (round, position)."""
+    def dealt_frame(self, frame, ids, rounds, workers: int):
+        """The epoch's minibatches (``frame``'s rows ``ids[i]``, dealt as
+        ``rounds``), one partition per worker, sorted by (round, position)."""
         import pyarrow as pa
         from pyspark.storagelevel import StorageLevel
 
         keys = self._partition_keys(workers)
-        rows = [(int(prepared.ids[i]), r, w, pos, keys[w])
+        rows = [(int(ids[i]), r, w, pos, keys[w])
                 for r, shards in enumerate(rounds) for w, shard in enumerate(shards) for pos, i in enumerate(shard)]
         cols = list(zip(*rows))
-        mapping = self.spark.createDataFrame(pa.table({
+        mapping = self._spark.createDataFrame(pa.table({
             "id": pa.array(cols[0], pa.int64()), "r": pa.array(cols[1], pa.int32()),
             "w": pa.array(cols[2], pa.int32()), "pos": pa.array(cols[3], pa.int32()),
             "k": pa.array(cols[4], pa.int64())}))
-        frame = (prepared.frame.select("id", "x", "y").join(mapping, "id").repartition(workers, "k")
+        dealt = (frame.select("id", "x", "y").join(mapping, "id").repartition(workers, "k")
                  .sortWithinPartitions("r", "w", "pos").select("r", "w", "x", "y"))
-        level = prepared.frame.storageLevel
-        frame = frame.persist(level if level is not None else StorageLevel.MEMORY_AND_DISK)
+        level = frame.storageLevel
+        dealt = dealt.persist(level if level is not None else StorageLevel.MEMORY_AND_DISK)
         with executor_errors("dealing the epoch's minibatches"):
-            frame.count()
-        return frame
-
-    # --------------------------------------------------------------- rounds
-    def _round_frame(self, plan: FramePlan, r: int, task: Callable, barrier: bool):
-        workers = plan.workers
-        if plan.prepared.in_files:
-            source = self.spark.range(0, workers, 1, workers)
-            fn = round_adapter(task, plan.shard_paths(r))
-        else:
-            source = plan.frame.where(plan.frame["r"] == r).select("w", "x", "y")
-            fn = round_adapter(task, per_partition=barrier)
-        return source.mapInArrow(fn, RESULT_SCHEMA, barrier=barrier)
-
-    def aggregate_round(self, plan: FramePlan, r: int, task: Callable, combine: Callable, depth: int, what: str):
-        """One ``mapInArrow`` job over round ``r``'s shards; results combined
-        on the driver (``depth`` is the classic treeAggregate's: unused)."""
-        with executor_errors(what):
-            table = self._round_frame(plan, r, task, barrier=False).toArrow()
-        return functools.reduce(combine, results_from_table(table), None)
-
-    def barrier_round(self, plan: FramePlan, r: int, task: Callable, what: str) -> list:
-        """One ``mapInArrow(..., barrier=True)`` stage, a task per worker; all results."""
-        with executor_errors(what):
-            table = self._round_frame(plan, r, task, barrier=True).toArrow()
-        return results_from_table(table)
+            dealt.count()
+        return dealt
 
     # ----------------------------------------------------------- inference
     def aggregate_examples(self, data, task: Callable, combine: Callable, features_col: str, label_col: str,
@@ -329,10 +330,10 @@ class ConnectSpark:
                 examples_adapter(task, features_col, label_col), RESULT_SCHEMA).toArrow()
         return functools.reduce(combine, results_from_table(table), None)
 
-    def map_features(self, data, make_predict: Callable, features_col: str, input_shape):
+    def map_features(self, data, make_predict: Callable, features_col: tuple):
         """A DataFrame: ``data``'s columns plus :data:`OUTPUT_COL` (``array<float>``),
         ``make_predict``'s ``predict`` run lazily over each Arrow batch of
-        ``features_col`` as one matrix (:func:`~.executor.inference.predict_arrow`)."""
+        ``features_col`` (resolved inputs) at once (:func:`~.executor.inference.predict_arrow`)."""
         from pyspark.sql.types import ArrayType, FloatType, StructField, StructType
 
         df = self._frame(data)
@@ -342,5 +343,5 @@ class ConnectSpark:
                              f"got columns {df.columns}")
         schema = StructType(list(df.schema.fields) + [StructField(OUTPUT_COL, ArrayType(FloatType()), True)])
         output_col = OUTPUT_COL
-        return df.mapInArrow(predict_arrow(make_predict, features_col, input_shape,
-                                           lambda out: [(output_col, list_column(out))]), schema)
+        return df.mapInArrow(predict_arrow(make_predict, features_col, lambda out: [(output_col, list_column(out))]),
+                             schema)

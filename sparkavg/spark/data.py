@@ -2,51 +2,40 @@
 
 A fit's data (an RDD of ``(features, label)`` pairs or ``(x, y)``
 minibatches, or a DataFrame) is validated and cut into minibatches of
-``batch_size_per_worker`` in one Spark job (:func:`prepare`).  The
-minibatches live where :class:`~sparkavg.spark.masters.DataOptions` says
-(:func:`placement_for`):
-
-* **shared files** -- written once as ``.minibatch`` files under a location every host
-  reaches; a round's job ships only its paths;
-* **Spark blocks** (the default on clusters) -- a persisted RDD of
-  ``(key, (x, y))``, noting where each block was made and its labels per
-  class (what the deal of :mod:`.deal` needs).  Its lineage is truncated
-  (``localCheckpoint``, decision ``data_lineage``): the partitions of a
-  parallelized collection hold its data, and every task over a narrow
-  descendant -- cached ones included -- would carry them from the driver
-  again in every epoch.  Blocks lost with an executor are prepared again
-  from the source (:meth:`PreparedData.rebuild`).
-
-How each epoch deals the prepared minibatches to rounds and workers is
-:mod:`sparkavg.spark.deal`.
+``batch_size_per_worker`` in one Spark job (:func:`prepare`), kept where
+:class:`~sparkavg.spark.masters.DataOptions` says (:func:`placement_for`):
+``.minibatch`` files under a location every host reaches, or persisted
+Spark blocks ``(key, (x, y))`` noting where each block was made and its
+labels per class (what a local deal needs), their lineage truncated
+(``localCheckpoint``, decision ``data_lineage``) -- the minibatch sources of
+:mod:`.sources`, dealt to rounds and workers every epoch (:mod:`.deal`).
 
 A DataFrame travels as Arrow record batches on both Spark flavours
 (:func:`minibatch_frame`, :class:`ExampleFrame`; the executor side is
 :mod:`sparkavg.spark.executor.arrow`): features and labels are validated
 and reshaped per record batch, never row by row through Python objects.
-A model with several inputs reads one column per input
-(:func:`resolve_features`: ``features_col`` as ``{input: column}`` or a
-list in the order of the model's inputs); its features travel as a dict of
-arrays by input name, each in its own dtype (int64 ids stay integer).
+Features travel as a dict of arrays by input name (one input's too),
+each in its own dtype (int64 ids stay integer); a model with several
+inputs reads one column per input (:func:`resolve_features`:
+``features_col`` as ``{input: column}`` or a list in input order).
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
-import re
-from dataclasses import dataclass, field
-from typing import Callable, List, Mapping, Optional
+import tempfile
+from typing import List, Mapping, Optional
 
 import numpy as np
 
 from ..data.validation import DataSpec, DataValidationError, count_examples, label_counts, rebatch_partition
 from .errors import TaskFailure, executor_errors, guarded_partitions, raise_failures
 from ..data.storage import SUFFIX, SharedLocation, load_minibatch, save_minibatch
+from .sources import MinibatchSource, SharedFiles, SparkBlocks
 
-__all__ = ["STORAGE_LEVEL", "as_example_rdd", "feature_rows", "ExampleFrame", "minibatch_frame", "check_columns", "require_arrow",
-           "resolve_features", "feature_columns",
-           "PreparedData", "prepare", "placement_for", "load_minibatch", "lost_checkpoint_blocks",
-           "LINEAGE_REASON", "arrow_batch_rdd"]
+__all__ = ["STORAGE_LEVEL", "as_example_rdd", "feature_rows", "ExampleFrame", "minibatch_frame", "check_columns",
+           "require_arrow", "resolve_features", "feature_columns", "prepare", "files_root", "placement_for",
+           "load_minibatch", "arrow_batch_rdd"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,14 +64,11 @@ def check_rdd(data, what: str):
 
 
 def feature_columns(features_col) -> List[str]:
-    """The DataFrame columns ``features_col`` reads: a name, or the columns
-    of named inputs (:func:`resolve_features`)."""
-    if isinstance(features_col, str):
-        return [features_col]
+    """The DataFrame columns of resolved inputs (:func:`resolve_features`)."""
     return [i.column for i in features_col]
 
 
-def resolve_features(features_col, spec: DataSpec):
+def resolve_features(features_col, spec: DataSpec) -> tuple:
     """Which DataFrame columns feed which model inputs.
 
     Parameters
@@ -96,35 +82,31 @@ def resolve_features(features_col, spec: DataSpec):
 
     Returns
     -------
-    str or tuple of NamedInput
-        The one column's name (one input), or each input with its column
-        (several inputs: features travel as a dict by input name).
+    tuple of NamedInput
+        Each input with its column (features travel as a dict by input name).
     """
-    names = [i.name for i in spec.inputs] if spec.named else None
+    names = [i.name for i in spec.inputs]
     if isinstance(features_col, str):
-        if names is None:
-            return features_col
-        raise ValueError(f"Expect features_col as a dict {{input: column}} or a list of {len(names)} columns for "
-                         f"the model's inputs {names}, got one column {features_col!r}")
-    if isinstance(features_col, Mapping):
+        if len(names) > 1:
+            raise ValueError(f"Expect features_col as a dict {{input: column}} or a list of {len(names)} columns "
+                             f"for the model's inputs {names}, got one column {features_col!r}")
+        pairs = {names[0]: features_col}
+    elif isinstance(features_col, Mapping):
         pairs = dict(features_col)
+        if len(names) == 1 and len(pairs) == 1:  # the one input's column, whatever its key says
+            pairs = {names[0]: next(iter(pairs.values()))}
     elif isinstance(features_col, (list, tuple)) and all(isinstance(c, str) for c in features_col):
-        if names is not None and len(features_col) != len(names):
-            raise ValueError(f"Expect {len(names)} feature columns, one per model input {names} in order, "
-                             f"got {len(features_col)}: {list(features_col)}")
-        if names is None and len(features_col) != 1:
-            raise ValueError(f"Expect one feature column for a model with one input, got {list(features_col)}")
-        pairs = dict(zip(names or [None], features_col))
+        if len(features_col) != len(names):
+            raise ValueError(f"Expect {len(names)} feature columns, one per model input {names} in order, got "
+                             f"{len(features_col)}: {list(features_col)}" if len(names) > 1 else
+                             f"Expect one feature column for a model with one input, got {list(features_col)}")
+        pairs = dict(zip(names, features_col))
     else:
         raise TypeError(f"Expect features_col as a column name, a dict {{input: column}} or a list of columns, "
                         f"got {type(features_col).__name__} {features_col!r:.80}")
     bad = [c for c in pairs.values() if not isinstance(c, str)]
     if bad:
         raise TypeError(f"Expect column names (str) in features_col, got {bad}")
-    if names is None:
-        if len(pairs) != 1:
-            raise ValueError(f"Expect one feature column for a model with one input, got {pairs}")
-        return next(iter(pairs.values()))
     if sorted(pairs) != sorted(names):
         raise ValueError(f"Expect features_col keyed by the model's inputs {names}, got keys {list(pairs)}")
     return tuple(dataclasses.replace(i, column=pairs[i.name]) for i in spec.inputs)
@@ -135,8 +117,7 @@ def check_columns(df, features_col, label_col: Optional[str]) -> None:
     wanted = feature_columns(features_col) + ([label_col] if label_col is not None else [])
     missing = [c for c in wanted if c not in df.columns]
     if missing:
-        what = (f"{features_col!r} (features)" if isinstance(features_col, str) else
-                ", ".join(f"{i.column!r} (input {i.name!r})" for i in features_col))
+        what = ", ".join(f"{i.column!r} ({'features' if i.sole else f'input {i.name!r}'})" for i in features_col)
         what += f" and {label_col!r} (label)" if label_col is not None else ""
         raise DataValidationError(f"Expect DataFrame columns {what}, missing {missing}; columns are {df.columns}")
 
@@ -199,9 +180,6 @@ class ExampleFrame:
     def mapPartitionsWithIndex(self, f):
         return self.example_rdd().mapPartitionsWithIndex(f)
 
-    def mapPartitions(self, f):
-        return self.example_rdd().mapPartitions(f)
-
 
 def _decoded(rows):
     """Rows of an Arrow decoder (:mod:`sparkavg.spark.executor.arrow`), the
@@ -216,9 +194,9 @@ def _decoded(rows):
 
 
 def feature_rows(df, features_col):
-    """An RDD (classic sessions) of ``df``'s ``features_col`` rows as float32
-    arrays (several named inputs: dicts of arrays by input name), read as
-    Arrow batches (no Python object per row), in partition order."""
+    """An RDD (classic sessions) of ``df``'s ``features_col`` rows, each a
+    dict of arrays by input name, read as Arrow batches (no Python object
+    per row), in partition order."""
     from .executor.arrow import FEATURE_SCHEMA, inputs_from_bytes, make_feature_decoder
 
     check_columns(df, features_col, None)
@@ -227,11 +205,8 @@ def feature_rows(df, features_col):
     def rows(chunks):
         for chunk in _decoded(chunks):
             x = inputs_from_bytes(chunk[0])
-            if isinstance(x, Mapping):
-                for i in range(count_examples(x)):
-                    yield {k: v[i] for k, v in x.items()}
-            else:
-                yield from x
+            for i in range(count_examples(x)):
+                yield {k: v[i] for k, v in x.items()}
 
     return (df.select(*feature_columns(features_col)).mapInArrow(make_feature_decoder(features_col), FEATURE_SCHEMA)
             .rdd.mapPartitions(rows, preservesPartitioning=True))
@@ -256,93 +231,22 @@ def frame_failures(rows, what: str) -> None:
     raise_failures([failure_from_row(e) for e in rows if e], what)
 
 
-#: Why prepared Spark blocks are local checkpoints (the ``data_lineage`` decision's reason).
 #: Storage level of persisted minibatch blocks: a local checkpoint (their lineage no longer
 #: reaches the source), so Spark also keeps them on disk when memory is short.
 STORAGE_LEVEL = "MEMORY_AND_DISK"
 
-LINEAGE_REASON = ("Spark blocks: lineage truncated after preparing (localCheckpoint), so no epoch's task "
-                  "carries the source's partitions (a parallelized collection's hold its data: it would cross "
-                  "the driver's link in every epoch); blocks lost with an executor are prepared again from the "
-                  "source")
 
-_LOST_BLOCK_RE = re.compile(r"CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND|Checkpoint block rdd_\d+_\d+ not found")
+def frame_files(seam, location: SharedLocation, df, spec: DataSpec, batch_size: int, features_col, label_col: str,
+                feature_dtype: Optional[str] = None, kind=SharedFiles) -> SharedFiles:
+    """``df``'s minibatches written under ``location`` by one ``mapInArrow``
+    (:func:`minibatch_frame`; both Spark flavours): a ``kind`` source."""
+    def write(folder):
+        with executor_errors("writing minibatches to the shared location"):
+            rows = minibatch_frame(df, spec, batch_size, features_col, label_col, folder, feature_dtype).collect()
+        frame_failures([r[3] for r in rows], "minibatching")
+        return [tuple(r[:3]) for r in rows]
 
-
-def lost_checkpoint_blocks(exc: BaseException) -> bool:
-    """Whether a failed job (or an error it caused) says a locally
-    checkpointed block is gone -- its executor was lost."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if _LOST_BLOCK_RE.search(str(exc)):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
-
-
-@dataclass
-class PreparedData:
-    """Minibatched training data: ``sizes[i]`` examples in minibatch ``i``,
-    held as ``paths[i]`` (shared files) or as ``rdd`` rows ``(keys[i], (x, y))``
-    (Spark blocks; ``keys`` None: ``i`` itself)."""
-
-    sizes: List[int]
-    paths: Optional[List[str]] = None
-    rdd: object = None
-    location: Optional[SharedLocation] = None
-    #: Per minibatch id, ``(host, partition)`` of the task that made it (Spark blocks; None: unknown).
-    layout: Optional[List[tuple]] = None
-    #: Per minibatch id, its examples per class (Spark blocks of a classifier's data; else None).
-    labels: Optional[np.ndarray] = None
-    #: Per minibatch id, its key in ``rdd`` (Spark blocks; None: the id).
-    keys: Optional[List[int]] = None
-    _epoch_rdds: list = field(default_factory=list)
-    #: Prepares the same data again from the source (Spark blocks), for :meth:`rebuild`.
-    _remake: Optional[Callable[[], "PreparedData"]] = None
-
-    @property
-    def examples(self) -> int:
-        return int(sum(self.sizes))
-
-    @property
-    def in_files(self) -> bool:
-        return self.paths is not None
-
-    def key_of(self, i: int) -> int:
-        """The ``rdd`` key of minibatch ``i``."""
-        return i if self.keys is None else self.keys[i]
-
-    def rebuild(self) -> None:
-        """Prepare the Spark blocks again from the source, after some were
-        lost with an executor (their lineage ends at the local checkpoint).
-
-        The minibatches must come out as before (ids and sizes: the deal of
-        the running epoch refers to them); a source that changed raises."""
-        if self.rdd is None or self._remake is None:
-            raise RuntimeError("Expect prepared Spark blocks to rebuild, got data without a source to prepare "
-                               "again from")
-        fresh = self._remake()
-        if fresh.sizes != self.sizes:
-            fresh.release()
-            raise RuntimeError(
-                f"Spark lost prepared minibatch blocks with an executor and preparing the data again gave other "
-                f"minibatches (expect {len(self.sizes)} with {self.examples} examples, got {len(fresh.sizes)} with "
-                f"{fresh.examples}): the source is not deterministic; persist it reliably or use "
-                f"DataOptions(shared_dir=...)")
-        old = self.rdd
-        self.rdd, self.keys, self.layout = fresh.rdd, fresh.keys, fresh.layout
-        old.unpersist()
-
-    def release(self) -> None:
-        """Drop the files this fit wrote and its persisted blocks (idempotent)."""
-        location, self.location = self.location, None
-        if location is not None:  # first: files outlive a stopped SparkContext, blocks do not
-            location.release()
-        rdds, self._epoch_rdds = list(self._epoch_rdds) + ([self.rdd] if self.rdd is not None else []), []
-        self.rdd = None
-        for r in rdds:  # blocking: the next fit's blocks find the storage memory free, not being freed
-            r.unpersist(blocking=True)
+    return kind.write(seam, location, write)
 
 
 def _write_partition(spec: DataSpec, batch_size: int, folder: str, feature_dtype: Optional[str] = None):
@@ -357,38 +261,34 @@ def _write_partition(spec: DataSpec, batch_size: int, folder: str, feature_dtype
     return guarded_partitions(run)
 
 
-def prepare(rdd, spec: DataSpec, batch_size: int, location: Optional[SharedLocation],
-            storage_level: str, feature_dtype: Optional[str] = None) -> PreparedData:
-    """Validate and minibatch ``rdd`` once (one Spark job).
-
-    With a ``location`` the minibatches are written there (the location is
-    released with the data); else they are persisted as Spark blocks.  A
-    DataFrame (:class:`ExampleFrame`) is validated and cut through Arrow;
+def prepare(seam, rdd, spec: DataSpec, batch_size: int, location: Optional[SharedLocation],
+            storage_level: str, feature_dtype: Optional[str] = None) -> MinibatchSource:
+    """Validate and minibatch ``rdd`` once (one Spark job) on a classic ``seam``:
+    :class:`~.sources.SharedFiles` at ``location``, else :class:`~.sources.SparkBlocks`.
+    A DataFrame (:class:`ExampleFrame`) is validated and cut through Arrow;
     features are kept in ``feature_dtype`` (``DataOptions.feature_dtype``,
-    :func:`~sparkavg.data.validation.kept_features`; None: float32), a
-    DataFrame's and an RDD's alike.
+    :func:`~sparkavg.data.validation.kept_features`; None: float32).
     """
+    remake = lambda: prepare(seam, rdd, spec, batch_size, None, storage_level, feature_dtype)  # noqa: E731
+    classes = spec.num_outputs if spec.classification else None
     if isinstance(rdd, ExampleFrame):
-        return _prepare_frame(rdd, spec, batch_size, location, storage_level, feature_dtype)
+        args = (rdd.df, spec, batch_size, rdd.features_col, rdd.label_col)
+        if location is not None:
+            return frame_files(seam, location, *args, feature_dtype)
+        # The Arrow job runs once, in _persist_frame_blocks' one pass (keys need no counting pass).
+        return _persist_frame_blocks(seam, minibatch_frame(*args, feature_dtype=feature_dtype), storage_level,
+                                     classes, remake)
     if location is not None:
-        try:
-            folder = location.make()
+        def write(folder):
             with executor_errors("writing minibatches to the shared location"):
                 meta = rdd.mapPartitionsWithIndex(_write_partition(spec, batch_size, folder, feature_dtype)).collect()
             raise_failures(meta, "minibatching")
-        except BaseException:
-            location.release()
-            raise
-        meta.sort()
-        return PreparedData([n for _, n in meta], paths=[p for p, _ in meta], location=location)
+            return [(path, n, path) for path, n in meta]
+
+        return SharedFiles.write(seam, location, write)
     rebatch = rebatch_partition(spec, batch_size, feature_dtype)
-    prepared = _persist_blocks(rdd.mapPartitionsWithIndex(guarded_partitions(rebatch)), storage_level, _classes(spec))
-    prepared._remake = lambda: prepare(rdd, spec, batch_size, None, storage_level, feature_dtype)
-    return prepared
-
-
-def _classes(spec: DataSpec) -> Optional[int]:
-    return spec.num_outputs if spec.classification else None
+    return _persist_blocks(seam, rdd.mapPartitionsWithIndex(guarded_partitions(rebatch)), storage_level, classes,
+                           remake)
 
 
 def _keyed(partition: int, items):
@@ -398,11 +298,11 @@ def _keyed(partition: int, items):
         yield (partition << 32) | j, item
 
 
-def _persist_blocks(mb, storage_level: str, classes: Optional[int]) -> PreparedData:
+def _persist_blocks(seam, mb, storage_level: str, classes: Optional[int], remake) -> SparkBlocks:
     """Persist an RDD of ``(x, y)`` minibatches as ``(key, (x, y))`` blocks,
     noting where each was made and its labels per class (for the deal).
 
-    The blocks are a local checkpoint (see :data:`LINEAGE_REASON`): the
+    The blocks are a local checkpoint (:data:`~.sources.LINEAGE_REASON`): the
     describing job below is the one pass over the source."""
     from pyspark import StorageLevel
 
@@ -424,33 +324,7 @@ def _persist_blocks(mb, storage_level: str, classes: Optional[int]) -> PreparedD
     except BaseException:
         mb.unpersist()
         raise
-    meta.sort()
-    counts = None if classes is None else np.asarray([m[4] for m in meta], dtype=np.float64)
-    return PreparedData([m[1] for m in meta], rdd=mb, layout=[(m[2], m[3]) for m in meta], labels=counts,
-                        keys=[m[0] for m in meta])
-
-
-def _prepare_frame(examples: ExampleFrame, spec: DataSpec, batch_size: int, location: Optional[SharedLocation],
-                   storage_level: str, feature_dtype: Optional[str] = None) -> PreparedData:
-    """:func:`prepare` for a DataFrame on a classic session (Arrow minibatching)."""
-    args = (examples.df, spec, batch_size, examples.features_col, examples.label_col)
-    if location is not None:
-        try:
-            folder = location.make()
-            with executor_errors("writing minibatches to the shared location"):
-                rows = minibatch_frame(*args, folder=folder, feature_dtype=feature_dtype).collect()
-            frame_failures([r[3] for r in rows], "minibatching")
-        except BaseException:
-            location.release()
-            raise
-        meta = sorted((r[0], r[1], r[2]) for r in rows)
-        return PreparedData([n for _, n, _ in meta], paths=[p for _, _, p in meta], location=location)
-
-    # The Arrow job runs once, in _persist_frame_blocks' one pass (keys need no counting pass).
-    prepared = _persist_frame_blocks(minibatch_frame(*args, feature_dtype=feature_dtype), storage_level,
-                                     _classes(spec))
-    prepared._remake = lambda: _prepare_frame(examples, spec, batch_size, None, storage_level, feature_dtype)
-    return prepared
+    return _blocks(seam, mb, meta, classes, remake)
 
 
 class _ListParam:
@@ -474,13 +348,13 @@ def arrow_batch_rdd(frame):
     return RDD(frame._jdf.toArrowBatchRdd().toJavaRDD(), frame.sparkSession.sparkContext, NoOpSerializer())
 
 
-def _persist_frame_blocks(frame, storage_level: str, classes: Optional[int]) -> PreparedData:
+def _persist_frame_blocks(seam, frame, storage_level: str, classes: Optional[int], remake) -> SparkBlocks:
     """The minibatch frame's rows as persisted ``(id, (x, y))`` blocks, in one
     pass: its Arrow batches (:func:`arrow_batch_rdd`) decoded by the task
     that keeps them, which tells where each block lives and its labels per
     class through an accumulator; the job itself is a JVM count of the
     persisted partitions, so no second Python pass reads the blocks back.
-    A local checkpoint as :func:`_persist_blocks`' (:data:`LINEAGE_REASON`)."""
+    A local checkpoint as :func:`_persist_blocks`'."""
     from pyspark import StorageLevel
 
     from .executor.arrow import frame_blocks
@@ -499,21 +373,28 @@ def _persist_frame_blocks(frame, storage_level: str, classes: Optional[int]) -> 
     except BaseException:
         mb.unpersist()
         raise
-    meta = sorted({m[0]: m for m in meta}.values())  # a task run twice tells twice: once per block
+    return _blocks(seam, mb, {m[0]: m for m in meta}.values(), classes, remake)  # a task run twice tells twice
+
+
+def _blocks(seam, mb, meta, classes: Optional[int], remake) -> SparkBlocks:
+    """The blocks of ``mb`` from their ``(key, examples, host, partition, labels per class)``."""
+    meta = sorted(meta)
     counts = None if classes is None else np.asarray([m[4] for m in meta], dtype=np.float64)
-    return PreparedData([m[1] for m in meta], rdd=mb, layout=[(m[2], m[3]) for m in meta], labels=counts,
-                        keys=[m[0] for m in meta])
+    return SparkBlocks([m[1] for m in meta], seam, [(m[2], m[3]) for m in meta], counts, rdd=mb,
+                       keys=[m[0] for m in meta], remake=remake)
+
+
+def files_root(options, local_master: bool) -> Optional[str]:
+    """Where a fit's minibatch files go (see :class:`~sparkavg.spark.masters.DataOptions`):
+    the shared folder, this machine's temp folder (``local[N]``: every executor runs here),
+    or None for Spark blocks."""
+    if getattr(options.placement, "value", options.placement) == "spark":
+        return None
+    return options.shared_dir if options.shared_dir is not None else tempfile.gettempdir() if local_master else None
 
 
 def placement_for(options, local_master: bool) -> Optional[SharedLocation]:
-    """Where a fit's minibatches go (see :class:`~sparkavg.spark.masters.DataOptions`):
-    a shared location, or None for Spark blocks."""
-    placement = getattr(options.placement, "value", options.placement)
-    if placement == "spark":
+    """The :class:`SharedLocation` of a fit's minibatch files (:func:`files_root`), or None for Spark blocks."""
+    if files_root(options, local_master) is None:
         return None
-    if options.shared_dir is not None:
-        return SharedLocation(options.shared_dir)
-    if local_master:  # every executor runs on this machine: its temp folder is shared
-        return SharedLocation.temporary()
-    return None
-
+    return SharedLocation(options.shared_dir) if options.shared_dir is not None else SharedLocation.temporary()

@@ -1,6 +1,6 @@
 """Dealing a fit's prepared minibatches to rounds and workers, every epoch.
 
-Each epoch assigns minibatch ids (of :class:`~sparkavg.spark.data.PreparedData`)
+Each epoch assigns minibatch ids (of a :class:`~sparkavg.spark.sources.MinibatchSource`)
 to ``rounds[r][w]``; every id appears exactly once, so every example
 trains exactly once per epoch (DL4J's oversized-partition flaw fixed).
 Two deals (:class:`~sparkavg.spark.masters.Repartition`):
@@ -15,30 +15,23 @@ Two deals (:class:`~sparkavg.spark.masters.Repartition`):
   the shard's own host, so no minibatch crosses the network after the
   first epoch.
 
-:func:`deal_choice` picks between them (a recorded decision).  With
+The source's ``deal_choice`` picks between them (a recorded decision).  With
 ``weights`` (workers' measured speeds, :func:`share_choice`, another
 recorded decision) the shards are cut in proportion to them
 (:func:`weighted_shards`) and every worker's shard is split into the same
 number of rounds (:func:`split_rounds`), so a slower worker fits fewer
 minibatches per round and no round waits for it; still every id appears
 exactly once.
-
-:class:`EpochPlan` holds an epoch's deal and, for Spark blocks, the epoch's
-RDD shuffled once into one partition per (round, worker), so a round's job
-runs on its own partitions only.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .data import PreparedData
-
-__all__ = ["deal", "local_shards", "deal_shards", "deal_epoch", "Dealt", "EpochPlan", "deal_choice",
-           "shard_label_skew", "MAX_SHARD_LABEL_SKEW", "apportion", "weighted_shards", "split_rounds",
-           "share_choice", "MIN_SPEED_RATIO", "MIN_MEASURED_SECONDS", "equal_finish_shares"]
+__all__ = ["deal", "local_shards", "deal_shards", "deal_epoch", "shard_label_skew", "MAX_SHARD_LABEL_SKEW",
+           "apportion", "weighted_shards", "split_rounds", "share_choice", "MIN_SPEED_RATIO", "MIN_MEASURED_SECONDS",
+           "equal_finish_shares"]
 
 
 def deal(num_batches: int, workers: int, per_round: int, seed: Optional[int]) -> List[List[List[int]]]:
@@ -193,74 +186,6 @@ def deal_epoch(count: int, workers: int, per_round: int, seed: Optional[int], lo
     return deal(count, workers, per_round, seed)
 
 
-@dataclass
-class Dealt:
-    """One epoch's deal of a fit's minibatches (what every seam's plan holds)."""
-
-    rounds: List[List[List[int]]]
-    prepared: PreparedData
-
-    @property
-    def workers(self) -> int:
-        return len(self.rounds[0]) if self.rounds else 0
-
-    def shard_paths(self, r: int) -> List[List[str]]:
-        """Shared-file plan: the paths of round ``r``, one list per worker."""
-        return [[self.prepared.paths[i] for i in shard] for shard in self.rounds[r]]
-
-
-@dataclass
-class EpochPlan(Dealt):
-    """One epoch's deal and, for Spark blocks, its shuffled RDD with one
-    partition per (round, worker)."""
-
-    rdd: object = None
-
-    def partitions(self, r: int) -> List[int]:
-        """Spark-block plan: the partitions of round ``r``, one per worker."""
-        return [r * self.workers + w for w in range(self.workers)]
-
-    def shards_for(self, r: int) -> list:
-        """What worker ``w`` of round ``r`` reads: its paths, or its block partition number."""
-        return self.shard_paths(r) if self.prepared.in_files else self.partitions(r)
-
-    @classmethod
-    def plan(cls, prepared: PreparedData, workers: int, per_round: int, seed: Optional[int],
-             local: bool = False, weights: Optional[Sequence[float]] = None) -> "EpochPlan":
-        """The epoch's deal: :func:`deal_shards` over :func:`local_shards` when
-        ``local``, else :func:`deal` (``weights``: see :func:`deal_epoch`);
-        for Spark blocks also the shuffled RDD."""
-        rounds = deal_epoch(len(prepared.sizes), workers, per_round, seed, local, prepared.layout, weights)
-        epoch = cls(rounds, prepared)
-        if not prepared.in_files and rounds:
-            epoch.shuffle()
-        return epoch
-
-    def shuffle(self) -> None:
-        """(Re)build the Spark-block plan's RDD of the deal's rounds from
-        ``prepared.rdd`` (again after :meth:`PreparedData.rebuild`)."""
-        prepared, rounds, workers = self.prepared, self.rounds, self.workers
-        self.drop()
-        # (partition, position in shard) per minibatch key; sorting keeps each shard's dealt order.
-        target = {}
-        for r, shards in enumerate(rounds):
-            for w, shard in enumerate(shards):
-                for pos, i in enumerate(shard):
-                    target[prepared.key_of(i)] = (r * workers + w, pos)
-        n = len(rounds) * workers
-        self.rdd = (prepared.rdd.map(lambda kv: (target[kv[0]], kv[1]))
-                    .repartitionAndSortWithinPartitions(n, partitionFunc=lambda key: key[0])
-                    .values().persist(prepared.rdd.getStorageLevel()))
-        prepared._epoch_rdds.append(self.rdd)
-
-    def drop(self) -> None:
-        if self.rdd is not None:
-            self.rdd.unpersist()
-            if self.rdd in self.prepared._epoch_rdds:
-                self.prepared._epoch_rdds.remove(self.rdd)
-            self.rdd = None
-
-
 #: ``auto`` deals locally only while every shard's label mix is within this
 #: total-variation distance of the whole data's (IID shards measure ~0.01).
 MAX_SHARD_LABEL_SKEW = 0.1
@@ -281,32 +206,6 @@ def shard_label_skew(shards: List[List[int]], labels: Optional[np.ndarray]) -> O
         if counts is not None and counts.sum() > 0:
             skew = max(skew, 0.5 * float(np.abs(counts / counts.sum() - whole).sum()))
     return skew
-
-
-def deal_choice(options, prepared, workers: int) -> Tuple[bool, str]:
-    """``(local, reason)``: whether epochs deal each worker's shard in place
-    (``local``) or reshuffle all minibatches (``balanced``/``never``).
-
-    ``auto`` is local for Spark blocks -- unless the shards' class mixes
-    differ (data partitioned by label, say; skew over
-    :data:`MAX_SHARD_LABEL_SKEW`), where fixed shards would average
-    models fitted to different classes -- and balanced for shared files
-    (see :class:`~sparkavg.spark.masters.Repartition`)."""
-    if getattr(prepared, "streamed", False):  # spark/streaming.py: nothing kept, so nothing is local
-        return False, ("streamed: the source's partitions are dealt to rounds x workers afresh every epoch (a "
-                       "seeded shuffle unless repartition='never')")
-    repartition = getattr(options.repartition, "value", options.repartition)
-    if repartition != "auto":
-        return repartition == "local", f"repartition={repartition!r}"
-    if prepared.in_files:
-        return False, "auto: shared files (every host reads them from the shared location): balanced"
-    skew = shard_label_skew(local_shards(len(prepared.sizes), workers, prepared.layout), prepared.labels)
-    if skew is not None and skew > MAX_SHARD_LABEL_SKEW:
-        return False, (f"auto: the per-host shards' class mixes differ from the data's by {skew:.2f} "
-                       f"(total variation, > {MAX_SHARD_LABEL_SKEW}): balanced, the data crosses hosts every "
-                       f"epoch; shuffle the input's partitions to keep it on its hosts")
-    what = "class mixes not counted" if skew is None else f"class mixes within {skew:.3f} of the data's"
-    return True, f"auto: Spark blocks, per-host shards' {what}: local, each worker keeps its host's minibatches"
 
 
 #: Shares follow the workers' speeds only when the fastest fits at least

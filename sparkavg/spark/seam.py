@@ -1,25 +1,23 @@
 """The one seam between sparkavg and Spark.
 
 Runners and the trainer never call Spark directly: they ask a seam to ship
-a value to executors, minibatch a fit's data, run one round of tasks and
-combine their results, run one barrier stage, or map a function over data
-for evaluation and inference.  :class:`ClassicSpark` does this with a
-SparkContext (broadcast, treeAggregate, barrier RDDs); a Spark Connect
-session (DataFrames only) plugs in here with the same methods, so the
-masters never branch on the flavour.
+a value to executors, minibatch a fit's data into a minibatch source
+(:mod:`.sources`, whose epoch deals run the rounds through the seam's job
+methods), or map a function over data for evaluation and inference.
+:class:`ClassicSpark` does this with a SparkContext (broadcast,
+treeAggregate, barrier RDDs); a Spark Connect session (DataFrames only)
+plugs in here with the same methods, so the masters never branch on the
+flavour.
 """
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from typing import Callable, Optional
 
 from ..data.validation import DataSpec
 from .cancel import watching
-from .data import (STORAGE_LEVEL, PreparedData, as_example_rdd, check_rdd, feature_rows, is_dataframe, lost_checkpoint_blocks,
-                   placement_for, prepare)
-from .deal import EpochPlan
+from .data import STORAGE_LEVEL, as_example_rdd, check_rdd, feature_rows, is_dataframe, placement_for, prepare
 from .errors import executor_errors
 from .executor.hooks import TestHooks
 from .executor.inference import predict_rows
@@ -32,31 +30,31 @@ logger = logging.getLogger(__name__)
 class ClassicSpark:
     """A classic session: SparkContext, broadcast + treeAggregate, barrier RDDs."""
 
-    kind = "classic"
+    #: Whether a fit's data may be streamed on this flavour (:mod:`.streaming`).
+    streams = True
 
     def __init__(self, sc):
-        self.sc = sc
-        self._failed_barrier = None  # (plan, round, job ids) of a barrier round that failed
+        self._sc = sc
 
     # ------------------------------------------------------------- cluster
     @property
     def default_parallelism(self) -> int:
-        return int(self.sc.defaultParallelism)
+        return int(self._sc.defaultParallelism)
 
     @property
     def local(self) -> bool:
         """Whether every executor runs on the driver's machine (``local[N]``)."""
-        return str(self.sc.master).startswith("local")
+        return str(self._sc.master).startswith("local")
 
     def conf(self, key: str, default: Optional[str] = None) -> Optional[str]:
-        return self.sc.getConf().get(key, default)
+        return self._sc.getConf().get(key, default)
 
     def begin_fit(self) -> None:
         """Nothing to read: the test hooks are job-local properties, read per job."""
 
     def test_hooks(self) -> Optional[TestHooks]:
         """Fault-injection hooks the tests set as job-local properties (None in production)."""
-        return TestHooks.from_properties(self.sc.getLocalProperty)
+        return TestHooks.from_properties(self._sc.getLocalProperty)
 
     def watch_cancels(self, on_cancel: Callable[[str], None]):
         """A context manager: while it is open, this driver's calls of
@@ -64,9 +62,9 @@ class ClassicSpark:
         thread's job group and ``sc.cancelJobsWithTag`` naming one of its
         job tags call ``on_cancel(reason)`` too (:mod:`.cancel`: a cancel
         between two rounds, when no job runs, is not lost)."""
-        group = self.sc.getLocalProperty("spark.jobGroup.id")
-        tags = set(self.sc.getJobTags()) if hasattr(self.sc, "getJobTags") else set()
-        return watching(self.sc, {
+        group = self._sc.getLocalProperty("spark.jobGroup.id")
+        tags = set(self._sc.getJobTags()) if hasattr(self._sc, "getJobTags") else set()
+        return watching(self._sc, {
             "cancelAllJobs": lambda *a, **k: "SparkContext.cancelAllJobs()",
             "cancelJobGroup": lambda group_id, *a, **k: (f"SparkContext.cancelJobGroup({group_id!r})"
                                                          if group is not None and group_id == group else None),
@@ -78,90 +76,32 @@ class ClassicSpark:
     def ship(self, value):
         """Make ``value`` readable on executors as ``handle.value``; the caller
         calls ``handle.destroy()`` when its jobs are done."""
-        return self.sc.broadcast(value)
+        return self._sc.broadcast(value)
 
     # ---------------------------------------------------------------- data
     def prepare(self, data, spec: DataSpec, batch_size: int, options, features_col: str,
-                label_col: str) -> PreparedData:
+                label_col: str):
+        """``data`` validated and minibatched once: a :class:`~.sources.MinibatchSource`."""
         rdd = as_example_rdd(data, features_col, label_col)
         location = placement_for(options, self.local)
-        return prepare(rdd, spec, batch_size, location, STORAGE_LEVEL, options.feature_dtype)
+        return prepare(self, rdd, spec, batch_size, location, STORAGE_LEVEL, options.feature_dtype)
 
-    def plan(self, prepared: PreparedData, workers: int, per_round: int, seed: Optional[int],
-             local: bool = False, weights=None) -> EpochPlan:
-        if getattr(prepared, "streamed", False):  # spark/streaming.py: the source's partitions, dealt
-            return prepared.plan(workers, seed)
-        return EpochPlan.plan(prepared, workers, per_round, seed, local, weights)
+    # ------------------------------------------------- jobs (for the sources)
+    def parallelize(self, items: list):
+        """An RDD of ``items``, one per partition."""
+        return self._sc.parallelize(items, len(items))
 
-    # --------------------------------------------------------------- rounds
-    def aggregate_round(self, plan: EpochPlan, r: int, task: Callable, combine: Callable, depth: int, what: str):
-        """Run ``task`` over each worker's shard of round ``r``; combine the results."""
-        if getattr(plan, "streamed", False):  # spark/streaming.py: the round's source partitions
-            return plan.aggregate(self.sc, r, task, combine, what)
-        with executor_errors(what):
-            if plan.prepared.in_files:
-                shards = plan.shard_paths(r)
-                rdd = self.sc.parallelize(shards, len(shards)).mapPartitions(task)
-                return rdd.treeAggregate(None, combine, combine, depth=depth)
-            parts = self._on_blocks(plan, what, lambda: self.sc.runJob(plan.rdd, task, plan.partitions(r)))
-            return functools.reduce(combine, parts, None)
+    def run_job(self, rdd, fn: Callable, partitions: list) -> list:
+        """``fn`` over the given partitions of ``rdd`` only; its outputs."""
+        return self._sc.runJob(rdd, fn, partitions)
 
-    @staticmethod
-    def _on_blocks(plan: EpochPlan, what: str, job: Callable):
-        """``job()`` over ``plan.rdd``; when it failed because prepared blocks
-        were lost with an executor (their lineage ends at a local checkpoint),
-        prepare them again from the source, rebuild the plan's RDD with the
-        same deal and run ``job()`` once more (nothing of the failed job
-        reached the driver)."""
-        try:
-            return job()
-        except Exception as exc:
-            if plan.prepared.in_files or not lost_checkpoint_blocks(exc):
-                raise
-            logger.warning("%s: prepared minibatch blocks were lost with an executor; preparing them again from "
-                           "the source", what)
-            plan.prepared.rebuild()
-            plan.shuffle()
-        return job()
+    def job_ids(self) -> set:
+        """The ids of the jobs of the calling thread's job group so far."""
+        return set(self._sc.statusTracker().getJobIdsForGroup(self._sc.getLocalProperty("spark.jobGroup.id")))
 
-    def barrier_round(self, plan: EpochPlan, r: int, task: Callable, what: str) -> list:
-        """Run ``task`` once per worker of round ``r`` in one barrier stage; all results.
-
-        Run again after a failure (the caller's retry), it first gets the
-        round's data back (:meth:`_recover_barrier_round`)."""
-        failed, self._failed_barrier = self._failed_barrier, None
-        if failed is not None and failed[0] is plan and failed[1] == r:
-            self._recover_barrier_round(plan, r, failed[2])
-        if plan.prepared.in_files:
-            shards = plan.shard_paths(r)
-            rdd = self.sc.parallelize(shards, len(shards))
-        tracker, group = self.sc.statusTracker(), self.sc.getLocalProperty("spark.jobGroup.id")
-        before = set(tracker.getJobIdsForGroup(group))
-        try:
-            with executor_errors(what):
-                if plan.prepared.in_files:
-                    return rdd.barrier().mapPartitions(task).collect()
-                # Blocks lost before the barrier stage started (its shuffle's map stage): nothing ran yet.
-                return self._on_blocks(plan, what, lambda: plan.rdd.barrier().mapPartitions(task).collect())
-        except BaseException:
-            self._failed_barrier = (plan, r, [j for j in tracker.getJobIdsForGroup(group) if j not in before])
-            raise
-
-    def _recover_barrier_round(self, plan: EpochPlan, r: int, jobs: list, timeout: float = 120.0) -> None:
-        """Before a failed barrier round runs again: wait until no task of the
-        failed attempt still runs, then compute the round's partitions in a
-        plain job.
-
-        On a cluster, a barrier task killed while it waits in ``allGather``
-        or ``barrier()`` (its peer died) takes its executor JVM down: PySpark's
-        barrier server lets the TaskKilledException escape its thread (exit
-        code 50), and the executor's cached minibatches and shuffle outputs
-        go with it.  A barrier stage cannot recompute lost shuffle outputs
-        ("Could not recover from a failed barrier ResultStage"), a plain job
-        can -- once the driver knows the executor is gone, i.e. once the
-        failed attempt has no task left running.
-        """
-        tracker = self.sc.statusTracker()
+    def wait_for_jobs(self, jobs: list, timeout: float = 120.0) -> None:
+        """Wait until no task of ``jobs`` still runs (at most ``timeout`` s)."""
+        tracker = self._sc.statusTracker()
         stages = [s for j in jobs for s in (getattr(tracker.getJobInfo(j), "stageIds", None) or [])]
         deadline = time.monotonic() + timeout
         while any(getattr(tracker.getStageInfo(s), "numActiveTasks", 0) for s in stages):
@@ -170,11 +110,19 @@ class ClassicSpark:
                                stages, timeout)
                 break
             time.sleep(0.1)
-        if plan.rdd is not None:
-            what = "recomputing the minibatches of a failed barrier round"
-            with executor_errors(what):
-                self._on_blocks(plan, what, lambda: self.sc.runJob(plan.rdd, lambda rows: [sum(1 for _ in rows)],
-                                                                   plan.partitions(r)))
+
+    def storage_memory(self) -> tuple:
+        """``(bytes, how)``: the executors' block managers' maximum storage memory (Spark's
+        status store), the driver's excluded unless it is the only one (``local[N]``)."""
+        it = self._sc._jsc.sc().statusStore().executorList(True).iterator()
+        entries = []
+        while it.hasNext():
+            e = it.next()
+            entries.append((str(e.id()), int(e.maxMemory())))
+        executors = [(k, v) for k, v in entries if k != "driver"]
+        if executors:
+            return sum(v for _, v in executors), f"{len(executors)} executors' block managers"
+        return sum(v for _, v in entries), "the driver's block manager (local mode: it holds the blocks)"
 
     # ----------------------------------------------------------- inference
     def aggregate_examples(self, data, task: Callable, combine: Callable, features_col: str, label_col: str,
@@ -184,18 +132,16 @@ class ClassicSpark:
         with executor_errors(what):
             return rdd.mapPartitionsWithIndex(task).treeAggregate(None, combine, combine, depth=2)
 
-    def map_features(self, data, make_predict: Callable, features_col: str, input_shape):
+    def map_features(self, data, make_predict: Callable, inputs: tuple):
         """An RDD of outputs, lazily: ``make_predict``'s ``predict`` over
-        ``data``'s rows gathered into matrices of ``input_shape`` examples,
-        checked as training features are (:func:`~.executor.inference.predict_rows`;
-        an RDD, or a DataFrame's ``features_col`` read as Arrow batches: no
-        Python object per row)."""
+        ``data``'s rows gathered into matrices, checked as training features
+        are against ``inputs`` (:func:`~.executor.inference.predict_rows`;
+        an RDD, or a DataFrame's columns of ``inputs`` read as Arrow batches:
+        no Python object per row)."""
         if is_dataframe(data):
-            data = feature_rows(data, features_col)
-        rows = check_rdd(data, "features or (key, features) rows")
-        if not isinstance(features_col, str):  # several named inputs: their shapes and dtypes
-            input_shape = features_col
-        return rows.mapPartitionsWithIndex(predict_rows(make_predict, input_shape))
+            data = feature_rows(data, inputs)
+        return check_rdd(data, "features or (key, features) rows").mapPartitionsWithIndex(
+            predict_rows(make_predict, inputs))
 
 
 def seam_for(spark_or_sc):

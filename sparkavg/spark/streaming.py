@@ -38,22 +38,22 @@ says so):
 """
 from __future__ import annotations
 
+import functools
 import logging
-import math
 import shutil
-import tempfile
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from dataclasses import dataclass, field, replace
+from typing import ClassVar, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from ..data.validation import DataSpec
-from .data import PreparedData, check_columns, feature_columns, is_dataframe, require_arrow
-from .deal import Dealt, deal
+from .data import check_columns, feature_columns, files_root, is_dataframe, require_arrow
+from .deal import deal
 from .errors import executor_errors, raise_failures
+from .sources import EpochDeal, MinibatchSource
 
-__all__ = ["STORAGE_DECISION", "MEMORY_SHARE", "StorageChoice", "storage_choice", "storage_memory",
-           "prepared_bytes_per_example", "feature_value_bytes", "files_root", "StreamedData", "StreamPlan", "prepare_stream"]
+__all__ = ["STORAGE_DECISION", "MEMORY_SHARE", "StorageChoice", "storage_choice", "prepared_bytes_per_example",
+           "feature_value_bytes", "StreamedSource", "StreamDeal", "prepare_stream", "prepare_source"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +74,6 @@ class StorageChoice:
 
     stream: bool
     reason: str
-    #: The estimate the choice was made on (None: no estimate was needed).
-    estimate: Optional[dict] = None
 
     @property
     def value(self) -> str:
@@ -86,31 +84,25 @@ def prepared_bytes_per_example(spec: DataSpec, value_bytes: int = 4) -> int:
     """Bytes one example takes in prepared minibatches: features of
     ``value_bytes`` a value (:func:`feature_value_bytes`; int64 ids: 8
     bytes) and its label."""
-    inputs = spec.inputs if spec.named else ((spec.input_shape, spec.dtype),)
-    feature = 0
-    for item in inputs:
-        shape, dtype = (item.shape, item.dtype) if hasattr(item, "shape") else item
-        feature += int(math.prod(shape)) * (8 if dtype == "int64" else value_bytes)
+    feature = sum(i.size * (8 if i.ids else value_bytes) for i in spec.inputs)
     label = _INDEX_LABEL_BYTES if spec.classification else 4 * spec.num_outputs
     return feature + label
 
 
-def feature_value_bytes(data, features_col, feature_dtype) -> int:
-    """Bytes a prepared minibatch keeps per feature value of a DataFrame
-    (``DataOptions.feature_dtype``): ``"auto"`` keeps a byte column, a
-    binary column of encoded images, and at most 2 bytes of a short column
-    (narrowed to uint8 when its values fit: Parquet's UINT_8); other
-    columns, and several named ones, are counted at float32's 4."""
+def feature_value_bytes(data, column: Optional[str], feature_dtype) -> int:
+    """Bytes a prepared minibatch keeps per feature value of a DataFrame's
+    ``column`` (``DataOptions.feature_dtype``): ``"auto"`` keeps a byte
+    column, a binary column of encoded images, and at most 2 bytes of a
+    short column (narrowed to uint8 when its values fit: Parquet's UINT_8);
+    other columns are counted at float32's 4."""
     if feature_dtype is None or feature_dtype == "float32":
         return 4
     if feature_dtype != "auto":
         return int(np.dtype(feature_dtype).itemsize)
-    if not isinstance(features_col, str):
-        return 4
     try:
         from pyspark.sql.types import ArrayType, BinaryType, ByteType, ShortType
 
-        t = data.schema[features_col].dataType
+        t = data.schema[column].dataType
     except Exception:  # noqa: BLE001 -- an estimate: the column's own errors come when it is read
         return 4
     if isinstance(t, ArrayType):
@@ -120,54 +112,25 @@ def feature_value_bytes(data, features_col, feature_dtype) -> int:
     return 2 if isinstance(t, ShortType) else 4
 
 
-def storage_memory(sc) -> tuple:
-    """``(bytes, executors, how)``: the storage memory the executors' block
-    managers report (Spark's status store: maximum memory for blocks
-    each), the driver's excluded unless it is the only one (``local[N]``:
-    it holds the blocks)."""
-    entries = []
-    summaries = sc._jsc.sc().statusStore().executorList(True)
-    it = summaries.iterator()
-    while it.hasNext():
-        e = it.next()
-        entries.append((str(e.id()), int(e.maxMemory())))
-    executors = [(k, v) for k, v in entries if k != "driver"]
-    if executors:
-        return sum(v for _, v in executors), len(executors), f"{len(executors)} executors' block managers"
-    return sum(v for _, v in entries), 0, "the driver's block manager (local mode: it holds the blocks)"
-
-
 def _mb(n: float) -> str:
     return f"{n / 2 ** 20:,.0f} MiB"
 
 
-def files_root(options, local_master: bool) -> Optional[str]:
-    """Where memory mode would write minibatch files (the folder whose free
-    disk counts), or None for Spark blocks: :func:`~sparkavg.spark.data.placement_for`'s
-    rule, without making a folder."""
-    placement = getattr(options.placement, "value", options.placement)
-    if placement == "spark":
-        return None
-    if options.shared_dir is not None:
-        return options.shared_dir
-    return tempfile.gettempdir() if local_master else None
-
-
 def storage_choice(seam, data, options, spec: DataSpec, streams_master: bool,
-                   features_col="features") -> StorageChoice:
+                   features_col=None) -> StorageChoice:
     """Whether this fit streams its data (see the module docstring).
 
     Parameters
     ----------
-    seam : the trainer's seam (``kind`` "classic" or "connect")
+    seam : the trainer's seam (its ``streams``: whether its flavour streams)
     data : the fit's data
     options : DataOptions
     spec : DataSpec
     streams_master : bool
-        Whether the master's epoch can stream (parameter averaging).
-    features_col : str or tuple
-        The DataFrame's features column(s): the prepared bytes follow its
-        type (:func:`feature_value_bytes`).
+        Whether the master's runner can train on streamed rounds (its ``streams``).
+    features_col : tuple of NamedInput, optional
+        The model's inputs with their DataFrame columns (default: ``spec``'s):
+        the prepared bytes follow their types (:func:`feature_value_bytes`, the widest).
     """
     mode = options.storage
     if mode == "memory":
@@ -175,7 +138,7 @@ def storage_choice(seam, data, options, spec: DataSpec, streams_master: bool,
     why_not = None
     if not is_dataframe(data):
         why_not = "the data is an RDD, not a DataFrame: only a DataFrame's partitions are streamed"
-    elif getattr(seam, "kind", None) != "classic":
+    elif not seam.streams:
         why_not = "a Spark Connect session: streaming runs on classic sessions only"
     elif not streams_master:
         why_not = ("gradient sharing: its epoch is one barrier stage of one task per worker, which cannot read "
@@ -188,49 +151,43 @@ def storage_choice(seam, data, options, spec: DataSpec, streams_master: bool,
                                    "nothing of the whole set is kept")
     if why_not is not None:
         return StorageChoice(False, f"auto: {why_not}: minibatches prepared once and kept")
-    per_example = prepared_bytes_per_example(spec, feature_value_bytes(data, features_col, options.feature_dtype))
-    sc = seam.sc
+    room = _room(seam, options)
+    if isinstance(room, str):
+        return StorageChoice(False, f"auto: {room}: minibatches prepared once and kept")
+    capacity, copies, kept, where = room
     planned = _plan_bytes(data)
+    if planned is not None and copies * planned * _PLAN_SLACK <= MEMORY_SHARE * capacity:
+        return StorageChoice(False, f"auto: Spark's plan puts the source at {_mb(planned)}; even {_PLAN_SLACK}x that "
+                                    f"as {kept} fits {where}: kept")
+    rows = data.count()
+    per_example = prepared_bytes_per_example(spec, max(feature_value_bytes(data, i.column, options.feature_dtype)
+                                                       for i in features_col or spec.inputs))
+    need = copies * rows * per_example
+    what = f"{rows:,} examples x {per_example} B = {_mb(rows * per_example)} as {kept} ({_mb(need)}) against {where}"
+    if need <= MEMORY_SHARE * capacity:
+        return StorageChoice(False, f"auto: {what}: kept")
+    return StorageChoice(True, f"auto: {what} (over {MEMORY_SHARE:.0%}): streamed from the source every epoch "
+                               f"instead of spilling or failing")
+
+
+def _room(seam, options):
+    """``(bytes, copies, kept as, where)`` for kept minibatches: the shared
+    location's free disk for files (one copy), else the executors' storage
+    memory for Spark blocks (two: the blocks and an epoch's dealt copy); a
+    str saying why it is not known."""
     root = files_root(options, seam.local)
-    if root is not None:  # shared files: disk, not the executors' memory
+    if root is not None:
         free = _free_disk(root)
         if free is None:
-            return StorageChoice(False, "auto: shared files at a location whose free space is not known: kept "
-                                        "there")
-        if planned is not None and planned * _PLAN_SLACK <= MEMORY_SHARE * free:
-            return StorageChoice(False, f"auto: Spark's plan puts the source at {_mb(planned)}; even {_PLAN_SLACK}x "
-                                        f"that fits the shared location's {_mb(free)} free: minibatch files kept "
-                                        f"there", {"plan_bytes": planned, "free_disk": free})
-        rows = data.count()
-        need = rows * per_example
-        estimate = {"rows": rows, "bytes_per_example": per_example, "prepared_bytes": need, "free_disk": free}
-        if need <= MEMORY_SHARE * free:
-            return StorageChoice(False, f"auto: {rows:,} examples x {per_example} B = {_mb(need)} of minibatch "
-                                        f"files fit the shared location's {_mb(free)} free: kept there", estimate)
-        return StorageChoice(True, f"auto: {rows:,} examples x {per_example} B = {_mb(need)} of minibatch files "
-                                   f"exceed {MEMORY_SHARE:.0%} of the shared location's {_mb(free)} free: streamed "
-                                   f"from the source every epoch", estimate)
+            return "shared files at a location whose free space is not known"
+        return free, 1, "minibatch files", f"the shared location's {_mb(free)} free"
     try:
-        memory, executors, how = storage_memory(sc)
+        memory, how = seam.storage_memory()
     except Exception as exc:  # noqa: BLE001 -- Spark's status store is internal API: never fail a fit on it
         logger.warning("could not read the executors' storage memory (%s): keeping the minibatches", exc)
-        return StorageChoice(False, f"auto: the executors' storage memory could not be read ({type(exc).__name__}): "
-                                    f"minibatches prepared once and kept")
-    if planned is not None and 2 * planned * _PLAN_SLACK <= MEMORY_SHARE * memory:
-        return StorageChoice(False, f"auto: Spark's plan puts the source at {_mb(planned)}; even {_PLAN_SLACK}x "
-                                    f"that, twice (blocks and an epoch's dealt copy), fits the {_mb(memory)} of "
-                                    f"storage memory on {how}: kept in memory",
-                             {"plan_bytes": planned, "storage_memory": memory, "executors": executors})
-    rows = data.count()
-    need = 2 * rows * per_example
-    estimate = {"rows": rows, "bytes_per_example": per_example, "prepared_bytes": rows * per_example,
-                "storage_memory": memory, "executors": executors}
-    what = (f"{rows:,} examples x {per_example} B = {_mb(rows * per_example)} of Spark blocks, twice while an "
-            f"epoch's dealt copy is persisted ({_mb(need)}), against {_mb(memory)} of storage memory on {how}")
-    if need <= MEMORY_SHARE * memory:
-        return StorageChoice(False, f"auto: {what}: kept in memory", estimate)
-    return StorageChoice(True, f"auto: {what} (over {MEMORY_SHARE:.0%}): streamed from the source every epoch "
-                               f"instead of spilling or failing", estimate)
+        return f"the executors' storage memory could not be read ({type(exc).__name__})"
+    return memory, 2, "Spark blocks, twice while an epoch's dealt copy is persisted", \
+        f"{_mb(memory)} of storage memory on {how}"
 
 
 #: How much larger than Spark's plan statistics prepared minibatches may be
@@ -263,7 +220,7 @@ def _free_disk(root: str) -> Optional[int]:
 
 
 @dataclass
-class StreamedData(PreparedData):
+class StreamedSource(MinibatchSource):
     """A streamed fit's data: the source's row count per partition and the
     minibatches each will be cut into (``sizes``; ids in partition order,
     ``batches[p]`` partition ``p``'s), nothing kept."""
@@ -277,68 +234,58 @@ class StreamedData(PreparedData):
     batches: Dict[int, List[int]] = field(default_factory=dict)
     #: Non-empty partitions, in order.
     parts: List[int] = field(default_factory=list)
-    streamed = True
+    description: ClassVar[str] = "streamed"
 
-    def plan(self, workers: int, seed: Optional[int]) -> "StreamPlan":
+    def deal_choice(self, options, workers: int) -> Tuple[bool, str]:
+        return False, ("streamed: the source's partitions are dealt to rounds x workers afresh every epoch (a "
+                       "seeded shuffle unless repartition='never')")
+
+    def plan(self, workers, per_round, seed, local=False, weights=None) -> "StreamDeal":
         """The epoch's deal of the source's partitions: one per worker per
-        round, shuffled with ``seed`` (None: in order)."""
+        round, shuffled with ``seed`` (None: in order); a round is a whole
+        partition, whatever ``per_round`` (nothing is local, no shares)."""
         dealt = deal(len(self.parts), workers, 1, seed)
         parts = [[self.parts[s[0]] if s else None for s in shards] for shards in dealt]
         rounds = [[list(self.batches[p]) if p is not None else [] for p in r] for r in parts]
-        return StreamPlan(rounds, self, parts)
-
-    def rounds_note(self) -> str:
-        """What a streamed epoch's rounds are, for the decision's reason."""
-        per = [len(self.batches[p]) for p in self.parts]
-        return (f"{self.examples:,} examples in {len(self.parts)} source partitions of {min(per, default=0)}-"
-                f"{max(per, default=0)} minibatches: each averaging round fits one partition per worker "
-                f"(averaging_frequency does not apply)")
-
-    def rebuild(self) -> None:
-        raise RuntimeError("Expect prepared Spark blocks to rebuild, got streamed data (nothing is kept)")
+        return StreamDeal(rounds, self, parts)
 
     def release(self) -> None:
         self.frame = None
-        super().release()
 
 
 @dataclass
-class StreamPlan(Dealt):
+class StreamDeal(EpochDeal):
     """One streamed epoch's deal: ``parts[r][w]`` the source partition
     worker ``w`` fits in round ``r`` (None: none left for it);
     ``rounds[r][w]`` its minibatch ids."""
 
     parts: List[List[Optional[int]]] = field(default_factory=list)
-    streamed = True
 
-    def drop(self) -> None:
-        """Nothing is persisted."""
+    def shards(self, r: int) -> List[Optional[int]]:
+        return self.parts[r]
 
-    def aggregate(self, sc, r: int, task, combine, what: str):
+    def aggregate(self, r, task, combine, depth, what):
         """Run ``task`` over round ``r``'s partitions of the source (one
         ``mapInArrow`` job over those partitions only); combine the results."""
         from .executor.codec import RESULT_SCHEMA, decode_value
         from .executor.streaming import make_stream_round
 
-        data: StreamedData = self.prepared
+        data: StreamedSource = self.source
         rows = {p: data.rows[p] for p in self.parts[r] if p is not None}
         frame = data.frame.mapInArrow(make_stream_round(task, data.spec, data.batch_size, data.features_col,
                                                         data.label_col, rows), RESULT_SCHEMA)
         with executor_errors(what):
-            out = sc.runJob(frame.rdd, _result_rows, sorted(rows))
+            out = data.seam.run_job(frame.rdd, _result_rows, sorted(rows))
         results = [decode_value(text, blobs) for text, blobs in out]
         raise_failures(results, what)
-        combined = None
-        for value in results:
-            combined = value if combined is None else combine(combined, value)
-        return combined
+        return functools.reduce(combine, results) if results else None
 
 
 def _result_rows(rows):
     return [(row[0], [bytes(b) for b in (row[1] or ())]) for row in rows]
 
 
-def prepare_stream(seam, df, spec: DataSpec, batch_size: int, features_col, label_col: str) -> StreamedData:
+def prepare_stream(seam, df, spec: DataSpec, batch_size: int, features_col, label_col: str) -> StreamedSource:
     """The describing pass of a streamed fit: rows per partition of ``df``
     (one ``mapInArrow`` over its label column), the minibatches each will
     be cut into; nothing is kept."""
@@ -363,5 +310,20 @@ def prepare_stream(seam, df, spec: DataSpec, batch_size: int, features_col, labe
     frame = df.select(*feature_columns(features_col), label_col)
     logger.info("streamed source: %d examples in %d partitions (%d minibatches of up to %d)", sum(rows.values()),
                 len(parts), len(sizes), batch_size)
-    return StreamedData(sizes, frame=frame, spec=spec, batch_size=batch_size, features_col=features_col,
-                        label_col=label_col, rows=rows, batches=batches, parts=parts)
+    return StreamedSource(sizes, seam, frame=frame, spec=spec, batch_size=batch_size, features_col=features_col,
+                          label_col=label_col, rows=rows, batches=batches, parts=parts)
+
+
+def prepare_source(seam, data, spec: DataSpec, master, streams: bool, features_col, label_col: str):
+    """``(source, choice)``: ``data`` prepared where :func:`storage_choice`
+    puts it (``streams``: whether the master's runner can train streamed
+    rounds) and the ``data_storage`` choice, its reason completed."""
+    choice = storage_choice(seam, data, master.data, spec, streams, features_col)
+    if not choice.stream:
+        return seam.prepare(data, spec, master.batch_size_per_worker, master.data, features_col, label_col), choice
+    source = prepare_stream(seam, data, spec, master.batch_size_per_worker, features_col, label_col)
+    per = [len(source.batches[p]) for p in source.parts]
+    return source, replace(choice, reason=(
+        f"{choice.reason}; {source.examples:,} examples in {len(source.parts)} source partitions of "
+        f"{min(per, default=0)}-{max(per, default=0)} minibatches: each averaging round fits one partition per "
+        f"worker (averaging_frequency does not apply)"))

@@ -32,8 +32,7 @@ from .executor.inference import add_scores, make_evaluator, make_predict_fn, mak
 from .masters import ParameterAveraging
 from .runners import runner_for
 from .runners.base import network_state
-from .data import LINEAGE_REASON
-from .streaming import STORAGE_DECISION, prepare_stream, storage_choice
+from .streaming import STORAGE_DECISION, prepare_source
 from ..data.transforms import input_encoding
 from .seam import seam_for
 from ..stats import Phase, TrainingStats
@@ -206,36 +205,25 @@ class SparkTrainer:
         if self._prepared is not None and self._prepared_for is data:
             return self._prepared
         self.release_data()
-        m = self.master
         with self.stats.timed(Phase.EXPORT):
-            choice = storage_choice(self.seam, data, m.data, self.spec, isinstance(m, ParameterAveraging),
-                                    self._features_for(data))
-            if choice.stream:
-                prepared = prepare_stream(self.seam, data, self.spec, m.batch_size_per_worker,
-                                          self._features_for(data), self.label_col)
-            else:
-                prepared = self.seam.prepare(data, self.spec, m.batch_size_per_worker, m.data,
-                                             self._features_for(data), self.label_col)
-        reason = choice.reason + (f"; {prepared.rounds_note()}" if choice.stream else "")
-        self.stats.decision(STORAGE_DECISION, choice.value, reason)
-        logger.info("data storage %s: %s", choice.value, reason)
+            prepared, choice = prepare_source(self.seam, data, self.spec, self.master, self._runner.streams,
+                                              self._features_for(data), self.label_col)
         self._held["prepared"], self._prepared_for = prepared, data
+        for name, value, reason in [(STORAGE_DECISION, choice.value, choice.reason), *prepared.decisions()]:
+            self.stats.decision(name, value, reason)
+            logger.info("%s %s: %s", name.replace("_", " "), value, reason)
         if not prepared.sizes:
             raise ValueError("Expect training data with at least one example, got an empty dataset")
         logger.info("prepared %d examples in %d minibatches (%s)", prepared.examples, len(prepared.sizes),
-                    "shared files" if prepared.in_files else
-                    "streamed" if getattr(prepared, "streamed", False) else "Spark blocks")
-        if prepared.rdd is not None:  # Spark blocks (classic): a local checkpoint
-            self.stats.decision("data_lineage", "local_checkpoint", LINEAGE_REASON)
-            logger.info("data lineage: %s", LINEAGE_REASON)
+                    prepared.description)
         return prepared
 
-    def _features_for(self, data):
-        """``features_col`` resolved against the model's inputs for a DataFrame
-        (:func:`~sparkavg.spark.data.resolve_features`); as given otherwise."""
+    def _features_for(self, data) -> tuple:
+        """The model's inputs, each with its ``features_col`` column for a
+        DataFrame (:func:`~sparkavg.spark.data.resolve_features`)."""
         if is_dataframe(data):
             return resolve_features(self.features_col, self.spec)
-        return self.features_col
+        return self.spec.inputs
 
     def release_data(self) -> None:
         """Drop the minibatches (files or blocks) of the last fitted data."""
@@ -567,11 +555,9 @@ class SparkTrainer:
         """
         shipped = self.seam.ship(network_state(self.network, with_updater=False))
         try:
-            spec = self.spec
             result = self.seam.map_features(
                 data, make_predict_fn(self.network.to_json(), shipped, self.eval_batch_size,
-                                      input_encoding(self.master.data)),
-                self._features_for(data), spec.inputs if spec.named else tuple(spec.input_shape))
+                                      input_encoding(self.master.data)), self._features_for(data))
         except BaseException:
             SparkTrainer._destroy_shipped(shipped)
             raise

@@ -36,7 +36,7 @@ from ..nn.clipping import GradientNormalization
 from ..nn.flat import FlatModel
 from ..nn.flatstate import FlatState, check_dtype, check_seed, check_updater, segments_of
 from ..nn.losses import Targets, check_class_weights, check_huber_delta, prepare_targets
-from ..nn.model import InputSpec, ModelSpec, OutputSpec
+from ..nn.model import InputSpec, ModelSpec, OutputSpec, one_input
 from ..nn.updaters import Updater
 from ..references import Names, reference_of, resolve
 
@@ -359,7 +359,7 @@ class TorchModel(FlatModel):
     def _loss_terms(self, x, y, weights=None):
         """Forward + backward in training mode; fills the flat gradient."""
         torch = _torch()
-        xt = self._inputs(x)
+        xt = self._inputs(one_input(x, "input"))
         n = xt.shape[0]
         if n == 0:
             raise ValueError("Expect a non-empty batch, got 0 examples")
@@ -413,6 +413,7 @@ class TorchModel(FlatModel):
         """Inference-mode outputs, (N, units), a new array on the model's
         device: softmax probabilities when trained on classes, raw outputs
         for regression."""
+        x = one_input(x, "input")
         n = int(getattr(x, "shape", np.shape(x))[0])
         result = self.xp.empty((n, self.units), dtype=self.dtype)
         for start, out in self._chunks(x):
@@ -425,6 +426,7 @@ class TorchModel(FlatModel):
 
     def score(self, x, y) -> float:
         """Mean loss over all of ``x`` (inference mode, chunked) + L2 penalty."""
+        x = one_input(x, "input")
         n = int(getattr(x, "shape", np.shape(x))[0])
         if n == 0:
             raise ValueError("Expect a non-empty batch, got 0 examples")

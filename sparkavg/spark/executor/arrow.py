@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Callable, Iterable, Iterator, Mapping, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
-from ...data.validation import (DataSpec, DataValidationError, check_finite, check_float32_range, check_ids,
+from ...data.validation import (DataSpec, DataValidationError, NamedInput, check_finite, check_float32_range, check_ids,
                                 check_label_values, check_widths, compact_features, count_examples, cut_minibatches,
                                 kept_features, label_counts, row_namer, shape_note)
 from ...npzfile import load_npy_bytes
@@ -279,10 +279,9 @@ def _binary(t) -> bool:
     return pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
 
 
-def _images(column, spec: Optional[DataSpec], where: Callable[[int], str], dtype: Optional[str]) -> np.ndarray:
-    """A binary features column's encoded images as ``(n, *input_shape)``
-    uint8, kept as ``dtype`` says (``kept_features``: ``"auto"`` keeps uint8);
-    without a spec ``(n, C * H * W)`` uint8 (the task's validation casts)."""
+def _images(column, i: NamedInput, where: Callable[[int], str], dtype: Optional[str]) -> np.ndarray:
+    """A binary features column's encoded images as ``(n, *shape)`` uint8 of
+    input ``i``, kept as ``dtype`` says (``kept_features``: ``"auto"`` keeps uint8)."""
     from ...data.images import decode_images
 
     pa = _pa()
@@ -290,74 +289,49 @@ def _images(column, spec: Optional[DataSpec], where: Callable[[int], str], dtype
         column = column.combine_chunks()
     nulls = _null_rows(column)
     if nulls is not None:
-        raise DataValidationError(f"Bad features at {where(_first(nulls))}: expected an encoded image, got null")
-    values = column.to_pylist()
-    if spec is None:
-        return decode_images(values, None, where)
-    if spec.dtype == "int64":
-        raise DataValidationError(f"Bad features column: expected integer ids (array<int>, array<long>) for this "
+        raise DataValidationError(f"Bad {i.what} at {where(_first(nulls))}: expected an encoded image, got null")
+    if i.ids:
+        raise DataValidationError(f"Bad {i.what} column: expected integer ids (array<int>, array<long>) for this "
                                   f"model's embedding input, got {column.type} (encoded images)")
-    x = decode_images(values, spec.input_shape, where)
-    return kept_features(x, dtype, where)
+    return kept_features(decode_images(column.to_pylist(), i.shape, where, i.what), dtype, where, i.what)
 
 
-def read_features(batch, features_col, where: Callable[[int], str], spec: Optional[DataSpec] = None,
-                  dtype: Optional[str] = None):
-    """A record batch's features: one column (``features_col`` a str) as
-    ``(n, *input_shape)`` (float32, or int64 ids when ``spec.dtype`` says
-    so; ``(n, width)`` and None for ragged rows without a spec), or several
-    (``features_col`` a tuple of :class:`~sparkavg.data.validation.NamedInput`
-    with columns) as a dict by input name, each checked against its
-    input's shape and dtype, errors naming the column.  ``dtype``: float
-    features kept in that compact dtype (:func:`compact_features`)."""
+def read_features(batch, inputs, where: Callable[[int], str], dtype: Optional[str] = None) -> dict:
+    """A record batch's features, a dict by input name: each input
+    (``inputs``, :class:`~sparkavg.data.validation.NamedInput` with its
+    column) read from its column as ``(n, *shape)`` -- float32, int64 for
+    an id input, encoded images decoded --, checked against its shape and
+    dtype, errors naming it.  ``dtype``: float features kept in that
+    compact dtype (:func:`compact_features`)."""
     n = batch.num_rows
-    if isinstance(features_col, str):
-        column = batch_column(batch, features_col)
-        if _binary(column.type):  # encoded images: decoded here, on the executor (sparkavg.data.images)
-            return _images(column, spec, where, dtype)
-        if spec is None:  # integer columns stay integer (ids); the task's validation casts features
-            return features_matrix(column, None, where, native=_integers(column.type))
-        ids = spec.dtype == "int64"
-        x = features_matrix(column, spec.input_size, where, note=spec.shape_note, ids=ids,
-                            native=_native_for(column, dtype), dtype=None if ids else dtype)
-        return x.reshape((n,) + tuple(spec.input_shape))
     out = {}
-    for i in features_col:
+    for i in inputs:
         column = batch_column(batch, i.column)
-        out[i.name] = features_matrix(column, i.size, where, i.what, shape_note(i.shape), i.dtype == "int64",
+        if _binary(column.type):  # encoded images: decoded here, on the executor (sparkavg.data.images)
+            out[i.name] = _images(column, i, where, dtype)
+            continue
+        out[i.name] = features_matrix(column, i.size, where, i.what, shape_note(i.shape), i.ids,
                                       native=_native_for(column, dtype),
-                                      dtype=None if i.dtype == "int64" else dtype).reshape((n,) + tuple(i.shape))
+                                      dtype=None if i.ids else dtype).reshape((n,) + tuple(i.shape))
     return out
 
 
-def _integers(t) -> bool:
-    """Whether an Arrow column type holds integers (a list of them, or one)."""
-    pa = _pa()
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        t = t.value_type
-    return pa.types.is_integer(t)
-
-
 def inputs_bytes(x) -> bytes:
-    """Features as bytes in a binary column: ``.npy`` of an array, or a
-    dict of arrays by input name as a ``.minibatch`` blob (version 2, no
-    labels) -- each keeps its dtype; never pickle."""
-    if isinstance(x, Mapping):
-        from ...data.storage import encode_minibatch
+    """Features (a dict of arrays by input name) as bytes in a binary
+    column: a ``.minibatch`` blob without labels -- each keeps its dtype;
+    never pickle."""
+    from ...data.storage import encode_minibatch
 
-        return encode_minibatch(x, np.zeros(0, np.int8))
-    return npy_bytes(x)
+    return encode_minibatch(x, np.zeros(0, np.int8))
 
 
-def inputs_from_bytes(data):
+def inputs_from_bytes(data) -> dict:
     """The features of :func:`inputs_bytes` output (bytes, a buffer, an Arrow scalar)."""
-    if hasattr(data, "as_buffer"):
-        data = data.as_buffer()
-    if bytes(memoryview(data)[:6]) == b"\x93NUMPY":
-        return load_npy_bytes(data, what="a minibatch blob")
     from ...data.storage import decode_minibatch
 
-    return decode_minibatch(bytearray(data), "a minibatch blob of named inputs")[0]
+    if hasattr(data, "as_buffer"):
+        data = data.as_buffer()
+    return decode_minibatch(bytearray(data), "a minibatch blob of features")[0]
 
 
 def label_array(column, spec: Optional[DataSpec], where: Callable[[int], str]) -> Optional[np.ndarray]:
@@ -420,8 +394,8 @@ def make_minibatcher(spec: DataSpec, batch_size: int, features_col, label_col: s
     """The ``mapInArrow`` function that validates a partition's examples and
     cuts them into minibatches of ``batch_size`` (the last may be smaller).
 
-    Rows out: :data:`MINIBATCH_SCHEMA` (``x`` float32 ``(n, *input_shape)``
-    and ``y`` as ``.npy`` bytes), or with ``folder``
+    Rows out: :data:`MINIBATCH_SCHEMA` (``x`` by input name, each ``(n, *shape)``,
+    as :func:`inputs_bytes`, ``y`` as ``.npy`` bytes), or with ``folder``
     :data:`MINIBATCH_FILE_SCHEMA` (one ``.minibatch`` file per minibatch written
     there, named as the RDD path names them).  ``feature_dtype``: float
     features kept in that compact dtype (``DataOptions.feature_dtype``).
@@ -470,7 +444,7 @@ def make_minibatcher(spec: DataSpec, batch_size: int, features_col, label_col: s
 
         def chunks():
             for batch, where in numbered_batches(batches, partition):
-                x = read_features(batch, features_col, where, spec, feature_dtype)
+                x = read_features(batch, features_col, where, feature_dtype)
                 yield x, label_array(batch_column(batch, label_col), spec, where)
 
         for x, y in cut_minibatches(chunks(), batch_size, spec):
@@ -504,17 +478,16 @@ def failure_from_row(error: Optional[str]) -> Optional[TaskFailure]:
     return TaskFailure(note["kind"], note["message"], note["where"])
 
 
-def _chunks(x, y: Optional[np.ndarray], batch, features_col, labels, where) -> Iterator[tuple]:
-    """A decoded batch as (x, y) minibatch records; rows the matrices could
-    not hold (ragged lengths) as single (features, label) records, so that
-    the task's validation names them."""
-    if x is not None and y is not None:
+def _chunks(x: dict, y: Optional[np.ndarray], batch, features_col, labels, where) -> Iterator[tuple]:
+    """A decoded batch as (x, y) minibatch records; rows whose labels a
+    matrix could not hold (ragged lengths) as single (features, label)
+    records, so that the task's validation names them."""
+    if y is not None:
         yield x, y
         return
     for i in range(batch.num_rows):
         one = batch.slice(i, 1)
-        fx = read_features(one, features_col, lambda _: where(i))
-        fx = {k: v[0] for k, v in fx.items()} if isinstance(fx, Mapping) else fx[0]
+        fx = {k: v[0] for k, v in read_features(one, features_col, lambda _: where(i)).items()}
         fy = label_array(labels.slice(i, 1), None, lambda _: where(i))
         yield fx, (fy[0] if fy.ndim > 1 else fy[0].item())
 
@@ -530,10 +503,9 @@ def numbered_batches(batches: Iterable, partition: int) -> Iterator[tuple]:
 
 
 def examples_from_batches(batches: Iterable, features_col, label_col: str, partition: int) -> Iterator[tuple]:
-    """A partition's Arrow batches as ``(x (n, width), y)`` records for the
-    evaluation tasks (their ``rebatch`` validates against the network);
-    several named inputs (``features_col`` a tuple of
-    :class:`~sparkavg.data.validation.NamedInput`): ``x`` a dict by input name."""
+    """A partition's Arrow batches as ``(x, y)`` records for the evaluation
+    tasks (their ``rebatch`` validates the labels against the network):
+    ``x`` by input name (``features_col``: :func:`read_features`' inputs)."""
     for batch, where in numbered_batches(batches, partition):
         x = read_features(batch, features_col, where)
         y = label_array(batch_column(batch, label_col), None, where)
@@ -551,8 +523,7 @@ def make_example_decoder(features_col, label_col: str):
         with task_failure_guard(failures, partition=partition):
             for x, y in examples_from_batches(batches, features_col, label_col, partition):
                 yield pa.RecordBatch.from_pydict({
-                    "x": pa.array([inputs_bytes(x if isinstance(x, Mapping) or np.asarray(x).dtype.kind in "iu"
-                                                else np.asarray(x, np.float32))], pa.binary()),
+                    "x": pa.array([inputs_bytes(x)], pa.binary()),
                     "y": pa.array([npy_bytes(np.asarray(y))], pa.binary()),
                     "error": pa.array([None], pa.string())})
         if failures:
@@ -563,8 +534,7 @@ def make_example_decoder(features_col, label_col: str):
 
 def make_feature_decoder(features_col):
     """The ``mapInArrow`` function giving :data:`FEATURE_SCHEMA` rows: each
-    record batch's features as one float32 ``(n, width)`` matrix (rows of
-    different lengths: one row each, for the task to name), for a classic
+    record batch's checked features (:func:`read_features`), for a classic
     RDD of feature rows (``SparkTrainer.predict`` on a DataFrame)."""
 
     def run(batches: Iterable) -> Iterator:
@@ -574,10 +544,8 @@ def make_feature_decoder(features_col):
         with task_failure_guard(failures, partition=partition):
             for batch, where in numbered_batches(batches, partition):
                 x = read_features(batch, features_col, where)
-                chunks = [x] if x is not None else [read_features(batch.slice(i, 1), features_col, where)
-                                                    for i in range(batch.num_rows)]
-                yield pa.RecordBatch.from_pydict({"x": pa.array([inputs_bytes(c) for c in chunks], pa.binary()),
-                                                  "error": pa.array([None] * len(chunks), pa.string())})
+                yield pa.RecordBatch.from_pydict({"x": pa.array([inputs_bytes(x)], pa.binary()),
+                                                  "error": pa.array([None], pa.string())})
         if failures:
             yield _failure_batch(failures[0], FEATURE_SCHEMA)
 

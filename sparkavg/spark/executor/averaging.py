@@ -118,7 +118,7 @@ def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: b
                 losses.add(net.fit_batch(x, y, sync=False), len(y))  # a GPU step does not wait for the device
                 if delay:
                     time.sleep(delay)
-            examples += len(y)  # x may be a dict of inputs by name
+            examples += len(y)  # x is a dict of inputs by name
             batches += 1
         if examples == 0:
             return None

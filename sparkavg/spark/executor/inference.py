@@ -19,8 +19,7 @@ from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ...backend import to_cpu
-from ...data.validation import (DataSpec, NamedInput, check_feature_rows, check_input_rows, count_examples,
-                                row_namer, split_features, take_examples)
+from ...data.validation import DataSpec, check_input_rows, count_examples, row_namer, split_features, take_examples
 from ..errors import failure_aware, task_failure_guard
 from .arrow import read_features
 from .context import cached_network, load_state, task_partition
@@ -107,7 +106,7 @@ def make_predict_fn(config_json: str, shipped, batch_size: int,
 
     Returns ``make_predict``: called once inside a task, it loads the
     network (``shipped.value``: ``(iteration, params, None)``) and returns
-    ``predict(x)``, which runs the network over ``x`` (``(n, *input_shape)``)
+    ``predict(x)``, which runs the network over ``x`` (a dict by input name)
     in chunks of ``batch_size`` and returns its outputs as one host array of
     shape ``(n, k)``, ``x`` first in the model's input ``encoding``
     (``DataOptions(scale=, normalize=)``; None: as it is).  Plain values
@@ -117,7 +116,7 @@ def make_predict_fn(config_json: str, shipped, batch_size: int,
     def make_predict() -> Callable[[np.ndarray], np.ndarray]:
         net = _net(config_json, shipped)
 
-        def predict(x: np.ndarray) -> np.ndarray:
+        def predict(x: dict) -> np.ndarray:
             n = count_examples(x)
             if n == 0:
                 return np.zeros((0, 1), np.float32)
@@ -131,48 +130,35 @@ def make_predict_fn(config_json: str, shipped, batch_size: int,
     return make_predict
 
 
-def _named_inputs(input_shape) -> bool:
-    """Whether ``input_shape`` is several named inputs (a tuple of
-    :class:`~sparkavg.data.validation.NamedInput`) rather than one shape."""
-    return bool(input_shape) and isinstance(input_shape[0], NamedInput)
-
-
-def _check_rows(xs: list, input_shape, where):
-    if not _named_inputs(input_shape):
-        return check_feature_rows(xs, input_shape, where)
-    spec = DataSpec(tuple(input_shape[0].shape), 1, inputs=tuple(input_shape))
-    return check_input_rows(xs, spec, where)
-
-
-def _row_matrices(rows: Iterable, input_shape, partition: int) -> Iterator[Tuple[list, np.ndarray]]:
-    """Rows gathered into validated matrices (the rules of training data:
-    numbers, the input's size, finite; partition and row named)."""
+def _row_matrices(rows: Iterable, inputs, partition: int) -> Iterator[Tuple[list, dict]]:
+    """Rows gathered into validated matrices by input name (the rules of
+    training data: numbers, the input's size, finite; partition and row named)."""
+    spec = DataSpec(tuple(inputs[0].shape), 1, inputs=tuple(inputs))
     keys, xs, first = [], [], 0
     for record in rows:
         key, x = split_features(record)
         keys.append(key)
         xs.append(x)
         if len(xs) == ROWS_PER_CALL:
-            yield keys, _check_rows(xs, input_shape, row_namer(partition, first))
+            yield keys, check_input_rows(xs, spec, row_namer(partition, first))
             first += len(xs)
             keys, xs = [], []
     if xs:
-        yield keys, _check_rows(xs, input_shape, row_namer(partition, first))
+        yield keys, check_input_rows(xs, spec, row_namer(partition, first))
 
 
-def predict_rows(make_predict: Callable[[], Callable], input_shape: Sequence):
+def predict_rows(make_predict: Callable[[], Callable], inputs: Sequence):
     """``mapPartitionsWithIndex`` function: ``predict`` over an RDD's rows,
-    gathered into matrices of ``input_shape`` examples (features checked as
-    for training: a NaN or a row of another size raises
-    ``DataValidationError`` naming partition and row); ``(key, features)``
-    rows give ``(key, output)``, bare features give ``output`` (one row of
-    ``(k,)``).  Several named inputs: ``input_shape`` is a tuple of
-    :class:`~sparkavg.data.validation.NamedInput` and each row's features a
-    dict by input name."""
+    gathered into matrices of the model's ``inputs`` (a tuple of
+    :class:`~sparkavg.data.validation.NamedInput`; features checked as for
+    training: a NaN or a row of another size raises ``DataValidationError``
+    naming partition and row); ``(key, features)`` rows give ``(key,
+    output)``, bare features give ``output`` (one row of ``(k,)``).  Each
+    row's features are a dict by input name, or a one-input model's array."""
 
     def run(index, rows):
         predict = make_predict()
-        for keys, x in _row_matrices(rows, input_shape, index):
+        for keys, x in _row_matrices(rows, inputs, index):
             for key, row in zip(keys, predict(x)):
                 yield row if key is None else (key, row)
 
@@ -188,17 +174,12 @@ def list_column(out: np.ndarray):
     return pa.ListArray.from_arrays(offsets, pa.array(np.ascontiguousarray(out, np.float32).reshape(-1), pa.float32()))
 
 
-def predict_arrow(make_predict: Callable[[], Callable], features_col, input_shape: Sequence[int],
-                  columns: Callable[[np.ndarray], List[tuple]]):
-    """``mapInArrow`` function: each record batch's ``features_col`` as one
-    validated ``(n, *input_shape)`` matrix (partition and row named on
-    error), ``predict`` over it, and the batch back with ``columns(outputs)``
-    -- ``[(name, pyarrow array of n rows), ...]`` -- appended.  Several named
-    inputs: ``features_col`` is a tuple of
-    :class:`~sparkavg.data.validation.NamedInput` with their columns (each
-    read at its own shape and dtype; ``input_shape`` unused)."""
-    spec = None if not isinstance(features_col, str) else \
-        DataSpec(tuple(int(s) for s in input_shape), 1)
+def predict_arrow(make_predict: Callable[[], Callable], features_col, columns: Callable[[np.ndarray], List[tuple]]):
+    """``mapInArrow`` function: each record batch's features (``features_col``:
+    the model's inputs with their columns, each read at its own shape and
+    dtype) validated at once (partition and row named on error), ``predict``
+    over them, and the batch back with ``columns(outputs)`` -- ``[(name,
+    pyarrow array of n rows), ...]`` -- appended."""
 
     def run(batches: Iterable) -> Iterator:
         predict = make_predict()
@@ -206,7 +187,7 @@ def predict_arrow(make_predict: Callable[[], Callable], features_col, input_shap
         row = 0
         for batch in batches:
             n = batch.num_rows
-            x = read_features(batch, features_col, row_namer(partition, row), spec)
+            x = read_features(batch, features_col, row_namer(partition, row))
             for name, column in columns(predict(x)):
                 batch = batch.append_column(name, column)
             yield batch

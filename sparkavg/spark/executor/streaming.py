@@ -54,7 +54,7 @@ def partition_minibatches(batches: Iterable, spec, batch_size: int, features_col
         nonlocal seen
         for batch, where in numbered_batches(batches, partition):
             seen += batch.num_rows
-            x = read_features(batch, features_col, where, spec)
+            x = read_features(batch, features_col, where)
             yield x, label_array(batch_column(batch, label_col), spec, where)
 
     yield from cut_minibatches(chunks(), batch_size, spec)

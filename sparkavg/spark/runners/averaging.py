@@ -52,6 +52,7 @@ class AveragingRunner(EpochRunner):
     """Runs epochs of :class:`ParameterAveraging`."""
 
     master: ParameterAveraging
+    streams = True
 
     def __init__(self, seam, master):
         super().__init__(seam, master)
@@ -88,8 +89,8 @@ class AveragingRunner(EpochRunner):
     def _probe(self, prepared, workers, network, epoch, stats) -> Optional[RoundCosts]:
         """Run :data:`PROBE_ROUNDS` throw-away rounds of :data:`PROBE_MINIBATCHES`
         minibatches; their costs (the last round's: the first also warms up)."""
-        plan = self.seam.plan(prepared, workers, PROBE_MINIBATCHES, None,
-                              local=self.deals_locally(prepared, workers, epoch, stats))
+        plan = prepared.plan(workers, PROBE_MINIBATCHES, None,
+                             local=self.deals_locally(prepared, workers, epoch, stats))
         config_json = network.to_json()
         measured = []
         try:
@@ -149,7 +150,7 @@ class AveragingRunner(EpochRunner):
                                uniform=self.uniform, collect_stats=True, prefetch=prefetch_depth(m.data),
                                device=m.device.value, hooks=self.seam.test_hooks(), moment_spread=self.moments.on)
         launched, began = time.time(), time.perf_counter()
-        result = self.seam.aggregate_round(plan, r, task, combine_results, AGGREGATION_DEPTH, what)
+        result = plan.aggregate(r, task, combine_results, AGGREGATION_DEPTH, what)
         if self._rounds_run:  # the runner's first round warms the workers up: not a speed
             self.shares.log(result, plan.workers, launched, time.perf_counter() - began)
         self._rounds_run += 1

@@ -1,10 +1,10 @@
 """One epoch skeleton for every master.
 
 :meth:`EpochRunner.run_epoch` is the same for both masters: plan the
-epoch (deal minibatches to rounds x workers), then per round ship the
-network state, launch the round's tasks through the seam, destroy what
-was shipped, raise an executor's permanent error as itself, merge the
-results into the network and record the round.  A master says only how
+epoch (the minibatch source's deal to rounds x workers, :mod:`..sources`),
+then per round ship the network state, launch the round's tasks through
+the deal, destroy what was shipped, raise an executor's permanent error as
+itself, merge the results into the network and record the round.  A master says only how
 its epoch distributes work:
 
 - :meth:`~EpochRunner.minibatches_per_round` -- how many minibatches each
@@ -31,8 +31,7 @@ from ...backend import to_cpu
 from ...listeners.base import EventDispatcher, sample_points
 from ...nn.finetune import keep_frozen
 from ..cancel import CancelRequest
-from ..data import PreparedData
-from ..deal import EpochPlan, deal_choice
+from ..sources import EpochDeal, MinibatchSource
 from ..errors import raise_failures
 from ..executor.device import summarize_devices
 from ..masters import Repartition
@@ -118,6 +117,8 @@ class EpochRunner(abc.ABC):
 
     #: What a round is called in errors and progress lines.
     round_name = "round"
+    #: Whether this master's epoch can train on streamed rounds (:mod:`~sparkavg.spark.streaming`).
+    streams = False
     #: The trainer's listeners (:class:`~sparkavg.listeners.base.EventDispatcher`); set by the trainer.
     events = EventDispatcher()
 
@@ -133,7 +134,7 @@ class EpochRunner(abc.ABC):
 
     # ------------------------------------------------------------ the hooks
     @abc.abstractmethod
-    def minibatches_per_round(self, prepared: PreparedData, workers: int, network, epoch: int, stats) -> int:
+    def minibatches_per_round(self, prepared: MinibatchSource, workers: int, network, epoch: int, stats) -> int:
         """Minibatches each worker fits between two merges."""
 
     @abc.abstractmethod
@@ -150,7 +151,7 @@ class EpochRunner(abc.ABC):
         return network_state(network, with_updater=True)
 
     @abc.abstractmethod
-    def launch(self, plan: EpochPlan, r: int, config_json: str, shipped, epoch: int, stats):
+    def launch(self, plan: EpochDeal, r: int, config_json: str, shipped, epoch: int, stats):
         """Run round ``r``'s tasks; return their (combined or listed) results."""
 
     @abc.abstractmethod
@@ -160,7 +161,7 @@ class EpochRunner(abc.ABC):
     def epoch_done(self, summary: dict, stats) -> None:
         """Called once the epoch's rounds are merged (default: nothing)."""
 
-    def plan_weights(self, prepared: PreparedData, workers: int, local: bool, epoch: int, stats, per_round=None):
+    def plan_weights(self, prepared: MinibatchSource, workers: int, local: bool, epoch: int, stats, per_round=None):
         """Each worker's share of the epoch's minibatches, or None for equal
         shares (the default; see :func:`~sparkavg.spark.deal.deal_epoch`);
         ``per_round``: the epoch's minibatches per worker per round."""
@@ -204,11 +205,11 @@ class EpochRunner(abc.ABC):
         stats.decision("device", value, reason, epoch=epoch)
         logger.info("epoch %d: workers train on %s: %s", epoch + 1, value, reason)
 
-    def deals_locally(self, prepared: PreparedData, workers: int, epoch: int, stats) -> bool:
-        """Whether this epoch deals each worker's shard in place
-        (:func:`~sparkavg.spark.deal.deal_choice`); the choice is recorded
+    def deals_locally(self, prepared: MinibatchSource, workers: int, epoch: int, stats) -> bool:
+        """Whether this epoch deals each worker's shard in place (the
+        source's :meth:`~.sources.MinibatchSource.deal_choice`); the choice is recorded
         (decision ``deal``, logged) once per fit, again only when it changes."""
-        local, reason = deal_choice(self.master.data, prepared, workers)
+        local, reason = prepared.deal_choice(self.master.data, workers)
         if self._deal is None or self._deal[0] is not stats or self._deal[1:] != (local, reason):
             self._deal = (stats, local, reason)
             stats.decision("deal", "local" if local else "balanced", reason, epoch=epoch)
@@ -238,7 +239,7 @@ class EpochRunner(abc.ABC):
                 events.emit("sharing_progress", {"epoch": epoch + 1, "round": r + 1, "series": series})
 
     # ----------------------------------------------------------- skeleton
-    def run_epoch(self, network, prepared: PreparedData, epoch: int, workers: int, stats) -> dict:
+    def run_epoch(self, network, prepared: MinibatchSource, epoch: int, workers: int, stats) -> dict:
         """Train one epoch in place on ``network``; returns a summary dict."""
         if not self._session_checked:
             check_result_path(self.seam.conf("spark.task.maxDirectResultSize", "1m"), self.result_bytes(network))
@@ -249,8 +250,7 @@ class EpochRunner(abc.ABC):
         with stats.timed(Phase.PLAN, epoch=epoch):
             local = self.deals_locally(prepared, workers, epoch, stats)
             weights = self.plan_weights(prepared, workers, local, epoch, stats, per_round)
-            plan = self.seam.plan(prepared, workers, per_round, seed, local=local,
-                                  **({"weights": weights} if weights is not None else {}))
+            plan = prepared.plan(workers, per_round, seed, local=local, weights=weights)
         rounds = len(plan.rounds)
         progress = Progress(f"epoch {epoch + 1} {self.round_name}s", rounds, quiet=self.events.shows_progress)
         config_json = network.to_json()

@@ -171,7 +171,7 @@ class SharingRunner(EpochRunner):
         try:
             while True:
                 try:
-                    return self.seam.barrier_round(plan, r, task, what)
+                    return plan.barrier(r, task, what)
                 except ResidentStateMissing as exc:
                     if whole is not None:
                         raise

@@ -163,11 +163,11 @@ def test_cancellation_reasons_are_read_from_sparks_text():
     ("send_window_messages", 2.5, "Expect send_window_messages as an int, got float 2.5"),
     ("max_message_bytes", 1e6, "Expect max_message_bytes as an int, got float 1000000.0"),
 ])
-def test_endpoint_config_refuses_infinite_timeouts_and_fractional_sizes_on_the_driver(field, value, expected):
-    from sparkavg.transport import EndpointConfig
+def test_transport_limits_refuse_infinite_timeouts_and_fractional_sizes(field, value, expected):
+    from sparkavg.transport.limits import endpoint_limits
 
     with pytest.raises(ValueError, match=re.escape(expected)):
-        EndpointConfig(**{field: value})
+        endpoint_limits({field: value})
 
 
 @pytest.mark.slow

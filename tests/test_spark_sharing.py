@@ -96,7 +96,7 @@ def test_executor_runs_sharing_step_bit_for_bit(sc, nesterov, preset, extra):
     import numpy as np
 
     from sparkavg.nn import ClipL2PerLayer, Dense, MapSchedule, Nesterov, Network, Output
-    from sparkavg.sharing import ResidualClipping, SharingState, local_view, sharing_step
+    from sparkavg.sharing import SharingState, local_view, sharing_step
 
     def make(seed):
         if extra == "scheduled":
@@ -111,7 +111,7 @@ def test_executor_runs_sharing_step_bit_for_bit(sc, nesterov, preset, extra):
     block_x, block_y = blobs(10, seed=41)
     reps, epochs = 6, 2
     rdd = sc.parallelize([(block_x[i], int(block_y[i])) for _ in range(reps) for i in range(10)], 1)
-    rule, clipping = AdaptiveThreshold(initial=1e-3, max_sparsity=0.05), ResidualClipping()  # DL4J's, always
+    rule = AdaptiveThreshold(initial=1e-3, max_sparsity=0.05)
     master = GradientSharing(threshold=rule, batch_size_per_worker=10, workers=1, device="cpu", staleness=0,
                              preset=preset)
     trainer = SparkTrainer(sc, make(42), master)
@@ -122,7 +122,7 @@ def test_executor_runs_sharing_step_bit_for_bit(sc, nesterov, preset, extra):
     assert [d["value"] for d in trainer.stats.decisions if d["name"] == "local_view"] == [view]
 
     net = make(42)
-    state = SharingState(rule, clipping, net.num_params)
+    state = SharingState(rule, net.num_params)  # DL4J's residual clipping, always
     update = np.zeros(net.num_params, np.float32)
     sent = []
     shared = net.params.copy() if view else net.params

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from sparkavg.transport import (EndpointConfig, PeerGroup, PeerStalledError, ReliableEndpoint,
+from sparkavg.transport import (PeerGroup, PeerStalledError, ReliableEndpoint,
                                 Topology, TransportError)
 
 WAIT = 20.0
@@ -16,8 +16,8 @@ KEY = secrets.token_bytes(32)
 
 
 def _endpoints(world, config=None):
-    config = config or EndpointConfig(stall_timeout=WAIT, retransmit_timeout=0.25)
-    eps = [ReliableEndpoint(r, KEY, 3, config=config) for r in range(world)]
+    config = config or dict(stall_timeout=WAIT, retransmit_timeout=0.25)
+    eps = [ReliableEndpoint(r, KEY, 3, limits=config) for r in range(world)]
     table = {r: ep.address for r, ep in enumerate(eps)}
     for ep in eps:
         ep.set_peers(table)
@@ -139,7 +139,7 @@ def test_ranks_leave_together_and_close_at_once_without_a_barrier(topology, worl
     from sparkavg.transport import FaultInjection
 
     n = 6
-    config = EndpointConfig(stall_timeout=WAIT, retransmit_timeout=0.25, faults=FaultInjection(loss=loss, seed=3))
+    config = dict(stall_timeout=WAIT, retransmit_timeout=0.25, faults=FaultInjection(loss=loss, seed=3))
     eps = _endpoints(world, config)
     results, left = {}, {}
 

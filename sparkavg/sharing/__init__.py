@@ -2,8 +2,8 @@
 
 - Rules (frozen, configurable): :class:`FixedThreshold`,
   :class:`AdaptiveThreshold`, :class:`TargetSparsityThreshold` (kind
-  ``"threshold"``), :class:`ResidualClipping` (kind ``"residual"``);
-  :func:`check_tau` is the one threshold check.
+  ``"threshold"``); :func:`check_tau` is the one threshold check;
+  :func:`clip_when_due`, DL4J's residual clipping, always on.
 - State: :class:`SharingState` (residual, τ, encoder state, statistics;
   ``to_plain`` / ``from_plain`` to carry it between epochs).
 - Steps: :func:`encode_update`, :func:`apply_message`,
@@ -14,7 +14,7 @@
 A worker's loop (``shared``: the replica's parameters, a copy of the
 network's; the network's own vector holds the view)::
 
-    state = SharingState(AdaptiveThreshold(), ResidualClipping(), n)
+    state = SharingState(AdaptiveThreshold(), n)
     shared = net.params.copy()
     for x, y in minibatches:
         local_view(state, shared, net.params)
@@ -40,10 +40,10 @@ from .thresholds import (
     TAU_MIN,
     AdaptiveThreshold,
     FixedThreshold,
-    ResidualClipping,
     TargetSparsityThreshold,
     ThresholdRule,
     check_tau,
+    clip_when_due,
 )
 
 __all__ = [
@@ -59,7 +59,7 @@ __all__ = [
     "FixedThreshold",
     "AdaptiveThreshold",
     "TargetSparsityThreshold",
-    "ResidualClipping",
+    "clip_when_due",
     "check_tau",
     "TAU_MIN",
     "TAU_MAX",

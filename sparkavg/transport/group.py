@@ -295,7 +295,7 @@ class PeerGroup:
                 self._accept(item[0], item[1], ignored)
                 for src, f in self.endpoint.poll():
                     self._accept(src, f, ignored)
-        grace = min(max(0.0, deadline - time.monotonic()), 2 * self.endpoint.config.retransmit_timeout)
+        grace = min(max(0.0, deadline - time.monotonic()), 2 * self.endpoint.limits.retransmit_timeout)
         try:
             self.endpoint.flush(grace)  # our DONEs: every neighbour has them unless their acks were lost
         except PeerStalledError:

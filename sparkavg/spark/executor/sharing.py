@@ -29,7 +29,6 @@ import numpy as np
 from ...backend import get_array_module
 from ...configurable import register
 from ...sharing import SharingState, apply_received, local_view, sharing_step
-from ...sharing.thresholds import ResidualClipping
 from ...transport import KeyAgreement, PeerStalledError, ReliableEndpoint, select_address
 from ..errors import DivergenceError, register_error, task_failure_guard
 from ...stats import CounterName, Phase, PhaseRecorder, SeriesName, task_lane
@@ -37,7 +36,7 @@ from ...data.storage import prefetch_depth
 from .averaging import check_finite
 from .context import LossSum, Record, cached_network, host_copy, load_state
 from .device import task_device
-from .hooks import endpoint_config
+from .hooks import transport_limits
 from .minibatches import recorded_minibatches
 from .peers import JoiningGroup
 
@@ -147,8 +146,6 @@ def replica_sample(num_params: int):
     evenly spaced ones (all when fewer).  Replicas agree up to the order of
     float additions, so rank 0's replica is the result and the others only
     show that they agree -- without sending the driver a replica each."""
-    import numpy as np
-
     if num_params <= REPLICA_SAMPLE:
         return np.arange(num_params, dtype=np.int64)
     return np.linspace(0, num_params - 1, REPLICA_SAMPLE).astype(np.int64)
@@ -183,7 +180,7 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
     bytes cross to the host; received bytes are copied to the device and
     applied there.
     """
-    rule, clipping = master.threshold, ResidualClipping()  # DL4J's post-processor: every 5 iterations, 5 τ
+    rule = master.threshold
     prefetch, staleness = prefetch_depth(master.data), master.staleness
 
     def run(items) -> Iterator:
@@ -224,8 +221,7 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
             n = net.num_params
             flat = net.state["params"]  # the model's live parameter vector (the contract's state)
             xp = get_array_module(flat)
-            state = (SharingState(rule, clipping, n, xp=xp) if saved is None
-                     else SharingState.from_plain(rule, clipping, saved, xp=xp))
+            state = SharingState(rule, n, xp=xp) if saved is None else SharingState.from_plain(rule, saved, xp=xp)
             state.reset_statistics()
             update = xp.zeros(n, xp.float32)
             # the update scale, decided on the driver: 1/workers or 1
@@ -246,11 +242,11 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
         # A fresh id per stage and attempt: sequence numbers restart with every endpoint, so
         # datagrams of an earlier epoch or a failed attempt must never be taken for new ones.
         stage_job = (job_id << 32) | ((ctx.stageId() & 0xFFFFFF) << 8) | (ctx.attemptNumber() & 0xFF)
-        config = endpoint_config(hooks, master.seed, rank, epoch)
-        stall_timeout = config.stall_timeout
         # A fresh X25519 key pair per stage attempt; the pair keys come with the peers' addresses (no key shipped).
         agreement = KeyAgreement(rank, stage_job)
-        endpoint = ReliableEndpoint(rank, None, job_id=stage_job, host=host, port=port, config=config)
+        endpoint = ReliableEndpoint(rank, None, job_id=stage_job, host=host, port=port,
+                                    limits=transport_limits(hooks, master.seed, rank, epoch))
+        stall_timeout = endpoint.limits.stall_timeout
         try:
             # The peers' addresses come in a thread (Spark's allGather polls once a second): train meanwhile.
             group = JoiningGroup(ctx, endpoint, agreement, world, master.topology, stall_timeout)

@@ -5,7 +5,8 @@
   ``"threshold"``); :func:`check_tau` is the one threshold check;
   :func:`clip_when_due`, DL4J's residual clipping, always on.
 - State: :class:`SharingState` (residual, τ, encoder state, statistics;
-  ``to_plain`` / ``from_plain`` to carry it between epochs).
+  ``to_plain`` / ``from_plain`` to carry it between epochs); :class:`InOrder`
+  (peers' messages applied in (iteration, rank) order).
 - Steps: :func:`encode_update`, :func:`apply_message`,
   :func:`apply_received`, :func:`message_bytes` and the whole iteration
   :func:`sharing_step`; :func:`local_view` (the worker's own view, the
@@ -25,6 +26,7 @@ network's; the network's own vector holds the view)::
 
 (the Spark executors' loop; ``phase`` is an optional timing hook).
 """
+from .order import InOrder
 from .state import SharingState
 from .step import (
     apply_message,
@@ -47,6 +49,7 @@ from .thresholds import (
 )
 
 __all__ = [
+    "InOrder",
     "SharingState",
     "encode_update",
     "apply_message",

@@ -312,6 +312,13 @@ class ConnectSpark:
             table = self._round_frame(plan, r, task, barrier=False).toArrow()
         return functools.reduce(combine, results_from_table(table), None)
 
+    def barrier_tasks(self) -> dict:
+        """Nothing: a Connect client cannot see Spark's tasks."""
+        return {}
+
+    def barrier_slots(self, hosts) -> None:
+        """Unknown: a Connect client cannot see Spark's executors (the caller runs the stage again)."""
+
     def barrier_round(self, plan: FramePlan, r: int, task: Callable, what: str) -> list:
         """One ``mapInArrow(..., barrier=True)`` stage, a task per worker; all results."""
         with executor_errors(what):

@@ -147,6 +147,40 @@ class ClassicSpark:
             self._failed_barrier = (plan, r, [j for j in tracker.getJobIdsForGroup(group) if j not in before])
             raise
 
+    def barrier_tasks(self) -> dict:
+        """``{rank: (host, executor, failed)}`` of the last failed barrier round's
+        tasks, from Spark's status store (its listener may lag: a moment's wait
+        for the failed one); empty when Spark cannot say."""
+        tracker, out = self.sc.statusTracker(), {}
+        try:
+            stages = [max(tracker.getJobInfo(j).stageIds) for j in (self._failed_barrier or (0, 0, []))[2]]
+            for _ in range(20):
+                for stage in stages:
+                    tasks = self.sc._jsc.sc().statusStore().taskList(
+                        stage, tracker.getStageInfo(stage).currentAttemptId, 1 << 16)
+                    for t in (tasks.apply(i) for i in range(tasks.size())):
+                        out[t.index()] = (t.host(), t.executorId(), t.status() == "FAILED")
+                if any(failed for _, _, failed in out.values()):
+                    break
+                time.sleep(0.1)
+        except Exception as exc:  # a job or stage no longer tracked, another Spark: no names, not an error
+            logger.debug("no task hosts of the failed barrier round: %s", exc)
+        return out
+
+    def barrier_slots(self, hosts) -> Optional[int]:
+        """Task slots a barrier stage may take now on executors outside
+        ``hosts`` (as Spark counts them for its barrier check); None when
+        Spark cannot say."""
+        try:
+            jsc = self.sc._jsc.sc()
+            total = jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile())
+            on_hosts = [i.host() for i in jsc.statusTracker().getExecutorInfos() if i.host() in hosts]
+            executors = jsc.getExecutorIds().size()  # without the driver: 0 in local mode, where it runs the tasks
+        except Exception as exc:  # another Spark: the caller runs the stage again, as it would have
+            logger.debug("no barrier slot count: %s", exc)
+            return None
+        return 0 if hosts and not executors and on_hosts else total - total * len(on_hosts) // max(executors, 1)
+
     def _recover_barrier_round(self, plan: EpochPlan, r: int, jobs: list, timeout: float = 120.0) -> None:
         """Before a failed barrier round runs again: wait until no task of the
         failed attempt still runs, then compute the round's partitions in a

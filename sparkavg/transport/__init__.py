@@ -37,10 +37,11 @@ One epoch of the gradient-sharing master inside a Spark barrier task::
         endpoint.close()
 """
 from .address import ENV_VAR, local_ipv4_addresses, select_address
-from .endpoint import ReliableEndpoint
+from .endpoint import ReliableEndpoint, prompt_io_thread
 from .errors import EndpointClosedError, PeerStalledError, TransportError
 from .faults import FaultInjection
-from .group import PeerGroup, Topology, tree_neighbours
+from .group import PeerGroup, Topology, named_peers, tree_neighbours, wait_for_peers
+from .joining import JoiningGroup, gather_peers
 from .keys import KeyAgreement
 from .protocol import RejectReason
 
@@ -48,6 +49,7 @@ __all__ = [
     "ENV_VAR",
     "EndpointClosedError",
     "FaultInjection",
+    "JoiningGroup",
     "KeyAgreement",
     "PeerGroup",
     "PeerStalledError",
@@ -55,7 +57,11 @@ __all__ = [
     "ReliableEndpoint",
     "Topology",
     "TransportError",
+    "gather_peers",
     "local_ipv4_addresses",
+    "named_peers",
+    "prompt_io_thread",
     "select_address",
     "tree_neighbours",
+    "wait_for_peers",
 ]

@@ -20,11 +20,13 @@ A background thread reads the socket, acks, and fires retransmissions.
 from __future__ import annotations
 
 import collections
+import contextlib
 import heapq
 import logging
 import math
 import selectors
 import socket
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -36,7 +38,7 @@ from .peer import OutMessage, PeerState, Receipt
 from .protocol import (ACK_ENTRY, OVERHEAD_BYTES, DatagramCodec, DatagramRejected, KeyUnknown, MessageType,
                        RejectReason)
 
-__all__ = ["ReliableEndpoint"]
+__all__ = ["ReliableEndpoint", "prompt_io_thread", "IO_SWITCH_INTERVAL"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +54,24 @@ _COUNTERS = (
     "datagrams_sent", "wire_bytes_sent", "datagrams_received", "wire_bytes_received",
     "datagrams_retransmitted", "acks_sent", "acks_received", "duplicates_dropped", "send_errors",
 )
+
+
+#: Seconds between the interpreter's thread switches while a rank trains (:func:`prompt_io_thread`).
+IO_SWITCH_INTERVAL = 0.0005
+
+
+@contextlib.contextmanager
+def prompt_io_thread():
+    """Let an endpoint's I/O thread take the GIL within :data:`IO_SWITCH_INTERVAL`
+    of a datagram's arrival while the training loop runs Python code (the
+    interpreter's default, 5 ms, is most of a small model's step: a peer
+    waiting for this rank's message would wait for it)."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(min(before, IO_SWITCH_INTERVAL))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
 
 
 def _check_rank(rank, what: str = "rank") -> int:

@@ -19,8 +19,8 @@ from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ...backend import to_cpu
-from ...data.validation import (DataSpec, NamedInput, check_feature_rows, check_input_rows, count_examples,
-                                row_namer, split_features, take_examples)
+from ...data.validation import (DataSpec, DataValidationError, NamedInput, check_feature_rows, check_input_rows,
+                                count_examples, row_namer, split_features, take_examples)
 from ..errors import failure_aware, task_failure_guard
 from .arrow import read_features
 from .context import cached_network, load_state, task_partition
@@ -49,6 +49,28 @@ def _encoded(x, encoding: Optional[dict]):
     return encode_inputs(x, encoding)
 
 
+def _output(net, x, where):
+    """``net.output(x)``; when the model refuses the chunk (a ``ValueError`` or
+    ``TypeError``: an id beyond an Embedding's vocabulary, ...) and refuses a
+    row of it on its own that others pass, a ``DataValidationError`` naming
+    that row (``where(i)``: its partition and row) and the model's reason;
+    the error as it is, with the chunk's rows named, when every row fails
+    alike (the model's doing, not a row's)."""
+    try:
+        return net.output(x)
+    except (ValueError, TypeError) as exc:
+        n, refused = count_examples(x), []
+        for i in range(n):
+            try:
+                net.output(take_examples(x, i, i + 1))
+            except (ValueError, TypeError):
+                refused.append(i)
+        if refused and len(refused) < n:
+            raise DataValidationError(f"Bad features at {where(refused[0])}: {exc}") from None
+        exc.args = (f"{exc} [{where(0)} and the {n - 1} row(s) after it]",) + exc.args[1:]
+        raise
+
+
 def make_evaluator(config_json: str, shipped, evaluations: list, rebatch_fn, encoding: Optional[dict] = None):
     """Executor function: evaluate one partition into fresh copies of the
     given (empty) evaluations; yields one list of evaluations (or a
@@ -59,9 +81,10 @@ def make_evaluator(config_json: str, shipped, evaluations: list, rebatch_fn, enc
         evals = None
         with task_failure_guard(failures, partition=index):
             net = _net(config_json, shipped)
-            evals = copy.deepcopy(evaluations)
+            evals, first = copy.deepcopy(evaluations), 0
             for x, y in rebatch_fn(index, rows):
-                out = net.output(_encoded(x, encoding))
+                out = _output(net, _encoded(x, encoding), row_namer(index, first))
+                first += len(y)
                 for ev in evals:
                     ev.eval(y, out)
         yield failures[0] if failures else evals
@@ -86,7 +109,12 @@ def make_scorer(config_json: str, shipped, rebatch_fn, encoding: Optional[dict] 
         with task_failure_guard(failures, partition=index):
             net = _net(config_json, shipped)
             for x, y in rebatch_fn(index, rows):
-                total += float(net.score(_encoded(x, encoding), y)) * len(y)
+                x = _encoded(x, encoding)
+                try:
+                    total += float(net.score(x, y)) * len(y)
+                except (ValueError, TypeError):
+                    _output(net, x, row_namer(index, n))  # names a row the model refuses
+                    raise
                 n += len(y)
         yield failures[0] if failures else (total, n)
 
@@ -105,23 +133,24 @@ def make_predict_fn(config_json: str, shipped, batch_size: int,
 
     Returns ``make_predict``: called once inside a task, it loads the
     network (``shipped.value``: ``(iteration, params, None)``) and returns
-    ``predict(x)``, which runs the network over ``x`` (``(n, *input_shape)``)
-    in chunks of ``batch_size`` and returns its outputs as one host array of
-    shape ``(n, k)``, ``x`` first in the model's input ``encoding``
-    (``DataOptions(scale=, normalize=)``; None: as it is).  Plain values
-    only: it ships to executors.
+    ``predict(x, where=None)``, which runs the network over ``x``
+    (``(n, *input_shape)``) in chunks of ``batch_size`` and returns its
+    outputs as one host array of shape ``(n, k)``, ``x`` first in the
+    model's input ``encoding`` (``DataOptions(scale=, normalize=)``; None:
+    as it is); ``where(i)`` names row ``i`` of ``x`` when the model refuses
+    it.  Plain values only: it ships to executors.
     """
 
     def make_predict() -> Callable[[np.ndarray], np.ndarray]:
         net = _net(config_json, shipped)
 
-        def predict(x: np.ndarray) -> np.ndarray:
+        def predict(x: np.ndarray, where=None) -> np.ndarray:
             n = count_examples(x)
             if n == 0:
                 return np.zeros((0, 1), np.float32)
-            x = _encoded(x, encoding)
-            parts = [np.asarray(to_cpu(net.output(take_examples(x, s, s + batch_size))))
-                     for s in range(0, n, batch_size)]
+            x, where = _encoded(x, encoding), where or (lambda i: f"row {i} of the batch")
+            parts = [np.asarray(to_cpu(_output(net, take_examples(x, s, s + batch_size),
+                                               lambda i, s=s: where(s + i)))) for s in range(0, n, batch_size)]
             return (parts[0] if len(parts) == 1 else np.concatenate(parts)).reshape(n, -1)
 
         return predict
@@ -142,7 +171,7 @@ def _check_rows(xs: list, input_shape, where):
     return check_input_rows(xs, spec, where)
 
 
-def _row_matrices(rows: Iterable, input_shape, partition: int) -> Iterator[Tuple[list, np.ndarray]]:
+def _row_matrices(rows: Iterable, input_shape, partition: int) -> Iterator[Tuple[list, np.ndarray, Callable]]:
     """Rows gathered into validated matrices (the rules of training data:
     numbers, the input's size, finite; partition and row named)."""
     keys, xs, first = [], [], 0
@@ -151,11 +180,13 @@ def _row_matrices(rows: Iterable, input_shape, partition: int) -> Iterator[Tuple
         keys.append(key)
         xs.append(x)
         if len(xs) == ROWS_PER_CALL:
-            yield keys, _check_rows(xs, input_shape, row_namer(partition, first))
+            where = row_namer(partition, first)
+            yield keys, _check_rows(xs, input_shape, where), where
             first += len(xs)
             keys, xs = [], []
     if xs:
-        yield keys, _check_rows(xs, input_shape, row_namer(partition, first))
+        where = row_namer(partition, first)
+        yield keys, _check_rows(xs, input_shape, where), where
 
 
 def predict_rows(make_predict: Callable[[], Callable], input_shape: Sequence):
@@ -170,8 +201,8 @@ def predict_rows(make_predict: Callable[[], Callable], input_shape: Sequence):
 
     def run(index, rows):
         predict = make_predict()
-        for keys, x in _row_matrices(rows, input_shape, index):
-            for key, row in zip(keys, predict(x)):
+        for keys, x, where in _row_matrices(rows, input_shape, index):
+            for key, row in zip(keys, predict(x, where)):
                 yield row if key is None else (key, row)
 
     return run
@@ -203,9 +234,9 @@ def predict_arrow(make_predict: Callable[[], Callable], features_col, input_shap
         partition = task_partition() or 0
         row = 0
         for batch in batches:
-            n = batch.num_rows
-            x = read_features(batch, features_col, row_namer(partition, row), spec)
-            for name, column in columns(predict(x)):
+            n, where = batch.num_rows, row_namer(partition, row)
+            x = read_features(batch, features_col, where, spec)
+            for name, column in columns(predict(x, where)):
                 batch = batch.append_column(name, column)
             yield batch
             row += n

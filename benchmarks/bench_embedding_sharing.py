@@ -29,7 +29,7 @@ from report import emit
 
 from sparkavg.nn import SGD, Adam, Dense, Embedding, Flatten, Network, Output
 from sparkavg.ops import decode
-from sparkavg.sharing import FixedThreshold, ResidualClipping, SharingState, apply_message, encode_update
+from sparkavg.sharing import FixedThreshold, SharingState, apply_message, encode_update
 from sparkavg.sharing import message_bytes
 
 
@@ -53,7 +53,7 @@ def embedding_range(net: Network) -> tuple:
 
 
 def run(net: Network, batches, tau: float, dim: int = 0) -> dict:
-    state = SharingState(FixedThreshold(tau), ResidualClipping(), net.num_params)
+    state = SharingState(FixedThreshold(tau), net.num_params)
     update = np.zeros(net.num_params, np.float32)
     sent_bytes, entries, untouched, messages = 0, 0, 0, 0
     span = embedding_range(net) if dim else None

@@ -122,11 +122,11 @@ def make_master(spec: str, batch: int, workers: int, seed: int):
     if spec.startswith("sharing@"):  # sharing with a sim_sharing.py variant's rule: sharing@adaptive:1e-3:max=0.05
         from sim_sharing import parse_variant
 
-        from sparkavg.sharing import ResidualClipping
+        from sparkavg.sharing.thresholds import CLIP_EVERY, CLIP_K
 
         text = spec[len("sharing@"):]
         rule, clipping, scale, _, _ = parse_variant(text)
-        if scale != 1.0 or clipping != ResidualClipping():
+        if scale != 1.0 or clipping != (CLIP_EVERY, CLIP_K):
             raise ValueError(f"Expect a variant without scale= or clip= (the master's update scale is its preset's "
                              f"and its clipping DL4J's), got {spec!r}")
         return GradientSharing(threshold=rule, **common)

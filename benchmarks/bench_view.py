@@ -49,7 +49,8 @@ def measure(model: str, repeats: int, seed: int) -> dict:
     n = net.num_params
     x, y = load_mnist(default_data_dir(), "train", limit=32)
     rng = np.random.default_rng(seed)
-    state = SharingState(FixedThreshold(1e-2), None, n)
+    state = SharingState(FixedThreshold(1e-2), n)
+    state.clip = None
     state.residual[:] = rng.uniform(-1e-2, 1e-2, n).astype(np.float32)
     shared, scratch, update = net.params.copy(), np.empty(n, np.float32), np.zeros(n, np.float32)
     params = net.params

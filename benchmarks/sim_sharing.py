@@ -72,7 +72,8 @@ MASK = None  # set by parse_variant (option mask=m): Adam's first moment cleared
 
 def parse_variant(text: str):
     """``(rule, clipping, scale, name)`` from ``RULE:TAU[:key=value...]``."""
-    from sparkavg.sharing import AdaptiveThreshold, FixedThreshold, ResidualClipping, TargetSparsityThreshold
+    from sparkavg.sharing import AdaptiveThreshold, FixedThreshold, TargetSparsityThreshold
+    from sparkavg.sharing.thresholds import CLIP_EVERY
 
     parts = text.split(":")
     kind, tau = parts[0], float(parts[1])
@@ -89,7 +90,7 @@ def parse_variant(text: str):
     OUTRULE = opts.pop("out", None)
     SWITCH = int(opts.pop("switch", 0))  # experiment: from this epoch on (when > 0), the update is divided by W
     clip = opts.pop("clip", "5")
-    clipping = None if clip == "0" else ResidualClipping(5, float(clip))
+    clipping = None if clip == "0" else (CLIP_EVERY, float(clip))  # a SharingState's clip: (every, k)
     if kind == "exact":  # a control: the dense update itself, no encoding
         rule = FixedThreshold(1.0)
         levels = 0
@@ -121,7 +122,12 @@ def simulate(model, x, y, xt, yt, batch, workers, epochs, seed, variant, delay):
     rule, clipping, scale, levels, name = variant
     nets = [build(model, seed) for _ in range(workers)]
     n = nets[0].num_params
-    states = [SharingState(rule, clipping, n) for _ in range(workers)]
+    def sharing_state(rule, n):
+        state = SharingState(rule, n)
+        state.clip = clipping
+        return state
+
+    states = [sharing_state(rule, n) for _ in range(workers)]
     groups = [(0, n)]
     if GROUP:  # experiment: one SharingState (one τ) per parameter tensor or per layer
         segs = nets[0].param_segments
@@ -138,7 +144,7 @@ def simulate(model, x, y, xt, yt, batch, workers, epochs, seed, variant, delay):
         from sparkavg.sharing import FixedThreshold as _Fixed
         def rule_for(lo):
             return _Fixed(float(OUTRULE)) if OUTRULE and lo >= out_start else rule
-        states = [[SharingState(rule_for(lo), clipping, hi - lo) for lo, hi in groups] for _ in range(workers)]
+        states = [[sharing_state(rule_for(lo), hi - lo) for lo, hi in groups] for _ in range(workers)]
     update = np.zeros(n, np.float32)
     scratch = np.empty(n, np.float32)
     zeros = np.zeros(n, np.float32)

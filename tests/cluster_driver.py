@@ -25,6 +25,7 @@ import logging
 import os
 import socket
 import sys
+import tempfile
 import time
 import traceback
 
@@ -230,6 +231,38 @@ def kill_sharing(ctx: Context) -> dict:
     return out
 
 
+def lose_host(ctx: Context) -> dict:
+    """Epoch 2 of a sharing fit loses rank 1's host while it trains (the test kills the host's processes or
+    cuts its link once ``LOSE_HOST/reached`` names it): how the fit ends, how long it took, and whether the
+    network and the checkpoints are as epoch 1 left them."""
+    from data_transforms import LOSE_HOST  # tests/data_transforms.py, next to this file
+
+    from sparkavg.spark.checkpoint import list_checkpoints
+
+    x, y = blobs(400, seed=14)
+    rdd = ctx.pairs(x, y, 2)
+    folder = tempfile.mkdtemp(prefix="lose-host-checkpoints-", dir=ctx.shared)  # a fresh run's folder
+    master = GradientSharing(batch_size_per_worker=5, workers=2,
+                             data=DataOptions(transform="tests.data_transforms:reach_and_wait"))
+    trainer = SparkTrainer(ctx.spark, small_net(seed=15), master, checkpoint_dir=folder)
+    stall = 10.0
+    with job_properties(ctx.sc, {STALL_TIMEOUT: stall}):
+        trainer.fit(rdd, epochs=1)
+        kept = trainer.network.params.copy()
+        with open(os.path.join(LOSE_HOST, "armed"), "w"):
+            pass
+        began, error = time.monotonic(), None
+        try:
+            trainer.fit(rdd, epochs=1)
+        except Exception as exc:
+            error = {"type": type(exc).__name__, "message": str(exc)[:3000]}
+        seconds = time.monotonic() - began
+    return {"error": error, "seconds": seconds, "stall_timeout": stall,
+            "restored": bool(np.array_equal(trainer.network.params, kept)),
+            "checkpoints": [c.epochs_done for c in list_checkpoints(folder)],
+            "stage_restarts": int(trainer.stats.counters.get("stage_restarts", 0))}
+
+
 def shared_dir(ctx: Context) -> dict:
     """DataOptions(shared_dir=...) at a folder every host sees: files there, and the same training as
     through Spark blocks; both masters."""
@@ -389,7 +422,7 @@ def models_across_hosts(ctx: Context) -> dict:
 
 
 SCENARIOS = {f.__name__: f for f in (averaging_defaults, sharing_defaults, inference, checkpoint_resume, stats_page,
-                                     kill_averaging, kill_sharing, shared_dir, private_dir,
+                                     kill_averaging, kill_sharing, lose_host, shared_dir, private_dir,
                                      data_stays_on_hosts, models_across_hosts, many_averaging, many_plain,
                                      many_mesh)}
 

@@ -68,3 +68,55 @@ def fail_when_marked(x, y, rng):
     if os.path.exists(FAIL_MARKER):
         raise ValueError(f"a transform failed on purpose ({FAIL_MARKER} exists)")
     return x, y
+
+
+#: :func:`lose_rank_one` acts only while this file names a signal: ``"SIGKILL"`` or ``"SIGSTOP"``.
+LOSE_MARKER = os.path.join(tempfile.gettempdir(), f"sparkavg-test-lose-rank-{os.getuid()}")
+
+
+@sparkavg.transform
+def lose_rank_one(x, y, rng):
+    """Gradient sharing's rank 1 loses its process at its third minibatch of
+    every attempt, while :data:`LOSE_MARKER` names a signal: ``SIGKILL`` (a
+    killed host), ``SIGSTOP`` (a cut link: the process stays, silent)."""
+    import signal
+
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is not None and ctx.partitionId() == 1 and os.path.exists(LOSE_MARKER):
+        count = getattr(lose_rank_one, "calls", 0) + 1
+        lose_rank_one.calls = count
+        if count >= 3:
+            with open(LOSE_MARKER) as fh:
+                os.kill(os.getpid(), getattr(signal, fh.read().strip()))
+    return x, y
+
+
+#: While ``<LOSE_HOST>/armed`` exists, :func:`reach_and_wait` marks where rank 1 trains (every host sees it).
+LOSE_HOST = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".pytest_cache", "d",
+                         "sparkavg-shared", "lose-host")
+
+
+@sparkavg.transform
+def reach_and_wait(x, y, rng):
+    """While ``LOSE_HOST/armed`` exists: gradient sharing's rank 1 writes its host's name to
+    ``LOSE_HOST/reached`` at its third minibatch, and every rank then takes 0.2 s a minibatch -- an epoch
+    long enough for a test to take that host away while it trains."""
+    import socket
+    import time
+
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None or not os.path.exists(os.path.join(LOSE_HOST, "armed")):
+        return x, y
+    count = getattr(reach_and_wait, "calls", 0) + 1
+    reach_and_wait.calls = count
+    if count >= 3:
+        if ctx.partitionId() == 1 and count == 3:
+            with open(os.path.join(LOSE_HOST, f"reached.{os.getpid()}"), "w") as fh:
+                fh.write(socket.gethostname())
+            os.replace(os.path.join(LOSE_HOST, f"reached.{os.getpid()}"), os.path.join(LOSE_HOST, "reached"))
+        time.sleep(0.2)
+    return x, y

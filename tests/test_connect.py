@@ -255,6 +255,34 @@ def test_bad_rows_are_named(request, flavour):
         trainer.evaluate(label.coalesce(1))
 
 
+@pytest.mark.parametrize("flavour", ["classic", "connect"])
+def test_a_bad_row_in_transform_predict_and_evaluate_names_its_partition_and_row(request, flavour):
+    """A row the data checks refuse (a NaN) and one the model refuses (an id beyond an Embedding's
+    vocabulary): evaluate raises sparkavg's error; the lazy outputs of predict and NetworkModel.transform
+    raise where they are read -- inside ``executor_errors``, as sparkavg's error too --, naming partition,
+    row, what was wrong and what was expected."""
+    from sparkavg.ml import NetworkModel
+    from sparkavg.nn import SGD, Dense, Embedding, Flatten, Network, Output
+    from sparkavg.spark import executor_errors
+
+    session = request.getfixturevalue("spark" if flavour == "classic" else "connect")
+    net = Network((3,), [Embedding(10, 4), Flatten(), Dense(4, activation="relu"), Output(2)], updater=SGD(lr=0.1),
+                  seed=0)
+    trainer = SparkTrainer(session, net, ParameterAveraging(workers=1))
+    model = NetworkModel(network=net)
+    rows = [([float(i % 10), 1.0, 2.0], i % 2) for i in range(8)]
+    for row, expected in ((([12.0, 1.0, 2.0], 1), r"Expect integer ids in \[0, 10\) in Embedding's input, got 12"),
+                          (([1.0, float("nan"), 2.0], 1), r"1 NaN/inf value\(s\); expected finite numbers")):
+        bad = session.createDataFrame(rows[:5] + [row] + rows[6:], "features array<double>, label long").coalesce(1)
+        named = rf"^Bad features at partition 0, row 5: {expected}"
+        with pytest.raises(DataValidationError, match=named):
+            trainer.evaluate(bad)
+        for output in (trainer.predict(bad), model.transform(bad)):
+            with pytest.raises(DataValidationError, match=named), executor_errors("prediction"):
+                output.collect()
+    trainer.close()
+
+
 @pytest.mark.parametrize("master_type", [ParameterAveraging, GradientSharing])
 def test_a_transform_runs_alike_on_connect_and_classic(spark, connect, master_type):
     import shutil

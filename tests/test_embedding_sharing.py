@@ -5,7 +5,7 @@ import numpy as np
 
 from sparkavg.nn import SGD, Dense, Embedding, Flatten, Network, Output
 from sparkavg.ops import decode
-from sparkavg.sharing import FixedThreshold, ResidualClipping, SharingState, apply_message, encode_update
+from sparkavg.sharing import FixedThreshold, SharingState, apply_message, encode_update
 from sparkavg.sharing import message_bytes
 
 VOCAB, DIM = 5000, 8
@@ -17,7 +17,7 @@ def test_messages_move_only_rows_of_ids_seen_and_cost_far_below_dense():
     table = net.layers[0].W
     start = (table.__array_interface__["data"][0] - net.params.__array_interface__["data"][0]) // 4
     stop = start + table.size
-    state = SharingState(FixedThreshold(1e-3), ResidualClipping(), net.num_params)
+    state = SharingState(FixedThreshold(1e-3), net.num_params)
     update = np.zeros(net.num_params, np.float32)
     rng = np.random.default_rng(1)
     seen, sparse_bytes = set(), []

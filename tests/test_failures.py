@@ -163,11 +163,11 @@ def test_cancellation_reasons_are_read_from_sparks_text():
     ("send_window_messages", 2.5, "Expect send_window_messages as an int, got float 2.5"),
     ("max_message_bytes", 1e6, "Expect max_message_bytes as an int, got float 1000000.0"),
 ])
-def test_endpoint_config_refuses_infinite_timeouts_and_fractional_sizes_on_the_driver(field, value, expected):
-    from sparkavg.transport import EndpointConfig
+def test_transport_limits_refuse_infinite_timeouts_and_fractional_sizes(field, value, expected):
+    from sparkavg.transport.limits import endpoint_limits
 
     with pytest.raises(ValueError, match=re.escape(expected)):
-        EndpointConfig(**{field: value})
+        endpoint_limits({field: value})
 
 
 @pytest.mark.slow
@@ -364,6 +364,53 @@ def test_ragged_rows_and_nan_features_are_named_on_every_classic_route(sc):
     with pytest.raises(Exception, match=r"DataValidationError: Bad features at partition 0, row 2: expected 16 "
                                         r"values \(input shape \(1, 4, 4\)\), got shape \(15,\)"):
         trainer.predict(sc.parallelize([x[0], x[1], x[2].ravel()[:15]], 1)).collect()
+
+
+def test_an_executor_error_keeps_its_fields_on_the_way_to_the_driver():
+    """A lost peer's ranks and addresses (PeerStalledError's fields) survive the executor's marker, as Spark's
+    text carries it back, and the driver rebuilds the error with them."""
+    from sparkavg.spark import executor_errors
+    from sparkavg.spark.errors import task_failure_guard
+    from sparkavg.spark.executor import sharing  # noqa: F401 - registers the transport's errors, as a sharing fit does
+    from sparkavg.transport import PeerStalledError
+
+    with pytest.raises(PeerStalledError) as info:
+        with executor_errors("gradient-sharing epoch 2"):
+            try:
+                with task_failure_guard(None, **{"worker rank": 0}):
+                    raise PeerStalledError("rank 0: peer rank 1 at 10.0.0.2:4000 went silent", [1],
+                                           [("10.0.0.2", 4000)])
+            except PeerStalledError as marked:  # the executor's failure, as Spark's job error carries it
+                raise RuntimeError(f"Job aborted due to stage failure: ... {marked}\n\tat org.apache.spark") from None
+    assert info.value.ranks == (1,) and info.value.addresses == (("10.0.0.2", 4000),)
+    assert str(info.value).startswith("rank 0: peer rank 1 at 10.0.0.2:4000 went silent [gradient-sharing epoch 2: "
+                                      "worker rank 0]")
+
+
+def test_a_row_the_model_refuses_is_named_by_evaluate_score_and_predict(sc):
+    """An id beyond an Embedding's vocabulary passes the data checks (ids >= 0) and the model refuses it:
+    evaluate, score and predict name its partition and row, in whichever chunk it came."""
+    from sparkavg.data.validation import DataValidationError, row_namer
+    from sparkavg.nn import SGD, Dense, Embedding, Flatten, Network, Output
+    from sparkavg.spark import executor_errors
+    from sparkavg.spark.executor.inference import _output
+
+    net = Network((3,), [Embedding(10, 4), Flatten(), Dense(4, activation="relu"), Output(2)], updater=SGD(lr=0.1),
+                  seed=0)
+    rows = [(np.array([i % 10, 1, 2], np.float32), i % 2) for i in range(16)]
+    rows[13] = (np.array([12, 1, 2], np.float32), 1)
+    trainer = SparkTrainer(sc, net, ParameterAveraging(workers=1))
+    trainer.eval_batch_size = 4  # the row is the second of its partition's second chunk
+    expected = r"^Bad features at partition 1, row 5: Expect integer ids in \[0, 10\) in Embedding's input, got 12"
+    for call in (trainer.evaluate, trainer.score):
+        with pytest.raises(DataValidationError, match=expected):
+            call(sc.parallelize(rows, 2))  # partition 1: rows 8 to 15
+    keyed = sc.parallelize([(i, x) for i, (x, _) in enumerate(rows)], 2)
+    with pytest.raises(DataValidationError, match=expected), executor_errors("prediction"):
+        trainer.predict(keyed).collect()  # lazy: read inside executor_errors, sparkavg's own error
+    # every row refused alike: the model's own error, with the rows it was given
+    with pytest.raises(ValueError, match=r"Expect integer ids .* \[partition 1, row 4 and the 3 row\(s\) after it\]$"):
+        _output(net, {"input": np.full((4, 3), 12, np.float32)}, row_namer(1, 4))
 
 
 @pytest.mark.slow

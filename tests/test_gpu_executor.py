@@ -14,7 +14,7 @@ import pytest
 from sparkavg import backend
 from sparkavg.nn import Network
 from sparkavg.sharing import SharingState, apply_message, apply_received, encode_update, message_bytes
-from sparkavg.sharing.thresholds import FixedThreshold, ResidualClipping
+from sparkavg.sharing.thresholds import FixedThreshold
 from sparkavg.spark.executor.averaging import make_round_task
 from sparkavg.spark.executor.context import cached_network, host_copy, load_state
 from sparkavg.spark.executor.device import select_device, task_device
@@ -85,7 +85,7 @@ def _sharing_steps(nets, batches):
     """The executor's loop (executor/sharing.py) for two replicas exchanging bytes in memory."""
     xp = nets[0].xp
     n = nets[0].num_params
-    states = [SharingState(FixedThreshold(TAU), ResidualClipping(), n, xp=xp) for _ in nets]
+    states = [SharingState(FixedThreshold(TAU), n, xp=xp) for _ in nets]
     updates = [xp.zeros(n, xp.float32) for _ in nets]
     sent = []
     for step in batches:
@@ -136,7 +136,7 @@ def test_sharing_encode_and_apply_on_the_gpu_are_bit_exact_for_the_same_updates(
     results = {}
     for on_gpu in (False, True):
         xp = backend.cupy() if on_gpu else np
-        st = SharingState(FixedThreshold(TAU), ResidualClipping(), n, xp=xp)
+        st = SharingState(FixedThreshold(TAU), n, xp=xp)
         params = xp.zeros(n, xp.float32)
         messages = []
         for u in updates:

@@ -17,6 +17,7 @@ from sparkavg.spark import DataOptions, GradientSharing, ParameterAveraging, Rec
 from sparkavg.spark.masters import Master, master_from_config
 from sparkavg.stats import DecisionName, TrainingStats
 from sparkavg.spark.upgrade import RETIRED, upgrade_master
+from sparkavg.sharing import ThresholdRule
 
 from .nets import blobs, small_net
 
@@ -48,10 +49,35 @@ def _own_parameters(cls) -> set:
     return {name for name in inspect.signature(cls).parameters}
 
 
+def _parts_of_the_transport_and_the_algorithm():
+    """The configuration classes of ``sparkavg.transport`` and
+    ``sparkavg.sharing`` (every ``Configurable``, and the transport's
+    configuration and the residual clipping by their old names should they
+    come back), counted whether or not a master's annotations reach them."""
+    import importlib
+    import pkgutil
+
+    import sparkavg.sharing
+    import sparkavg.transport
+
+    found = set()
+    for package in (sparkavg.transport, sparkavg.sharing):
+        for info in pkgutil.iter_modules(package.__path__):
+            module = importlib.import_module(f"{package.__name__}.{info.name}")
+            for name, obj in vars(module).items():
+                if (isinstance(obj, type) and obj.__module__ == module.__name__ and not name.startswith("_")
+                        and (issubclass(obj, Configurable) or name in ("EndpointConfig", "ResidualClipping"))):
+                    found.add(obj)
+    return found
+
+
 def test_what_a_master_user_can_set_is_at_most_thirty_fields():
     seen = set()
     for master in (ParameterAveraging, GradientSharing):
         _reachable_configurables(master, seen)
+    parts = _parts_of_the_transport_and_the_algorithm()
+    assert {"FixedThreshold", "AdaptiveThreshold", "TargetSparsityThreshold"} <= {c.__name__ for c in parts}
+    seen |= {c for c in parts if c is not ThresholdRule}
     base = _own_parameters(Master)
     counted = set()
     for cls in seen:
@@ -63,7 +89,8 @@ def test_what_a_master_user_can_set_is_at_most_thirty_fields():
     everything = " ".join(counted)
     for retired in ("moment_correction", "momentum_masking", "local_view", "update_scale", "worker_shares",
                     "max_plain_momentum_frequency", "min_frequency", "with_momentum_updaters", "target_overhead",
-                    "aggregation_depth", "simulate_loss", "transport", "collect_stats", "prefetch", "decay"):
+                    "aggregation_depth", "simulate_loss", "transport", "collect_stats", "prefetch", "decay",
+                    "stall_timeout", "window", "datagram", "residual", "clip"):
         assert retired not in everything, retired
 
 
@@ -127,8 +154,15 @@ def test_configs_of_the_earlier_release_upgrade_and_name_what_they_drop(caplog):
                   "block_momentum="):
         assert field in dropped, field
     sharing = json.loads((LEGACY / "estimator_sharing" / "sparkavg.json").read_text())["master"]
-    # summed updates, no masking, no view: DL4J's behaviour, so the DL4J preset
-    assert master_from_config(sharing) == GradientSharing.dl4j(batch_size_per_worker=4, workers=2, seed=8)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="sparkavg.spark.upgrade"):
+        # summed updates, no masking, no view: DL4J's behaviour, so the DL4J preset
+        assert master_from_config(sharing) == GradientSharing.dl4j(batch_size_per_worker=4, workers=2, seed=8)
+    dropped = " ".join(r.getMessage() for r in caplog.records)
+    # the transport's sizes and the residual clipping it set, and only those of their fields
+    for field in ("transport={'max_datagram_bytes': 1400, 'stall_timeout': 30.0}",
+                  "residual_post_processor={'frequency': 4, 'k': 3.0}"):
+        assert field in dropped, (field, dropped)
 
 
 def test_a_config_with_every_retired_field_at_its_default_upgrades_silently(caplog):
@@ -137,6 +171,10 @@ def test_a_config_with_every_retired_field_at_its_default_upgrades_silently(capl
     config["data"].update(RETIRED["DataOptions"])
     with caplog.at_level(logging.WARNING, logger="sparkavg.spark.upgrade"):
         assert master_from_config(config) == ParameterAveraging(workers=2)
+    sharing = GradientSharing(workers=2).to_config()
+    sharing.update(RETIRED["GradientSharing"])  # the transport and the clipping at their old defaults
+    with caplog.at_level(logging.WARNING, logger="sparkavg.spark.upgrade"):
+        assert master_from_config(sharing) == GradientSharing(workers=2)
     assert not caplog.records
     assert upgrade_master("not a mapping") == "not a mapping"
 

@@ -21,19 +21,19 @@ from hypothesis.extra.numpy import arrays
 from sparkavg import backend, ops
 from sparkavg.configurable import ConfigError, from_config, registered
 from sparkavg.ops._checks import check_threshold
-from sparkavg.sharing.thresholds import DECAY
+from sparkavg.sharing.thresholds import CLIP_EVERY, CLIP_K, DECAY
 from sparkavg.sharing import (
     TAU_MAX,
     TAU_MIN,
     AdaptiveThreshold,
     FixedThreshold,
-    ResidualClipping,
     SharingState,
     TargetSparsityThreshold,
     ThresholdRule,
     apply_message,
     apply_received,
     check_tau,
+    clip_when_due,
     encode_update,
     local_view,
     message_bytes,
@@ -42,6 +42,22 @@ from sparkavg.sharing import (
 )
 
 F32_EPS = float(np.finfo(np.float32).eps)
+#: DL4J's residual clipping, as the library always runs it.
+DL4J_CLIP = (CLIP_EVERY, CLIP_K)
+
+
+def make_state(rule, clip, n, xp=np):
+    """A SharingState whose residual clipping is ``clip`` ((every, k); None: off) in place of DL4J's."""
+    state = SharingState(rule, n, xp=xp)
+    state.clip = clip
+    return state
+
+
+def _from_plain(rule, clip, plain, xp=np):
+    """``SharingState.from_plain`` with the clipping of :func:`make_state`."""
+    state = SharingState.from_plain(rule, plain, xp=xp)
+    state.clip = clip
+    return state
 
 
 # ------------------------------------------------------------------ helpers
@@ -106,9 +122,9 @@ def grid_values(rng, shape, bound=256):
 def test_replicas_bit_identical_on_dyadic_grid(world, n, steps, seed, log2_tau, clip):
     rng = np.random.default_rng(seed)
     tau = 2.0**log2_tau
-    clipping = None if clip is None else ResidualClipping(frequency=clip[0], k=float(clip[1]))
+    clipping = None if clip is None else (clip[0], float(clip[1]))
     init = grid_values(rng, n)
-    states = [SharingState(FixedThreshold(tau), clipping, n) for _ in range(world)]
+    states = [make_state(FixedThreshold(tau), clipping, n) for _ in range(world)]
     params = [init.copy() for _ in range(world)]
     updates = grid_values(rng, (world, steps, n), bound=192)
     network = run_workers(states, params, updates)
@@ -132,7 +148,7 @@ def test_replicas_agree_to_float_order_with_adaptive_tau(world, n, seed):
     steps = 40
     init = rng.normal(0, 0.1, n).astype(np.float32)
     rule = AdaptiveThreshold(initial=1e-3, min_sparsity=1e-2, max_sparsity=0.2)
-    states = [SharingState(rule, ResidualClipping(), n) for _ in range(world)]
+    states = [make_state(rule, DL4J_CLIP, n) for _ in range(world)]
     params = [init.copy() for _ in range(world)]
     updates = rng.normal(0, 1e-3, (world, steps, n)).astype(np.float32)
     network = run_workers(states, params, updates)
@@ -151,7 +167,7 @@ def test_replicas_agree_to_float_order_with_adaptive_tau(world, n, seed):
 @given(n=st.integers(1, 150), seed=st.integers(0, 2**32 - 1), log2_tau=st.integers(-4, 1))
 def test_encode_update_round_trip_exact(n, seed, log2_tau):
     rng = np.random.default_rng(seed)
-    state = SharingState(FixedThreshold(2.0**log2_tau), None, n)
+    state = make_state(FixedThreshold(2.0**log2_tau), None, n)
     state.residual[:] = grid_values(rng, n)
     for _ in range(6):
         update = grid_values(rng, n, bound=128)
@@ -167,7 +183,7 @@ def test_encode_update_round_trip_exact(n, seed, log2_tau):
        tau=st.floats(2.0**-6, 4.0, width=32))
 def test_encode_update_sends_exactly_what_leaves_the_residual(residual, tau):
     n = residual.size
-    state = SharingState(FixedThreshold(float(tau)), None, n)
+    state = make_state(FixedThreshold(float(tau)), None, n)
     update = residual.copy()
     residual = np.zeros(n, np.float32) + update  # r_before (0 + -0 is +0)
     message = encode_update(state, update)
@@ -188,7 +204,7 @@ def test_sent_entries_are_the_entries_the_step_sends(n, seed, log2_tau):
     """What momentum masking clears: sent_entries before the step is exactly where the message is non-zero
     (bitmap and sparse encodings alike: the densities drawn cover both)."""
     rng = np.random.default_rng(seed)
-    state = SharingState(FixedThreshold(2.0**log2_tau), None, n)
+    state = make_state(FixedThreshold(2.0**log2_tau), None, n)
     state.residual[:] = rng.standard_normal(n).astype(np.float32)
     update = rng.standard_normal(n).astype(np.float32)
     mask = sent_entries(state, update)
@@ -202,7 +218,7 @@ def test_local_view_is_shared_plus_residual_and_leaves_both_alone(n, seed):
     """The view is the float32 sum shared + residual, written over ``out`` only; the shared parameters and the
     residual keep their bits, so replicas (which apply messages to ``shared``) still agree."""
     rng = np.random.default_rng(seed)
-    state = SharingState(FixedThreshold(0.5), None, n)
+    state = make_state(FixedThreshold(0.5), None, n)
     state.residual[:] = rng.standard_normal(n).astype(np.float32)
     shared = rng.standard_normal(n).astype(np.float32)
     before, residual = shared.copy(), state.residual.copy()
@@ -225,7 +241,7 @@ def test_local_view_moves_the_gradient_to_the_workers_own_point():
     grads = {}
     for view in (False, True):
         net = Network((3,), [Output(2)], updater=SGD(lr=0.01), seed=1)
-        state = SharingState(FixedThreshold(1e3), None, net.num_params)  # nothing ever crosses τ
+        state = make_state(FixedThreshold(1e3), None, net.num_params)  # nothing ever crosses τ
         update, shared = np.zeros(net.num_params, np.float32), net.params.copy()
         seen = []
         for _ in range(3):
@@ -241,7 +257,7 @@ def test_local_view_moves_the_gradient_to_the_workers_own_point():
 
 def test_apply_message_takes_bytes_and_arrays_alike():
     rng = np.random.default_rng(3)
-    state = SharingState(FixedThreshold(0.25), None, 100)
+    state = make_state(FixedThreshold(0.25), None, 100)
     message = encode_update(state, grid_values(rng, 100))
     assert message is not None
     a, b = np.zeros(100, np.float32), np.zeros(100, np.float32)
@@ -301,7 +317,7 @@ def test_adaptive_tau_settles_from_both_sides():
     updates = rng.normal(0, 1e-3, (300, n)).astype(np.float32)
     for initial, direction in ((10.0, -1), (1e-9, +1)):  # far too sparse / far too dense
         rule = AdaptiveThreshold(initial=initial, min_sparsity=1e-3, max_sparsity=5e-2)
-        state = SharingState(rule, None, n)
+        state = make_state(rule, None, n)
         moved = 0
         for update in updates:
             before = state.tau
@@ -316,7 +332,7 @@ def test_adaptive_tau_settles_from_both_sides():
 def test_target_sparsity_is_reached():
     rng = np.random.default_rng(11)
     n, target = 8192, 1e-2
-    state = SharingState(TargetSparsityThreshold(initial=1.0, target=target), ResidualClipping(), n)
+    state = make_state(TargetSparsityThreshold(initial=1.0, target=target), DL4J_CLIP, n)
     seen = []
     for _ in range(600):
         encode_update(state, rng.normal(0, 1e-3, n).astype(np.float32))
@@ -326,7 +342,7 @@ def test_target_sparsity_is_reached():
 
 
 def test_zero_updates_drive_tau_to_the_floor_not_to_an_error():
-    state = SharingState(AdaptiveThreshold(initial=TAU_MIN * 1.5), ResidualClipping(frequency=1), 64)
+    state = make_state(AdaptiveThreshold(initial=TAU_MIN * 1.5), (1, CLIP_K), 64)
     for _ in range(20):
         assert encode_update(state, np.zeros(64, np.float32)) is None
     assert state.tau == TAU_MIN
@@ -335,8 +351,8 @@ def test_zero_updates_drive_tau_to_the_floor_not_to_an_error():
 # --------------------------------------------------------------- (d) clipping
 def test_clipping_bounds_the_residual_at_due_iterations_only():
     n, tau, k = 64, 0.5, 2.0
-    clipping = ResidualClipping(frequency=3, k=k)
-    state = SharingState(FixedThreshold(tau), clipping, n)
+    clipping = (3, k)
+    state = make_state(FixedThreshold(tau), clipping, n)
     update = np.where(np.arange(n) % 2 == 0, 3.0, -3.0).astype(np.float32)  # grows by 2.5 per step
     for it in range(1, 13):
         encode_update(state, update)
@@ -352,11 +368,11 @@ def test_clipping_uses_the_adapted_tau():
     rng = np.random.default_rng(5)
     n = 512
     rule = TargetSparsityThreshold(initial=1e-2, target=0.05)
-    clipping = ResidualClipping(frequency=1, k=1.5)
-    state = SharingState(rule, clipping, n)
+    clipping = (1, 1.5)
+    state = make_state(rule, clipping, n)
     for _ in range(50):
         encode_update(state, rng.normal(0, 1e-2, n).astype(np.float32))
-        bound = np.float32(clipping.k * float(np.float32(state.tau)))
+        bound = np.float32(clipping[1] * float(np.float32(state.tau)))
         assert float(np.abs(state.residual).max()) <= bound
 
 
@@ -366,7 +382,7 @@ def test_clipping_uses_the_adapted_tau():
 def test_clipping_apply(residual, frequency, iteration, k):
     tau = 0.75
     r = residual.copy()
-    clipped = ResidualClipping(frequency=frequency, k=k).apply(r, tau, iteration)
+    clipped = clip_when_due(r, tau, iteration, frequency, k)
     assert clipped == (iteration % frequency == 0)
     if clipped:
         bound = np.float32(k * tau)
@@ -381,15 +397,15 @@ def test_plain_round_trip_continues_like_an_uninterrupted_run(split):
     rng = np.random.default_rng(17)
     world, n, steps = 3, 200, 20
     rule = AdaptiveThreshold(initial=1e-3, min_sparsity=1e-2, max_sparsity=0.1)
-    clipping = ResidualClipping(frequency=3, k=2.0)
+    clipping = (3, 2.0)
     init = rng.normal(0, 0.1, n).astype(np.float32)
     updates = rng.normal(0, 1e-3, (world, steps, n)).astype(np.float32)
 
-    straight = [SharingState(rule, clipping, n) for _ in range(world)]
+    straight = [make_state(rule, clipping, n) for _ in range(world)]
     p_straight = [init.copy() for _ in range(world)]
     run_workers(straight, p_straight, updates)
 
-    first = [SharingState(rule, clipping, n) for _ in range(world)]
+    first = [make_state(rule, clipping, n) for _ in range(world)]
     p_resumed = [init.copy() for _ in range(world)]
     # No flush at the split: messages in flight stay in flight, as they would without it.
     network = run_workers(first, p_resumed, updates[:, :split], flush=False)
@@ -398,7 +414,7 @@ def test_plain_round_trip_continues_like_an_uninterrupted_run(split):
     for plain, s in zip(plains, first):
         plain["residual"] = s.to_plain()["residual"]
         assert isinstance(plain["residual"], np.ndarray) and plain["residual"].dtype == np.float32
-    resumed = [SharingState.from_plain(rule, clipping, plain) for plain in plains]
+    resumed = [_from_plain(rule, clipping, plain) for plain in plains]
     run_workers(resumed, p_resumed, updates[:, split:], network)
 
     for w in range(world):
@@ -414,12 +430,12 @@ def test_plain_round_trip_carries_the_encoder_format():
     # A sparse-mode encoder sends nothing for a single qualifying entry; a fresh
     # (bitmap-first) one would send it: the format must travel with the state.
     n = 64
-    state = SharingState(FixedThreshold(1.0), None, n)
+    state = make_state(FixedThreshold(1.0), None, n)
     first = np.zeros(n, np.float32)
     first[[3, 9]] = 1.5
     assert encode_update(state, first) is not None
     assert state.encoding.format == ops.SPARSE
-    resumed = SharingState.from_plain(state.rule, None, state.to_plain())
+    resumed = _from_plain(state.rule, None, state.to_plain())
     second = np.zeros(n, np.float32)
     second[20] = 1.5
     assert encode_update(state, second) is None
@@ -428,26 +444,26 @@ def test_plain_round_trip_carries_the_encoder_format():
 
 
 def test_plain_residual_is_a_copy_and_bad_plains_are_named():
-    state = SharingState(FixedThreshold(), None, 8)
+    state = make_state(FixedThreshold(), None, 8)
     plain = state.to_plain()
     state.residual[:] = 1.0
     assert not plain["residual"].any()
-    again = SharingState.from_plain(FixedThreshold(), None, plain)
+    again = _from_plain(FixedThreshold(), None, plain)
     plain["residual"][:] = 2.0
     assert not again.residual.any()
     with pytest.raises(ValueError, match="missing \\['iteration'\\]"):
-        SharingState.from_plain(FixedThreshold(), None, {k: v for k, v in plain.items() if k != "iteration"})
+        _from_plain(FixedThreshold(), None, {k: v for k, v in plain.items() if k != "iteration"})
     with pytest.raises(ValueError, match="encoding_format"):
-        SharingState.from_plain(FixedThreshold(), None, {**plain, "encoding_format": "dense"})
+        _from_plain(FixedThreshold(), None, {**plain, "encoding_format": "dense"})
     with pytest.raises(ValueError, match="tau"):
-        SharingState.from_plain(FixedThreshold(), None, {**plain, "tau": 0.0})
+        _from_plain(FixedThreshold(), None, {**plain, "tau": 0.0})
     with pytest.raises(ValueError, match="1-D residual"):
-        SharingState.from_plain(FixedThreshold(), None, {**plain, "residual": np.zeros((2, 4), np.float32)})
+        _from_plain(FixedThreshold(), None, {**plain, "residual": np.zeros((2, 4), np.float32)})
 
 
 def test_reset_statistics_keeps_the_algorithm_state():
     rng = np.random.default_rng(2)
-    state = SharingState(AdaptiveThreshold(), ResidualClipping(), 300)
+    state = make_state(AdaptiveThreshold(), DL4J_CLIP, 300)
     for _ in range(5):
         encode_update(state, rng.normal(0, 1e-3, 300).astype(np.float32))
     tau, iteration = state.tau, state.iteration
@@ -473,12 +489,6 @@ def test_reset_statistics_keeps_the_algorithm_state():
     (lambda: TargetSparsityThreshold(initial=1e39), "initial"),
     (lambda: TargetSparsityThreshold(target=0.0), "target"),
     (lambda: TargetSparsityThreshold(target=float("inf")), "target"),
-    (lambda: ResidualClipping(k=float("inf")), "k"),
-    (lambda: ResidualClipping(k=float("nan")), "k"),
-    (lambda: ResidualClipping(k=0.5), "k"),
-    (lambda: ResidualClipping(frequency=0), "frequency"),
-    (lambda: ResidualClipping(frequency=2.5), "frequency"),
-    (lambda: ResidualClipping(frequency=True), "frequency"),
 ])
 def test_constructor_rejects_with_the_field_named(make, field):
     with pytest.raises(ValueError, match=f"Expect {field}"):
@@ -507,11 +517,10 @@ def test_check_tau_accepts_only_what_the_encoder_accepts(value):
 
 def test_state_constructor_rejects_wrong_kinds():
     with pytest.raises(TypeError, match="Expect rule to be a ThresholdRule"):
-        SharingState(1e-3, None, 10)
-    with pytest.raises(TypeError, match="Expect clipping"):
-        SharingState(FixedThreshold(), 5, 10)
+        SharingState(1e-3, 10)
     with pytest.raises(ValueError, match="Expect num_params >= 1"):
-        SharingState(FixedThreshold(), None, 0)
+        SharingState(FixedThreshold(), 0)
+    assert SharingState(FixedThreshold(), 10).clip == (5, 5.0)  # DL4J's clipping, always on
 
 
 # ------------------------------------------------------------ (g) to_config
@@ -530,15 +539,9 @@ def test_threshold_rules_round_trip_through_config(rule):
     assert from_config(config, kind="threshold") == rule
 
 
-@given(clipping=st.builds(ResidualClipping, frequency=st.integers(1, 1000), k=st.floats(1.0, 1e6)))
-def test_clipping_round_trips_through_config(clipping):
-    config = json.loads(json.dumps(clipping.to_config()))
-    assert from_config(config, kind="residual") == clipping
-
-
 def test_registry_kinds_and_config_errors():
     assert {"FixedThreshold", "AdaptiveThreshold", "TargetSparsityThreshold"} <= set(registered("threshold"))
-    assert registered("residual")["ResidualClipping"] is ResidualClipping
+    assert not registered("residual")  # clipping is the behaviour, not a configuration
     assert ThresholdRule._config_kind == "threshold"
     for rule in (FixedThreshold(), AdaptiveThreshold(), TargetSparsityThreshold()):
         assert from_config(rule.to_config(), kind="threshold") == rule  # the documented defaults
@@ -546,7 +549,7 @@ def test_registry_kinds_and_config_errors():
                                                "max_sparsity": 1e-2}
     assert AdaptiveThreshold.decay == TargetSparsityThreshold.decay == DECAY == 0.5 ** (1 / 20)  # not a field
     with pytest.raises(ConfigError, match="ResidualClipping"):
-        from_config(ResidualClipping().to_config(), kind="threshold")
+        from_config({"type": "ResidualClipping", "frequency": 5, "k": 5.0}, kind="threshold")
     with pytest.raises(ConfigError, match="Expect threshold to be a finite float32"):
         from_config({"type": "FixedThreshold", "threshold": 1e-50}, kind="threshold")
     with pytest.raises(ConfigError, match="Expect FixedThreshold.threshold to be float, got str"):
@@ -565,8 +568,8 @@ def _written_out_after_step(th, entries, n, residual, rule, clipping):
             th["tau"] /= rule.decay
     elif isinstance(rule, TargetSparsityThreshold):
         th["tau"] = th["tau"] * rule.decay if sparsity < rule.target else th["tau"] / rule.decay
-    if clipping is not None and th["iteration"] % clipping.frequency == 0:
-        ops.clip_residual(residual, th["tau"], clipping.k)
+    if clipping is not None and th["iteration"] % clipping[0] == 0:
+        ops.clip_residual(residual, th["tau"], clipping[1])
 
 
 @pytest.mark.parametrize("rule", [FixedThreshold(2e-3), AdaptiveThreshold(initial=1e-3, max_sparsity=0.05),
@@ -576,11 +579,11 @@ def test_sharing_step_matches_a_written_out_loop_bit_for_bit(rule):
     # this holds sharing_step to the iteration written out with the bare kernels.
     rng = np.random.default_rng(23)
     world, n, steps = 3, 257, 30
-    clipping = ResidualClipping(frequency=4, k=3.0)
+    clipping = (4, 3.0)
     init = rng.normal(0, 0.1, n).astype(np.float32)
     updates = rng.normal(0, 2e-3, (world, steps, n)).astype(np.float32)
 
-    states = [SharingState(rule, clipping, n) for _ in range(world)]
+    states = [make_state(rule, clipping, n) for _ in range(world)]
     params = [init.copy() for _ in range(world)]
     run_workers(states, params, updates)
 
@@ -616,7 +619,7 @@ def test_sharing_step_matches_a_written_out_loop_bit_for_bit(rule):
 
 def test_inbox_is_read_after_publish():
     events = []
-    state = SharingState(FixedThreshold(0.25), None, 32)
+    state = make_state(FixedThreshold(0.25), None, 32)
     update = np.full(32, 1.0, np.float32)
 
     def inbox():
@@ -638,7 +641,7 @@ def test_phase_hook_times_each_phase_around_its_work():
         yield
         events.append(("exit", name))
 
-    state = SharingState(FixedThreshold(0.25), None, 32)
+    state = make_state(FixedThreshold(0.25), None, 32)
     params = np.zeros(32, np.float32)
     sharing_step(state, np.full(32, 1.0, np.float32), params, lambda b: events.append("publish"),
                  lambda: events.append("inbox") or [], phase=phase)
@@ -646,7 +649,7 @@ def test_phase_hook_times_each_phase_around_its_work():
                       ("enter", "apply"), "inbox", ("exit", "apply")]
     assert np.all(params == 0.25)
     events.clear()  # nothing to send: no "send" phase, the inbox is still applied
-    sharing_step(SharingState(FixedThreshold(0.25), None, 32), np.zeros(32, np.float32), params,
+    sharing_step(make_state(FixedThreshold(0.25), None, 32), np.zeros(32, np.float32), params,
                  lambda b: events.append("publish"), [], phase=phase)
     assert events == [("enter", "encode"), ("exit", "encode"), ("enter", "apply"), ("exit", "apply")]
 
@@ -657,8 +660,8 @@ def test_gpu_state_steps_like_the_cpu_one():
     cp = backend.cupy()
     rng = np.random.default_rng(29)
     n, steps = 1000, 25
-    rule, clipping = AdaptiveThreshold(initial=1e-3, max_sparsity=0.05), ResidualClipping(frequency=3)
-    cpu, gpu = SharingState(rule, clipping, n), SharingState(rule, clipping, n, xp=cp)
+    rule, clipping = AdaptiveThreshold(initial=1e-3, max_sparsity=0.05), (3, CLIP_K)
+    cpu, gpu = make_state(rule, clipping, n), make_state(rule, clipping, n, xp=cp)
     p_cpu, p_gpu = np.zeros(n, np.float32), cp.zeros(n, cp.float32)
     sent_cpu, sent_gpu = [], []
     for _ in range(steps):
@@ -674,7 +677,7 @@ def test_gpu_state_steps_like_the_cpu_one():
     assert same_bits(backend.to_cpu(p_gpu), p_cpu)
     plain = gpu.to_plain()
     assert isinstance(plain["residual"], np.ndarray)
-    back = SharingState.from_plain(rule, clipping, plain, xp=cp)
+    back = _from_plain(rule, clipping, plain, xp=cp)
     assert backend.is_gpu_array(back.residual)
 
 
@@ -682,7 +685,7 @@ def test_always_publish_sends_an_empty_payload_that_peers_count_and_do_not_apply
     # GradientSharing.staleness counts one payload per iteration: an iteration whose residual
     # has nothing to send publishes b"", which the receivers count and never decode.
     n = 64
-    state = SharingState(FixedThreshold(1.0), None, n)
+    state = make_state(FixedThreshold(1.0), None, n)
     params = np.full(n, 0.5, np.float32)
     sent = []
     entries = sharing_step(state, np.full(n, 1e-3, np.float32), params, sent.append, [], always_publish=True)
@@ -690,7 +693,7 @@ def test_always_publish_sends_an_empty_payload_that_peers_count_and_do_not_apply
     sharing_step(state, np.full(n, 1e-3, np.float32), params, sent.append, [])  # default: nothing published
     assert sent == [b""]
 
-    peer = SharingState(FixedThreshold(1.0), None, n)
+    peer = make_state(FixedThreshold(1.0), None, n)
     peer_params = np.full(n, 0.5, np.float32)
     assert apply_received(peer, [b"", b""], peer_params) == 2
     assert peer.messages_received == 2 and np.array_equal(peer_params, np.full(n, 0.5, np.float32))

@@ -134,9 +134,13 @@ def test_retired_names_are_no_longer_exported():
 
     for name in ("BlockMomentum", "Weighting", "EndpointConfig", "ResidualClipping"):
         assert name not in sparkavg.spark.__all__ and not hasattr(sparkavg.spark, name), name
-    from sparkavg.sharing.thresholds import ResidualClipping  # noqa: F401 - where they live now
-    from sparkavg.spark import Recover  # noqa: F401
-    from sparkavg.transport import EndpointConfig  # noqa: F401
+    from sparkavg.spark import Recover  # noqa: F401 - where the divergence switches went
+    import sparkavg.sharing
+    import sparkavg.transport
+
+    # the transport's sizes and DL4J's residual clipping are the library's behaviour, nothing a user names
+    for module, name in ((sparkavg.transport, "EndpointConfig"), (sparkavg.sharing, "ResidualClipping")):
+        assert name not in module.__all__ and not hasattr(module, name), name
 
 
 @pytest.mark.parametrize("master", [
@@ -378,19 +382,20 @@ def test_gradient_sharing_rejects_what_executors_would(kwargs, message):
 def test_transport_settings_and_stage_attempts_come_from_the_test_hooks():
     # Fault injection is no master field: the driver reads the hooks' job properties once per job.
     from sparkavg.spark.executor.hooks import (MAX_STAGE_ATTEMPTS, RETRANSMIT_TIMEOUT, STAGE_ATTEMPTS, STALL_TIMEOUT,
-                                               UDP_LOSS, TestHooks, endpoint_config, stage_attempts)
-    from sparkavg.transport import EndpointConfig
+                                               UDP_LOSS, TestHooks, stage_attempts, transport_limits)
+    from sparkavg.transport.limits import STALL_TIMEOUT as DEFAULT_STALL, endpoint_limits
 
     assert TestHooks.from_properties({}.get) is None  # production: no hook code at all
-    assert endpoint_config(None, 12345, 1, 0) == EndpointConfig() and stage_attempts(None) == MAX_STAGE_ATTEMPTS == 3
+    assert transport_limits(None, 12345, 1, 0) == {} and stage_attempts(None) == MAX_STAGE_ATTEMPTS == 3
+    assert endpoint_limits(transport_limits(None, 12345, 1, 0)).stall_timeout == DEFAULT_STALL
     properties = {UDP_LOSS: "0.2", RETRANSMIT_TIMEOUT: "0.05", STALL_TIMEOUT: "20", STAGE_ATTEMPTS: "1"}
     hooks = TestHooks.from_properties(properties.get)
-    config = endpoint_config(hooks, 12345, 1, 2)
+    config = endpoint_limits(transport_limits(hooks, 12345, 1, 2))
     assert (config.retransmit_timeout, config.stall_timeout) == (0.05, 20.0)
     assert (config.faults.loss, config.faults.duplicate, config.faults.reorder) == (0.2, 0.1, 0.1)
-    assert endpoint_config(hooks, 12345, 0, 2).faults.seed != config.faults.seed  # each rank its own faults
+    assert transport_limits(hooks, 12345, 0, 2)["faults"].seed != config.faults.seed  # each rank its own faults
     assert stage_attempts(hooks) == 1
-    assert endpoint_config(TestHooks.from_properties({STALL_TIMEOUT: "3"}.get), 0, 0, 0).faults is None
+    assert "faults" not in transport_limits(TestHooks.from_properties({STALL_TIMEOUT: "3"}.get), 0, 0, 0)
 
 
 def test_the_base_port_leaves_room_for_every_worker():

@@ -1,5 +1,7 @@
 """Gradient sharing on a real local[2] Spark: replicas agree, it learns,
 compression is real, and lost datagrams change nothing."""
+import os
+
 import numpy as np
 import pytest
 
@@ -7,10 +9,20 @@ from sparkavg.spark import GradientSharing, ParameterAveraging, SparkTrainer
 from sparkavg.spark.executor.hooks import (KILL_MARKER, RETRANSMIT_TIMEOUT, STAGE_ATTEMPTS, STALL_RANK, STALL_TIMEOUT,
                                            UDP_LOSS)
 from sparkavg.spark.masters import AdaptiveThreshold, Topology
+from sparkavg.transport import local_ipv4_addresses
 
 from .nets import blobs, job_properties, small_net
 
 pytestmark = pytest.mark.spark
+
+
+def _named_host(error, rank: int, executor: str) -> str:
+    """The host an error names for ``rank`` (``worker rank R on host H (executor E)``)."""
+    import re
+
+    found = re.search(rf"worker rank {rank} on host (\S+) \(executor {executor}\)", str(error))
+    assert found, f"expected worker rank {rank} and its host named, got: {error}"
+    return found.group(1)
 
 
 def _rdd(sc, n, seed, parts=2):
@@ -96,7 +108,7 @@ def test_executor_runs_sharing_step_bit_for_bit(sc, nesterov, preset, extra):
     import numpy as np
 
     from sparkavg.nn import ClipL2PerLayer, Dense, MapSchedule, Nesterov, Network, Output
-    from sparkavg.sharing import ResidualClipping, SharingState, local_view, sharing_step
+    from sparkavg.sharing import SharingState, local_view, sharing_step
 
     def make(seed):
         if extra == "scheduled":
@@ -111,7 +123,7 @@ def test_executor_runs_sharing_step_bit_for_bit(sc, nesterov, preset, extra):
     block_x, block_y = blobs(10, seed=41)
     reps, epochs = 6, 2
     rdd = sc.parallelize([(block_x[i], int(block_y[i])) for _ in range(reps) for i in range(10)], 1)
-    rule, clipping = AdaptiveThreshold(initial=1e-3, max_sparsity=0.05), ResidualClipping()  # DL4J's, always
+    rule = AdaptiveThreshold(initial=1e-3, max_sparsity=0.05)
     master = GradientSharing(threshold=rule, batch_size_per_worker=10, workers=1, device="cpu", staleness=0,
                              preset=preset)
     trainer = SparkTrainer(sc, make(42), master)
@@ -122,7 +134,7 @@ def test_executor_runs_sharing_step_bit_for_bit(sc, nesterov, preset, extra):
     assert [d["value"] for d in trainer.stats.decisions if d["name"] == "local_view"] == [view]
 
     net = make(42)
-    state = SharingState(rule, clipping, net.num_params)
+    state = SharingState(rule, net.num_params)  # DL4J's residual clipping, always
     update = np.zeros(net.num_params, np.float32)
     sent = []
     shared = net.params.copy() if view else net.params
@@ -197,9 +209,48 @@ def test_stuck_worker_ends_the_stage_with_an_error_naming_it(sc):
     started = time.monotonic()
     with job_properties(sc, {STALL_RANK: 1, STALL_TIMEOUT: 3.0, STAGE_ATTEMPTS: 1}):
         trainer = SparkTrainer(sc, small_net(seed=30), GradientSharing(workers=2, batch_size_per_worker=10))
-        with pytest.raises(PeerStalledError, match=r"\b1\b"):
+        with pytest.raises(PeerStalledError) as info:
             trainer.fit(rdd, epochs=1)
     assert time.monotonic() - started < 60  # bounded by the stall timeout, never a hang
+    # the surviving rank's finding reaches the driver as it is: the silent rank, and where it ran
+    assert info.value.ranks == (1,)
+    assert _named_host(info.value, rank=1, executor="driver") in local_ipv4_addresses()
+
+
+@pytest.mark.slow
+def test_a_rank_killed_mid_epoch_fails_the_fit_promptly_naming_it_and_keeps_the_checkpoints(sc, tmp_path):
+    """Rank 1's process is killed (SIGKILL) at its third minibatch of every attempt, as a lost host's
+    would be: the fit fails within the stall timeout and a margin -- not after Spark's barrier retries --,
+    naming the rank and its host; the network and the checkpoints stay as the last epoch left them."""
+    import time
+
+    from sparkavg.spark import DataOptions, WorkerCrashed
+    from sparkavg.spark.checkpoint import list_checkpoints
+
+    from .data_transforms import LOSE_MARKER
+
+    rdd, x, y = _rdd(sc, 120, seed=33)
+    folder = str(tmp_path / "ckpt")
+    master = GradientSharing(workers=2, batch_size_per_worker=10,
+                             data=DataOptions(transform="tests.data_transforms:lose_rank_one"))
+    trainer = SparkTrainer(sc, small_net(seed=34), master, checkpoint_dir=folder)
+    trainer.fit(rdd, epochs=1)
+    kept = trainer.network.params.copy()
+    stall = 5.0
+    try:
+        with open(LOSE_MARKER, "w") as fh:
+            fh.write("SIGKILL")
+        started = time.monotonic()
+        with job_properties(sc, {STALL_TIMEOUT: stall}), pytest.raises(WorkerCrashed) as info:
+            trainer.fit(rdd, epochs=1)  # its second epoch
+        elapsed = time.monotonic() - started
+    finally:
+        os.remove(LOSE_MARKER)
+    assert _named_host(info.value, rank=1, executor="driver") in local_ipv4_addresses()
+    assert elapsed < stall + 60, elapsed  # Spark saw the crash: each attempt ended at once
+    assert trainer.stats.counters["stage_restarts"] == 2  # one host: Spark could run the stage again
+    np.testing.assert_array_equal(trainer.network.params, kept)
+    assert [c.epochs_done for c in list_checkpoints(folder)] == [1]
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ import tracemalloc
 
 import pytest
 
-from sparkavg.transport import (EndpointClosedError, EndpointConfig, FaultInjection,
+from sparkavg.transport import (EndpointClosedError, FaultInjection,
                                 ReliableEndpoint)
 from sparkavg.transport.protocol import ACK_ENTRY, DatagramCodec, MessageType
 
@@ -28,10 +28,10 @@ JOB = 1234
 
 @pytest.fixture
 def pair(request):
-    """Two connected endpoints, ranks 0 and 1, with the config given by indirect param."""
-    config = getattr(request, "param", None) or EndpointConfig(stall_timeout=WAIT)
-    a = ReliableEndpoint(0, KEY, JOB, config=config)
-    b = ReliableEndpoint(1, KEY, JOB, config=config)
+    """Two connected endpoints, ranks 0 and 1, with the limits given by indirect param."""
+    config = getattr(request, "param", None) or dict(stall_timeout=WAIT)
+    a = ReliableEndpoint(0, KEY, JOB, limits=config)
+    b = ReliableEndpoint(1, KEY, JOB, limits=config)
     table = {0: a.address, 1: b.address}
     a.set_peers(table)
     b.set_peers(table)
@@ -51,14 +51,14 @@ def _receive_n(endpoint, n):
     return out
 
 
-FAULTY = EndpointConfig(stall_timeout=WAIT, retransmit_timeout=0.25,
+FAULTY = dict(stall_timeout=WAIT, retransmit_timeout=0.25,
                         faults=FaultInjection(loss=0.3, duplicate=0.3, reorder=0.3, seed=3))
 
 
 @pytest.mark.parametrize("pair", [FAULTY], indirect=True)
 def test_messages_of_every_size_arrive_once_and_intact_both_ways_under_faults(pair):
     a, b = pair
-    chunk = a.config.chunk_bytes
+    chunk = a.limits.chunk_bytes
     rng = random.Random(0)
     sizes = [0, 1, chunk - 1, chunk, chunk + 1, 250_000, 1_000_003] + [rng.randrange(4000) for _ in range(40)]
     to_b = [rng.randbytes(n) for n in sizes]
@@ -91,9 +91,9 @@ def test_large_message_is_cut_into_chunks(pair):
     a.send(1, message)
     assert b.receive(WAIT) == (0, message)
     a.flush(WAIT)
-    chunks = -(-len(message) // a.config.chunk_bytes)
+    chunks = -(-len(message) // a.limits.chunk_bytes)
     assert chunks == 6 and b.stats()["datagrams_received"] == chunks
-    assert a.stats()["wire_bytes_sent"] <= a.config.max_datagram_bytes * chunks
+    assert a.stats()["wire_bytes_sent"] <= a.limits.max_datagram_bytes * chunks
 
 
 class _RawPeer:
@@ -123,7 +123,7 @@ class _RawPeer:
 
 
 def test_hostile_datagrams_are_dropped_counted_and_never_delivered():
-    b = ReliableEndpoint(1, KEY, JOB, config=EndpointConfig(stall_timeout=WAIT))
+    b = ReliableEndpoint(1, KEY, JOB, limits=dict(stall_timeout=WAIT))
     raw = _RawPeer()
     try:
         b.set_peers({0: raw.address})
@@ -174,13 +174,13 @@ def test_hostile_datagrams_are_dropped_counted_and_never_delivered():
         raw.close()
 
 
-SMALL = EndpointConfig(stall_timeout=WAIT, max_datagram_bytes=1100, max_message_bytes=32_000,
+SMALL = dict(stall_timeout=WAIT, max_datagram_bytes=1100, max_message_bytes=32_000,
                        send_window_bytes=32_000, max_reassembly_bytes=32_000, send_window_messages=16,
                        recv_window_messages=16, max_inbox_bytes=8_000)
 
 
 def test_flood_keeps_every_buffer_bounded():
-    b = ReliableEndpoint(1, KEY, JOB, config=SMALL)
+    b = ReliableEndpoint(1, KEY, JOB, limits=SMALL)
     flooder, marker = _RawPeer(max_datagram_bytes=1100), _RawPeer(max_datagram_bytes=1100)
     try:
         b.set_peers({0: flooder.address, 2: flooder.address, 4: marker.address})
@@ -219,9 +219,9 @@ def test_flood_keeps_every_buffer_bounded():
         assert s["rejected_bad_mac"] + s["rejected_truncated"] + s["rejected_oversized"] == 3000
         # Rank 0: 16 messages in the window; 32 chunks (of 11 of them) fill the 32 kB budget.
         assert usage["reassembly_messages"] == 11
-        assert usage["reassembly_bytes"] == SMALL.max_reassembly_bytes
+        assert usage["reassembly_bytes"] == SMALL["max_reassembly_bytes"]
         # Rank 2: 8 messages fill the 8 kB inbox; the window then ends at 8 + 16.
-        assert usage["inbox_bytes"] == SMALL.max_inbox_bytes
+        assert usage["inbox_bytes"] == SMALL["max_inbox_bytes"]
         assert s["rejected_buffer_full"] == 16 + (24 - 8)
         assert s["rejected_out_of_window"] == 3 * (300 - 16) + (300 - 24)
         assert usage["timers"] == usage["unacked_messages"] == 0
@@ -234,7 +234,7 @@ def test_flood_keeps_every_buffer_bounded():
         marker.close()
 
 
-BACKPRESSURE = EndpointConfig(stall_timeout=WAIT, send_window_messages=2, max_inbox_bytes=350,
+BACKPRESSURE = dict(stall_timeout=WAIT, send_window_messages=2, max_inbox_bytes=350,
                               retransmit_timeout=0.5)
 
 
@@ -274,7 +274,7 @@ def test_misuse_gets_errors_that_say_what_was_expected(pair):
     with pytest.raises(ValueError, match=r"Expect a peer rank in \[1\], got 9"):
         a.send(9, b"x")
     with pytest.raises(ValueError, match="at most max_message_bytes"):
-        a.send(1, bytes(a.config.max_message_bytes + 1))
+        a.send(1, bytes(a.limits.max_message_bytes + 1))
     with pytest.raises(ValueError, match=r"as \(host, port\)"):
         a.set_peers({1: "localhost"})
     with pytest.raises(ValueError, match="Expect rank to be an int"):

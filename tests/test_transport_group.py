@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from sparkavg.transport import (EndpointConfig, PeerGroup, PeerStalledError, ReliableEndpoint,
+from sparkavg.transport import (PeerGroup, PeerStalledError, ReliableEndpoint,
                                 Topology, TransportError)
 
 WAIT = 20.0
@@ -16,8 +16,8 @@ KEY = secrets.token_bytes(32)
 
 
 def _endpoints(world, config=None):
-    config = config or EndpointConfig(stall_timeout=WAIT, retransmit_timeout=0.25)
-    eps = [ReliableEndpoint(r, KEY, 3, config=config) for r in range(world)]
+    config = config or dict(stall_timeout=WAIT, retransmit_timeout=0.25)
+    eps = [ReliableEndpoint(r, KEY, 3, limits=config) for r in range(world)]
     table = {r: ep.address for r, ep in enumerate(eps)}
     for ep in eps:
         ep.set_peers(table)
@@ -139,7 +139,7 @@ def test_ranks_leave_together_and_close_at_once_without_a_barrier(topology, worl
     from sparkavg.transport import FaultInjection
 
     n = 6
-    config = EndpointConfig(stall_timeout=WAIT, retransmit_timeout=0.25, faults=FaultInjection(loss=loss, seed=3))
+    config = dict(stall_timeout=WAIT, retransmit_timeout=0.25, faults=FaultInjection(loss=loss, seed=3))
     eps = _endpoints(world, config)
     results, left = {}, {}
 
@@ -189,8 +189,10 @@ def test_leave_names_a_neighbour_that_never_finishes():
         finisher.start()
         group.finish(WAIT)
         finisher.join(WAIT)
-        with pytest.raises(PeerStalledError, match=r"neighbour rank\(s\) \[1\] did not finish within 0.5 s"):
+        with pytest.raises(PeerStalledError) as info:
             group.leave(0.5)  # rank 1 finished but never leaves
+        assert info.value.ranks == (1,) and info.value.addresses == (eps[1].address,)
+        assert f"rank 1 at {eps[1].address[0]}:{eps[1].address[1]}" in str(info.value)  # the operator's lookup
     finally:
         for ep in eps:
             ep.close()
@@ -200,7 +202,7 @@ def test_numbered_messages_and_behind_count_by_publication_order():
     """``poll(numbered=True)`` tells each message's place in its origin's order, and ``behind`` waits for every
     number below the count -- or below the END's count when the origin ended with fewer -- which is what a
     staleness-0 replica needs to apply the same messages before every step, whenever they arrive."""
-    from sparkavg.spark.executor.sharing import InOrder
+    from sparkavg.sharing import InOrder
 
     eps = _endpoints(3)
     try:
@@ -225,3 +227,75 @@ def test_numbered_messages_and_behind_count_by_publication_order():
     finally:
         for ep in eps:
             ep.close()
+
+
+def test_a_bounded_staleness_wait_names_the_peer_that_went_silent_within_its_stall_timeout():
+    """Rank 1 publishes one message and goes silent (its process or host lost): rank 0's wait for two
+    iterations' messages ends after the stall timeout with an error naming rank 1 and its address."""
+    import time
+
+    from sparkavg.transport import wait_for_peers
+
+    eps = _endpoints(2)
+    try:
+        groups = [PeerGroup(r, 2, eps[r]) for r in range(2)]
+        groups[1].publish(b"only one")
+        started = time.monotonic()
+        with pytest.raises(PeerStalledError) as info:
+            wait_for_peers(groups[0], lambda timeout: groups[0].poll(timeout), 2, stall_timeout=0.5)
+        waited = time.monotonic() - started
+        assert info.value.ranks == (1,) and info.value.addresses == (eps[1].address,)
+        assert f"rank 1 at {eps[1].address[0]}:{eps[1].address[1]}" in str(info.value)
+        assert 0.5 <= waited < 5.0, waited
+        wait_for_peers(groups[0], lambda timeout: groups[0].poll(timeout), 1, stall_timeout=0.5)  # one: there
+    finally:
+        for ep in eps:
+            ep.close()
+
+
+class _AllGather:
+    """``allGather`` as Spark's BarrierTaskContext offers it, across threads: every caller gets every
+    caller's message, in rank order, once all ``world`` have called."""
+
+    def __init__(self, world: int):
+        self.barrier, self.messages = threading.Barrier(world), {}
+
+    def allGather(self, message: str) -> list:
+        import json
+
+        self.messages[json.loads(message)["rank"]] = message
+        self.barrier.wait(WAIT)
+        return [self.messages[r] for r in sorted(self.messages)]
+
+
+def test_a_joining_group_trains_before_it_knows_its_peers_and_delivers_everything_once():
+    """JoiningGroup (the executors' peer group, Spark-free): messages published before the addresses
+    arrive are held and sent once they do; every rank gets every other rank's messages exactly once."""
+    from sparkavg.transport import JoiningGroup, KeyAgreement
+
+    world, gather = 3, _AllGather(3)
+    eps = [ReliableEndpoint(r, None, 9, limits=dict(stall_timeout=WAIT)) for r in range(world)]
+    got, errors = {}, []
+
+    def rank_main(rank):
+        try:
+            group = JoiningGroup(gather, eps[rank], KeyAgreement(rank, 9), world, Topology.PLAIN, WAIT)
+            for i in range(3):
+                group.publish(f"{rank}:{i}".encode())  # maybe before the peers are known: held
+            got[rank] = sorted(p for _, p in group.finish(WAIT)) + sorted(p for _, p in group.poll(0))
+            group.leave(WAIT)
+        except BaseException as exc:  # reported below, per rank
+            errors.append((rank, exc))
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(2 * WAIT)
+    finally:
+        for ep in eps:
+            ep.close()
+    assert not errors, errors
+    for rank in range(world):
+        assert got[rank] == sorted(f"{o}:{i}".encode() for o in range(world) if o != rank for i in range(3)), rank

@@ -13,7 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from sparkavg.transport import EndpointConfig, KeyAgreement, ReliableEndpoint
+from sparkavg.transport import KeyAgreement, ReliableEndpoint
+from sparkavg.transport.limits import MAX_DATAGRAM_BYTES
 from sparkavg.transport.keys import hkdf_sha256, pair_key
 from sparkavg.transport.protocol import DatagramCodec, MessageType
 from sparkavg.transport.x25519 import public_key, shared_secret, x25519
@@ -87,16 +88,16 @@ def test_each_pair_of_ranks_derives_one_key_no_other_pair_or_stage_shares():
     assert pair_key(secret, 0xABC, 1, ranks[1].public, 0, ranks[0].public) == keys[0][1]  # either order
 
 
-def _agreed_endpoints(world: int, config: EndpointConfig, context: int = 99):
+def _agreed_endpoints(world: int, config: dict, context: int = 99):
     agreements = [KeyAgreement(r, context) for r in range(world)]
-    endpoints = [ReliableEndpoint(r, None, context, config=config) for r in range(world)]
+    endpoints = [ReliableEndpoint(r, None, context, limits=config) for r in range(world)]
     table = {e.rank: e.address for e in endpoints}
     publics = {a.rank: a.public for a in agreements}
     return endpoints, table, [a.pair_keys(publics) for a in agreements]
 
 
 def test_endpoints_with_agreed_pair_keys_deliver_and_reject_every_other_key():
-    config = EndpointConfig(stall_timeout=WAIT)
+    config = dict(stall_timeout=WAIT)
     (a, b, c), table, keys = _agreed_endpoints(3, config)
     try:
         for e, k in zip((a, b, c), keys):
@@ -108,12 +109,12 @@ def test_endpoints_with_agreed_pair_keys_deliver_and_reject_every_other_key():
         # Rank 2 holds its own pair keys only: it cannot pass for rank 0 at rank 1.
         forger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
-            as_rank_2 = DatagramCodec(None, 99, config.max_datagram_bytes)
+            as_rank_2 = DatagramCodec(None, 99, MAX_DATAGRAM_BYTES)
             as_rank_2.set_keys({1: keys[2][1]})
             forged = bytearray(as_rank_2.encode(MessageType.DATA, 2, 1, 5, 0, 1, b"forged"))
             forged[16:20] = (0).to_bytes(4, "big")  # src rank 0, tag under K_21
             forger.sendto(bytes(forged), b.address)
-            other = DatagramCodec(secrets.token_bytes(32), 99, config.max_datagram_bytes)  # another key
+            other = DatagramCodec(secrets.token_bytes(32), 99, MAX_DATAGRAM_BYTES)  # another key
             forger.sendto(other.encode(MessageType.DATA, 0, 1, 6, 0, 1, b"forged"), b.address)
             a.send(1, b"marker")  # datagrams of one host arrive in order on loopback
             assert b.receive(WAIT) == (0, b"marker")
@@ -130,7 +131,7 @@ def test_endpoints_with_agreed_pair_keys_deliver_and_reject_every_other_key():
 
 
 def test_a_peer_whose_keys_come_later_takes_in_the_early_datagrams_without_a_retransmission():
-    config = EndpointConfig(stall_timeout=WAIT, retransmit_timeout=30.0, adaptive_retransmit=False)
+    config = dict(stall_timeout=WAIT, retransmit_timeout=30.0, adaptive_retransmit=False)
     (a, b), table, keys = _agreed_endpoints(2, config)
     try:
         a.set_peers(table, keys=keys[0])
@@ -149,9 +150,9 @@ def test_a_peer_whose_keys_come_later_takes_in_the_early_datagrams_without_a_ret
 
 
 def test_keys_and_peers_must_match_the_endpoints_kind():
-    config = EndpointConfig(stall_timeout=WAIT)
-    with ReliableEndpoint(0, None, 1, config=config) as per_peer, \
-            ReliableEndpoint(1, secrets.token_bytes(32), 1, config=config) as shared:
+    config = dict(stall_timeout=WAIT)
+    with ReliableEndpoint(0, None, 1, limits=config) as per_peer, \
+            ReliableEndpoint(1, secrets.token_bytes(32), 1, limits=config) as shared:
         with pytest.raises(ValueError, match=r"Expect keys=\{rank: key\} for the peers of an endpoint made without"):
             per_peer.set_peers({1: shared.address})
         with pytest.raises(ValueError, match=r"got none for rank\(s\) \[2\]"):

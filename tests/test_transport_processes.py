@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from sparkavg.transport import (EndpointConfig, FaultInjection, PeerGroup, PeerStalledError,
+from sparkavg.transport import (FaultInjection, PeerGroup, PeerStalledError,
                                 ReliableEndpoint, Topology)
 
 CTX = multiprocessing.get_context("spawn")
@@ -37,7 +37,7 @@ def _digest(payload: bytes) -> str:
 def _group_worker(rank, world, topology, key, job_id, config, n_messages, finish_timeout, addr_q,
                   peers_q, result_q, barrier):
     """One rank: publish, poll, finish, barrier; report digests of what it got."""
-    endpoint = ReliableEndpoint(rank, key, job_id, config=config)
+    endpoint = ReliableEndpoint(rank, key, job_id, limits=config)
     try:
         addr_q.put((rank, endpoint.address))
         endpoint.set_peers(peers_q.get(timeout=WAIT))
@@ -57,7 +57,7 @@ def _group_worker(rank, world, topology, key, job_id, config, n_messages, finish
 
 def _idle_worker(rank, key, job_id, config, addr_q, peers_q, stop):
     """A rank that binds, acks whatever arrives, and waits to be killed."""
-    endpoint = ReliableEndpoint(rank, key, job_id, config=config)
+    endpoint = ReliableEndpoint(rank, key, job_id, limits=config)
     try:
         addr_q.put((rank, endpoint.address))
         endpoint.set_peers(peers_q.get(timeout=WAIT))
@@ -128,7 +128,7 @@ def _check_exactly_once(results, world, n_messages):
 
 
 # A shorter retransmit timeout than the 1 s default keeps the test quick; loss still costs retries.
-LOSSY = EndpointConfig(stall_timeout=WAIT / 2, retransmit_timeout=0.25,
+LOSSY = dict(stall_timeout=WAIT / 2, retransmit_timeout=0.25,
                        faults=FaultInjection(loss=0.25, duplicate=0.2, reorder=0.2, seed=7))
 
 
@@ -167,10 +167,10 @@ def _start_idle_peer(procs, key, job_id, config):
 
 def test_killed_peer_makes_send_and_flush_raise_naming_it():
     key, job_id = secrets.token_bytes(32), 5
-    config = EndpointConfig(stall_timeout=1.0, retransmit_timeout=0.2, send_window_messages=4,
+    config = dict(stall_timeout=1.0, retransmit_timeout=0.2, send_window_messages=4,
                             recv_window_messages=4)
     procs = _Procs()
-    with ReliableEndpoint(0, key, job_id, config=config) as ep:
+    with ReliableEndpoint(0, key, job_id, limits=config) as ep:
         try:
             address, peers_q = _start_idle_peer(procs, key, job_id, config)
             peers_q.put({0: ep.address, 1: address})
@@ -201,11 +201,11 @@ def test_killed_peer_makes_send_and_flush_raise_naming_it():
 @pytest.mark.slow
 def test_killed_peer_makes_finish_raise_naming_it():
     world, key, job_id = 3, secrets.token_bytes(32), 9
-    config = EndpointConfig(stall_timeout=WAIT, retransmit_timeout=0.2)
+    config = dict(stall_timeout=WAIT, retransmit_timeout=0.2)
     addr_q, peers_q, result_q = CTX.Queue(), CTX.Queue(), CTX.Queue()
     barrier = CTX.Barrier(2)
     procs = _Procs()
-    with ReliableEndpoint(0, key, job_id, config=config) as ep:
+    with ReliableEndpoint(0, key, job_id, limits=config) as ep:
         try:
             procs.start(1, _group_worker, 1, world, Topology.PLAIN, key, job_id, config, 3, 3.0,
                         addr_q, peers_q, result_q, barrier)

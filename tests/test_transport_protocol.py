@@ -1,4 +1,4 @@
-"""Datagram format, configuration validation, address selection and topology
+"""Datagram format, the limits' validation, address selection and topology
 helpers of sparkavg.transport (no sockets except address lookup)."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sparkavg.transport import (EndpointConfig, FaultInjection, PeerStalledError, select_address,
-                                tree_neighbours)
+from sparkavg.transport import FaultInjection, PeerStalledError, ReliableEndpoint, select_address, tree_neighbours
 from sparkavg.transport import address as address_mod
+from sparkavg.transport.limits import endpoint_limits
 from sparkavg.transport.protocol import (ACK_ENTRY, HEADER_BYTES, OVERHEAD_BYTES, TAG_BYTES,
                                          DatagramCodec, DatagramRejected, Header, MessageType,
                                          RejectReason)
@@ -134,16 +134,29 @@ def test_codec_validates_its_inputs():
     (dict(max_reassembly_bytes=1000), "Expect max_reassembly_bytes >= "),
     (dict(faults="lossy"), "Expect faults to be a FaultInjection or None, got str"),
 ])
-def test_endpoint_config_validation_says_what_was_expected(kwargs, message):
+def test_limit_overrides_say_what_was_expected(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        EndpointConfig(**kwargs)
+        endpoint_limits(kwargs)
+    with pytest.raises(ValueError, match=message):
+        ReliableEndpoint(0, b"k" * 32, limits=kwargs)  # refused before a socket is bound
 
 
-def test_config_defaults_and_derived_sizes():
-    cfg = EndpointConfig()
-    assert cfg.max_datagram_bytes == 60000 and cfg.retransmit_timeout == 1.0
+def test_limits_are_the_modules_constants_and_no_configuration():
+    from sparkavg import transport
+    from sparkavg.configurable import Configurable
+    from sparkavg.transport import limits
+
+    cfg = endpoint_limits()
+    assert (cfg.max_datagram_bytes, cfg.retransmit_timeout, cfg.stall_timeout) == (
+        limits.MAX_DATAGRAM_BYTES, limits.RETRANSMIT_TIMEOUT, limits.STALL_TIMEOUT) == (60000, 1.0, 60.0)
     assert cfg.chunk_bytes == 60000 - OVERHEAD_BYTES
     assert cfg.max_chunks * cfg.chunk_bytes >= cfg.max_message_bytes
+    with pytest.raises(ValueError, match=r"Expect transport limits among \[.*'stall_timeout'.*\], got \['stall'\]"):
+        endpoint_limits({"stall": 1.0})
+    # nothing of the transport is configured: no class a configuration could name, none exported
+    assert "EndpointConfig" not in transport.__all__ and not hasattr(transport, "EndpointConfig")
+    assert not [name for name in transport.__all__
+                if isinstance(getattr(transport, name), type) and issubclass(getattr(transport, name), Configurable)]
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -2,10 +2,11 @@
 
 - Rules (frozen, configurable): :class:`FixedThreshold`,
   :class:`AdaptiveThreshold`, :class:`TargetSparsityThreshold` (kind
-  ``"threshold"``), :class:`ResidualClipping` (kind ``"residual"``);
-  :func:`check_tau` is the one threshold check.
+  ``"threshold"``); :func:`check_tau` is the one threshold check;
+  :func:`clip_when_due`, DL4J's residual clipping, always on.
 - State: :class:`SharingState` (residual, τ, encoder state, statistics;
-  ``to_plain`` / ``from_plain`` to carry it between epochs).
+  ``to_plain`` / ``from_plain`` to carry it between epochs); :class:`InOrder`
+  (peers' messages applied in (iteration, rank) order).
 - Steps: :func:`encode_update`, :func:`apply_message`,
   :func:`apply_received`, :func:`message_bytes` and the whole iteration
   :func:`sharing_step`; :func:`local_view` (the worker's own view, the
@@ -14,7 +15,7 @@
 A worker's loop (``shared``: the replica's parameters, a copy of the
 network's; the network's own vector holds the view)::
 
-    state = SharingState(AdaptiveThreshold(), ResidualClipping(), n)
+    state = SharingState(AdaptiveThreshold(), n)
     shared = net.params.copy()
     for x, y in minibatches:
         local_view(state, shared, net.params)
@@ -25,6 +26,7 @@ network's; the network's own vector holds the view)::
 
 (the Spark executors' loop; ``phase`` is an optional timing hook).
 """
+from .order import InOrder
 from .state import SharingState
 from .step import (
     apply_message,
@@ -40,13 +42,14 @@ from .thresholds import (
     TAU_MIN,
     AdaptiveThreshold,
     FixedThreshold,
-    ResidualClipping,
     TargetSparsityThreshold,
     ThresholdRule,
     check_tau,
+    clip_when_due,
 )
 
 __all__ = [
+    "InOrder",
     "SharingState",
     "encode_update",
     "apply_message",
@@ -59,7 +62,7 @@ __all__ = [
     "FixedThreshold",
     "AdaptiveThreshold",
     "TargetSparsityThreshold",
-    "ResidualClipping",
+    "clip_when_due",
     "check_tau",
     "TAU_MIN",
     "TAU_MAX",

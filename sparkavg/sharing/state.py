@@ -14,7 +14,7 @@ import numbers
 import numpy as np
 
 from .. import backend, ops
-from .thresholds import ResidualClipping, ThresholdRule, check_tau
+from .thresholds import CLIP_EVERY, CLIP_K, ThresholdRule, check_tau
 
 __all__ = ["SharingState"]
 
@@ -31,8 +31,6 @@ class SharingState:
     rule : ThresholdRule
         How τ starts and adapts (:class:`FixedThreshold`,
         :class:`AdaptiveThreshold`, :class:`TargetSparsityThreshold`).
-    clipping : ResidualClipping or None
-        Residual post-processor; None turns it off.
     num_params : int
         Length N of the flat parameter vector (>= 1).
     xp : module, default numpy
@@ -41,15 +39,20 @@ class SharingState:
 
     Attributes
     ----------
-    rule, clipping
+    rule
         *Set by user.*
+    clip : (int, float) or None
+        *Internal.*  ``(every, k)`` of DL4J's residual clipping
+        (:func:`~.thresholds.clip_when_due`), always
+        ``(CLIP_EVERY, CLIP_K)`` in the library; a test may change it, or
+        turn it off with None.
     residual : float32 array of shape (N,)
         *Internal.*  What has been added but not yet sent.
     tau : float
         *Internal.*  τ of the next step (rounded to float32 by the encoder).
     iteration : int
         *Internal.*  Steps taken; clipping runs when it is a multiple of
-        ``clipping.frequency``.
+        ``clip[0]``.
     encoding : sparkavg.ops.EncodingState
         *Internal.*  Which format the encoder tries next (its own message
         counts restart with every state built by :meth:`from_plain`).
@@ -63,8 +66,8 @@ class SharingState:
     __slots__ = (
         # set by user
         "rule",
-        "clipping",
         # internal
+        "clip",
         "residual",
         "tau",
         "iteration",
@@ -76,17 +79,14 @@ class SharingState:
         "last_sparsity",
     )
 
-    def __init__(self, rule: ThresholdRule, clipping: ResidualClipping | None, num_params: int, xp=np):
+    def __init__(self, rule: ThresholdRule, num_params: int, xp=np):
         if not isinstance(rule, ThresholdRule):
             raise TypeError(f"Expect rule to be a ThresholdRule (FixedThreshold, AdaptiveThreshold, "
                             f"TargetSparsityThreshold), got {type(rule).__name__} {rule!r}")
-        if clipping is not None and not isinstance(clipping, ResidualClipping):
-            raise TypeError(f"Expect clipping to be ResidualClipping or None, got {type(clipping).__name__} "
-                            f"{clipping!r}")
         if isinstance(num_params, bool) or not isinstance(num_params, numbers.Integral) or num_params < 1:
             raise ValueError(f"Expect num_params >= 1 (an int), got {num_params!r}")
         self.rule = rule
-        self.clipping = clipping
+        self.clip = (CLIP_EVERY, CLIP_K)
         self.residual = xp.zeros(int(num_params), dtype=xp.float32)
         self.tau = rule.initial_tau()
         self.iteration = 0
@@ -135,15 +135,14 @@ class SharingState:
         }
 
     @classmethod
-    def from_plain(cls, rule: ThresholdRule, clipping: ResidualClipping | None, plain: dict,
-                   xp=np) -> "SharingState":
+    def from_plain(cls, rule: ThresholdRule, plain: dict, xp=np) -> "SharingState":
         """Rebuild a state from :meth:`to_plain` output; it continues exactly
         as the state that was saved would have.
 
         Parameters
         ----------
-        rule, clipping
-            As for the constructor (the plain dict does not carry them).
+        rule
+            As for the constructor (the plain dict does not carry it).
         plain : dict
             :meth:`to_plain` output; the residual is copied.
         xp : module, default numpy
@@ -166,7 +165,7 @@ class SharingState:
             raise ValueError(f"Expect a non-empty 1-D residual, got shape {residual.shape}")
         if plain["encoding_format"] not in _FORMATS:
             raise ValueError(f"Expect encoding_format in {_FORMATS}, got {plain['encoding_format']!r}")
-        state = cls(rule, clipping, residual.size, xp=xp)
+        state = cls(rule, residual.size, xp=xp)
         state.residual[...] = xp.asarray(residual)  # a copy: the plain dict keeps its array
         state.tau = check_tau(plain["tau"], "tau")
         state.iteration = int(plain["iteration"])
@@ -178,7 +177,7 @@ class SharingState:
         return state
 
     def __repr__(self) -> str:
-        return (f"SharingState(rule={self.rule!r}, clipping={self.clipping!r}, num_params={self.num_params}, "
+        return (f"SharingState(rule={self.rule!r}, clip={self.clip!r}, num_params={self.num_params}, "
                 f"tau={self.tau!r}, iteration={self.iteration}, format={self.encoding.format!r}, "
                 f"messages_sent={self.messages_sent}, entries_sent={self.entries_sent}, "
                 f"messages_received={self.messages_received}, last_sparsity={self.last_sparsity!r})")

@@ -28,6 +28,7 @@ import numpy as np
 
 from .. import backend, ops
 from .state import SharingState
+from .thresholds import clip_when_due
 
 __all__ = ["encode_update", "apply_message", "apply_received", "message_bytes", "sharing_step", "local_view",
            "PHASES"]
@@ -58,8 +59,8 @@ def _encode(state: SharingState, update):
     sparsity = entries / residual.size
     state.last_sparsity = sparsity
     state.tau = state.rule.next_tau(state.tau, sparsity)
-    if state.clipping is not None:
-        state.clipping.apply(residual, state.tau, state.iteration)
+    if state.clip is not None:
+        clip_when_due(residual, state.tau, state.iteration, *state.clip)
     return message, entries
 
 
@@ -70,7 +71,7 @@ def encode_update(state: SharingState, update) -> Optional[object]:
     entries are subtracted from it); count the message; then set
     ``state.last_sparsity = entries / N``, ``state.tau =
     rule.next_tau(tau, sparsity)``, ``state.iteration += 1`` and clip the
-    residual at the new τ when ``clipping`` is due.
+    residual at the new τ when its clipping is due (``state.clip``).
 
     Parameters
     ----------

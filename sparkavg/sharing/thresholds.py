@@ -4,8 +4,9 @@ Each rule is a frozen dataclass registered in the one configuration
 vocabulary (:mod:`sparkavg.configurable`) under the kind ``"threshold"``;
 it owns its update: :meth:`ThresholdRule.initial_tau` gives the first τ and
 :meth:`ThresholdRule.next_tau` the τ after a step that sent a given
-fraction of the entries.  :class:`ResidualClipping` (kind ``"residual"``)
-clips the residual every few iterations.
+fraction of the entries.  :func:`clip_when_due` is DL4J's residual
+post-processor, always on at DL4J's values (every :data:`CLIP_EVERY`
+iterations to ``±CLIP_K τ``): no user story sets it.
 
 Validation happens in the constructors, so a rule that exists is one the
 encoder accepts: every τ goes through :func:`check_tau`, which is
@@ -35,7 +36,9 @@ __all__ = [
     "FixedThreshold",
     "AdaptiveThreshold",
     "TargetSparsityThreshold",
-    "ResidualClipping",
+    "CLIP_EVERY",
+    "CLIP_K",
+    "clip_when_due",
 ]
 
 #: Smallest τ a rule produces or accepts: the smallest normal float32 (~1.18e-38).
@@ -44,6 +47,10 @@ TAU_MIN = float(np.finfo(np.float32).tiny)
 TAU_MAX = float(np.finfo(np.float32).max)
 #: The adaptive rules' step: τ halves (or doubles) in 20 steps (DL4J's).
 DECAY = 0.5 ** (1.0 / 20.0)
+#: DL4J's residual post-processor: every this many iterations the residual is clipped ...
+CLIP_EVERY = 5
+#: ... to ``[-CLIP_K τ, CLIP_K τ]`` (>= 1: below 1 the clip would take back entries not sent yet).
+CLIP_K = 5.0
 
 _TAU_RANGE = "a finite float32 > 0 (between 1.2e-38 and 3.4e38)"
 
@@ -232,56 +239,26 @@ class TargetSparsityThreshold(ThresholdRule):
         return tau * self.decay if sparsity < self.target else tau / self.decay
 
 
-@register("residual")
-@dataclass(frozen=True)
-class ResidualClipping(Configurable):
-    """Every ``frequency`` iterations clip the residual to ``[-k*τ, k*τ]``
-    (DL4J's default post-processor against residual explosion).
+def clip_when_due(residual, tau: float, iteration: int, every: int = CLIP_EVERY, k: float = CLIP_K) -> bool:
+    """DL4J's residual post-processor: after iterations ``every, 2*every, ...``
+    clip ``residual`` in place to ``[-k*float32(τ), k*float32(τ)]``.
 
     Parameters
     ----------
-    frequency : int, default 5
-        Clip after iterations ``frequency, 2*frequency, ...`` (>= 1).
-    k : float, default 5.0
-        Bound in units of τ; finite and >= 1 (below 1 the clip would take
-        back entries the encoder has not sent yet).
+    residual : float32 1-D array (numpy or CuPy), C-contiguous
+    tau : float
+        The current τ.
+    iteration : int
+        Steps completed, counting the one just taken.
+    every : int, default :data:`CLIP_EVERY`
+    k : float, default :data:`CLIP_K`
+
+    Returns
+    -------
+    bool
+        Whether the residual was clipped.
     """
-
-    frequency: int = 5
-    k: float = 5.0
-
-    def __post_init__(self):
-        f = self.frequency
-        if isinstance(f, (bool, np.bool_)) or not isinstance(f, numbers.Integral) or f < 1:
-            raise ValueError(f"Expect frequency >= 1 (an int), got {f!r}")
-        object.__setattr__(self, "frequency", int(f))
-        k = _real("k", self.k)
-        if not (math.isfinite(k) and k >= 1.0):
-            raise ValueError(f"Expect k to be finite and >= 1, got {self.k!r}")
-        object.__setattr__(self, "k", k)
-
-    def due(self, iteration: int) -> bool:
-        """Whether iteration ``iteration`` (1-based: steps completed) clips."""
-        return iteration % self.frequency == 0
-
-    def apply(self, residual, tau: float, iteration: int) -> bool:
-        """Clip ``residual`` in place to ``[-k*float32(τ), k*float32(τ)]`` when
-        :meth:`due` ``(iteration)``.
-
-        Parameters
-        ----------
-        residual : float32 1-D array (numpy or CuPy), C-contiguous
-        tau : float
-            The current τ.
-        iteration : int
-            Steps completed, counting the one just taken.
-
-        Returns
-        -------
-        bool
-            Whether the residual was clipped.
-        """
-        if not self.due(iteration):
-            return False
-        ops.clip_residual(residual, tau, self.k)
-        return True
+    if iteration % every:
+        return False
+    ops.clip_residual(residual, tau, k)
+    return True

@@ -29,6 +29,7 @@ _EXPORTS = {
     "WorkerCrashed": ".errors",
     "TrainingCancelled": ".errors",
     "DivergenceError": ".errors",
+    "executor_errors": ".errors",
     "CheckpointError": ".checkpoint",
     "Recover": ".divergence",
     "EarlyStopping": "..fitting.early_stopping",

@@ -319,6 +319,13 @@ class ConnectSpark:
             dealt.count()
         return dealt
 
+    def barrier_tasks(self, jobs) -> dict:
+        """Nothing: a Connect client cannot see Spark's tasks."""
+        return {}
+
+    def barrier_slots(self, hosts) -> None:
+        """Unknown: a Connect client cannot see Spark's executors (the caller runs the stage again)."""
+
     # ----------------------------------------------------------- inference
     def aggregate_examples(self, data, task: Callable, combine: Callable, features_col: str, label_col: str,
                            what: str):

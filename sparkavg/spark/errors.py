@@ -88,26 +88,37 @@ def is_permanent(exc: BaseException) -> bool:
 
 
 class TaskFailure:
-    """A permanent executor error, returned as a task result (plain fields)."""
+    """A permanent executor error, returned as a task result (plain fields;
+    ``fields``: the error's own after its message, such as the ranks a
+    :class:`~sparkavg.transport.PeerStalledError` names)."""
 
-    __slots__ = ("kind", "message", "where")
+    __slots__ = ("kind", "message", "where", "fields")
 
-    def __init__(self, kind: str, message: str, where: str):
-        self.kind, self.message, self.where = kind, message, where
+    def __init__(self, kind: str, message: str, where: str, fields=()):
+        self.kind, self.message, self.where, self.fields = kind, message, where, list(fields or ())
 
     def __reduce__(self):
-        return (TaskFailure, (self.kind, self.message, self.where))
+        return (TaskFailure, (self.kind, self.message, self.where, self.fields))
 
     def to_exception(self, what: str) -> BaseException:
         cls = _KNOWN.get(self.kind)
         text = f"{self.message} [{what}: {self.where}]" if self.where else f"{self.message} [{what}]"
         if cls is not None:
-            return cls(text)
+            return cls(text, *self.fields)
         return WorkerFailure(f"{what} failed on an executor: {self.kind}: {text}")
 
 
 def _where(context: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in context.items() if v is not None)
+
+
+def _fields(exc: BaseException) -> list:
+    """An error's arguments after its message when it pickles with its own (``__reduce__``) and they are plain JSON."""
+    try:
+        return json.loads(json.dumps(list(exc.__reduce__()[1][1:]))) if type(exc).__reduce__ is not \
+            BaseException.__reduce__ else []
+    except (TypeError, ValueError, IndexError):
+        return []
 
 
 @contextlib.contextmanager
@@ -123,9 +134,10 @@ def task_failure_guard(failures: Optional[list], **context):
     except Exception as exc:
         where = _where(context)
         if failures is not None and is_permanent(exc):
-            failures.append(TaskFailure(type(exc).__name__, str(exc), where))
+            failures.append(TaskFailure(type(exc).__name__, str(exc), where, _fields(exc)))
             return
-        note = json.dumps({"kind": type(exc).__name__, "message": str(exc)[:2000], "where": where})
+        note = json.dumps({"kind": type(exc).__name__, "message": str(exc)[:2000], "where": where,
+                           "fields": _fields(exc)})
         raise type(exc)(f"{exc}\n{_MARKER}{note}") if _can_rebuild(exc) else RuntimeError(
             f"{type(exc).__name__}: {exc}\n{_MARKER}{note}") from exc
 
@@ -178,7 +190,13 @@ def executor_errors(what: str):
 
     The marked error becomes its own type when sparkavg knows it, else a
     :class:`WorkerFailure` carrying the executor's exception type, message
-    and location; the Spark error stays as ``__cause__``.
+    and location; the Spark error stays as ``__cause__``.  The library's
+    own jobs run inside it; lazy outputs (``predict``'s, a
+    ``NetworkModel.transform``'s) fail where they are read, as Spark's
+    ``PythonException``, so read them inside it for sparkavg's error::
+
+        with executor_errors("prediction"):
+            rows = model.transform(df).collect()   # a bad row: DataValidationError naming partition and row
     """
     try:
         yield
@@ -192,7 +210,8 @@ def executor_errors(what: str):
         found = _MARKER_RE.findall(text)
         if found:
             note = json.loads(found[-1])
-            raise TaskFailure(note["kind"], note["message"], note["where"]).to_exception(what) from exc
+            raise TaskFailure(note["kind"], note["message"], note["where"], note.get("fields")).to_exception(
+                what) from exc
         for name, cls in _KNOWN.items():  # raised outside a guard (e.g. while reading data)
             hit = re.findall(rf"(?:\w+\.)*{name}: (.+)", text)
             if hit:

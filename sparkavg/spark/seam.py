@@ -99,6 +99,40 @@ class ClassicSpark:
         """The ids of the jobs of the calling thread's job group so far."""
         return set(self._sc.statusTracker().getJobIdsForGroup(self._sc.getLocalProperty("spark.jobGroup.id")))
 
+    def barrier_tasks(self, jobs) -> dict:
+        """``{rank: (host, executor, failed)}`` of the tasks of a failed barrier
+        round's ``jobs``, from Spark's status store (its listener may lag: a
+        moment's wait for the failed one); empty when Spark cannot say."""
+        tracker, out = self._sc.statusTracker(), {}
+        try:
+            stages = [max(tracker.getJobInfo(j).stageIds) for j in jobs]
+            for _ in range(20):
+                for stage in stages:
+                    tasks = self._sc._jsc.sc().statusStore().taskList(
+                        stage, tracker.getStageInfo(stage).currentAttemptId, 1 << 16)
+                    for t in (tasks.apply(i) for i in range(tasks.size())):
+                        out[t.index()] = (t.host(), t.executorId(), t.status() == "FAILED")
+                if any(failed for _, _, failed in out.values()):
+                    break
+                time.sleep(0.1)
+        except Exception as exc:  # a job or stage no longer tracked, another Spark: no names, not an error
+            logger.debug("no task hosts of the failed barrier round: %s", exc)
+        return out
+
+    def barrier_slots(self, hosts) -> Optional[int]:
+        """Task slots a barrier stage may take now on executors outside
+        ``hosts`` (as Spark counts them for its barrier check); None when
+        Spark cannot say."""
+        try:
+            jsc = self._sc._jsc.sc()
+            total = jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile())
+            on_hosts = [i.host() for i in jsc.statusTracker().getExecutorInfos() if i.host() in hosts]
+            executors = jsc.getExecutorIds().size()  # without the driver: 0 in local mode, where it runs the tasks
+        except Exception as exc:  # another Spark: the caller runs the stage again, as it would have
+            logger.debug("no barrier slot count: %s", exc)
+            return None
+        return 0 if hosts and not executors and on_hosts else total - total * len(on_hosts) // max(executors, 1)
+
     def wait_for_jobs(self, jobs: list, timeout: float = 120.0) -> None:
         """Wait until no task of ``jobs`` still runs (at most ``timeout`` s)."""
         tracker = self._sc.statusTracker()

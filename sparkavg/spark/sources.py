@@ -53,6 +53,10 @@ class EpochDeal:
     def drop(self) -> None:
         """Release what the deal persisted (default: nothing)."""
 
+    def failed_jobs(self) -> list:
+        """The Spark jobs of the barrier round that failed last, where the session can see them."""
+        return []
+
 
 @dataclass
 class MinibatchSource:
@@ -127,6 +131,9 @@ class ClassicDeal(EpochDeal):
 
     def recover(self, r: int) -> None:
         """Before a failed barrier round runs again: nothing to get back."""
+
+    def failed_jobs(self) -> list:
+        return list(self._failed[1]) if self._failed else []
 
 
 # ------------------------------------------------------------ shared files

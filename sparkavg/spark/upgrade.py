@@ -20,13 +20,18 @@ logger = logging.getLogger(__name__)
 _BLOCK_MOMENTUM = {"type": "BlockMomentum", "momentum": None, "block_lr": 1.0, "nesterov": True, "min_frequency": 32,
                    "with_momentum_updaters": False}
 _MASTER = {"collect_stats": True}
+#: The transport's sizes and timers as GradientSharing carried them (now sparkavg.transport.limits' constants).
+_ENDPOINT = dict(type="EndpointConfig", max_datagram_bytes=60000, max_message_bytes=8 << 20, retransmit_timeout=1.0,
+                 adaptive_retransmit=True, min_retransmit_timeout=0.05, stall_timeout=60.0, send_window_bytes=4 << 20,
+                 send_window_messages=256, recv_window_messages=1024, max_reassembly_bytes=8 << 20,
+                 max_inbox_bytes=64 << 20, socket_buffer_bytes=4 << 20, faults=None)
 #: Retired fields by config type, with the defaults they had.
 RETIRED = {
     "ParameterAveraging": {**_MASTER, "target_overhead": 0.03, "max_averaging_frequency": 400, "aggregation_depth": 2,
                            "weighting": "examples", "worker_shares": "auto", "max_plain_momentum_frequency": 32,
                            "moment_correction": True, "block_momentum": _BLOCK_MOMENTUM},
     "GradientSharing": {**_MASTER, "residual_post_processor": {"type": "ResidualClipping", "frequency": 5, "k": 5.0},
-                        "transport": None, "simulate_loss": 0.0, "max_stage_attempts": 3, "update_scale": "auto",
+                        "transport": _ENDPOINT, "simulate_loss": 0.0, "max_stage_attempts": 3, "update_scale": "auto",
                         "momentum_masking": True, "local_view": True},
     "DataOptions": {"prefetch": "auto", "storage_level": "MEMORY_AND_DISK"},
     "AdaptiveThreshold": {"decay": 0.5 ** (1.0 / 20.0)},
@@ -62,9 +67,12 @@ def _upgrade(config: Any, where: str) -> Any:
         if key not in config:
             continue
         value = config.pop(key)
+        if isinstance(value, Mapping) and isinstance(default, Mapping):  # a retired part: name what it changed
+            value = {k: v for k, v in value.items() if not _same(v, default.get(k))} or default
         if default is not None and not _same(value, default):
             logger.warning("%s: the saved configuration sets %s=%r, a setting this release retired (the library "
-                           "now decides it, see sparkavg.spark.policies); loaded without it", where, key, value)
+                           "now decides it: sparkavg.spark.policies, or a constant); loaded without it", where, key,
+                           value)
     for key, value in list(config.items()):
         if isinstance(value, Mapping) and "type" in value:
             config[key] = _upgrade(value, f"{where}.{key}")

@@ -4,7 +4,9 @@ Authenticated (HMAC-SHA256 per datagram, under a key each pair of ranks
 agrees by X25519 -- :mod:`.keys`; nothing secret is shipped), chunked, acked
 and retransmitted messages between ranks (:class:`ReliableEndpoint`), and an
 all-to-all exchange over it with PLAIN or MESH topology (:class:`PeerGroup`).
-No pickle anywhere: payloads are opaque bytes.  :class:`CollectiveGroup` is
+No pickle anywhere: payloads are opaque bytes.  Its sizes and timers are
+the library's (:mod:`.limits`): a cluster operator sets only the port and
+the network mask, on :class:`~sparkavg.spark.GradientSharing`.  :class:`CollectiveGroup` is
 a full mesh of authenticated TCP connections whose weighted all-reduce
 averages parameters with the driver's arithmetic (:mod:`.collective`).
 
@@ -17,7 +19,7 @@ One epoch of the gradient-sharing master inside a Spark barrier task::
     job_id = (ctx.stageId() << 16) | ctx.stageAttemptNumber()  # fresh per stage attempt
     agreement = KeyAgreement(rank, job_id)                      # a fresh X25519 key pair
     endpoint = ReliableEndpoint(rank, None, job_id=job_id,      # a key per peer, below
-                                host=select_address(network_mask), config=endpoint_config)
+                                host=select_address(network_mask))
     try:
         mine = json.dumps([*endpoint.address, agreement.public.hex()])
         gathered = [json.loads(a) for a in ctx.allGather(mine)]   # addresses and public keys only
@@ -30,19 +32,19 @@ One epoch of the gradient-sharing master inside a Spark barrier task::
             group.publish(payload)
             for origin, message in group.poll():      # others' updates, each once
                 decode(message, into=params)
-        for origin, message in group.finish(stall_timeout=120.0):
+        for origin, message in group.finish(stall_timeout=STALL_TIMEOUT):  # .limits
             decode(message, into=params)
-        group.leave(stall_timeout=120.0)   # keep acking until every neighbour has finished
+        group.leave(stall_timeout=STALL_TIMEOUT)   # keep acking until every neighbour has finished
     finally:
         endpoint.close()
 """
 from .address import ENV_VAR, local_ipv4_addresses, select_address
 from .collective import CollectiveGroup
-from .config import EndpointConfig
-from .endpoint import ReliableEndpoint
+from .endpoint import ReliableEndpoint, prompt_io_thread
 from .errors import EndpointClosedError, FrameRejectedError, PeerLostError, PeerStalledError, TransportError
 from .faults import FaultInjection
-from .group import PeerGroup, Topology, tree_neighbours
+from .group import PeerGroup, Topology, named_peers, tree_neighbours, wait_for_peers
+from .joining import JoiningGroup, gather_peers
 from .keys import KeyAgreement
 from .protocol import RejectReason
 
@@ -50,9 +52,9 @@ __all__ = [
     "CollectiveGroup",
     "ENV_VAR",
     "EndpointClosedError",
-    "EndpointConfig",
     "FaultInjection",
     "FrameRejectedError",
+    "JoiningGroup",
     "KeyAgreement",
     "PeerGroup",
     "PeerLostError",
@@ -61,7 +63,11 @@ __all__ = [
     "ReliableEndpoint",
     "Topology",
     "TransportError",
+    "gather_peers",
     "local_ipv4_addresses",
+    "named_peers",
+    "prompt_io_thread",
     "select_address",
     "tree_neighbours",
+    "wait_for_peers",
 ]

@@ -20,23 +20,25 @@ A background thread reads the socket, acks, and fires retransmissions.
 from __future__ import annotations
 
 import collections
+import contextlib
 import heapq
 import logging
 import math
 import selectors
 import socket
+import sys
 import threading
 import time
 from collections.abc import Mapping
 
-from .config import EndpointConfig
+from .limits import endpoint_limits
 from .errors import EndpointClosedError, PeerStalledError
 from .faults import FaultInjector
 from .peer import OutMessage, PeerState, Receipt
 from .protocol import (ACK_ENTRY, OVERHEAD_BYTES, DatagramCodec, DatagramRejected, KeyUnknown, MessageType,
                        RejectReason)
 
-__all__ = ["ReliableEndpoint"]
+__all__ = ["ReliableEndpoint", "prompt_io_thread", "IO_SWITCH_INTERVAL"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +54,24 @@ _COUNTERS = (
     "datagrams_sent", "wire_bytes_sent", "datagrams_received", "wire_bytes_received",
     "datagrams_retransmitted", "acks_sent", "acks_received", "duplicates_dropped", "send_errors",
 )
+
+
+#: Seconds between the interpreter's thread switches while a rank trains (:func:`prompt_io_thread`).
+IO_SWITCH_INTERVAL = 0.0005
+
+
+@contextlib.contextmanager
+def prompt_io_thread():
+    """Let an endpoint's I/O thread take the GIL within :data:`IO_SWITCH_INTERVAL`
+    of a datagram's arrival while the training loop runs Python code (the
+    interpreter's default, 5 ms, is most of a small model's step: a peer
+    waiting for this rank's message would wait for it)."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(min(before, IO_SWITCH_INTERVAL))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
 
 
 def _check_rank(rank, what: str = "rank") -> int:
@@ -84,8 +104,11 @@ class ReliableEndpoint:
         Peers must be able to reach it as given: ``address`` reports it.
     port : int, default 0
         UDP port; 0 picks a free ephemeral one.
-    config : EndpointConfig, optional
-        Limits and timers; every rank must use the same.
+    limits : mapping, optional
+        For the transport's tests only: ``{name: value}`` in place of the
+        module constants of :mod:`.limits` (a smaller window, a shorter
+        stall timeout, ``faults``: a :class:`~.faults.FaultInjection`).
+        Every rank must use the same; production ranks use none.
 
     Notes
     -----
@@ -95,15 +118,13 @@ class ReliableEndpoint:
     """
 
     def __init__(self, rank: int, key, job_id: int = 0, host: str = "127.0.0.1",
-                 port: int = 0, config: EndpointConfig | None = None):
+                 port: int = 0, *, limits: Mapping | None = None):
         self._rank = _check_rank(rank)
-        self.config = config = EndpointConfig() if config is None else config
-        if not isinstance(config, EndpointConfig):
-            raise TypeError(f"Expect config to be an EndpointConfig, got {type(config).__name__}")
-        self._codec = DatagramCodec(key, job_id, config.max_datagram_bytes)
-        self._ack_entries_per_datagram = (config.max_datagram_bytes - OVERHEAD_BYTES) // ACK_ENTRY.size
-        self._injector = (FaultInjector(config.faults, self._rank)
-                          if config.faults is not None and config.faults.active else None)
+        self.limits = limits = endpoint_limits(limits)
+        self._codec = DatagramCodec(key, job_id, limits.max_datagram_bytes)
+        self._ack_entries_per_datagram = (limits.max_datagram_bytes - OVERHEAD_BYTES) // ACK_ENTRY.size
+        self._injector = (FaultInjector(limits.faults, self._rank)
+                          if limits.faults is not None and limits.faults.active else None)
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
         self._peers: dict[int, PeerState] = {}
@@ -123,9 +144,9 @@ class ReliableEndpoint:
         self._wake_r, self._wake_w = socket.socketpair()
         try:
             for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-                if config.socket_buffer_bytes:
+                if limits.socket_buffer_bytes:
                     try:
-                        sock.setsockopt(socket.SOL_SOCKET, opt, config.socket_buffer_bytes)
+                        sock.setsockopt(socket.SOL_SOCKET, opt, limits.socket_buffer_bytes)
                     except OSError as exc:  # not fatal: the kernel default works, only slower
                         logger.debug("setsockopt(%s) failed: %s", opt, exc)
             sock.bind((host, int(port)))
@@ -220,7 +241,7 @@ class ReliableEndpoint:
             for rank, addr in table.items():
                 peer = self._peers.get(rank)
                 if peer is None:
-                    self._peers[rank] = PeerState(rank, addr, self.config)
+                    self._peers[rank] = PeerState(rank, addr, self.limits)
                 else:
                     peer.address = addr
             early, self._early, self._early_bytes = self._early, [], 0
@@ -242,7 +263,7 @@ class ReliableEndpoint:
         rank : int
             A rank in the peer table.
         payload : bytes-like
-            At most ``config.max_message_bytes`` bytes (may be empty).
+            At most ``limits.max_message_bytes`` bytes (may be empty).
 
         Raises
         ------
@@ -254,7 +275,7 @@ class ReliableEndpoint:
         """
         data = memoryview(payload).cast("B")
         n = data.nbytes
-        cfg = self.config
+        cfg = self.limits
         if n > cfg.max_message_bytes:
             raise ValueError(f"Expect a message of at most max_message_bytes={cfg.max_message_bytes} "
                              f"bytes, got {n}")
@@ -337,7 +358,7 @@ class ReliableEndpoint:
         Parameters
         ----------
         timeout : float or None, default None
-            Seconds; ``None`` means ``config.stall_timeout``.
+            Seconds; ``None`` means ``limits.stall_timeout``.
 
         Raises
         ------
@@ -346,7 +367,7 @@ class ReliableEndpoint:
             or earlier as soon as one has acknowledged nothing for
             ``stall_timeout``.
         """
-        timeout = self.config.stall_timeout if timeout is None else timeout
+        timeout = self.limits.stall_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         with self._cv:
             while True:
@@ -453,7 +474,7 @@ class ReliableEndpoint:
                  f"{p.unacked_bytes} bytes unacked; last progress {now - p.last_progress:.1f} s ago)"
                  for p in peers]
         message = (f"rank {self._rank}: peer(s) stalled during {during}: " + "; ".join(parts)
-                   + f" [stall_timeout={self.config.stall_timeout:g} s]")
+                   + f" [stall_timeout={self.limits.stall_timeout:g} s]")
         return PeerStalledError(message, [p.rank for p in peers], [p.address for p in peers])
 
     def _wake(self) -> None:
@@ -570,7 +591,7 @@ class ReliableEndpoint:
 
     def _hold(self, data: bytes) -> bool:
         """Keep a datagram of a rank not known yet until set_peers names it (bounded), else reject it."""
-        if len(self._early) < _MAX_EARLY and self._early_bytes + len(data) <= self.config.max_reassembly_bytes:
+        if len(self._early) < _MAX_EARLY and self._early_bytes + len(data) <= self.limits.max_reassembly_bytes:
             self._early.append(data)
             self._early_bytes += len(data)
             return False
@@ -601,7 +622,7 @@ class ReliableEndpoint:
     def _on_data(self, peer: PeerState, header, payload) -> bool:
         seq, index = header.seq, header.chunk_index
         outcome, message = peer.on_data(seq, index, header.chunk_count, payload,
-                                        self._inbox_bytes >= self.config.max_inbox_bytes)
+                                        self._inbox_bytes >= self.limits.max_inbox_bytes)
         if outcome is Receipt.DUPLICATE:
             self._stats["duplicates_dropped"] += 1
         elif isinstance(outcome, RejectReason):

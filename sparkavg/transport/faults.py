@@ -1,6 +1,9 @@
 """Fault injection on outgoing datagrams: loss, duplication, reordering.
 
-Used by the tests and by the example's ``--simulate-udp-loss P``; applied
+Test-only: the transport's tests pass it to an endpoint
+(``ReliableEndpoint(..., limits={"faults": ...})``), the Spark executors
+build it from the test hook ``sparkavg.test.udp_loss`` (the example's
+``--simulate-udp-loss P``); no configuration carries it.  Applied
 inside the endpoint to every datagram it sends (DATA and ACK alike), so the
 real retransmission and duplicate-suppression paths are exercised over real
 sockets.
@@ -12,17 +15,14 @@ import itertools
 import random
 from dataclasses import dataclass
 
-from ..configurable import Configurable, register
-
 __all__ = ["FaultInjection", "FaultInjector"]
 
 #: Held-back datagrams beyond this many are sent at once instead (keeps memory bounded).
 MAX_HELD_DATAGRAMS = 4096
 
 
-@register("faults")
 @dataclass(frozen=True)
-class FaultInjection(Configurable):
+class FaultInjection:
     """What to do to outgoing datagrams, each decision drawn independently.
 
     Parameters

@@ -27,17 +27,53 @@ import enum
 import logging
 import struct
 import time
+from typing import Callable
 
 from .endpoint import ReliableEndpoint
 from .errors import PeerStalledError, TransportError
 
-__all__ = ["PeerGroup", "Topology", "tree_neighbours"]
+__all__ = ["PeerGroup", "Topology", "tree_neighbours", "wait_for_peers", "named_peers"]
 
 logger = logging.getLogger(__name__)
 
 _FRAME = struct.Struct("!BIQ")
 _MSG, _END, _DONE = 1, 2, 3
 _POLL_SLICE = 0.05   # finish() wakes this often to check its deadline
+
+
+def named_peers(ranks, peers: dict) -> str:
+    """``"rank 1 at 10.0.0.2:4000, rank 9 (address unknown)"``: ``ranks`` as an
+    operator looks them up, by the peer table ``peers`` (``{rank: (host, port)}``;
+    a MESH origin relayed by a neighbour is not in it)."""
+    return ", ".join(f"rank {r} at {peers[r][0]}:{peers[r][1]}" if peers.get(r) else f"rank {r} (address unknown)"
+                     for r in ranks)
+
+
+def wait_for_peers(group, receive: Callable[[float], None], count: int, stall_timeout: float) -> None:
+    """Call ``receive(timeout)`` until every origin of ``group`` has published
+    ``count`` messages, or ended with fewer (a bounded-staleness wait: a rank
+    runs at most ``staleness`` iterations ahead of its slowest peer).
+
+    Raises
+    ------
+    PeerStalledError
+        Naming the origins still behind and their addresses, when some are
+        ``stall_timeout`` seconds after the first look: a peer lost with its
+        process, host or link.
+    """
+    deadline = None
+    while True:
+        behind = group.behind(count)
+        if not behind:
+            return
+        if deadline is None:
+            deadline = time.monotonic() + stall_timeout
+        elif time.monotonic() > deadline:
+            peers = group.endpoint.peers
+            raise PeerStalledError(f"rank {group.rank}: peer {named_peers(behind, peers)} sent fewer than {count} "
+                                   f"iterations' messages within {stall_timeout:g} s: lost, or stalled", behind,
+                                   [peers.get(r) for r in behind])
+        receive(_POLL_SLICE)
 
 
 class Topology(enum.Enum):
@@ -288,14 +324,14 @@ class PeerGroup:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 peers = self.endpoint.peers
-                raise PeerStalledError(f"rank {self.rank}: neighbour rank(s) {waiting} did not finish within "
-                                       f"{stall_timeout:g} s", waiting, [peers.get(r) for r in waiting])
+                raise PeerStalledError(f"rank {self.rank}: neighbour {named_peers(waiting, peers)} did not finish "
+                                       f"within {stall_timeout:g} s", waiting, [peers.get(r) for r in waiting])
             item = self.endpoint.receive(min(remaining, _POLL_SLICE))
             if item is not None:
                 self._accept(item[0], item[1], ignored)
                 for src, f in self.endpoint.poll():
                     self._accept(src, f, ignored)
-        grace = min(max(0.0, deadline - time.monotonic()), 2 * self.endpoint.config.retransmit_timeout)
+        grace = min(max(0.0, deadline - time.monotonic()), 2 * self.endpoint.limits.retransmit_timeout)
         try:
             self.endpoint.flush(grace)  # our DONEs: every neighbour has them unless their acks were lost
         except PeerStalledError:
@@ -321,15 +357,15 @@ class PeerGroup:
     # ------------------------------------------------------------------ internals
     def _incomplete_error(self, incomplete: list[int], stall_timeout: float) -> PeerStalledError:
         details = []
+        peers = self.endpoint.peers
         for r in incomplete:
             s = self._origins[r]
             expected = "END missing" if s.end_count is None else f"expected {s.end_count}"
-            details.append(f"{r} ({s.received} received, {expected})")
-        peers = self.endpoint.peers
+            details.append(f"{named_peers([r], peers)} ({s.received} received, {expected})")
         pending = self.endpoint.pending()
         hint = f"; unacked messages to neighbours {pending}" if pending else ""
         message = (f"rank {self.rank}: origin rank(s) {incomplete} incomplete after "
-                   f"{stall_timeout:g} s: " + ", ".join(details) + hint)
+                   f"{stall_timeout:g} s: " + "; ".join(details) + hint)
         return PeerStalledError(message, incomplete, [peers.get(r) for r in incomplete])
 
     def _accept(self, src: int, frame: bytes, out: list) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 
-from .config import EndpointConfig
+from .limits import _Limits
 from .protocol import ACK_ENTRY, RejectReason
 
 __all__ = ["OutMessage", "PeerState", "Receipt"]
@@ -62,29 +62,30 @@ class PeerState:
     ----------
     rank : int
     address : (str, int)
-    config : EndpointConfig
+    limits : _Limits
+        The endpoint's sizes and timers (:mod:`.limits`).
     """
 
     __slots__ = (
         # set by the endpoint
-        "rank", "address", "config",
+        "rank", "address", "limits",
         # send side
         "next_seq", "unacked", "unacked_bytes", "last_progress", "srtt", "rttvar", "rto",
         # receive side
         "cum", "delivered", "partial", "partial_bytes", "ack_entries",
     )
 
-    def __init__(self, rank: int, address: tuple, config: EndpointConfig):
+    def __init__(self, rank: int, address: tuple, limits: _Limits):
         self.rank = rank
         self.address = address
-        self.config = config
+        self.limits = limits
         self.next_seq = 0
         self.unacked: dict[int, OutMessage] = {}   # ascending seq (insertion order)
         self.unacked_bytes = 0
         self.last_progress = 0.0
         self.srtt = None
         self.rttvar = 0.0
-        self.rto = config.retransmit_timeout
+        self.rto = limits.retransmit_timeout
         self.cum = 0
         self.delivered: set[int] = set()
         self.partial: dict[int, _Partial] = {}
@@ -94,13 +95,13 @@ class PeerState:
     # ------------------------------------------------------------------ send side
     def has_room(self, nbytes: int) -> bool:
         """Whether a message of ``nbytes`` fits the send window (always when it is empty)."""
-        cfg = self.config
+        cfg = self.limits
         return not self.unacked or (self.unacked_bytes + nbytes <= cfg.send_window_bytes
                                     and len(self.unacked) < cfg.send_window_messages)
 
     def stalled(self, now: float) -> bool:
         """Data is outstanding and nothing new was acked for ``stall_timeout``."""
-        return bool(self.unacked) and now - self.last_progress > self.config.stall_timeout
+        return bool(self.unacked) and now - self.last_progress > self.limits.stall_timeout
 
     def add_sent(self, msg: OutMessage, now: float) -> None:
         """Record a message whose chunks were just transmitted once each."""
@@ -114,7 +115,7 @@ class PeerState:
 
     def retransmit_delay(self, sends: int) -> float:
         """Timeout after the ``sends``-th transmission of a chunk (doubling, capped)."""
-        return min(self.config.retransmit_timeout, self.rto * (2 ** min(sends - 1, 16)))
+        return min(self.limits.retransmit_timeout, self.rto * (2 ** min(sends - 1, 16)))
 
     def on_ack(self, cum: int, payload, now: float) -> bool | None:
         """Apply an ACK; return whether it acknowledged anything new, ``None`` if malformed."""
@@ -145,7 +146,7 @@ class PeerState:
         return progressed
 
     def _sample_rtt(self, sample: float) -> None:
-        cfg = self.config
+        cfg = self.limits
         if not cfg.adaptive_retransmit:
             return
         if self.srtt is None:
@@ -167,7 +168,7 @@ class PeerState:
         message : bytes or None
             The completed message for ``Receipt.DELIVERED``.
         """
-        cfg = self.config
+        cfg = self.limits
         if count > cfg.max_chunks or payload.nbytes > cfg.chunk_bytes:
             return RejectReason.MALFORMED, None
         if seq < self.cum or seq in self.delivered:

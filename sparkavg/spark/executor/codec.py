@@ -84,7 +84,7 @@ def encode_value(value) -> Tuple[str, List[bytes]]:
                 return {k: enc(x) for k, x in v.items()}
             return {_TAG: "dict", "items": [[enc(k), enc(x)] for k, x in v.items()]}
         if isinstance(v, TaskFailure):
-            return {_TAG: "failure", "kind": v.kind, "message": v.message, "where": v.where}
+            return {_TAG: "failure", "kind": v.kind, "message": v.message, "where": v.where, "fields": v.fields}
         if isinstance(v, Record) and _kind(v) == "result":
             return {_TAG: "record", "class": type(v)._config_name,
                     "fields": [enc(getattr(v, s)) for s in v.__slots__]}
@@ -120,7 +120,7 @@ def decode_value(text: str, blobs: Sequence) -> object:
         if tag == "dict":
             return {dec(k): dec(x) for k, x in v["items"]}
         if tag == "failure":
-            return TaskFailure(v["kind"], v["message"], v["where"])
+            return TaskFailure(v["kind"], v["message"], v["where"], v.get("fields"))
         if tag == "record":
             return _registered("result", v["class"])(*[dec(x) for x in v["fields"]])
         if tag == "evaluation":

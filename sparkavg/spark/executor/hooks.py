@@ -11,15 +11,14 @@ the task; a production task gets ``None`` and runs no hook code at all.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 from typing import Callable, Optional
 
-from ...transport import EndpointConfig, FaultInjection
+from ...transport import FaultInjection
 
 __all__ = ["TestHooks", "KILL_MARKER", "STALL_RANK", "HOLD_MARKER", "SLOW_WORKER", "UDP_LOSS", "STALL_TIMEOUT",
-           "RETRANSMIT_TIMEOUT", "STAGE_ATTEMPTS", "endpoint_config", "stage_attempts", "MAX_STAGE_ATTEMPTS"]
+           "RETRANSMIT_TIMEOUT", "STAGE_ATTEMPTS", "transport_limits", "stage_attempts", "MAX_STAGE_ATTEMPTS"]
 
 KILL_MARKER = "sparkavg.test.kill_marker"
 STALL_RANK = "sparkavg.test.stall_rank"
@@ -94,19 +93,17 @@ class TestHooks:
             threading.Event().wait()
 
 
-def endpoint_config(hooks: Optional[TestHooks], seed: int, rank: int, epoch: int) -> EndpointConfig:
-    """The transport configuration a sharing rank runs with: the transport's
-    defaults, or the tests' timeouts and simulated loss."""
+def transport_limits(hooks: Optional[TestHooks], seed: int, rank: int, epoch: int) -> dict:
+    """The tests' timeouts and simulated loss for a sharing rank's endpoint
+    (``ReliableEndpoint(..., limits=)``); empty: the transport's own."""
     numbers = hooks.numbers if hooks is not None else {}
-    if not numbers:
-        return EndpointConfig()
     changes = {name: numbers[name] for name in ("stall_timeout", "retransmit_timeout") if name in numbers}
     if "retransmit_timeout" in changes:
         changes["min_retransmit_timeout"] = min(changes["retransmit_timeout"], 0.05)
     p = numbers.get("udp_loss", 0.0)
     if p:
         changes["faults"] = FaultInjection(loss=p, duplicate=p / 2, reorder=p / 2, seed=seed * 1000 + rank + 17 * epoch)
-    return dataclasses.replace(EndpointConfig(), **changes)
+    return changes
 
 
 def stage_attempts(hooks: Optional[TestHooks]) -> int:

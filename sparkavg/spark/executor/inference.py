@@ -19,7 +19,8 @@ from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ...backend import to_cpu
-from ...data.validation import DataSpec, check_input_rows, count_examples, row_namer, split_features, take_examples
+from ...data.validation import (DataSpec, DataValidationError, check_input_rows, count_examples, row_namer,
+                                split_features, take_examples)
 from ..errors import failure_aware, task_failure_guard
 from .arrow import read_features
 from .context import cached_network, load_state, task_partition
@@ -48,6 +49,28 @@ def _encoded(x, encoding: Optional[dict]):
     return encode_inputs(x, encoding)
 
 
+def _output(net, x, where):
+    """``net.output(x)``; when the model refuses the chunk (a ``ValueError`` or
+    ``TypeError``: an id beyond an Embedding's vocabulary, ...) and refuses a
+    row of it on its own that others pass, a ``DataValidationError`` naming
+    that row (``where(i)``: its partition and row) and the model's reason;
+    the error as it is, with the chunk's rows named, when every row fails
+    alike (the model's doing, not a row's)."""
+    try:
+        return net.output(x)
+    except (ValueError, TypeError) as exc:
+        n, refused = count_examples(x), []
+        for i in range(n):
+            try:
+                net.output(take_examples(x, i, i + 1))
+            except (ValueError, TypeError):
+                refused.append(i)
+        if refused and len(refused) < n:
+            raise DataValidationError(f"Bad features at {where(refused[0])}: {exc}") from None
+        exc.args = (f"{exc} [{where(0)} and the {n - 1} row(s) after it]",) + exc.args[1:]
+        raise
+
+
 def make_evaluator(config_json: str, shipped, evaluations: list, rebatch_fn, encoding: Optional[dict] = None):
     """Executor function: evaluate one partition into fresh copies of the
     given (empty) evaluations; yields one list of evaluations (or a
@@ -59,10 +82,11 @@ def make_evaluator(config_json: str, shipped, evaluations: list, rebatch_fn, enc
         with task_failure_guard(failures, partition=index):
             net = _net(config_json, shipped)
             evals = copy.deepcopy(evaluations)
-            given_model = [hasattr(ev, "eval_model") for ev in evals]
+            given_model, first = [hasattr(ev, "eval_model") for ev in evals], 0
             for x, y in rebatch_fn(index, rows):
                 x = _encoded(x, encoding)
-                out = None if all(given_model) else net.output(x)
+                out = None if all(given_model) else _output(net, x, row_namer(index, first))
+                first += len(y)
                 for ev, model in zip(evals, given_model):
                     ev.eval_model(net, x, y) if model else ev.eval(y, out)
         yield failures[0] if failures else evals
@@ -87,7 +111,12 @@ def make_scorer(config_json: str, shipped, rebatch_fn, encoding: Optional[dict] 
         with task_failure_guard(failures, partition=index):
             net = _net(config_json, shipped)
             for x, y in rebatch_fn(index, rows):
-                total += float(net.score(_encoded(x, encoding), y)) * len(y)
+                x = _encoded(x, encoding)
+                try:
+                    total += float(net.score(x, y)) * len(y)
+                except (ValueError, TypeError):
+                    _output(net, x, row_namer(index, n))  # names a row the model refuses
+                    raise
                 n += len(y)
         yield failures[0] if failures else (total, n)
 
@@ -106,23 +135,24 @@ def make_predict_fn(config_json: str, shipped, batch_size: int,
 
     Returns ``make_predict``: called once inside a task, it loads the
     network (``shipped.value``: ``(iteration, params, None)``) and returns
-    ``predict(x)``, which runs the network over ``x`` (a dict by input name)
-    in chunks of ``batch_size`` and returns its outputs as one host array of
-    shape ``(n, k)``, ``x`` first in the model's input ``encoding``
-    (``DataOptions(scale=, normalize=)``; None: as it is).  Plain values
-    only: it ships to executors.
+    ``predict(x, where=None)``, which runs the network over ``x`` (a dict by
+    input name) in chunks of ``batch_size`` and returns its outputs as one
+    host array of shape ``(n, k)``, ``x`` first in the model's input
+    ``encoding`` (``DataOptions(scale=, normalize=)``; None: as it is);
+    ``where(i)`` names row ``i`` of ``x`` when the model refuses it.  Plain
+    values only: it ships to executors.
     """
 
     def make_predict() -> Callable[[np.ndarray], np.ndarray]:
         net = _net(config_json, shipped)
 
-        def predict(x: dict) -> np.ndarray:
+        def predict(x: dict, where=None) -> np.ndarray:
             n = count_examples(x)
             if n == 0:
                 return np.zeros((0, 1), np.float32)
-            x = _encoded(x, encoding)
-            parts = [np.asarray(to_cpu(net.output(take_examples(x, s, s + batch_size))))
-                     for s in range(0, n, batch_size)]
+            x, where = _encoded(x, encoding), where or (lambda i: f"row {i} of the batch")
+            parts = [np.asarray(to_cpu(_output(net, take_examples(x, s, s + batch_size),
+                                               lambda i, s=s: where(s + i)))) for s in range(0, n, batch_size)]
             return (parts[0] if len(parts) == 1 else np.concatenate(parts)).reshape(n, -1)
 
         return predict
@@ -130,9 +160,10 @@ def make_predict_fn(config_json: str, shipped, batch_size: int,
     return make_predict
 
 
-def _row_matrices(rows: Iterable, inputs, partition: int) -> Iterator[Tuple[list, dict]]:
+def _row_matrices(rows: Iterable, inputs, partition: int) -> Iterator[Tuple[list, dict, Callable]]:
     """Rows gathered into validated matrices by input name (the rules of
-    training data: numbers, the input's size, finite; partition and row named)."""
+    training data: numbers, the input's size, finite; partition and row
+    named), each with the namer of its rows."""
     spec = DataSpec(tuple(inputs[0].shape), 1, inputs=tuple(inputs))
     keys, xs, first = [], [], 0
     for record in rows:
@@ -140,11 +171,13 @@ def _row_matrices(rows: Iterable, inputs, partition: int) -> Iterator[Tuple[list
         keys.append(key)
         xs.append(x)
         if len(xs) == ROWS_PER_CALL:
-            yield keys, check_input_rows(xs, spec, row_namer(partition, first))
+            where = row_namer(partition, first)
+            yield keys, check_input_rows(xs, spec, where), where
             first += len(xs)
             keys, xs = [], []
     if xs:
-        yield keys, check_input_rows(xs, spec, row_namer(partition, first))
+        where = row_namer(partition, first)
+        yield keys, check_input_rows(xs, spec, where), where
 
 
 def predict_rows(make_predict: Callable[[], Callable], inputs: Sequence):
@@ -158,8 +191,8 @@ def predict_rows(make_predict: Callable[[], Callable], inputs: Sequence):
 
     def run(index, rows):
         predict = make_predict()
-        for keys, x in _row_matrices(rows, inputs, index):
-            for key, row in zip(keys, predict(x)):
+        for keys, x, where in _row_matrices(rows, inputs, index):
+            for key, row in zip(keys, predict(x, where)):
                 yield row if key is None else (key, row)
 
     return run
@@ -186,9 +219,9 @@ def predict_arrow(make_predict: Callable[[], Callable], features_col, columns: C
         partition = task_partition() or 0
         row = 0
         for batch in batches:
-            n = batch.num_rows
-            x = read_features(batch, features_col, row_namer(partition, row))
-            for name, column in columns(predict(x)):
+            n, where = batch.num_rows, row_namer(partition, row)
+            x = read_features(batch, features_col, where)
+            for name, column in columns(predict(x, where)):
                 batch = batch.append_column(name, column)
             yield batch
             row += n

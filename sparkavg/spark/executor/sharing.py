@@ -15,11 +15,8 @@ arrival times.
 """
 from __future__ import annotations
 
-import contextlib
 import glob
-import heapq
 import os
-import sys
 import tempfile
 import time
 from typing import Iterator, Optional
@@ -28,18 +25,17 @@ import numpy as np
 
 from ...backend import get_array_module
 from ...configurable import register
-from ...sharing import SharingState, apply_received, local_view, sharing_step
-from ...sharing.thresholds import ResidualClipping
-from ...transport import KeyAgreement, PeerStalledError, ReliableEndpoint, select_address
+from ...sharing import InOrder, SharingState, apply_received, local_view, sharing_step
+from ...transport import (JoiningGroup, KeyAgreement, PeerStalledError, ReliableEndpoint, prompt_io_thread,
+                          select_address, wait_for_peers)
 from ..errors import DivergenceError, register_error, task_failure_guard
 from ...stats import CounterName, Phase, PhaseRecorder, SeriesName, task_lane
 from ...data.storage import prefetch_depth
 from .averaging import check_finite
 from .context import LossSum, Record, cached_network, host_copy, load_state
 from .device import task_device
-from .hooks import endpoint_config
+from .hooks import transport_limits
 from .minibatches import recorded_minibatches
-from .peers import JoiningGroup
 
 __all__ = ["SharingResult", "make_sharing_task", "replica_sample", "REPLICA_SAMPLE", "ResidentStateMissing",
            "keep_resident", "take_resident", "RESIDENT_DIR", "RESIDENT_MAX_AGE"]
@@ -147,8 +143,6 @@ def replica_sample(num_params: int):
     evenly spaced ones (all when fewer).  Replicas agree up to the order of
     float additions, so rank 0's replica is the result and the others only
     show that they agree -- without sending the driver a replica each."""
-    import numpy as np
-
     if num_params <= REPLICA_SAMPLE:
         return np.arange(num_params, dtype=np.int64)
     return np.linspace(0, num_params - 1, REPLICA_SAMPLE).astype(np.int64)
@@ -183,7 +177,7 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
     bytes cross to the host; received bytes are copied to the device and
     applied there.
     """
-    rule, clipping = master.threshold, ResidualClipping()  # DL4J's post-processor: every 5 iterations, 5 τ
+    rule = master.threshold
     prefetch, staleness = prefetch_depth(master.data), master.staleness
 
     def run(items) -> Iterator:
@@ -195,7 +189,7 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
         rank = ctx.partitionId()
         # Every error fails the task (marked with its origin), and Spark aborts the barrier stage:
         # returned as a result, it would leave the other ranks waiting in allGather forever.
-        with task_failure_guard(None, **{"worker rank": rank, "epoch": epoch + 1}), _prompt_io_thread():
+        with task_failure_guard(None, **{"worker rank": rank, "epoch": epoch + 1}), prompt_io_thread():
             result = _epoch(items, ctx, rank, task_device(device, ctx))
         yield result
 
@@ -224,8 +218,7 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
             n = net.num_params
             flat = net.state["params"]  # the model's live parameter vector (the contract's state)
             xp = get_array_module(flat)
-            state = (SharingState(rule, clipping, n, xp=xp) if saved is None
-                     else SharingState.from_plain(rule, clipping, saved, xp=xp))
+            state = SharingState(rule, n, xp=xp) if saved is None else SharingState.from_plain(rule, saved, xp=xp)
             state.reset_statistics()
             update = xp.zeros(n, xp.float32)
             # the update scale, decided on the driver: 1/workers or 1
@@ -246,11 +239,11 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
         # A fresh id per stage and attempt: sequence numbers restart with every endpoint, so
         # datagrams of an earlier epoch or a failed attempt must never be taken for new ones.
         stage_job = (job_id << 32) | ((ctx.stageId() & 0xFFFFFF) << 8) | (ctx.attemptNumber() & 0xFF)
-        config = endpoint_config(hooks, master.seed, rank, epoch)
-        stall_timeout = config.stall_timeout
         # A fresh X25519 key pair per stage attempt; the pair keys come with the peers' addresses (no key shipped).
         agreement = KeyAgreement(rank, stage_job)
-        endpoint = ReliableEndpoint(rank, None, job_id=stage_job, host=host, port=port, config=config)
+        endpoint = ReliableEndpoint(rank, None, job_id=stage_job, host=host, port=port,
+                                    limits=transport_limits(hooks, master.seed, rank, epoch))
+        stall_timeout = endpoint.limits.stall_timeout
         try:
             # The peers' addresses come in a thread (Spark's allGather polls once a second): train meanwhile.
             group = JoiningGroup(ctx, endpoint, agreement, world, master.topology, stall_timeout)
@@ -275,7 +268,7 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
             for x, y in recorded_minibatches(items, prefetch, rec, value.get("transform"), rank):
                 if staleness is not None and iterations > staleness:
                     with rec.phase(Phase.WAIT):
-                        _wait_for_peers(group, receive, iterations - staleness, stall_timeout, rank)
+                        wait_for_peers(group, receive, iterations - staleness, stall_timeout)
                     if ordered is not None:
                         with rec.phase(Phase.APPLY):
                             apply_received(state, ordered.take(iterations), shared)
@@ -335,62 +328,6 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
                              [choice.to_plain(rank)], host_copy(live["buffers"]))
 
     return run
-
-
-@contextlib.contextmanager
-def _prompt_io_thread():
-    """Let the endpoint's I/O thread take the GIL within :data:`IO_SWITCH_INTERVAL`
-    of a datagram's arrival while the training loop runs Python code (the
-    interpreter's default, 5 ms, is most of a small model's step: a peer
-    waiting for this rank's message would wait for it)."""
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(min(before, IO_SWITCH_INTERVAL))
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(before)
-
-
-#: Seconds between the interpreter's thread switches during a sharing task (:func:`_prompt_io_thread`).
-IO_SWITCH_INTERVAL = 0.0005
-
-
-class InOrder:
-    """Peer messages held until their turn, handed out in (iteration, rank)
-    order: what a replica applies before each step then depends only on the
-    iterations, never on when datagrams arrived (``staleness=0``)."""
-
-    def __init__(self):
-        self._held: list = []
-
-    def add(self, numbered) -> None:
-        """Hold ``(origin, number, payload)`` messages (``poll(numbered=True)``)."""
-        for origin, number, payload in numbered:
-            heapq.heappush(self._held, (number, origin, payload))
-
-    def take(self, below: Optional[int]) -> list:
-        """The held payloads numbered below ``below`` (all when None), in order."""
-        out = []
-        while self._held and (below is None or self._held[0][0] < below):
-            out.append(heapq.heappop(self._held)[2])
-        return out
-
-
-def _wait_for_peers(group, receive, count: int, stall_timeout: float, rank: int) -> None:
-    """``receive(timeout)`` peer messages until every peer has published
-    ``count`` iterations' payloads, or ended with fewer (a bounded-staleness
-    wait; the first one also waits for the peers' addresses)."""
-    deadline = None
-    while True:
-        behind = group.behind(count)
-        if not behind:
-            return
-        if deadline is None:
-            deadline = time.monotonic() + stall_timeout
-        elif time.monotonic() > deadline:
-            raise PeerStalledError(f"rank {rank}: peer rank(s) {behind} sent fewer than {count} iterations' "
-                                   f"messages within {stall_timeout:g} s (GradientSharing.staleness)", behind, [])
-        receive(0.05)
 
 
 def _raise_if_diverged(state: SharingState, exc: ValueError, rank: int, iteration: int) -> None:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
+import time
 
 import numpy as np
 
@@ -52,6 +53,8 @@ from ..masters import DEFAULT_THRESHOLD, GradientSharing
 from ..policies import record
 from ..policies.sharing import LocalView, MomentumMasking, ThresholdChoice, UpdateScale
 from ..session import check_security
+from ...transport import PeerStalledError
+from ...transport.limits import STALL_TIMEOUT
 from .base import EpochRunner, Merged, network_state, runs
 
 __all__ = ["SharingRunner", "state_fingerprint"]
@@ -182,7 +185,10 @@ class SharingRunner(EpochRunner):
                                              device=m.device.value, hooks=hooks)
                     continue
                 except Exception as exc:
-                    if attempt >= attempts or is_permanent(exc):
+                    if is_permanent(exc):
+                        raise
+                    self._name_lost_ranks(exc, attempt >= attempts, plan, hooks)
+                    if attempt >= attempts:
                         raise
                     stats.count("stage_restarts", 1)
                     logger.warning("%s, attempt %d of %d failed (%s); restarting the epoch", what, attempt,
@@ -191,6 +197,28 @@ class SharingRunner(EpochRunner):
         finally:
             if whole is not None:
                 whole.destroy()
+
+    def _name_lost_ranks(self, exc, last: bool, plan, hooks) -> None:
+        """Add to ``exc`` the ranks lost in a failed epoch and their hosts (Spark's); raise it at once when
+        Spark cannot run the epoch's barrier stage again: fewer task slots than ranks without the hosts
+        whose every rank a surviving rank found silent (a host or link lost: Spark learns of it only at its
+        heartbeat timeout, and then waits for barrier slots for minutes) for a stall timeout."""
+        tasks, workers = self.seam.barrier_tasks(plan.failed_jobs()), plan.workers
+        silent = set(exc.ranks) if isinstance(exc, PeerStalledError) else set()  # Spark knows of the others
+        lost = silent or {r for r, (_, _, failed) in tasks.items() if failed}
+        gone = {h for h, _, _ in tasks.values() if all(r in silent for r, t in tasks.items() if t[0] == h)}
+        named = ", ".join(f"worker rank {r} on host {tasks[r][0]} (executor {tasks[r][1]})" for r in sorted(lost)
+                          if r in tasks)
+        if named:
+            exc.args = (f"{named} lost: {exc.args[0] if exc.args else exc}",) + exc.args[1:]
+        deadline = time.monotonic() + float((hooks.numbers if hooks else {}).get("stall_timeout", STALL_TIMEOUT))
+        while not last and (slots := self.seam.barrier_slots(gone)) is not None and slots < workers:
+            if time.monotonic() > deadline:
+                exc.args = (f"{exc.args[0]}; not run again: Spark has {slots} task slot(s) for the epoch's {workers} "
+                            f"ranks{' without host(s) ' + ', '.join(sorted(gone)) if gone else ''}: resume from the "
+                            f"last checkpoint when the cluster has them",) + exc.args[1:]
+                raise exc
+            time.sleep(1.0)
 
     # ------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict:

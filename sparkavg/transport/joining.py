@@ -1,7 +1,8 @@
-"""A sharing worker's peer group, joined while it already trains.
+"""A rank's peer group, joined while it already trains.
 
-Peers find each other through Spark's ``BarrierTaskContext.allGather``,
-which polls for its answer once a second: every rank would wait about a
+Peers find each other through an all-gather of their addresses -- Spark's
+``BarrierTaskContext.allGather`` on the executors (any object with an
+``allGather(str) -> list of str`` will do) --, which polls for its answer once a second: every rank would wait about a
 second before its first step.  :class:`JoiningGroup` asks in a background
 thread instead; until the answer is there, the worker trains and its
 messages are held, then published in order.  Peers that learn the table
@@ -20,7 +21,9 @@ from __future__ import annotations
 import json
 import threading
 
-from ...transport import KeyAgreement, PeerGroup, PeerStalledError
+from .errors import PeerStalledError
+from .group import PeerGroup
+from .keys import KeyAgreement
 
 __all__ = ["JoiningGroup", "gather_peers"]
 
@@ -82,7 +85,7 @@ class JoiningGroup:
             self._thread.join(self.stall_timeout)
         if self._thread.is_alive():
             if wait:
-                raise PeerStalledError(f"rank {self.rank}: the peers' addresses (Spark allGather) did not come "
+                raise PeerStalledError(f"rank {self.rank}: the peers' addresses (allGather) did not come "
                                        f"within {self.stall_timeout:g} s", [], [])
             return False
         if self._error is not None:

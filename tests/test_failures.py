@@ -217,8 +217,8 @@ def test_overwrite_checkpoints_removes_the_old_runs_later_epochs(sc, tmp_path):
     rdd = _rdd(sc)
     old = SparkTrainer(sc, small_net(seed=56), master, checkpoint_dir=folder)
     old.fit(rdd, epochs=2)
-    new = SparkTrainer(sc, small_net(seed=57), master, checkpoint_dir=folder, overwrite_checkpoints=True)
-    new.fit(rdd, epochs=1)
+    new = SparkTrainer(sc, small_net(seed=57), master, checkpoint_dir=folder)
+    new.fit(rdd, epochs=1, overwrite_checkpoints=True)
     found = list_checkpoints(folder)
     assert [(c.run_id, c.epochs_done) for c in found] == [(new.run_id, 1)], (old.run_id, found)
 

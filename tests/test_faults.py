@@ -75,7 +75,7 @@ def test_fresh_run_refuses_a_folder_with_another_runs_checkpoints(sc, tmp_path):
     with pytest.raises(CheckpointError, match=r"already holds run \w+ after epoch 2 of 2"):
         SparkTrainer(sc, small_net(seed=3), master, checkpoint_dir=ckpt).fit(rdd, epochs=2)
     # asked for: the old run is replaced
-    SparkTrainer(sc, small_net(seed=3), master, checkpoint_dir=ckpt, overwrite_checkpoints=True).fit(rdd)
+    SparkTrainer(sc, small_net(seed=3), master, checkpoint_dir=ckpt).fit(rdd, overwrite_checkpoints=True)
 
 
 def test_resume_of_a_finished_run_says_so_instead_of_training_nothing(sc, tmp_path):

@@ -41,7 +41,7 @@ import numpy as np
 
 from ..configurable import ConfigError
 from ..references import resolve
-from .validation import count_examples
+from .validation import WEIGHTS, count_examples, split_weights
 
 __all__ = ["TransformError", "transform_reference", "resolve_transform", "transform_plan", "transformed",
            "COMPACT_DTYPES", "check_encoding", "check_encoding_dict", "input_encoding", "encode_inputs"]
@@ -181,13 +181,22 @@ def _seed_word(value: int) -> int:
     return int(value) & 0xFFFFFFFFFFFFFFFF  # SeedSequence takes non-negative words
 
 
+def _encoded(x, y, encoding):
+    """A minibatch in the model's input encoding; its rows' weights as they are."""
+    x, weights = split_weights(x)
+    x = encode_inputs(x, encoding)
+    if weights is not None:
+        x[WEIGHTS] = weights
+    return x, y
+
+
 def transformed(minibatches: Iterable, plan: Optional[dict], worker: Optional[int]) -> Iterator:
     """``minibatches`` (``(x, y)`` pairs) in the model's dtype and input
     encoding (:func:`encode_inputs`), then through ``plan``'s transform, each
     with its own generator (see the module docstring); without a plan only
     a compact dtype is converted to float32."""
     encoding = plan.get("encoding") if plan else None
-    minibatches = ((encode_inputs(x, encoding), y) for x, y in minibatches)
+    minibatches = (_encoded(x, y, encoding) for x, y in minibatches)
     if not plan or plan.get("name") is None:
         yield from minibatches
         return
@@ -195,6 +204,7 @@ def transformed(minibatches: Iterable, plan: Optional[dict], worker: Optional[in
     fn = resolve_transform(name)
     head = [_seed_word(plan[k]) for k in ("seed", "epoch", "iteration")] + [_seed_word(worker or 0)]
     for k, (x, y) in enumerate(minibatches):
+        x, weights = split_weights(x)  # the rows' weights pass a transform untouched
         alone = next(iter(x)) if len(x) == 1 else None  # a one-input model's transform takes and gives its array
         out = fn(x if alone is None else x[alone], y, np.random.default_rng(head + [k]))
         if not (isinstance(out, tuple) and len(out) == 2):
@@ -209,4 +219,9 @@ def transformed(minibatches: Iterable, plan: Optional[dict], worker: Optional[in
             raise TransformError(f"Expect the transform {name!r} to return as many labels as examples (at least "
                                  f"one), got {n} examples and {len(ty)} labels from a minibatch of "
                                  f"{count_examples(x)}")
+        if weights is not None:
+            if n != len(weights):
+                raise TransformError(f"Expect the transform {name!r} to keep the number of examples of a weighted "
+                                     f"minibatch ({len(weights)}: each has its weight), got {n}")
+            tx[WEIGHTS] = weights
         yield tx, ty

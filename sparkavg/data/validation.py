@@ -24,6 +24,10 @@ import numpy as np
 from ..nn.model import TARGETS
 
 __all__ = [
+    "WEIGHTS",
+    "weight_input",
+    "split_weights",
+    "check_weights",
     "DataValidationError",
     "DataSpec",
     "row_namer",
@@ -471,6 +475,33 @@ def check_features(x, spec: DataSpec, where: Where, feature_dtype: Optional[str]
         raise DataValidationError(f"Bad features at {where(0)}: expected one count of examples for every input, "
                                   f"got {counts}")
     return out
+
+
+#: The name per-row weights travel under with the features (a column of
+#: the training data, ``SparkTrainer(weight_col=)``), until the model step.
+WEIGHTS = "__weight__"
+
+
+def weight_input(column: str) -> "NamedInput":
+    """The weight column as one more input of the training data: one number per row."""
+    return NamedInput(WEIGHTS, (1,), "float32", column)
+
+
+def split_weights(x: Mapping):
+    """``(features, weights or None)``: the per-row weights (``(n,)``) taken out of a chunk of features."""
+    if WEIGHTS not in x:
+        return x, None
+    rest = {k: v for k, v in x.items() if k != WEIGHTS}
+    return rest, np.asarray(x[WEIGHTS]).reshape(-1)
+
+
+def check_weights(w: np.ndarray, where: Where) -> None:
+    """Per-row weights are finite and >= 0 (naming the first row that is not)."""
+    w = np.asarray(w).reshape(len(w), -1)[:, 0]
+    bad = ~(np.isfinite(w) & (w >= 0))
+    if bad.any():
+        i = _first(bad)
+        raise DataValidationError(f"Bad weight at {where(i)}: expected a finite number >= 0, got {w[i].item()!r}")
 
 
 def count_examples(x: Mapping) -> int:

@@ -27,7 +27,7 @@ from pyspark import keyword_only
 from pyspark.ml.base import Estimator, Model
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import (HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbabilityCol,
-                                     HasRawPredictionCol, HasValidationIndicatorCol)
+                                     HasRawPredictionCol, HasValidationIndicatorCol, HasWeightCol)
 from pyspark.ml.util import MLReadable, MLWritable
 
 from .persistence import NetworkReader, NetworkWriter
@@ -127,7 +127,8 @@ class _NetworkParams(HasFeaturesCol, HasPredictionCol, HasRawPredictionCol, HasP
         return self._set(inferenceBatchSize=value)
 
 
-class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, HasValidationIndicatorCol, MLReadable, MLWritable):
+class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, HasValidationIndicatorCol, HasWeightCol, MLReadable,
+                       MLWritable):
     """Trains a model (:class:`sparkavg.nn.Model`) on a DataFrame (a pyspark.ml Estimator).
 
     Parameters
@@ -151,6 +152,11 @@ class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, HasValidationIndi
         A boolean column: rows where it is true are validation data
         (evaluated after every epoch, not trained on), as in Spark's GBT
         estimators.
+    weightCol : str, optional
+        A numeric column of per-row weights (finite, >= 0), as Spark's own
+        estimators take it: each row's loss is scaled by its weight, and
+        averaging weighs each worker by its rows' summed weights
+        (``SparkTrainer(weight_col=)``).
     metrics : list of str, optional
         Validation metrics recorded every epoch besides the loss and the
         accuracy (:mod:`sparkavg.fitting.metrics`).
@@ -205,7 +211,7 @@ class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, HasValidationIndi
                  rawPredictionCol: str = "rawPrediction", inferenceBatchSize: int = 256,
                  checkpointDir: Optional[str] = None, learningRate: Optional[float] = None,
                  batchSize: Optional[int] = None, earlyStopping=None, validationIndicatorCol: Optional[str] = None,
-                 metrics=None, listeners=None):
+                 metrics=None, listeners=None, weightCol: Optional[str] = None):
         super().__init__()
         self._setDefault(epochs=1)
         self.listeners: list = []
@@ -217,7 +223,7 @@ class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, HasValidationIndi
                   rawPredictionCol: str = "rawPrediction", inferenceBatchSize: int = 256,
                   checkpointDir: Optional[str] = None, learningRate: Optional[float] = None,
                   batchSize: Optional[int] = None, earlyStopping=None, validationIndicatorCol: Optional[str] = None,
-                  metrics=None, listeners=None) -> "NetworkEstimator":
+                  metrics=None, listeners=None, weightCol: Optional[str] = None) -> "NetworkEstimator":
         """Set any of the constructor's params (None leaves a param unset)."""
         kwargs = dict(self._input_kwargs)
         if kwargs.get("listeners") is not None:
@@ -270,6 +276,9 @@ class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, HasValidationIndi
 
     def setEarlyStopping(self, value) -> "NetworkEstimator":
         return self._set(earlyStopping=value)
+
+    def setWeightCol(self, value: str) -> "NetworkEstimator":
+        return self._set(weightCol=value)
 
     def setValidationIndicatorCol(self, value: str) -> "NetworkEstimator":
         return self._set(validationIndicatorCol=value)
@@ -326,8 +335,8 @@ class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, HasValidationIndi
             master = dataclasses.replace(master, batch_size_per_worker=self.getOrDefault(self.batchSize))
         train, validation = self._split(dataset)
         trainer = SparkTrainer(dataset.sparkSession, network, master, features_col=self._features(),
-                               label_col=self.getLabelCol(), checkpoint_dir=self.getCheckpointDir(),
-                               listeners=self.listeners)
+                               label_col=self.getLabelCol(), weight_col=self._optional(self.weightCol),
+                               checkpoint_dir=self.getCheckpointDir(), listeners=self.listeners)
         try:
             history = trainer.fit(train, epochs=self.getEpochs(), validation_data=validation,
                                   early_stopping=self.getEarlyStopping(), metrics=self.getMetrics())

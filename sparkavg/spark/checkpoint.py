@@ -179,7 +179,7 @@ def check_fresh(directory: str, run_id: str) -> None:
         raise CheckpointError(
             f"checkpoint_dir {directory!r} already holds {others[-1].describe()}. Resume it with "
             f"fit(..., resume_from={directory!r}), or give this run a new checkpoint_dir "
-            "(or SparkTrainer(..., overwrite_checkpoints=True) to replace it)")
+            "(or fit(..., overwrite_checkpoints=True) to replace it)")
 
 
 def _differences(saved: dict, current: dict) -> list:

@@ -19,7 +19,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from ..backend import to_cpu
-from ..data.validation import DataSpec, rebatch_partition
+from ..data.validation import DataSpec, rebatch_partition, weight_input
 from ..fitting.metrics import default_evaluation
 from ..fitting.tracker import FitTracker
 from ..listeners.base import EventDispatcher
@@ -67,13 +67,16 @@ class SparkTrainer:
         stay integer.
     label_col : str
         The label column when data is a DataFrame.
+    weight_col : str, optional
+        A numeric column of per-row weights (finite, >= 0; pyspark.ml's
+        ``weightCol``) when data is a DataFrame: each row's loss is scaled by
+        its weight (:mod:`sparkavg.nn.losses`) and parameter averaging
+        weighs each worker by the summed weights of the rows it trained.
     checkpoint_dir : str, optional
         When set, a checkpoint is written after every epoch (before the
         validation pass).  It holds one run: a fresh fit refuses a folder
-        with another run's checkpoints unless ``overwrite_checkpoints``.
-    overwrite_checkpoints : bool, default False
-        Let a fresh fit replace another run's checkpoints: they are deleted
-        before its first epoch (none of the old run's epochs is left to resume).
+        with another run's checkpoints unless ``fit(...,
+        overwrite_checkpoints=True)``.
     on_divergence : {"raise", "recover"} or Recover, default "raise"
         A non-finite loss or parameter on a worker stops the fit with
         :class:`~sparkavg.spark.DivergenceError` naming the worker and
@@ -107,9 +110,8 @@ class SparkTrainer:
     """
 
     def __init__(self, spark_or_sc, network, master=None, *, features_col: str = "features",
-                 label_col: str = "label", checkpoint_dir: Optional[str] = None,
-                 overwrite_checkpoints: bool = False, on_divergence="raise", listeners: Optional[Sequence] = None,
-                 progress="auto"):
+                 label_col: str = "label", weight_col: Optional[str] = None, checkpoint_dir: Optional[str] = None,
+                 on_divergence="raise", listeners: Optional[Sequence] = None, progress="auto"):
         from ..nn import Model
 
         if not isinstance(network, Model):
@@ -129,7 +131,9 @@ class SparkTrainer:
         self.network = network
         self.features_col, self.label_col = features_col, label_col
         self.checkpoint_dir = checkpoint_dir
-        self.overwrite_checkpoints = bool(overwrite_checkpoints)
+        if weight_col is not None and (not isinstance(weight_col, str) or not weight_col):
+            raise TypeError(f"Expect weight_col as a column name (str) or None, got {weight_col!r}")
+        self.weight_col = weight_col
         self.recover = divergence_policy(on_divergence)
         self.eval_batch_size = EVAL_BATCH_SIZE
         self.run_id = uuid.uuid4().hex[:12]
@@ -207,7 +211,7 @@ class SparkTrainer:
         self.release_data()
         with self.stats.timed(Phase.EXPORT):
             prepared, choice = prepare_source(self.seam, data, self.spec, self.master, self._runner.streams,
-                                              self._features_for(data), self.label_col)
+                                              self._features_for(data) + self._weights_for(data), self.label_col)
         self._held["prepared"], self._prepared_for = prepared, data
         for name, value, reason in [(STORAGE_DECISION, choice.value, choice.reason), *prepared.decisions()]:
             self.stats.decision(name, value, reason)
@@ -224,6 +228,16 @@ class SparkTrainer:
         if is_dataframe(data):
             return resolve_features(self.features_col, self.spec)
         return self.spec.inputs
+
+    def _weights_for(self, data) -> tuple:
+        """``weight_col`` as one more input of the training data (it travels with the features,
+        checked on the executors, and leaves them before the model sees them)."""
+        if self.weight_col is None:
+            return ()
+        if not is_dataframe(data):
+            raise ValueError(f"Expect a DataFrame with weight_col={self.weight_col!r} (a column), got "
+                             f"{type(data).__name__}: weigh RDD data by making it a DataFrame")
+        return (weight_input(self.weight_col),)
 
     def release_data(self) -> None:
         """Drop the minibatches (files or blocks) of the last fitted data."""
@@ -248,7 +262,7 @@ class SparkTrainer:
 
     # ------------------------------------------------------------------- fit
     def fit(self, data, epochs: int = 1, *, resume_from: Optional[str] = None, validation_data=None,
-            early_stopping=None, metrics: Optional[Sequence[str]] = None):
+            early_stopping=None, metrics: Optional[Sequence[str]] = None, overwrite_checkpoints: bool = False):
         """Train for ``epochs`` epochs, or until ``early_stopping`` ends the run.
 
         Parameters
@@ -268,6 +282,10 @@ class SparkTrainer:
             When to stop early; the best epoch (:mod:`sparkavg.fitting`).
         metrics : list of str, optional
             Validation metrics (:mod:`sparkavg.fitting.metrics`): ``["f1", "auc"]``.
+        overwrite_checkpoints : bool, default False
+            Let a fresh fit replace another run's checkpoints in
+            ``checkpoint_dir``: they are deleted before its first epoch (none
+            of the old run's epochs is left to resume).
 
         Returns
         -------
@@ -301,7 +319,8 @@ class SparkTrainer:
                 with release_on_sigterm(release_live_locations), \
                         self.seam.watch_cancels(self._runner.cancel_request.set):
                     return self._fit(data, epochs, resume_from=resume_from, validation_data=validation_data,
-                                     tracker=FitTracker.of(self, early_stopping, metrics, validation_data))
+                                     tracker=FitTracker.of(self, early_stopping, metrics, validation_data),
+                                     overwrite=bool(overwrite_checkpoints))
             except BaseException as exc:
                 self._emit_failure(exc, recovered=False)
                 raise
@@ -345,7 +364,8 @@ class SparkTrainer:
         self._events.emit("failure", {"epoch": None if epoch is None else epoch + 1, "error": exc,
                                       "message": str(exc), "type": type(exc).__name__, "recovered": recovered})
 
-    def _fit(self, data, epochs: int, *, resume_from: Optional[str], validation_data, tracker: FitTracker):
+    def _fit(self, data, epochs: int, *, resume_from: Optional[str], validation_data, tracker: FitTracker,
+             overwrite: bool):
         fit_started = time.perf_counter()
         if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
             raise ValueError(f"Expect epochs >= 1 (an int), got {epochs!r}")
@@ -358,7 +378,7 @@ class SparkTrainer:
             self._restore(found, saved, runner_state)
             tracker.resume(found)
             logger.info("resuming %s; %d epoch(s) to go", found.describe(), epochs - self.epochs_done)
-        elif self.checkpoint_dir and not self.overwrite_checkpoints:
+        elif self.checkpoint_dir and not overwrite:
             ckpt_io.check_fresh(self.checkpoint_dir, self.run_id)
         elif self.checkpoint_dir:  # overwrite: the old run's later epochs must not be resumed by mistake
             ckpt_io.remove_other_runs(self.checkpoint_dir, self.run_id)

@@ -34,7 +34,7 @@ import numpy as np
 
 from ...data.validation import (DataSpec, DataValidationError, NamedInput, check_finite, check_float32_range, check_ids,
                                 check_label_values, check_widths, compact_features, count_examples, cut_minibatches,
-                                kept_features, label_counts, row_namer, shape_note)
+                                kept_features, label_counts, row_namer, shape_note, WEIGHTS, check_weights)
 from ...npzfile import load_npy_bytes
 from ..errors import TaskFailure, task_failure_guard
 from .context import task_partition
@@ -309,6 +309,10 @@ def read_features(batch, inputs, where: Callable[[int], str], dtype: Optional[st
         column = batch_column(batch, i.column)
         if _binary(column.type):  # encoded images: decoded here, on the executor (sparkavg.data.images)
             out[i.name] = _images(column, i, where, dtype)
+            continue
+        if i.name == WEIGHTS:  # per-row weights: float32, never kept compact
+            out[i.name] = features_matrix(column, 1, where, f"weight column {i.column!r}", "", False)
+            check_weights(out[i.name], where)
             continue
         out[i.name] = features_matrix(column, i.size, where, i.what, shape_note(i.shape), i.ids,
                                       native=_native_for(column, dtype),

@@ -9,6 +9,7 @@ import numpy as np
 from ... import ops
 from ...backend import get_array_module
 from ...configurable import register
+from ...data.validation import split_weights
 from ..errors import DivergenceError, failure_aware, task_failure_guard
 from ...stats import Phase, PhaseRecorder, task_lane
 from .context import LossSum, Record, cached_network, host_copy, load_state, task_partition
@@ -110,12 +111,15 @@ def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: b
             net = cached_network(config_json, choice)
             load_state(net, state, save_updater)  # host -> device for a GPU network
         start_iteration = net.iteration
-        losses, examples, batches = LossSum(), 0, 0
+        losses, examples, batches, weighed = LossSum(), 0, 0, None
         delay = hooks.minibatch_delay(partition) if hooks is not None else 0.0
         began = time.perf_counter()
         for x, y in recorded_minibatches(items, prefetch, rec, state.get("transform"), partition):
+            x, w = split_weights(x)
+            if w is not None:
+                weighed = float(w.sum()) + (weighed or 0.0)
             with rec.phase(Phase.FIT):
-                losses.add(net.fit_batch(x, y, sync=False), len(y))  # a GPU step does not wait for the device
+                losses.add(net.fit_batch(x, y, weights=w, sync=False), len(y))  # a GPU step does not wait
                 if delay:
                     time.sleep(delay)
             examples += len(y)  # x is a dict of inputs by name
@@ -125,7 +129,7 @@ def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: b
         loss_sum = losses.value()  # (a GPU step's loss: the wait for the device ends the fitting time)
         seconds = time.perf_counter() - began
         check_finite(net, loss_sum, f"worker {partition}, round {round_no}")
-        weight = 1.0 if uniform else float(examples)
+        weight = 1.0 if uniform else float(examples) if weighed is None else weighed  # weight_col: their sum
         params = host_copy(net.state["params"])  # the round's one device -> host copy (GPU)
         ops.scale(params, weight)
         updater_state = moment_sq = None

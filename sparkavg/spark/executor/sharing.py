@@ -31,6 +31,7 @@ from ...transport import (JoiningGroup, KeyAgreement, PeerStalledError, Reliable
 from ..errors import DivergenceError, register_error, task_failure_guard
 from ...stats import CounterName, Phase, PhaseRecorder, SeriesName, task_lane
 from ...data.storage import prefetch_depth
+from ...data.validation import split_weights
 from .averaging import check_finite
 from .context import LossSum, Record, cached_network, host_copy, load_state
 from .device import task_device
@@ -275,7 +276,8 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
                 with rec.phase(Phase.FIT):
                     if shared is not flat:
                         local_view(state, shared, flat)
-                    losses.add(net.compute_update(x, y, update, sync=False), len(y))
+                    x, w = split_weights(x)
+                    losses.add(net.compute_update(x, y, update, weights=w, sync=False), len(y))
                     if scale != 1.0:
                         update *= scale
                 tau = state.tau

@@ -151,6 +151,9 @@ class AveragingRunner(EpochRunner):
                                device=m.device.value, hooks=self.seam.test_hooks(), moment_spread=self.moments.on)
         launched, began = time.time(), time.perf_counter()
         result = plan.aggregate(r, task, combine_results, AGGREGATION_DEPTH, what)
+        if getattr(result, "weight", 1.0) <= 0:  # a weight_col of zeros (a failure has no weight)
+            raise ValueError(f"Expect rows of a non-zero total weight in {what}, got {result.examples} rows weighing 0: "
+                             f"every row's weight (weight_col) is 0")
         if self._rounds_run:  # the runner's first round warms the workers up: not a speed
             self.shares.log(result, plan.workers, launched, time.perf_counter() - began)
         self._rounds_run += 1

@@ -162,6 +162,14 @@ def as_minibatch_rdd(sc, x, y, slices, rows_per_record=500):
     return rdd
 
 
+def save_report(path, report: dict) -> None:
+    """Write an example's JSON report (nothing without a path)."""
+    if path:
+        with open(path, "w") as fh:
+            json.dump(report, fh, indent=2)
+        log.info("report written to %s", path)
+
+
 def spark_session(master: str, app: str, connect: bool = False):
     """A SparkSession for the examples and the benchmarks: sparkavg's
     recommended settings (see sparkavg.spark.recommended_conf).  With

@@ -28,7 +28,6 @@ the AUC gap to the one-process run.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -39,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from mnist_example import spark_session  # noqa: E402
+from mnist_example import save_report, spark_session  # noqa: E402
 
 from sparkavg.evaluation import ROC  # noqa: E402
 from sparkavg.nn import Adam, CosineSchedule, Dense, Network, Output  # noqa: E402
@@ -243,10 +242,7 @@ def main(argv=None) -> dict:
             spark.stop()
             if tmp is not None:
                 tmp.cleanup()
-    if args.report:
-        with open(args.report, "w") as fh:
-            json.dump(report, fh, indent=2)
-        log.info("report written to %s", args.report)
+    save_report(args.report, report)
     return report
 
 

@@ -28,7 +28,6 @@ what a dense float32 update per message would have been).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -39,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from mnist_example import spark_session  # noqa: E402
+from mnist_example import save_report, spark_session  # noqa: E402
 
 from sparkavg.nn import Adam, Dense, Dropout, Embedding, Flatten, Graph, Merge, Output  # noqa: E402
 
@@ -239,10 +238,7 @@ def main(argv=None) -> dict:
                      f"({r['compression_ratio']:.1f}x less)")
         lines.append(line)
     log.info("test accuracy after %d epoch(s): %s", args.epochs, "; ".join(lines))
-    if args.report:
-        with open(args.report, "w") as fh:
-            json.dump(report, fh, indent=2)
-        log.info("report written to %s", args.report)
+    save_report(args.report, report)
     return report
 
 

@@ -150,8 +150,8 @@ def test_classification_example_learns_an_imbalanced_problem_in_one_process(tmp_
 @pytest.mark.slow
 @pytest.mark.spark
 def test_classification_example_tunes_stops_early_and_agrees_with_sklearn(tmp_path):
-    report, log = run_example(tmp_path, "--rows", "4000", "--test-rows", "2000", "--epochs", "3", "--master",
-                              "local[2]", example=CLASSIFICATION)
+    args = ("--rows", "4000", "--test-rows", "2000", "--epochs", "3", "--master", "local[2]")
+    report, _ = run_example(tmp_path, *args, example=CLASSIFICATION)
     for kind in ("averaging", "sharing"):
         r = report[kind]
         assert r["auc"] > 0.85 and len(r["cv_auc"]) == 2 and 1 <= r["best_epoch"] <= r["epochs_run"] <= 3

@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Iterator, List, Mapping, Optional, Sequen
 
 import numpy as np
 
-from ..nn.model import TARGETS
+from ..nn.model import Targeted
 
 __all__ = [
     "WEIGHTS",
@@ -119,7 +119,7 @@ class NamedInput:
 
 
 @dataclass(frozen=True)
-class DataSpec:
+class DataSpec(Targeted):
     """What a network expects of one example (plain values: ships to executors).
 
     Parameters
@@ -159,15 +159,6 @@ class DataSpec:
         out = model_spec.single_output()
         ins = [NamedInput(i.name, tuple(int(d) for d in i.shape), _input_dtype(i)) for i in model_spec.inputs]
         return cls(ins[0].shape, int(out.units), out.loss, ins[0].dtype, tuple(ins))
-
-    @property
-    def target(self) -> str:
-        """``"classes"``, ``"binary"`` or ``"values"``."""
-        return TARGETS[self.loss]
-
-    @property
-    def classification(self) -> bool:
-        return self.target == "classes"
 
     @property
     def label_note(self) -> str:

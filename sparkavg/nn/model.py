@@ -84,8 +84,24 @@ class InputSpec:
         return n
 
 
+class Targeted:
+    """What a ``loss`` field says of the labels (an output's, a data spec's)."""
+
+    loss: str
+
+    @property
+    def target(self) -> str:
+        """``"classes"``, ``"binary"`` or ``"values"`` (:data:`TARGETS`)."""
+        return TARGETS[self.loss]
+
+    @property
+    def classification(self) -> bool:
+        """Whether labels are class indices (or one-hot rows): softmax outputs."""
+        return self.target == "classes"
+
+
 @dataclass(frozen=True)
-class OutputSpec:
+class OutputSpec(Targeted):
     """One named output of a model and its loss.
 
     Parameters
@@ -103,16 +119,6 @@ class OutputSpec:
     units: int
     loss: str = "nll"
     weight: float = 1.0
-
-    @property
-    def target(self) -> str:
-        """``"classes"``, ``"binary"`` or ``"values"`` (:data:`TARGETS`)."""
-        return TARGETS[self.loss]
-
-    @property
-    def classification(self) -> bool:
-        """Whether labels are class indices (or one-hot rows): softmax outputs."""
-        return self.target == "classes"
 
 
 @dataclass(frozen=True)

@@ -187,15 +187,19 @@ class Network(LayerModel):
             x = layer.forward(x, training)
         return x
 
-    def _loss_terms(self, x, y, weights=None):
-        """Forward + backward in training mode; fills the flat gradient.
-        Returns the loss term as device values, to be read at the step's end."""
+    def _batch(self, x, y):
+        """``(input array, n)`` of a labelled batch: shapes checked, not empty."""
         x = one_input(x, "input")
         self._check_pair(x, y)
         xi = self._prepare_input(x)
-        n = xi.shape[0]
-        if n == 0:
+        if xi.shape[0] == 0:
             raise ValueError("Expect a non-empty batch, got 0 examples")
+        return xi, xi.shape[0]
+
+    def _loss_terms(self, x, y, weights=None):
+        """Forward + backward in training mode; fills the flat gradient.
+        Returns the loss term as device values, to be read at the step's end."""
+        xi, n = self._batch(x, y)
         out = self.layers[-1]
         labels = out.prepare_labels(y, n, self.xp, self.dtype, weights)
         self._forward(xi, training=True)
@@ -234,12 +238,7 @@ class Network(LayerModel):
 
     def score(self, x, y) -> float:
         """Mean loss over all of ``x`` (inference mode, chunked) + L2 penalty."""
-        x = one_input(x, "input")
-        self._check_pair(x, y)
-        xi = self._prepare_input(x)
-        n = xi.shape[0]
-        if n == 0:
-            raise ValueError("Expect a non-empty batch, got 0 examples")
+        xi, n = self._batch(x, y)
         out = self.layers[-1]
         labels_all = out.prepare_labels(y, n, self.xp, self.dtype)
         step = max(1, int(self.inference_batch_size))

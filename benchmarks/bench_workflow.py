@@ -15,7 +15,7 @@ Sections (``--sections``, all by default):
 ``early_stopping``
     examples/mnist_lstm.py's LSTM under parameter averaging at the defaults:
     a fixed budget of ``--lstm-epochs`` epochs against
-    ``EarlyStopping(monitor="val_accuracy", patience=1)`` on the same data,
+    ``EarlyStopping(monitor="val_accuracy", patience=--patience)`` on the same data,
     the validation rows the last 10% of the training set; epochs run,
     the best validation accuracy, and the test accuracy of the model each
     fit ends with (early stopping restores its best epoch).
@@ -117,9 +117,11 @@ def early_stopping(args, spark, data) -> dict:
     cut = int(0.9 * len(x))
     train = as_minibatch_rdd(spark.sparkContext, x[:cut], y[:cut], 2)
     val = as_minibatch_rdd(spark.sparkContext, x[cut:], y[cut:], 2)
-    out = {"examples": cut, "validation_examples": len(x) - cut, "budget_epochs": args.lstm_epochs}
+    out = {"examples": cut, "validation_examples": len(x) - cut, "budget_epochs": args.lstm_epochs,
+           "patience": args.patience}
     try:
-        for name, stopping in (("fixed", None), ("early", EarlyStopping(monitor="val_accuracy", patience=1))):
+        for name, stopping in (("fixed", None), ("early", EarlyStopping(monitor="val_accuracy",
+                                                                         patience=args.patience))):
             net = build(seed=args.seed)
             trainer = SparkTrainer(spark, net, ParameterAveraging(workers=2, seed=args.seed))
             history = trainer.fit(train, epochs=args.lstm_epochs, validation_data=val, early_stopping=stopping)
@@ -154,7 +156,8 @@ def main(argv=None):
     p.add_argument("--data-dir", default=None)
     p.add_argument("--limit-train", type=int, default=None)
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--lstm-epochs", type=int, default=8)
+    p.add_argument("--lstm-epochs", type=int, default=20)
+    p.add_argument("--patience", type=int, default=2)
     p.add_argument("--seed", type=int, default=123)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)

@@ -140,7 +140,7 @@ def summarise(done: dict, hosts: dict, epochs: int) -> dict:
 
 
 def run_cluster(rate, args) -> dict:
-    from bench_cluster import _delta, drive, install_counters, read_counters
+    from bench_cluster import drive_counted, install_counters
     from tests.harness import SimulatedCluster
 
     started = time.monotonic()
@@ -153,16 +153,11 @@ def run_cluster(rate, args) -> dict:
                 "--runs", args.runs]
         result = {"rate": rate or "unshaped", "cluster_start_seconds": time.monotonic() - started,
                   "load_average_1min_before": os.getloadavg()[0]}
-        before = {}
 
-        def on_event(event):
-            if event["event"] == "ready":
-                before["counters"] = read_counters(cluster)
-            elif event["event"] == "done":
-                hosts = _delta(read_counters(cluster), before["counters"])
-                result[event["run"]] = summarise(event, hosts, args.epochs)
+        def on_done(event, hosts):
+            result[event["run"]] = summarise(event, hosts, args.epochs)
 
-        code, log = drive(cluster, argv, on_event)
+        code, log = drive_counted(cluster, argv, on_done)
         missing = [r for r in args.runs.split(",") if r not in result]
         if code != 0 or missing:
             raise RuntimeError(f"the driver program on {result['rate']} exited with {code}, missing {missing}:\n"

@@ -53,12 +53,10 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(1, REPO)  # tests.harness: the simulated hosts are not part of the installed package
 
+from bench_cluster import BATCH, SEED, THRESHOLD  # noqa: E402  (bench_cluster's run, as a torch module)
 from report import emit, subset  # noqa: E402
 
-BATCH = 32
-SEED = 123
 LR = 1e-3
-THRESHOLD = 1e-2
 RUNS = ("averaging", "sharing", "distributor")
 
 

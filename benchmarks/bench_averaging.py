@@ -53,7 +53,7 @@ import time
 
 import numpy as np
 
-from report import emit
+from report import emit, subset
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 
@@ -453,10 +453,7 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=123)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    sections = [s for s in args.sections.split(",") if s]
-    unknown = sorted(set(sections) - set(SECTIONS))
-    if unknown:
-        p.error(f"unknown sections {unknown}; choose from {SECTIONS}")
+    sections = subset(p, args.sections, SECTIONS, "sections")
     logging.basicConfig(level=logging.WARNING)
 
     from mnist_lenet import spark_session

@@ -211,26 +211,23 @@ def job_session(conf_json: str, app_name: str):
     return spark
 
 
-def drive(cluster, argv, on_event) -> tuple:
-    """Benchmark side: run ``argv`` (a driver program) on the cluster's driver host, call
-    ``on_event(event)`` for each of its event lines and answer "go".  Returns ``(exit code, its
-    stderr log)``."""
-    log_path = os.path.join(cluster.log_dir, "driver-program.log")
-    with open(log_path, "w") as stderr:
-        driver = cluster.spawn("driver", argv, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=stderr, text=True)
-        try:
-            for line in iter(driver.stdout.readline, ""):
-                if line.startswith("{"):
-                    on_event(json.loads(line))
-                    driver.stdin.write("go\n")
-                    driver.stdin.flush()
-            code = driver.wait(60)
-        finally:
-            if driver.poll() is None:
-                driver.kill()
-    with open(log_path) as f:
-        return code, f.read()
+def drive_counted(cluster, argv, on_done) -> tuple:
+    """Benchmark side: run ``argv`` (a driver program) on the cluster's driver host
+    (:func:`tests.harness.driving.drive`), read the hosts' counters at each of its ``ready``
+    events and call ``on_done(event, hosts)`` at each ``done`` with what they counted in between
+    (:func:`_delta`).  Returns ``(exit code, its stderr log)``."""
+    from tests.harness.driving import drive
+
+    before = {}
+
+    def on_event(event, program):
+        if event["event"] == "ready":
+            before["counters"] = read_counters(cluster)
+        elif event["event"] == "done":
+            on_done(event, _delta(read_counters(cluster), before["counters"]))
+
+    code, _, log = drive(cluster, argv, on_event, cwd=REPO)
+    return code, log
 
 
 def install_counters(cluster) -> None:
@@ -318,16 +315,11 @@ def run_cluster(rate, args, local_eps: float) -> dict:
         if args.limit_train:
             argv += ["--limit-train", str(args.limit_train)]
         result = {"rate": rate or "unshaped", "cluster_start_seconds": time.monotonic() - started}
-        before = {}
 
-        def on_event(event):
-            if event["event"] == "ready":
-                before["counters"] = read_counters(cluster)
-            elif event["event"] == "done":
-                hosts = _delta(read_counters(cluster), before["counters"])
-                result[event["strategy"]] = summarise(event, hosts, local_eps, cluster.hosts)
+        def on_done(event, hosts):
+            result[event["strategy"]] = summarise(event, hosts, local_eps, cluster.hosts)
 
-        code, log = drive(cluster, argv, on_event)
+        code, log = drive_counted(cluster, argv, on_done)
         if code != 0 or "sharing" not in result:
             raise RuntimeError(f"the driver program on {result['rate']} exited with {code}:\n{log[-5000:]}")
         result["worker_ips"] = [h.ip for h in cluster.hosts]

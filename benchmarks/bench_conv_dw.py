@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from report import emit
+from report import alternating_blocks, emit
 
 # (rows = N*OH*OW, K+1, F) of LeNet's two convolutions at batch 64
 SHAPES = {"conv1": (36864, 26, 20), "conv2": (4096, 501, 50)}
@@ -53,18 +52,8 @@ def main(argv=None):
         dz = rng.random((m, f), dtype=np.float32)
         funcs = formulations(cols, dz)
         for threads in (1, 2):
-            times = {label: [] for label in funcs}
             with threadpool_limits(threads):
-                for fn in funcs.values():
-                    for _ in range(5):
-                        fn()
-                for _ in range(args.blocks):
-                    for label, fn in funcs.items():
-                        fn()  # settle after the switch
-                        for _ in range(args.block):
-                            t = time.perf_counter()
-                            fn()
-                            times[label].append(time.perf_counter() - t)
+                times = alternating_blocks(funcs, args.blocks, args.block, warmup=5)
             plain, transposed = (1000 * statistics.median(times[k]) for k in ("plain", "transposed"))
             rows.append({"layer": name, "shape": [m, k1, f], "tall": k1 >= 2 * f, "threads": threads,
                          "plain_ms": plain, "transposed_ms": transposed, "transposed_over_plain": transposed / plain})

@@ -20,12 +20,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from report import emit
+from report import alternating_blocks, emit
 from sparkavg.nn import BatchNorm, LayerNorm
 
 
@@ -124,18 +123,8 @@ def main(argv=None):
         "layernorm_kernels": layer_step(LayerNorm, x, dy),
         "layernorm_twins": pure(layer_step(LayerNorm, x, dy)),
     }
-    times = {label: [] for label in variants}
     with threadpool_limits(1):
-        for fn in variants.values():
-            for _ in range(3):
-                fn()
-        for _ in range(args.blocks):
-            for label, fn in variants.items():
-                fn()  # settle after the switch
-                for _ in range(args.block):
-                    t = time.perf_counter()
-                    fn()
-                    times[label].append(time.perf_counter() - t)
+        times = alternating_blocks(variants, args.blocks, args.block, warmup=3)
     ms = {label: 1000 * statistics.median(t) for label, t in times.items()}
     result = {"benchmark": "norm", "shape_nhwc": list(shape), "dtype": "float32", "blas_threads": 1,
               "median_ms": ms,

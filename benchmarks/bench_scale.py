@@ -180,8 +180,9 @@ def summarise(done: dict, wire: dict, worker_names) -> dict:
 
 
 def run(args) -> dict:
-    from bench_cluster import _delta, drive, install_counters, read_counters
+    from bench_cluster import _delta, install_counters, read_counters
     from tests.harness import SimulatedCluster
+    from tests.harness.driving import drive
 
     fits = RUNS[args.runs]
     slow_host = f"worker{args.hosts - 1}"
@@ -200,7 +201,7 @@ def run(args) -> dict:
         worker_names = [h.name for h in cluster.hosts]
         seen = {}
 
-        def on_event(event):
+        def on_event(event, program):
             spec = event["spec"]
             if event["event"] == "ready":
                 for name in worker_names:
@@ -215,7 +216,7 @@ def run(args) -> dict:
                 print(json.dumps({spec["name"]: result["fits"][spec["name"]]["epoch_seconds"]}), file=sys.stderr,
                       flush=True)
 
-        code, log = drive(cluster, argv, on_event)
+        code, _, log = drive(cluster, argv, on_event, cwd=REPO)
         if code != 0 or len(result["fits"]) != len(fits):
             raise RuntimeError(f"the driver program exited with {code}:\n{log[-6000:]}")
         result["worker_ips"] = [h.ip for h in cluster.hosts]

@@ -62,7 +62,7 @@ import sys
 import time
 
 import numpy as np
-from report import emit
+from report import alternating_blocks, emit
 
 if "--serve" not in sys.argv:  # a --serve worker imports the tree its PYTHONPATH names
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -258,21 +258,9 @@ def variants(case: str, seed: int) -> dict:
 
 
 def measure(steps: dict, warmup: int, total: int, block: int, settle: int) -> dict:
-    """Median ms per step of each variant, in alternating blocks."""
-    for fn in steps.values():
-        for _ in range(warmup):
-            fn()
-    times = {name: [] for name in steps}
-    done = 0
-    while done < total:
-        for name, fn in steps.items():
-            for _ in range(settle):
-                fn()
-            for _ in range(block):
-                t = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - t)
-        done += block
+    """Median ms per step of each variant, in alternating blocks of ``block``
+    steps until each has ``total`` (rounded up to whole blocks)."""
+    times = alternating_blocks(steps, -(-total // block), block, warmup, settle)
     return {name: round(1e3 * statistics.median(ts), 4) for name, ts in times.items()}
 
 

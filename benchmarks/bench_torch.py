@@ -63,7 +63,7 @@ import time
 
 import numpy as np
 
-from report import emit
+from report import emit, subset
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 
@@ -420,10 +420,7 @@ def main(argv=None):
     if args.single_process:
         print(json.dumps(_single_process(args)))
         return None
-    sections = [s for s in args.sections.split(",") if s]
-    unknown = sorted(set(sections) - set(SECTIONS) - set(MODEL_SECTIONS))
-    if unknown:
-        p.error(f"unknown sections {unknown}; choose from {SECTIONS + tuple(MODEL_SECTIONS)}")
+    sections = subset(p, args.sections, SECTIONS + tuple(MODEL_SECTIONS), "sections")
     logging.basicConfig(level=logging.WARNING)
 
     from mnist_lenet import spark_session

@@ -38,6 +38,8 @@ import time
 
 import numpy as np
 
+from report import subset
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 
@@ -161,10 +163,7 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=123)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    sections = [s for s in args.sections.split(",") if s]
-    bad = sorted(set(sections) - set(SECTIONS))
-    if bad:
-        p.error(f"Expect sections among {SECTIONS}, got {bad}")
+    sections = subset(p, args.sections, SECTIONS, "sections")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     result = {"benchmark": "workflow", "argv": sys.argv[1:] if argv is None else list(argv),
               "cpu_count": os.cpu_count(), "load_1min_before": os.getloadavg()[0]}

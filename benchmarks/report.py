@@ -1,8 +1,11 @@
 """What every benchmark does with its result: print it as JSON, and write
-it to ``--out`` when given (the files in benchmarks/results/)."""
+it to ``--out`` when given (the files in benchmarks/results/); and what
+several share: a comma-separated choice of sections, timing variants in
+alternating blocks."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Optional
 
 
@@ -14,3 +17,34 @@ def emit(result: dict, out: Optional[str]) -> dict:
         with open(out, "w") as fh:
             fh.write(text + "\n")
     return result
+
+
+def subset(parser, text: str, known, what: str) -> list:
+    """The comma-separated names of ``text`` (empty ones skipped), each one of
+    ``known``; otherwise ``parser``'s usage error names the others."""
+    names = [name for name in text.split(",") if name]
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        parser.error(f"Expect {what} among {tuple(known)}, got {unknown}")
+    return names
+
+
+def alternating_blocks(variants: dict, blocks: int, block: int, warmup: int, settle: int = 1) -> dict:
+    """Time ``variants`` (name: function of no arguments) in one process:
+    ``warmup`` untimed calls of each, then ``blocks`` rounds in which each
+    variant in turn makes ``settle`` untimed calls (after the switch) and
+    ``block`` timed ones, so that a drift of the machine hits them all alike.
+    Returns ``{name: [seconds of each timed call]}``."""
+    for fn in variants.values():
+        for _ in range(warmup):
+            fn()
+    times = {name: [] for name in variants}
+    for _ in range(blocks):
+        for name, fn in variants.items():
+            for _ in range(settle):
+                fn()
+            for _ in range(block):
+                t = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t)
+    return times

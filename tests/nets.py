@@ -2,6 +2,7 @@
 from contextlib import contextmanager
 
 import numpy as np
+import pytest
 
 from sparkavg.nn import Adam, Dense, Network, Output
 
@@ -19,6 +20,28 @@ def blobs(n: int, seed: int = 0):
     centers = np.where(y[:, None] == 1, 1.0, -1.0)
     x = (centers + 0.5 * rng.standard_normal((n, 16))).astype(np.float32).reshape(n, 1, 4, 4)
     return x, y
+
+
+def trained_small_net():
+    """``(net, x, y)``: :func:`small_net` after five full-batch steps on 90
+    :func:`blobs`, whose outputs mean something."""
+    x, y = blobs(90, seed=11)
+    net = small_net(seed=12)
+    for _ in range(5):
+        net.fit_batch(x, y)
+    return net, x, y
+
+
+def assert_evaluation_matches_local(trainer, data, net, x, y) -> None:
+    """``trainer.evaluate`` (one evaluation, and two) and ``trainer.score``
+    of ``data`` are what ``net`` gives on ``(x, y)`` in this process."""
+    from sparkavg.evaluation import Evaluation
+
+    local = Evaluation(2).eval(y, net.output(x))
+    assert trainer.evaluate(data) == local
+    ev, ev2 = trainer.evaluate(data, evaluations=[Evaluation(2), Evaluation(2, labels=["a", "b"])])
+    assert ev.confusion_matrix.tolist() == local.confusion_matrix.tolist() == ev2.confusion_matrix.tolist()
+    assert trainer.score(data) == pytest.approx(float(net.score(x, y)), rel=1e-5)
 
 
 def small_graph(seed: int = 0):

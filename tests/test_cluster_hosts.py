@@ -213,42 +213,33 @@ def test_readme_main_command_with_a_cluster_master(sim_cluster, fashion_dir, mod
         assert result["replica_max_abs_diff"] < 1e-4 and result["bytes_sent"] > 0
 
 
-def run_with_counters(cluster, shared: str, scenarios, timeout: float = 600, network_mask=None):
-    """tests/cluster_driver.py with ``--handshake``: each worker host's eth0 tx/rx bytes (kernel counters)
-    read around each scenario.  Returns (the driver's JSON, {scenario: {host: {"tx", "rx"}}})."""
-    import subprocess
+def run_with_handshakes(cluster, shared: str, scenarios, on_event, timeout: float = 600, network_mask=None) -> dict:
+    """tests/cluster_driver.py with ``--handshake``: ``on_event(event, program)`` before and after each
+    scenario (:func:`tests.harness.driving.drive`).  Returns the driver's JSON."""
+    from tests.harness.driving import drive
 
     argv = [sys.executable, str(DRIVER), "--conf", json.dumps({**cluster.spark_conf(), **QUICK_JVMS}),
             "--shared", shared, "--handshake", *(["--network-mask", network_mask] if network_mask else []),
             *scenarios]
-    log = open(cluster.log_dir / "driver-program.log", "w")
-    proc = cluster.spawn("driver", argv, cwd=str(REPO), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                         text=True)
-    wire, before, last = {}, None, None
-    try:
-        for line in proc.stdout:
-            if not line.startswith("{"):
-                continue
-            event = json.loads(line)
-            if "event" not in event:
-                last = event
-                continue
-            counters = cluster.interface_bytes()
-            if event["event"] == "ready":
-                before = counters
-            else:
-                wire[event["scenario"]] = {h: {k: counters[h][k] - before[h][k] for k in ("tx", "rx")}
-                                           for h in counters}
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        code = proc.wait(timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        log.close()
-    assert code == 0 and last is not None, (f"the cluster driver exited with {code}:\n"
-                                            f"{(cluster.log_dir / 'driver-program.log').read_text()[-5000:]}")
-    return last, wire
+    code, last, log = drive(cluster, argv, on_event, cwd=str(REPO), timeout=timeout)
+    assert code == 0 and last is not None, f"the cluster driver exited with {code}:\n{log[-5000:]}"
+    return last
+
+
+def run_with_counters(cluster, shared: str, scenarios, timeout: float = 600, network_mask=None):
+    """:func:`run_with_handshakes`, each worker host's eth0 tx/rx bytes (kernel counters) read around each
+    scenario.  Returns (the driver's JSON, {scenario: {host: {"tx", "rx"}}})."""
+    wire, before = {}, {}
+
+    def on_event(event, program):
+        counters = cluster.interface_bytes()
+        if event["event"] == "ready":
+            before.update(counters)
+        else:
+            wire[event["scenario"]] = {h: {k: counters[h][k] - before[h][k] for k in ("tx", "rx")}
+                                       for h in counters}
+
+    return run_with_handshakes(cluster, shared, scenarios, on_event, timeout, network_mask), wire
 
 
 def test_both_masters_on_eight_hosts_with_bytes_per_rank_on_the_wire(sim_cluster_factory, shared_folder):
@@ -299,47 +290,29 @@ def test_a_sharing_fit_that_loses_a_host_fails_promptly_naming_its_rank_and_host
     shutil.rmtree(LOSE_HOST, ignore_errors=True)
     os.makedirs(LOSE_HOST)
     cluster = sim_cluster_factory(workers=2, cores_per_worker=1, memory="1g")
-    argv = [sys.executable, str(DRIVER), "--conf", json.dumps({**cluster.spark_conf(), **QUICK_JVMS}),
-            "--shared", shared_folder, "--handshake", "lose_host"]
-    log = open(cluster.log_dir / "driver-program.log", "w")
-    proc = cluster.spawn("driver", argv, cwd=str(REPO), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                         text=True)
-    lost, last = None, None
-    try:
-        for line in proc.stdout:
-            if not line.startswith("{"):
-                continue
-            event = json.loads(line)
-            if "event" not in event:
-                last = event
-                continue
-            if event["event"] == "ready":
-                proc.stdin.write("go\n")
-                proc.stdin.flush()
-                reached = os.path.join(LOSE_HOST, "reached")
-                deadline = time.monotonic() + 300
-                while not os.path.exists(reached) and proc.poll() is None and time.monotonic() < deadline:
-                    time.sleep(0.05)  # the test's own poll of a file another host writes
-                program = (cluster.log_dir / "driver-program.log").read_text()[-5000:]
-                assert os.path.exists(reached), f"rank 1 never reached epoch 2's third minibatch; the log:\n{program}"
-                lost = next(h for h in cluster.hosts if h.name == open(reached).read().strip())
-                if how == "kill":
-                    for pid in cluster.pids(lost.name):
-                        os.kill(pid, signal.SIGKILL)
-                else:
-                    subprocess.run(["ip", "netns", "exec", lost.netns, "ip", "link", "set", "eth0", "down"],
-                                   check=True)
-            else:  # done: the link back up, so the driver's stop need not wait for the lost executor
-                if how == "cut":
-                    subprocess.run(["ip", "netns", "exec", lost.netns, "ip", "link", "set", "eth0", "up"], check=True)
-                proc.stdin.write("go\n")
-                proc.stdin.flush()
-        code = proc.wait(300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        log.close()
-    assert code == 0 and last is not None, (cluster.log_dir / "driver-program.log").read_text()[-5000:]
+    lost = None
+
+    def on_event(event, program):
+        nonlocal lost
+        if event["event"] == "ready":
+            program.go()
+            reached = os.path.join(LOSE_HOST, "reached")
+            deadline = time.monotonic() + 300
+            while not os.path.exists(reached) and program.running() and time.monotonic() < deadline:
+                time.sleep(0.05)  # the test's own poll of a file another host writes
+            log = (cluster.log_dir / "driver-program.log").read_text()[-5000:]
+            assert os.path.exists(reached), f"rank 1 never reached epoch 2's third minibatch; the log:\n{log}"
+            lost = next(h for h in cluster.hosts if h.name == open(reached).read().strip())
+            if how == "kill":
+                for pid in cluster.pids(lost.name):
+                    os.kill(pid, signal.SIGKILL)
+            else:
+                subprocess.run(["ip", "netns", "exec", lost.netns, "ip", "link", "set", "eth0", "down"],
+                               check=True)
+        elif how == "cut":  # done: the link back up, so the driver's stop need not wait for the lost executor
+            subprocess.run(["ip", "netns", "exec", lost.netns, "ip", "link", "set", "eth0", "up"], check=True)
+
+    last = run_with_handshakes(cluster, shared_folder, ["lose_host"], on_event, timeout=300)
     r = scenario(last, "lose_host")
     assert r["error"] is not None, r
     message = r["error"]["message"]

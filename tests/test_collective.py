@@ -381,6 +381,16 @@ def test_an_altered_replayed_or_reordered_frame_is_refused_naming_the_sender(mod
 
 
 # ------------------------------------------------------------ lost peers
+def _round_without_rank_2(group, rank):
+    """One round on ``group`` that rank 2 misses: (the PeerLostError it ends with, seconds it took)."""
+    began = time.monotonic()
+    try:
+        group.allreduce_weighted(np.ones(50, np.float32), 1.0)
+    except PeerLostError as exc:
+        return exc, time.monotonic() - began
+    raise AssertionError(f"rank {rank} finished a round without rank 2")
+
+
 def test_a_peer_that_closes_mid_round_is_named(mesh):
     world, stall = 3, 10.0
     groups = mesh(world, stall_timeout=stall)
@@ -390,12 +400,7 @@ def test_a_peer_that_closes_mid_round_is_named(mesh):
         if r == 2:
             groups[2].close()  # gone instead of its second round
             return None
-        began = time.monotonic()
-        try:
-            groups[r].allreduce_weighted(np.ones(50, np.float32), 1.0)
-        except PeerLostError as exc:
-            return exc, time.monotonic() - began
-        raise AssertionError(f"rank {r} finished a round without rank 2")
+        return _round_without_rank_2(groups[r], r)
 
     for r, value in enumerate(_values(_on_threads(second_round, world))[:2]):
         exc, seconds = value
@@ -410,22 +415,18 @@ def test_a_peer_that_stalls_is_named_within_the_stall_timeout(mesh):
     groups = mesh(world, stall_timeout=stall)
     release, survivors = threading.Event(), []
 
-    def round_without_rank_2(r):
+    def stalled_round(r):
         if r == 2:
             release.wait(WAIT)  # connected, silent
             return None
-        began = time.monotonic()
         try:
-            groups[r].allreduce_weighted(np.ones(50, np.float32), 1.0)
-        except PeerLostError as exc:
-            return exc, time.monotonic() - began
+            return _round_without_rank_2(groups[r], r)
         finally:
             survivors.append(r)
             if len(survivors) == 2:
                 release.set()
-        raise AssertionError(f"rank {r} finished a round without rank 2")
 
-    for exc, seconds in _values(_on_threads(round_without_rank_2, world))[:2]:
+    for exc, seconds in _values(_on_threads(stalled_round, world))[:2]:
         assert (exc.rank, exc.address, exc.reason) == (2, groups[2].address, "stalled"), exc
         assert stall <= seconds < stall + 1.0
 

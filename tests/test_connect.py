@@ -16,7 +16,8 @@ from sparkavg.spark import (DataOptions, DivergenceError, GradientSharing, Param
 from sparkavg.spark.connect import ConnectSpark, ShippedValue
 from sparkavg.spark.seam import ClassicSpark, seam_for
 
-from .nets import averaged_updater_state, blobs, fit_replicas, small_net, straight_and_resumed
+from .nets import (assert_evaluation_matches_local, averaged_updater_state, blobs, fit_replicas, small_net,
+                   straight_and_resumed, trained_small_net)
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -126,17 +127,10 @@ def test_sharing_on_connect_learns_and_replicas_agree(connect, placement):
 
 
 def test_evaluate_score_predict_on_connect(connect):
-    x, y = blobs(90, seed=11)
-    net = small_net(seed=12)
-    for _ in range(5):
-        net.fit_batch(x, y)
+    net, x, y = trained_small_net()
     trainer = SparkTrainer(connect, net, ParameterAveraging(workers=2))
     df = _frame(connect, x, y, partitions=3)
-    local = Evaluation(2).eval(y, net.output(x))
-    assert trainer.evaluate(df) == local
-    ev, ev2 = trainer.evaluate(df, evaluations=[Evaluation(2), Evaluation(2, labels=["a", "b"])])
-    assert ev.confusion_matrix.tolist() == local.confusion_matrix.tolist() == ev2.confusion_matrix.tolist()
-    assert trainer.score(df) == pytest.approx(float(net.score(x, y)), rel=1e-5)
+    assert_evaluation_matches_local(trainer, df, net, x, y)
     out = trainer.predict(df)  # a DataFrame on Connect: the input's columns plus `output`
     assert out.columns == ["id", "features", "label", "output"]
     table = out.select("id", "output").toArrow()

@@ -8,6 +8,7 @@ import pytest
 
 from sparkavg.nn import SGD, Dense, Network, Output, model_from_config
 
+from .gradients import parameter_central
 from .test_nn_gradients import check_gradient
 
 
@@ -245,20 +246,9 @@ def test_torch_class_weights_are_checked_against_its_outputs():
 
 
 # ------------------------------------------------------------ row weights
-def _numeric_gradient(net, x, y, weights, eps=1e-6):
+def _numeric_gradient(net, x, y, weights):
     """Central differences of the weighted loss, every parameter."""
-    p0 = net.params.copy()
-    numeric = np.empty(p0.size)
-    for i in range(p0.size):
-        up, down = p0.copy(), p0.copy()
-        up[i] += eps
-        down[i] -= eps
-        net.params = up
-        high = net.gradient(x, y, weights)[0]
-        net.params = down
-        numeric[i] = (high - net.gradient(x, y, weights)[0]) / (2 * eps)
-    net.params = p0
-    return numeric
+    return parameter_central(net, lambda: net.gradient(x, y, weights)[0])
 
 
 @pytest.mark.parametrize("units, output, y", [

@@ -8,7 +8,7 @@ import pytest
 from sparkavg.nn import (SGD, Activation, AvgPool2D, Conv2D, Dense, Dropout, MaxPool2D, Network,
                          Output)
 
-EPS = 1e-6
+from .gradients import parameter_central
 
 
 def _loss(net, x, y, dropout_seed=None):
@@ -23,21 +23,10 @@ def _loss(net, x, y, dropout_seed=None):
 def check_gradient(net, x, y, dropout_seed=None, max_params=400, seed=0):
     """Compare back-propagation with central differences on (a sample of) all params."""
     loss, grad = (lambda: (_loss(net, x, y, dropout_seed), net.flat.grads.copy()))()
-    p0 = net.params.copy()
     n = net.num_params
     rng = np.random.default_rng(seed)
     idx = np.arange(n) if n <= max_params else rng.choice(n, max_params, replace=False)
-    numeric = np.empty(len(idx))
-    for k, i in enumerate(idx):
-        p = p0.copy()
-        p[i] += EPS
-        net.params = p
-        up = _loss(net, x, y, dropout_seed)
-        p[i] -= 2 * EPS
-        net.params = p
-        down = _loss(net, x, y, dropout_seed)
-        numeric[k] = (up - down) / (2 * EPS)
-    net.params = p0
+    numeric = parameter_central(net, lambda: _loss(net, x, y, dropout_seed), idx)
     analytic = grad[idx]
     assert np.isfinite(loss)
     assert np.abs(analytic).max() > 1e-6, "gradient is all zero: check is vacuous"

@@ -10,27 +10,16 @@ from sparkavg.configurable import ConfigError
 from sparkavg.nn import (SGD, Activation, Adam, Add, Conv2D, Dense, Dropout, Graph, MaxPool2D, Merge, Model,
                          Multiply, Network, Output, Vertex, load_model, model_from_json)
 
-EPS = 1e-6
+from .gradients import parameter_central
 
 
 def relative_error(model, x, y, max_params=600, seed=0):
     """max |analytic - numeric| / max |analytic| over (a sample of) all parameters."""
     _, grad = model.gradient(x, y)
-    p0 = model.params.copy()
     rng = np.random.default_rng(seed)
     n = model.num_params
     idx = np.arange(n) if n <= max_params else rng.choice(n, max_params, replace=False)
-    numeric = np.empty(len(idx))
-    for k, i in enumerate(idx):
-        p = p0.copy()
-        p[i] += EPS
-        model.params = p
-        up = model.gradient(x, y)[0]
-        p[i] -= 2 * EPS
-        model.params = p
-        down = model.gradient(x, y)[0]
-        numeric[k] = (up - down) / (2 * EPS)
-    model.params = p0
+    numeric = parameter_central(model, lambda: model.gradient(x, y)[0], idx)
     analytic = grad[idx]
     assert np.abs(analytic).max() > 1e-6, "gradient is all zero: the check is vacuous"
     return float(np.abs(analytic - numeric).max() / np.abs(analytic).max())

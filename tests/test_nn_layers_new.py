@@ -16,7 +16,8 @@ from sparkavg.configurable import from_config
 from sparkavg.nn import BatchNorm, Flatten, GlobalAvgPool, GlobalMaxPool, LayerNorm, Reshape
 from sparkavg.nn.layers import _internal_shape
 
-EPS = 1e-6
+from .gradients import central, relative_error
+
 MAX_REL_ERROR = 1e-6
 
 
@@ -34,11 +35,6 @@ def bound(layer, input_shape, dtype=np.float64, seed=0, noise=0.3):
     layer.bind(params, grads)
     layer.bind_buffers(buffers)
     return params, grads, buffers
-
-
-def relative_error(analytic, numeric):
-    denom = np.linalg.norm(analytic) + np.linalg.norm(numeric)
-    return np.linalg.norm(analytic - numeric) / denom if denom > 0 else 0.0
 
 
 def check_gradients(layer, input_shape, n=3, seed=1):
@@ -60,29 +56,12 @@ def check_gradients(layer, input_shape, n=3, seed=1):
     dparams = grads.copy()
     assert dx.shape == x.shape
 
-    numeric_dx = np.empty(x.size)
-    flat = x.reshape(-1)
-    for i in range(x.size):
-        keep = flat[i]
-        flat[i] = keep + EPS
-        up = loss(x)
-        flat[i] = keep - EPS
-        down = loss(x)
-        flat[i] = keep
-        numeric_dx[i] = (up - down) / (2 * EPS)
+    numeric_dx = central(lambda: loss(x), x)
     assert np.abs(dx).max() > 1e-6, "input gradient all zero: the check is vacuous"
     err = relative_error(dx.reshape(-1), numeric_dx)
     assert err < MAX_REL_ERROR, f"input gradient: relative error {err:.2e}"
 
-    numeric_dp = np.empty(params.size)
-    for i in range(params.size):
-        keep = params[i]
-        params[i] = keep + EPS
-        up = loss(x)
-        params[i] = keep - EPS
-        down = loss(x)
-        params[i] = keep
-        numeric_dp[i] = (up - down) / (2 * EPS)
+    numeric_dp = central(lambda: loss(x), params)
     if params.size:
         err = relative_error(dparams, numeric_dp)
         assert err < MAX_REL_ERROR, f"parameter gradient: relative error {err:.2e}"

@@ -17,6 +17,8 @@ from sparkavg.configurable import from_config
 from sparkavg.nn import (GRU, LSTM, Adam, Conv1D, Dense, Embedding, GlobalAvgPool, Graph, Merge, Network, Output,
                          Reshape, model_from_json)
 
+from .gradients import central, parameter_central, relative_error
+
 try:
     import torch
 except ImportError:  # the comparisons with PyTorch need it; nothing else does
@@ -24,7 +26,6 @@ except ImportError:  # the comparisons with PyTorch need it; nothing else does
 
 needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
 
-EPS = 1e-6
 MAX_REL_ERROR = 1e-6
 
 
@@ -38,27 +39,6 @@ def bound(layer, input_shape, dtype=np.float64, seed=0, noise=0.3):
     assert params.size == sum(math.prod(s.shape) for s in layer.param_specs())
     layer.bind(params, grads)
     return params, grads
-
-
-def relative_error(analytic, numeric):
-    denom = np.linalg.norm(analytic) + np.linalg.norm(numeric)
-    return np.linalg.norm(analytic - numeric) / denom if denom > 0 else 0.0
-
-
-def central(loss, values, where=None):
-    """Central differences of ``loss()`` in each entry of ``values`` (or those ``where`` is True)."""
-    flat = values.reshape(-1)
-    idx = np.arange(flat.size) if where is None else np.flatnonzero(where.reshape(-1))
-    out = np.zeros(flat.size)
-    for i in idx:
-        keep = flat[i]
-        flat[i] = keep + EPS
-        up = loss()
-        flat[i] = keep - EPS
-        down = loss()
-        flat[i] = keep
-        out[i] = (up - down) / (2 * EPS)
-    return out
 
 
 def check_gradients(layer, input_shape, x, check_dx=True, dx_where=None, seed=1):
@@ -463,17 +443,7 @@ def test_graph_gradient_check_through_embedding_lstm_and_conv1d():
     x = rng.integers(0, 9, (4, 6)).astype(np.float64)
     y = rng.integers(0, 3, 4)
     _, grad = model.gradient(x, y)
-    p0 = model.params.copy()
-    numeric = np.empty(p0.size)
-    for i in range(p0.size):
-        p = p0.copy()
-        p[i] += EPS
-        model.params = p
-        up = model.gradient(x, y)[0]
-        p[i] -= 2 * EPS
-        model.params = p
-        numeric[i] = (up - model.gradient(x, y)[0]) / (2 * EPS)
-    model.params = p0
+    numeric = parameter_central(model, lambda: model.gradient(x, y)[0])
     assert relative_error(grad, numeric) < MAX_REL_ERROR
 
 

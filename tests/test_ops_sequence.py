@@ -40,35 +40,37 @@ def step(draw, gates):
     return n, u, arr
 
 
-def _cython():
+def _twins(name, *args):
+    """``ops.<name>`` (asserted to route to the Cython kernel) on ``args`` and
+    ``reference.<name>`` on copies of them (the kernels write into some):
+    returns (the kernel's arrays, the twin's), in the order of ``args``."""
     assert _dispatch.route("numpy", np.dtype(np.float32)) == _dispatch.CYTHON
+    copies = [a.copy() for a in args]
+    getattr(ops, name)(*args)
+    getattr(reference, name)(*copies)
+    return args, copies
 
 
 @needs_extension
 @given(step(4))
 def test_lstm_forward_matches_twin(case):
-    _cython()
     n, u, arr = case
-    z, rec, c_prev = arr(n, 4 * u), arr(n, 4 * u), arr(n, u)
-    outs = [np.full((n, u), np.nan, np.float32) for _ in range(3)]
-    z2, outs2 = z.copy(), [o.copy() for o in outs]
-    ops.lstm_forward_step(z, rec, c_prev, *outs)
-    reference.lstm_forward_step(z2, rec, c_prev, *outs2)
+    c_prev = arr(n, u)
+    got, want = _twins("lstm_forward_step", arr(n, 4 * u), arr(n, 4 * u), c_prev,
+                       *(np.full((n, u), np.nan, np.float32) for _ in range(3)))
     # c = f * c_prev + i * g may cancel: absolute error in units of |c_prev|
     atol = ATOL * (1 + float(np.abs(c_prev).max(initial=0)))
-    for got, want in zip([z, *outs], [z2, *outs2]):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=atol)
+    for k in (0, 3, 4, 5):  # z (activated in place), c, tc, h
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=atol)
 
 
 @needs_extension
 @given(step(4))
 def test_lstm_backward_matches_twin(case):
-    _cython()
     n, u, arr = case
-    a, c_prev, tc, dh, dc = arr(n, 4 * u, unit=True), arr(n, u), arr(n, u, unit=True), arr(n, u), arr(n, u)
-    dz, dz2, dc2 = np.full((n, 4 * u), np.nan, np.float32), np.empty((n, 4 * u), np.float32), dc.copy()
-    ops.lstm_backward_step(a, c_prev, tc, dh, dc, dz)
-    reference.lstm_backward_step(a, c_prev, tc, dh, dc2, dz2)
+    (a, c_prev, tc, dh, dc, dz), (*_, dc2, dz2) = _twins(
+        "lstm_backward_step", arr(n, 4 * u, unit=True), arr(n, u), arr(n, u, unit=True), arr(n, u), arr(n, u),
+        np.full((n, 4 * u), np.nan, np.float32))
     tol = 1e-6 * (1 + float(np.abs(dh).max(initial=0) + np.abs(dc2).max(initial=0)) * (1 + np.abs(c_prev).max(initial=0)))
     np.testing.assert_allclose(dz, dz2, rtol=BACKWARD_RTOL, atol=tol)
     np.testing.assert_allclose(dc, dc2, rtol=BACKWARD_RTOL, atol=tol)
@@ -77,13 +79,10 @@ def test_lstm_backward_matches_twin(case):
 @needs_extension
 @given(step(3))
 def test_gru_forward_matches_twin(case):
-    _cython()
     n, u, arr = case
-    z, rec, rb, h_prev = arr(n, 3 * u), arr(n, 3 * u), arr(u), arr(n, u, unit=True)
-    hn, h = np.full((n, u), np.nan, np.float32), np.full((n, u), np.nan, np.float32)
-    z2, hn2, h2 = z.copy(), hn.copy(), h.copy()
-    ops.gru_forward_step(z, rec, rb, h_prev, hn, h)
-    reference.gru_forward_step(z2, rec, rb, h_prev, hn2, h2)
+    (z, *_, hn, h), (z2, *_, hn2, h2) = _twins(
+        "gru_forward_step", arr(n, 3 * u), arr(n, 3 * u), arr(u), arr(n, u, unit=True),
+        np.full((n, u), np.nan, np.float32), np.full((n, u), np.nan, np.float32))
     np.testing.assert_array_equal(hn, hn2)
     for got, want in ((z, z2), (h, h2)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=ATOL)
@@ -92,13 +91,10 @@ def test_gru_forward_matches_twin(case):
 @needs_extension
 @given(step(3))
 def test_gru_backward_matches_twin(case):
-    _cython()
     n, u, arr = case
-    a, hn, h_prev, dh = arr(n, 3 * u, unit=True), arr(n, u), arr(n, u, unit=True), arr(n, u)
-    dz, dzr = np.full((n, 3 * u), np.nan, np.float32), np.full((n, 3 * u), np.nan, np.float32)
-    dh2, dz2, dzr2 = dh.copy(), dz.copy(), dzr.copy()
-    ops.gru_backward_step(a, hn, h_prev, dh, dz, dzr)
-    reference.gru_backward_step(a, hn, h_prev, dh2, dz2, dzr2)
+    (*_, dh, dz, dzr), (*_, dh2, dz2, dzr2) = _twins(
+        "gru_backward_step", arr(n, 3 * u, unit=True), arr(n, u), arr(n, u, unit=True), arr(n, u),
+        np.full((n, 3 * u), np.nan, np.float32), np.full((n, 3 * u), np.nan, np.float32))
     for got, want in ((dh, dh2), (dz, dz2), (dzr, dzr2)):
         np.testing.assert_allclose(got, want, rtol=BACKWARD_RTOL, atol=1e-6 * (1 + float(np.abs(want).max(initial=0))))
 
@@ -106,14 +102,10 @@ def test_gru_backward_matches_twin(case):
 @needs_extension
 @given(st.integers(0, 50), st.integers(1, 40), st.integers(1, 9), st.integers(0, 2**32 - 1))
 def test_scatter_add_rows_matches_twin(m, v, d, seed):
-    _cython()
     rng = np.random.default_rng(seed)
     index = rng.integers(0, v, m)
     rows = rng.standard_normal((m, d)).astype(np.float32)
-    out = rng.standard_normal((v, d)).astype(np.float32)
-    want = out.copy()
-    ops.scatter_add_rows(index, rows, out)
-    reference.scatter_add_rows(index, rows, want)
+    (*_, out), (*_, want) = _twins("scatter_add_rows", index, rows, rng.standard_normal((v, d)).astype(np.float32))
     np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
 
 

@@ -105,6 +105,16 @@ def run_workers(states, params, updates, network=None, flush=True):
     return network
 
 
+def run_fresh_workers(rule, clipping, init, updates, flush=True):
+    """:func:`run_workers` for ``len(updates)`` workers, each from its own copy
+    of ``init`` and a fresh state of ``rule`` and ``clipping``.  Returns
+    ``(states, params, network)``."""
+    states = [make_state(rule, clipping, init.size) for _ in updates]
+    params = [init.copy() for _ in updates]
+    network = run_workers(states, params, updates, flush=flush)
+    return states, params, network
+
+
 def decoded(message, n: int) -> np.ndarray:
     out = np.zeros(n, np.float32)
     if message is not None:
@@ -124,10 +134,8 @@ def test_replicas_bit_identical_on_dyadic_grid(world, n, steps, seed, log2_tau, 
     tau = 2.0**log2_tau
     clipping = None if clip is None else (clip[0], float(clip[1]))
     init = grid_values(rng, n)
-    states = [make_state(FixedThreshold(tau), clipping, n) for _ in range(world)]
-    params = [init.copy() for _ in range(world)]
     updates = grid_values(rng, (world, steps, n), bound=192)
-    network = run_workers(states, params, updates)
+    states, params, network = run_fresh_workers(FixedThreshold(tau), clipping, init, updates)
     for w in range(1, world):
         assert same_bits(params[w], params[0]), f"replica {w} differs from replica 0"
     # ... and every replica is the start plus every published message (exact on the grid).
@@ -148,10 +156,8 @@ def test_replicas_agree_to_float_order_with_adaptive_tau(world, n, seed):
     steps = 40
     init = rng.normal(0, 0.1, n).astype(np.float32)
     rule = AdaptiveThreshold(initial=1e-3, min_sparsity=1e-2, max_sparsity=0.2)
-    states = [make_state(rule, DL4J_CLIP, n) for _ in range(world)]
-    params = [init.copy() for _ in range(world)]
     updates = rng.normal(0, 1e-3, (world, steps, n)).astype(np.float32)
-    network = run_workers(states, params, updates)
+    states, params, network = run_fresh_workers(rule, DL4J_CLIP, init, updates)
     exact = init.astype(np.float64)
     for _origin, payload in network.log:
         apply_message(payload, exact)  # float64 target: the same ±τ, no rounding to speak of
@@ -401,14 +407,10 @@ def test_plain_round_trip_continues_like_an_uninterrupted_run(split):
     init = rng.normal(0, 0.1, n).astype(np.float32)
     updates = rng.normal(0, 1e-3, (world, steps, n)).astype(np.float32)
 
-    straight = [make_state(rule, clipping, n) for _ in range(world)]
-    p_straight = [init.copy() for _ in range(world)]
-    run_workers(straight, p_straight, updates)
+    straight, p_straight, _ = run_fresh_workers(rule, clipping, init, updates)
 
-    first = [make_state(rule, clipping, n) for _ in range(world)]
-    p_resumed = [init.copy() for _ in range(world)]
     # No flush at the split: messages in flight stay in flight, as they would without it.
-    network = run_workers(first, p_resumed, updates[:, :split], flush=False)
+    first, p_resumed, network = run_fresh_workers(rule, clipping, init, updates[:, :split], flush=False)
     plains = [json.loads(json.dumps({k: v for k, v in s.to_plain().items() if k != "residual"}))
               for s in first]  # everything but the residual is JSON
     for plain, s in zip(plains, first):
@@ -583,9 +585,7 @@ def test_sharing_step_matches_a_written_out_loop_bit_for_bit(rule):
     init = rng.normal(0, 0.1, n).astype(np.float32)
     updates = rng.normal(0, 2e-3, (world, steps, n)).astype(np.float32)
 
-    states = [make_state(rule, clipping, n) for _ in range(world)]
-    params = [init.copy() for _ in range(world)]
-    run_workers(states, params, updates)
+    states, params, _ = run_fresh_workers(rule, clipping, init, updates)
 
     # The iteration with the bare kernels, over the same list network.
     network = ListNetwork(world)

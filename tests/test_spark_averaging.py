@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from sparkavg.data.validation import DataValidationError
-from sparkavg.evaluation import Evaluation
 from sparkavg.spark import DataOptions, ParameterAveraging, SparkTrainer
 
-from .nets import averaged_updater_state, blobs, fit_replicas, small_net
+from .nets import (assert_evaluation_matches_local, averaged_updater_state, blobs, fit_replicas, small_net,
+                   trained_small_net)
 
 pytestmark = pytest.mark.spark
 
@@ -126,17 +126,10 @@ def test_dataframe_input_and_bad_labels(spark):
 
 
 def test_evaluate_predict_score_match_local(sc):
-    x, y = blobs(90, seed=11)
-    net = small_net(seed=12)
-    for _ in range(5):
-        net.fit_batch(x, y)
+    net, x, y = trained_small_net()
     trainer = SparkTrainer(sc, net, ParameterAveraging(workers=2))
     rdd = sc.parallelize(_pairs(x, y), 3)
-    local = Evaluation(2).eval(y, net.output(x))
-    assert trainer.evaluate(rdd) == local
-    ev, ev2 = trainer.evaluate(rdd, evaluations=[Evaluation(2), Evaluation(2, labels=["a", "b"])])
-    assert ev.confusion_matrix.tolist() == local.confusion_matrix.tolist() == ev2.confusion_matrix.tolist()
-    assert trainer.score(rdd) == pytest.approx(float(net.score(x, y)), rel=1e-5)
+    assert_evaluation_matches_local(trainer, rdd, net, x, y)
     keyed = trainer.predict(sc.parallelize([(f"k{i}", x[i]) for i in range(len(x))], 4)).collectAsMap()
     expected = net.output(x)
     for i in range(len(x)):

@@ -26,6 +26,7 @@ them all), :mod:`.analysis` (time split, verdict, summary), :mod:`.export` (JSON
 :mod:`.trace` (Chrome trace), :mod:`.markup` and :mod:`.html` (the page),
 :mod:`.training_stats` (the facade).
 """
+from . import names as _names
 from .analysis import (NEAR_LINEAR_SECONDS, SINGLE_MACHINE_SECONDS, WORTH_IT_SECONDS, Regime, datagram_breakdown,
                        format_bytes, format_seconds, iteration_verdict)
 from .names import (COMPUTE_PHASES, DRIVER_PHASES, NON_TRAINING_PHASES, SHARING_PHASES, SPAN_PHASES, WORKER_PHASES,
@@ -35,18 +36,9 @@ from .timeline import Event, Task
 from .training_stats import TrainingStats
 
 __all__ = [
-    "Phase",
-    "CounterName",
-    "SeriesName",
-    "DecisionName",
+    *_names.__all__,  # the vocabulary
     "Regime",
     "DRIVER_LANE",
-    "DRIVER_PHASES",
-    "WORKER_PHASES",
-    "COMPUTE_PHASES",
-    "SPAN_PHASES",
-    "NON_TRAINING_PHASES",
-    "SHARING_PHASES",
     "NEAR_LINEAR_SECONDS",
     "WORTH_IT_SECONDS",
     "SINGLE_MACHINE_SECONDS",
@@ -57,7 +49,6 @@ __all__ = [
     "task_lane",
     "iteration_verdict",
     "datagram_breakdown",
-    "phase_kind",
     "format_seconds",
     "format_bytes",
 ]

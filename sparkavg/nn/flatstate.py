@@ -189,6 +189,7 @@ class FlatState:
         self._resolved = None  # (updater, rate, updater at that rate) of a scheduled rate
         self._groups = {}  # gradient normalisation's (start, stop) groups by its `per`
         self._single_blas = None
+        self._bound = None  # a binding updater's step over these vectors (_apply_updater)
         self.params = np.empty(n, dtype=self.dtype)
         self.grads = np.zeros(n, dtype=self.dtype)
         self.update = np.zeros(n, dtype=self.dtype)
@@ -251,6 +252,7 @@ class FlatState:
         self.updater_state = convert(self.updater_state)
         self.buffers = convert(self.buffers)
         self.xp = xp
+        self._bound = None  # bound to the old vectors
         logger.debug("model of %d params moved to %s", self.num_params, xp.__name__)
 
     def to_gpu(self) -> bool:
@@ -397,10 +399,26 @@ class FlatState:
         ranges of it: weight decay (at the step's rate) and a lazy table's
         untouched rows, which get no update and keep their updater state."""
         kept = self._keep_untouched_rows(provider._touched_rows())
-        updater.apply(out, self.grads, self.updater_state, self.iteration)
+        self._apply_updater(updater, out)
         self.regularization().decay(out, self.params, updater.lr)
         if kept:
             self._restore_untouched_rows(kept, out)
+
+    def _apply_updater(self, updater: Updater, update) -> None:
+        """Add the updater's step to ``update``: ``updater.apply`` on the flat
+        vectors, or, for an updater that binds to them (``updater.bind(flat)``:
+        an optimizer whose per-parameter state tensors are views of
+        :attr:`updater_state`, ``sparkavg.torch.TorchOptimizer``), the step of
+        its binding, made once and kept while the updater's layout and the
+        vectors stay (a scheduled rate's updater of each step reuses it)."""
+        bind = getattr(updater, "bind", None)
+        if bind is None:
+            updater.apply(update, self.grads, self.updater_state, self.iteration)
+            return
+        bound = self._bound
+        if bound is None or not bound.serves(updater, self):
+            bound = self._bound = bind(self)
+        bound.step(updater, update, self.iteration, self.epoch)
 
     def _adds_directly(self, provider: FlatProvider) -> bool:
         """Whether the updater may add its step to the parameters directly:
@@ -420,7 +438,7 @@ class FlatState:
             return loss
         updater = self.step_updater()
         pending = self._training_loss(provider, x, y, weights)
-        updater.apply(self.params, self.grads, self.updater_state, self.iteration)
+        self._apply_updater(updater, self.params)
         self.iteration += 1
         return self.loss_value(pending, sync)
 

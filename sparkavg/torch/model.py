@@ -141,7 +141,8 @@ class TorchModel(FlatModel):
         model's counters: the same rate on every worker and after a resume).
     inputs : dict of str -> sequence of int, optional
         Several named inputs instead of ``input_shape``, in the order the
-        module's ``forward`` takes them.
+        module's ``forward`` takes them (its configuration lists
+        ``[name, shape]`` pairs, which keep that order).
     input_dtypes : dict of str -> str, optional
         ``"int64"`` for an input of ids (``nn.Embedding``); ``"float32"`` otherwise.
     prediction : str or int, optional
@@ -181,7 +182,7 @@ class TorchModel(FlatModel):
                  optimizer: Any = None, optimizer_kwargs: dict | None = None,
                  param_groups: Sequence[dict] | None = None, scheduler: Any = None,
                  scheduler_kwargs: dict | None = None, scheduler_interval: str = "epoch",
-                 inputs: dict[str, Sequence[int]] | None = None, input_dtypes: dict[str, str] | None = None,
+                 inputs: dict[str, Sequence[int]] | Sequence[tuple[str, Sequence[int]]] | None = None, input_dtypes: dict[str, str] | None = None,
                  prediction: str | int | None = None,
                  training_step: Annotated[Any, Names("training_step")] = None,
                  init_weights: Any = None, init_strict: bool = True, frozen_sha256: str | None = None):
@@ -503,15 +504,22 @@ class TorchModel(FlatModel):
         return ModelSpec(tuple(InputSpec(n, tuple(s), self.input_dtypes[n]) for n, s in self.inputs.items()),
                          (OutputSpec(name, int(self.units), self.loss_kind),))
 
-    def _chunks(self, x):
-        """``(start, the module's outputs)`` over ``x`` in inference mode and chunks."""
-        torch = _torch()
-        xt, n = self._inputs(x)
+    def _input_chunks(self, prepared):
+        """``(start, inputs)`` of prepared ``(inputs, count)`` in chunks of :attr:`inference_batch_size`."""
+        xt, n = prepared
         step = max(1, int(self.inference_batch_size))
+        for start in range(0, n, step):
+            yield start, {k: v[start:start + step] for k, v in xt.items()}
+
+    def _chunks(self, x, prepared=None):
+        """``(start, the module's outputs)`` over ``x`` (or its ``prepared``
+        ``(inputs, count)``) in inference mode and chunks."""
+        torch = _torch()
+        prepared = prepared or self._inputs(x)
         self._mode(False)
         with torch.no_grad():
-            for start in range(0, n, step):
-                yield start, self._forward({k: v[start:start + step] for k, v in xt.items()})
+            for start, chunk in self._input_chunks(prepared):
+                yield start, self._forward(chunk)
 
     def _array(self, tensor):
         """A tensor as a new array of the model's module (numpy or CuPy)."""
@@ -523,9 +531,9 @@ class TorchModel(FlatModel):
         """Inference-mode predictions, (N, units), a new array on the model's
         device: softmax probabilities when trained on classes, sigmoid ones
         on binary labels, raw outputs for regression."""
-        n = self._count(x)
-        result = self.xp.empty((n, self.units), dtype=self.dtype)
-        for start, raw in self._chunks(x):
+        prepared = self._inputs(x)
+        result = self.xp.empty((prepared[1], self.units), dtype=self.dtype)
+        for start, raw in self._chunks(x, prepared):
             out = self._predictions(raw)
             if self.loss_kind == "nll":
                 out = _torch().softmax(out, dim=1)
@@ -537,25 +545,22 @@ class TorchModel(FlatModel):
     def score(self, x, y) -> float:
         """Mean loss over all of ``x`` (inference mode, chunked; a training
         step's loss where there is one) + L2 penalty."""
-        n = self._count(x)
+        prepared = self._inputs(x)
+        n = prepared[1]
         if n == 0:
             raise ValueError("Expect a non-empty batch, got 0 examples")
         target = self._targets(y, n)
         total = 0.0
         if self._step_fn is not None:
-            torch = _torch()
-            xt, _ = self._inputs(x)
-            step = max(1, int(self.inference_batch_size))
             self._mode(False)
-            with torch.no_grad():
-                for start in range(0, n, step):
-                    rows = min(step, n - start)
-                    chunk = {k: v[start:start + step] for k, v in xt.items()}
-                    total += float(self._batch_loss(chunk, target.rows(start, start + step))) * rows
-            return total / n + self.flat.penalty()
-        for start, raw in self._chunks(x):
-            rows = min(int(self.inference_batch_size), n - start)
-            total += float(self._loss_of(raw, target.rows(start, start + rows))) * rows
+            with _torch().no_grad():
+                for start, chunk in self._input_chunks(prepared):
+                    rows = next(iter(chunk.values())).shape[0]
+                    total += float(self._batch_loss(chunk, target.rows(start, start + rows))) * rows
+        else:
+            for start, raw in self._chunks(x, prepared):
+                rows = min(int(self.inference_batch_size), n - start)
+                total += float(self._loss_of(raw, target.rows(start, start + rows))) * rows
         return total / n + self.flat.penalty()
 
     # ---------------------------------------------------------- config
@@ -584,7 +589,7 @@ class TorchModel(FlatModel):
         args = {"factory": self.factory_ref, "factory_kwargs": self.factory_kwargs, "loss": self._loss_ref,
                 "updater": self.updater}
         if self._named_inputs:
-            args["inputs"] = {name: list(shape) for name, shape in self.inputs.items()}
+            args["inputs"] = [[name, list(shape)] for name, shape in self.inputs.items()]  # in forward's order
         else:
             args["input_shape"] = list(self.input_shape)
         if any(d != "float32" for d in self.input_dtypes.values()):

@@ -46,9 +46,15 @@ def check_inputs(args) -> dict:
         return {INPUT: check_shape(shape)}
     if shape not in ((), [], None):
         raise ValueError(f"Expect input_shape or inputs, got both ({shape!r} and {inputs!r:.100})")
-    pairs = list(inputs.items()) if isinstance(inputs, Mapping) else None
-    if not pairs or not all(isinstance(n, str) and n for n, _ in pairs):
-        raise ValueError(f"Expect inputs as a non-empty dict of input name -> shape, got {inputs!r:.200}")
+    if isinstance(inputs, Mapping):
+        pairs = list(inputs.items())
+    else:  # [name, shape] pairs: a configuration's order-keeping form
+        try:
+            pairs = [(n, s) for n, s in inputs]
+        except (TypeError, ValueError):
+            pairs = None
+    if not pairs or not all(isinstance(n, str) and n for n, _ in pairs) or len({n for n, _ in pairs}) != len(pairs):
+        raise ValueError(f"Expect inputs as a non-empty dict of distinct input names -> shape, got {inputs!r:.200}")
     return {name: check_shape(s, f"the shape of input {name!r}") for name, s in pairs}
 
 

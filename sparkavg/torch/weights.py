@@ -65,8 +65,9 @@ def read_state_dict(source) -> dict:
             try:
                 state = torch.load(where, map_location="cpu", weights_only=True)
             except Exception as exc:  # noqa: BLE001 -- torch raises an UnpicklingError, RuntimeError ...: named
-                detail = next((line.strip() for line in str(exc).splitlines() if "Unpickler error" in line),
-                              f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+                # torch's own text suggests weights_only=False: only the line naming what it refused is kept
+                detail = next((line.strip() for line in str(exc).splitlines()
+                               if "GLOBAL" in line or "Unpickler error" in line), type(exc).__name__)
                 raise ValueError(f"Expect init_weights {where!r} to be a state_dict written by torch.save (tensors "
                                  f"only: it is read with torch.load(weights_only=True), never unpickling code) or an "
                                  f".npz, got a file it refused ({detail})") from None

@@ -192,6 +192,15 @@ def test_a_sparkavg_schedule_and_a_recovery_scale_every_group():
     assert halved.learning_rate == pytest.approx(0.05) and halved.param_groups[0]["lr"] == pytest.approx(0.005)
     plain = TorchOptimizer(optimizer="torch.optim:Adam", lr=1e-3, param_groups=[{"params": "bias", "lr": 1e-4}])
     assert plain.with_learning_rate(5e-4).param_groups[0]["lr"] == pytest.approx(5e-5)
+    scheduled = _model("torch.optim:SGD", optimizer_kwargs={"lr": 0.1}, param_groups=[{"params": "bias", "lr": 0.01}],
+                       scheduler="torch.optim.lr_scheduler:StepLR", scheduler_kwargs={"step_size": 1, "gamma": 0.5},
+                       scheduler_interval="iteration")
+    for i in range(2):
+        scheduled.fit_batch(x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH])
+    scheduled.updater = scheduled.updater.with_learning_rate(0.05)  # the schedule, halved from here on
+    scheduled.fit_batch(x[:BATCH], y[:BATCH])
+    got = [g["lr"] for g in scheduled.flat._bound.optimizer.param_groups]
+    np.testing.assert_allclose(got, [0.05 * 0.5 ** 2, 0.005 * 0.5 ** 2], rtol=1e-12)
 
 
 def test_the_roles_strategies_read():

@@ -26,7 +26,7 @@ class ScheduleTrack:
     (rebuilt from the start when asked for an earlier count)."""
 
     def __init__(self, updater, groups):
-        self.updater, self.groups = updater, list(groups)
+        self.updater, self.groups, self.key = updater, list(groups), updater.rates_key
         self.scheduler_class, _, self.name = class_and_name(updater.scheduler, "scheduler", "learning-rate scheduler")
         self._build()
 
@@ -147,7 +147,7 @@ class Binding:
             self.views.append((self.states[i], key, view, value))
         self.lazy = [(st, layout.lazy[g]) for st, g in zip(self.states, member)]
         self.scratch = None
-        self.track = ScheduleTrack(updater, self.sources) if updater.scheduler is not None else None
+        self.track = None  # the scheduler's private copy, made for the rates it was made with (_rates)
         self.applied = None  # what the groups' rates were last set from
         self.empty = not self.tensors
 
@@ -159,9 +159,11 @@ class Binding:
     # ------------------------------------------------------------------ step
     def _rates(self, updater, iteration: int, epoch: int) -> None:
         """The groups' rates (and what a scheduler changes) for this step."""
-        if self.track is not None:
+        if updater.scheduler is not None:
+            if self.track is None or self.track.key != updater.rates_key:  # a recovery's lower rate: made again
+                self.track = ScheduleTrack(updater, self.sources)
             count = epoch if updater.scheduler_interval == "epoch" else iteration
-            key = (id(updater), count)
+            key = (self.track, count)
             if key != self.applied:
                 for group, values in zip(self.optimizer.param_groups, self.track.at(count)):
                     group.update(values)

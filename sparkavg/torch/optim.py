@@ -251,6 +251,19 @@ class TorchOptimizer(Updater):
         return json.dumps({"optimizer": optimizer, "kwargs": self.kwargs, "groups": groups}, sort_keys=True)
 
     @functools.cached_property
+    def rates_key(self) -> str:
+        """What fixes the groups' rates: the rates and the scheduler."""
+        groups = [g.get("lr") for g in self.param_groups]
+        scheduler = None if self.scheduler is None else display(self.scheduler)
+        return json.dumps({"lr": repr(self.lr), "groups": groups, "scheduler": scheduler,
+                           "kwargs": self.scheduler_kwargs, "interval": self.scheduler_interval}, sort_keys=True)
+
+    @functools.cached_property
+    def _track(self) -> ScheduleTrack:
+        """The scheduler on a copy of every group (:meth:`rate`)."""
+        return ScheduleTrack(self, range(1 + len(self.param_groups)))
+
+    @functools.cached_property
     def optimizer_class(self) -> type:
         return class_and_name(self.optimizer, "optimizer", "torch optimizer")[0]
 
@@ -336,6 +349,7 @@ class TorchOptimizer(Updater):
         scaled by ``rate / learning_rate`` (no new probe: the layout is kept)."""
         factor = float(rate) / self.learning_rate
         new = copy.copy(self)  # keeps the cached layout and class
+        new.__dict__.pop("rates_key", None)
         object.__setattr__(new, "lr", float(rate))
         if self.param_groups:
             object.__setattr__(new, "param_groups", tuple({**g, "lr": g["lr"] * factor} if "lr" in g else g
@@ -347,7 +361,7 @@ class TorchOptimizer(Updater):
         if self.scheduler is None:
             return super().rate(iteration, epoch)
         count = epoch if self.scheduler_interval == "epoch" else iteration
-        return float(ScheduleTrack(self, range(1 + len(self.param_groups))).at(count)[0]["lr"])
+        return float(self._track.at(count)[0]["lr"])
 
     def __repr__(self):
         extra = f", scheduler={display(self.scheduler)!r}" if self.scheduler is not None else ""

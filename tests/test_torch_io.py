@@ -253,3 +253,15 @@ def test_a_model_rebuilt_from_its_configuration_takes_the_frozen_values_it_pins(
     assert twin.fingerprint() == model.fingerprint()
     other = TorchModel("tests.torch_models:backbone_head", input_shape=(1, 4, 4))
     assert other.fingerprint() != model.fingerprint()  # other frozen weights: another model to resume
+
+
+def test_a_loaded_configuration_cannot_name_weights_to_read(pretrained, tmp_path):
+    from .test_model_trust import craft
+
+    state, folder = pretrained
+    model = TorchModel("tests.torch_models:backbone_head", input_shape=(1, 4, 4), init_weights=folder / "weights.pt")
+    model.save(tmp_path / "m.npz")
+    craft(tmp_path / "m.npz", tmp_path / "crafted.npz", lambda c: c.update(init_weights=str(folder / "weights.pt")),
+          redigest=True)
+    with pytest.raises(ModelFileError, match=r"TorchModel.init_weights only in code, not in a loaded configuration"):
+        load_model(tmp_path / "crafted.npz", trusted=True)

@@ -314,3 +314,16 @@ def test_a_standard_library_optimizer_name_is_refused_without_running_it(tmp_pat
     with pytest.raises(ModelFileError, match=r"Refusing to call the torch optimizer 'os:system' .* standard library"):
         load_model(crafted)
     assert not marker.exists()
+
+
+def test_a_configuration_naming_an_optimizer_directly_is_checked_too(tmp_path):
+    """TorchModel(optimizer=...) given in a loaded configuration (not as its updater) is checked as the updater's."""
+    def edit(config):
+        config.pop("updater")
+        config.update(optimizer="tests.torch_models:UnmarkedSGD", optimizer_kwargs={"lr": 0.1, "momentum": 0.9})
+
+    with pytest.raises(ModelFileError, match=r"'tests.torch_models:UnmarkedSGD' .* not marked as a optimizer"):
+        load_model(_crafted(tmp_path, edit))
+    marked = load_model(_crafted(tmp_path, lambda c: (c.pop("updater"), c.update(
+        optimizer="torch.optim:SGD", optimizer_kwargs={"lr": 0.1, "momentum": 0.9}))))
+    assert marked.updater.optimizer == "torch.optim:SGD"

@@ -53,7 +53,7 @@ from ..nn.model import InputSpec, ModelSpec, OutputSpec
 from ..nn.updaters import Updater
 from ..references import Names
 from .losses import LOSSES, builtin_loss, check_prediction, loss_choice, predictions
-from .optim import TorchOptimizer
+from .optim import TorchCode, TorchOptimizer
 from .plan import INPUT, Plan, callable_or_reference
 from .weights import frozen_digest, load_into, read_state_dict
 
@@ -67,6 +67,17 @@ def _torch():
     import torch
 
     return torch
+
+
+class _InCodeOnly:
+    """Annotation metadata of a constructor argument only code may give: a
+    loaded configuration naming it is refused (its values are state)."""
+
+    def check_config_value(self, where, value):
+        if value is not None:
+            raise ConfigError(f"Expect {where} only in code, not in a loaded configuration: pretrained weights are "
+                              f"read once, where the model is built, and saved as its state, got {value!r:.100}")
+        return value
 
 
 @register("network", "TorchModel")
@@ -179,13 +190,14 @@ class TorchModel(FlatModel):
                  targets: str = "classes", l2: float = 0.0, l2_bias: float = 0.0, weight_decay: float = 0.0,
                  seed: int = 123, dtype: str = "float32", gradient_normalization: GradientNormalization | None = None,
                  class_weights: Sequence[float] | None = None, huber_delta: float = 1.0, *,
-                 optimizer: Any = None, optimizer_kwargs: dict | None = None,
-                 param_groups: Sequence[dict] | None = None, scheduler: Any = None,
+                 optimizer: Annotated[Any, TorchCode("optimizer")] = None, optimizer_kwargs: dict | None = None,
+                 param_groups: Sequence[dict] | None = None, scheduler: Annotated[Any, TorchCode("scheduler")] = None,
                  scheduler_kwargs: dict | None = None, scheduler_interval: str = "epoch",
                  inputs: dict[str, Sequence[int]] | Sequence[tuple[str, Sequence[int]]] | None = None, input_dtypes: dict[str, str] | None = None,
                  prediction: str | int | None = None,
                  training_step: Annotated[Any, Names("training_step")] = None,
-                 init_weights: Any = None, init_strict: bool = True, frozen_sha256: str | None = None):
+                 init_weights: Annotated[Any, _InCodeOnly()] = None, init_strict: bool = True,
+                 frozen_sha256: str | None = None):
         torch = _torch()
         updater = self._updater(updater, optimizer, optimizer_kwargs, param_groups, scheduler, scheduler_kwargs,
                                 scheduler_interval)
@@ -266,8 +278,11 @@ class TorchModel(FlatModel):
         """The state vectors' lengths for these constructor arguments (builds
         the module on torch's meta device: no parameter is allocated)."""
         plan = Plan(args, meta=True)
-        return {"params": plan.num_params, "updater": int(check_updater(args.get("updater")).state_size(
-            plan.num_params)), "buffers": plan.num_buffers}
+        updater = check_updater(cls._updater(args.get("updater"), args.get("optimizer"), args.get("optimizer_kwargs"),
+                                             args.get("param_groups"), args.get("scheduler"),
+                                             args.get("scheduler_kwargs"), args.get("scheduler_interval", "epoch")))
+        return {"params": plan.num_params, "updater": int(updater.state_size(plan.num_params)),
+                "buffers": plan.num_buffers}
 
     def _tensor(self, array):
         """A torch tensor sharing ``array``'s memory (numpy or CuPy)."""

@@ -47,8 +47,10 @@ def averaging_frequency(text: str):
     return value
 
 
-def parse_args(argv=None, description=__doc__):
+def parse_args(argv=None, description=__doc__, add_flags=None):
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if add_flags is not None:
+        add_flags(p)  # an example's own flags
     p.add_argument("--data-dir", default=None,
                    help="folder with train-/t10k- images/labels IDX files, .gz or raw "
                         "(default: $SPARKAVG_DATA_DIR or /usr/share/datasets/fashion-mnist)")
@@ -296,6 +298,11 @@ def train_spark(args, net, train, test):
     from sparkavg.spark import SparkTrainer
 
     spark = spark_session(args.master, f"sparkavg-{args.mode}", connect=args.session == "connect")
+    for path in args.py_files:  # the example's own module, which executors import its model's code from
+        if args.session == "connect":
+            spark.addArtifacts(path, pyfile=True)
+        else:
+            spark.sparkContext.addPyFile(path)
     simulate_udp_loss(spark, args)  # the session ends with the run: the hook goes with it
     tmp = None if args.work_dir else tempfile.TemporaryDirectory(prefix="sparkavg-example-")
     work_dir = args.work_dir or tmp.name
@@ -349,11 +356,17 @@ def train_pipeline(args, net, spark, train_df, test_df, work_dir):
     return _epochs_detail(history), train_seconds, examples, ev, extra
 
 
-def main(build_model, argv=None, description=__doc__, name="model") -> dict:
-    """Run the example ``name`` for ``build_model(num_classes=..., seed=..., input_shape=...)``."""
+def main(build_model, argv=None, description=__doc__, name="model", add_flags=None, finish=None,
+         py_files=()) -> dict:
+    """Run the example ``name`` for ``build_model(num_classes=..., seed=..., input_shape=...)``.
+
+    An example may add flags (``add_flags(parser)``), act on the trained
+    model before the report is written (``finish(args, model, report)``) and
+    name Python files the Spark executors import its code from (``py_files``:
+    ``SparkContext.addPyFile``, or ``addArtifacts`` on Connect)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    args = parse_args(argv, description)
-    args.name = name
+    args = parse_args(argv, description, add_flags)
+    args.name, args.py_files = name, list(py_files)
     data_dir = args.data_dir or default_data_dir()
     t_load = time.time()
     train = tuple(load_mnist(data_dir, "train", limit=args.limit_train))
@@ -380,6 +393,8 @@ def main(build_model, argv=None, description=__doc__, name="model") -> dict:
         "epochs_detail": detail,
         **extra,
     }
+    if finish is not None:
+        finish(args, net, report)
     log.info("\n%s", ev.stats())
     log.info("test accuracy %.4f after %d epoch(s), %.1fs training, %.0f examples/s", report["test_accuracy"],
              args.epochs, train_seconds, report["examples_per_second"] or 0)

@@ -2,14 +2,18 @@
 
 A model file, a checkpoint or a saved Pipeline is JSON plus arrays: it never
 holds code.  It may *name* code, as an importable ``"package.module:function"``
-string: a :class:`~sparkavg.torch.TorchModel`'s module factory and loss, a
+string: a :class:`~sparkavg.torch.TorchModel`'s module factory, loss,
+training step, optimizer and scheduler, a
 :class:`~sparkavg.spark.DataOptions` transform.  Whoever wrote the file chose
 those names, so a loader calls one only when **you** said it may:
 
 * mark it where you define it -- ``@sparkavg.torch.factory``,
   ``@sparkavg.references.loss``, ``@sparkavg.references.transform``
-  (also ``sparkavg.loss`` / ``sparkavg.transform``); sparkavg's own zoo
-  factories are marked;
+  (also ``sparkavg.loss`` / ``sparkavg.transform``),
+  ``@sparkavg.torch.optimizer``, ``@sparkavg.torch.scheduler``,
+  ``@sparkavg.torch.training_step``; sparkavg's own zoo factories are
+  marked, and the classes of ``torch.optim`` and
+  ``torch.optim.lr_scheduler`` need no mark;
 * or name it when you load: ``load_model(path, trusted={"mypkg.nets:small_cnn"})``,
   or around any loader (``PipelineModel.load``, ``mlflow.pyfunc.load_model``,
   ``fit(resume_from=...)``): ``with sparkavg.references.trusting({...}):``;
@@ -46,12 +50,15 @@ from typing import Callable, Iterable, Optional, Union
 
 from .configurable import ConfigError, constructor_hints
 
-__all__ = ["KINDS", "factory", "loss", "transform", "mark", "trusting", "check", "resolve", "reference_of",
-           "parse", "UntrustedReference", "UnresolvedReference", "is_marked", "Names", "named_code"]
+__all__ = ["KINDS", "factory", "loss", "transform", "optimizer", "scheduler", "training_step", "mark", "trusting",
+           "check", "resolve", "reference_of", "parse", "UntrustedReference", "UnresolvedReference", "is_marked", "Names", "named_code"]
 
 #: What a configuration may name, with the words messages use.
-KINDS = {"factory": "torch module factory", "loss": "loss function", "transform": "transform"}
-_DECORATOR = {"factory": "@sparkavg.torch.factory", "loss": "@sparkavg.loss", "transform": "@sparkavg.transform"}
+KINDS = {"factory": "torch module factory", "loss": "loss function", "transform": "transform",
+         "optimizer": "torch optimizer", "scheduler": "learning-rate scheduler", "training_step": "training step"}
+_DECORATOR = {"factory": "@sparkavg.torch.factory", "loss": "@sparkavg.loss", "transform": "@sparkavg.transform",
+              "optimizer": "@sparkavg.torch.optimizer", "scheduler": "@sparkavg.torch.scheduler",
+              "training_step": "@sparkavg.torch.training_step"}
 _ATTRIBUTE = "__sparkavg_marked__"
 
 
@@ -87,6 +94,14 @@ factory = mark("factory")
 loss = mark("loss")
 #: ``@transform``: a minibatch ``transform(x, y, rng)`` that loaders may call.
 transform = mark("transform")
+#: ``@optimizer``: a ``torch.optim.Optimizer`` subclass that loaders may build
+#: (torch.optim's own classes need no mark).
+optimizer = mark("optimizer")
+#: ``@scheduler``: a learning-rate scheduler class that loaders may build
+#: (torch.optim.lr_scheduler's own classes need no mark).
+scheduler = mark("scheduler")
+#: ``@training_step``: a ``fn(module, batch) -> loss`` that loaders may call.
+training_step = mark("training_step")
 
 
 def is_marked(obj, kind: str) -> bool:

@@ -194,6 +194,7 @@ class FlatState:
         self._resolved = None  # (updater, rate, updater at that rate) of a scheduled rate
         self._groups = {}  # gradient normalisation's (start, stop) groups by its `per`
         self._single_blas = None
+        self._bound = None  # a binding updater's step over these vectors (_apply_updater)
         self.params = np.empty(n, dtype=self.dtype)
         self.grads = np.zeros(n, dtype=self.dtype)
         self.update = np.zeros(n, dtype=self.dtype)
@@ -256,6 +257,7 @@ class FlatState:
         self.updater_state = convert(self.updater_state)
         self.buffers = convert(self.buffers)
         self.xp = xp
+        self._bound = None  # bound to the old vectors
         logger.debug("model of %d params moved to %s", self.num_params, xp.__name__)
 
     def to_gpu(self) -> bool:
@@ -410,7 +412,7 @@ class FlatState:
         scales = _range_scales(provider)
         frozen = self._state_ranges([(a, b) for a, b, s in scales if s == 0])
         saved = [self.updater_state[a:b].copy() for a, b in frozen]
-        updater.apply(out, self.grads, self.updater_state, self.iteration)
+        self._apply_updater(updater, out)
         self.regularization().decay(out, self.params, updater.lr)
         if kept:
             self._restore_untouched_rows(kept, out)
@@ -433,6 +435,22 @@ class FlatState:
                              f"layers, got {self.updater!r} with {size} values for {n} parameters")
         return [(j * n + a, j * n + b) for j in range(size // n) for a, b in ranges]
 
+    def _apply_updater(self, updater: Updater, update) -> None:
+        """Add the updater's step to ``update``: ``updater.apply`` on the flat
+        vectors, or, for an updater that binds to them (``updater.bind(flat)``:
+        an optimizer whose per-parameter state tensors are views of
+        :attr:`updater_state`, ``sparkavg.torch.TorchOptimizer``), the step of
+        its binding, made once and kept while the updater's layout and the
+        vectors stay (a scheduled rate's updater of each step reuses it)."""
+        bind = getattr(updater, "bind", None)
+        if bind is None:
+            updater.apply(update, self.grads, self.updater_state, self.iteration)
+            return
+        bound = self._bound
+        if bound is None or not bound.serves(updater, self):
+            bound = self._bound = bind(self)
+        bound.step(updater, update, self.iteration, self.epoch)
+
     def _adds_directly(self, provider: FlatProvider) -> bool:
         """Whether the updater may add its step to the parameters directly:
         nothing acts on ranges of the update (:meth:`_step_into`; weight
@@ -451,7 +469,7 @@ class FlatState:
             return loss
         updater = self.step_updater()
         pending = self._training_loss(provider, x, y, weights)
-        updater.apply(self.params, self.grads, self.updater_state, self.iteration)
+        self._apply_updater(updater, self.params)
         self.iteration += 1
         return self.loss_value(pending, sync)
 

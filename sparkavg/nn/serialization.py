@@ -76,6 +76,9 @@ FILE_TAG = b"sparkavg.nn model v1"
 
 #: Default ``max_params`` of :func:`load_network`: 2**29 parameters (2 GiB of float32).
 MAX_PARAMS = 2**31 // 4
+#: Most updater state vectors of ``num_params`` a file may declare per parameter (torch's
+#: Adam with ``amsgrad`` or a centred RMSprop with momentum keep 3).
+MAX_UPDATER_SLOTS = 4
 #: Largest JSON configuration a model file may hold.
 MAX_CONFIG_BYTES = 1 << 20
 _MEMBERS = ("config", "params", "updater_state", "counters", "sha256")
@@ -156,7 +159,7 @@ def _declared(archive: _Archive, max_params: int):
     """``({state key: length}, dtype)`` of the state vectors as the file's
     ``.npy`` headers declare them, bounded by ``max_params`` -- read before
     the configuration is looked at."""
-    limits = {"params": max_params, "updater": 2 * max_params, "buffers": max_params}
+    limits = {"params": max_params, "updater": MAX_UPDATER_SLOTS * max_params, "buffers": max_params}
     sizes, dtypes = {}, set()
     for member, key in _VECTORS:
         if member not in archive.infos:
@@ -227,9 +230,9 @@ def _network_plan(archive: _Archive, config_bytes: bytes, max_params: int, netwo
     if num_params > max_params:
         raise archive.error(f"the configuration has {num_params:,} parameters, more than max_params="
                             f"{max_params:,}; pass a larger max_params to load a trusted file this large")
-    if state_size > 2 * max_params:
+    if state_size > MAX_UPDATER_SLOTS * max_params:
         raise archive.error(f"the configuration's updater state has {state_size:,} values, more than "
-                            f"2 * max_params = {2 * max_params:,}")
+                            f"{MAX_UPDATER_SLOTS} * max_params = {MAX_UPDATER_SLOTS * max_params:,}")
     if num_buffers > max_params:
         raise archive.error(f"the configuration has {num_buffers:,} buffer values, more than max_params="
                             f"{max_params:,}")

@@ -152,6 +152,25 @@ def test_the_average_is_bit_identical_to_the_job_path(mesh, world, dtype, sizes)
         assert {p: link.sock.getsockname() for p, link in g.links.items()} == ports[g.rank]
 
 
+@pytest.mark.parametrize("world", [1, 3])
+def test_undivided_sums_are_the_drivers_combined_sums_bit_for_bit(mesh, world):
+    groups = mesh(world, piece_bytes=64)
+    rng = np.random.default_rng(7 + world)
+    vectors = [[rng.standard_normal(n).astype(np.float32) for n in (9, 5, 3)] for _ in range(world)]
+    weights = [5.0, 0.0, 12.0][:world]
+    expected = _job_sums(vectors, weights)
+
+    def rank_round(r):
+        mine = [v.copy() for v in vectors[r]]
+        return groups[r].allreduce_weighted(mine, weights[r], average=False)
+
+    for r, (got, total) in enumerate(_values(_on_threads(rank_round, world))):
+        assert total == expected.weight
+        for name, a, b in zip(("params", "updater", "buffers"), got,
+                              (expected.params, expected.state, expected.buffers)):
+            assert _same_bits(a, b), f"rank {r}: {name} differs from the driver's combined sums"
+
+
 def test_a_real_network_round_is_bit_identical_to_the_job_path(mesh):
     from sparkavg.spark.runners.base import set_state
 

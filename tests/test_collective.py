@@ -3,7 +3,7 @@ sockets on 127.0.0.1: ranks as threads and as spawned processes.
 
 The reference is the job path's own arithmetic: each worker's
 ``RoundResult`` of ``ops.scale``-d vectors, the driver's reduce with
-``combine_results`` in partition order, and ``set_state``'s division.
+``combine_results`` in partition order, and ``merge_sums``'s division.
 
 Worker functions live at module level so spawned children can import them.
 """
@@ -100,7 +100,7 @@ def _job_sums(vectors_by_rank, weights):
 
 
 def _job_path(vectors_by_rank, weights):
-    """The driver's average: :func:`_job_sums` divided as ``set_state``
+    """The driver's average: :func:`_job_sums` divided as ``merge_sums``
     divides; ``([params, updater, buffers], total weight)``."""
     total = _job_sums(vectors_by_rank, weights)
     if total is None:
@@ -172,7 +172,7 @@ def test_undivided_sums_are_the_drivers_combined_sums_bit_for_bit(mesh, world):
 
 
 def test_a_real_network_round_is_bit_identical_to_the_job_path(mesh):
-    from sparkavg.spark.runners.base import set_state
+    from sparkavg.averaging import merge_sums, start_of
 
     from .nets import blobs, small_net
 
@@ -191,7 +191,8 @@ def test_a_real_network_round_is_bit_identical_to_the_job_path(mesh):
     weights = [float(hi - lo) for lo, hi in shards]
     sums = _job_sums(vectors, weights)
     driver = small_net(seed=5)
-    set_state(driver, sums.weight, 0, params=sums.params, updater=sums.state)
+    merge_sums(driver, {"params": sums.params, "updater": sums.state, "buffers": sums.buffers}, sums.weight, 0,
+               start=start_of(driver), workers=world, batches=15)
 
     def rank_round(r):
         mine = {"params": replicas[r].state["params"].copy(), "updater": replicas[r].state["updater"].copy()}

@@ -26,10 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ... import ops
 from ...backend import to_cpu
 from ...listeners.base import EventDispatcher, sample_points
-from ...nn.finetune import keep_frozen
 from ..cancel import CancelRequest
 from ..sources import EpochDeal, MinibatchSource
 from ..errors import is_permanent, raise_failures
@@ -42,7 +40,7 @@ from ...data.transforms import transform_plan
 from ...transport import PeerLostError, PeerStalledError
 from ...transport.limits import STALL_TIMEOUT
 
-__all__ = ["EpochRunner", "Merged", "Progress", "network_state", "set_state", "runs"]
+__all__ = ["EpochRunner", "Merged", "Progress", "network_state", "runs"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,19 +55,6 @@ def network_state(network, with_updater: bool) -> dict:
     host = {name: np.ascontiguousarray(to_cpu(live[name]), dtype=np.float32) for name in ("params", "buffers")}
     host["updater"] = np.ascontiguousarray(to_cpu(live["updater"]), dtype=np.float32) if with_updater else None
     return {"iteration": int(network.iteration), "epoch": int(network.epoch), **host}
-
-
-def set_state(network, weight: float, iterations: int, **sums) -> None:
-    """Set each named vector of ``sums`` (``params``, ``updater``,
-    ``buffers``; None skipped) divided by ``weight`` on ``network``, in place
-    on the given sums, and advance its iteration."""
-    inv = 1.0 / weight
-    for value in sums.values():
-        if value is not None and inv != 1.0:
-            ops.scale(value, inv)
-    keep_frozen(network, sums)
-    network.load_state(sums)
-    network.iteration = network.iteration + int(iterations)
 
 
 @dataclass

@@ -2,6 +2,7 @@
 (issue 37): the same parameters as a Spark job per round, bit for bit; the
 decision that picks the path; a lost task reruns the epoch; a silent rank
 is named within the stall timeout."""
+import threading
 import time
 
 import numpy as np
@@ -9,8 +10,8 @@ import pytest
 
 from sparkavg.nn import SGD, Dense, FineTuning, Network, Output
 from sparkavg.spark import DataOptions, ParameterAveraging, SparkTrainer
-from sparkavg.spark.executor.hooks import (AVERAGING_PATH, KILL_MARKER, KILL_ROUND, STAGE_ATTEMPTS, STALL_RANK,
-                                           STALL_TIMEOUT)
+from sparkavg.spark.executor.hooks import (AVERAGING_PATH, KILL_MARKER, KILL_ROUND, SLOW_WORKER, STAGE_ATTEMPTS,
+                                           STALL_RANK, STALL_TIMEOUT)
 from sparkavg.spark.policies.block_momentum import BlockMomentum
 from sparkavg.spark.policies.path import IN_STAGE, JOBS, AveragingPath
 from sparkavg.stats import Phase
@@ -148,3 +149,33 @@ def test_a_rank_that_stops_answering_is_named_within_the_stall_timeout(sc):
             trainer.fit(rdd, epochs=1)
     assert time.monotonic() - started < 60  # bounded by the stall timeout, never a hang
     assert info.value.rank == 1 and info.value.reason == "stalled"
+
+
+def test_a_cancel_while_the_stage_runs_ends_the_fit_after_that_epoch(sc):
+    from sparkavg.spark import TrainingCancelled
+
+    x, y = blobs(80, seed=21)
+    rdd = sc.parallelize(_pairs(x, y), 2)
+    trainer = SparkTrainer(sc, small_net(seed=22), ParameterAveraging(batch_size_per_worker=4, workers=2,
+                                                                      averaging_frequency=2))
+    seen = {}
+
+    def canceller():  # once the epoch's path is decided its stage starts; each minibatch takes 0.1 s
+        deadline = time.monotonic() + 60
+        while not any(d["name"] == "averaging_path" for d in trainer.stats.decisions):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
+        time.sleep(0.3)
+        seen["running"], seen["cancelled"] = sc.statusTracker().getActiveJobsIds(), trainer.cancel()
+
+    thread = threading.Thread(target=canceller, daemon=True)
+    thread.start()
+    try:
+        with job_properties(sc, {AVERAGING_PATH: IN_STAGE, SLOW_WORKER: "0.1"}), \
+                pytest.raises(TrainingCancelled, match=r"round 1 of epoch 2 did not start.*state after epoch 1"):
+            trainer.fit(rdd, epochs=2)
+    finally:
+        thread.join(60)
+    assert seen["cancelled"] is True and seen["running"], "cancel() landed while the stage ran"
+    assert trainer.epochs_done == 1 and len(trainer.history) == 1  # the running epoch finished and was merged

@@ -107,7 +107,7 @@ def run_rounds(net, minibatches, counts, rank: int, group, *, recorder: Callable
             examples += len(mb[1])
         loss_sum, seconds = loss.value(), time.perf_counter() - fit_began
         if examples:
-            check(net, loss_sum, f"worker rank {rank}, round {r + 1}")
+            check(net, loss_sum, f"worker {rank}, round {r + 1}")  # as the job path names it
             log.speeds.append([rank, examples, seconds, seconds])
         live = net.state
         sums = {"params": copy(live["params"])}

@@ -335,6 +335,7 @@ def test_interrupt_all_between_rounds_on_connect_stops_the_fit_before_the_next_r
     import threading
 
     from sparkavg.spark import TrainingCancelled
+    from sparkavg.spark.executor.hooks import AVERAGING_PATH
 
     class Pause:  # between round 1 and round 2 the fit's thread waits for the interrupt
         def __init__(self):
@@ -359,10 +360,12 @@ def test_interrupt_all_between_rounds_on_connect_stops_the_fit_before_the_next_r
                            listeners=[pause])
     thread = threading.Thread(target=interrupt, daemon=True)
     thread.start()
+    connect.conf.set(AVERAGING_PATH, "jobs")  # rounds a job each: an interrupt can land between two
     try:
         with pytest.raises(TrainingCancelled, match=r"SparkSession.interruptAll\(\).*round 2 of epoch 1 did not start"):
             trainer.fit(_frame(connect, x, y, partitions=2), epochs=1)
     finally:
+        connect.conf.unset(AVERAGING_PATH)
         pause.resume.set()
         thread.join(60)
     params, iteration = pause.rounds[-1]

@@ -3,7 +3,7 @@ sockets on 127.0.0.1: ranks as threads and as spawned processes.
 
 The reference is the job path's own arithmetic: each worker's
 ``RoundResult`` of ``ops.scale``-d vectors, the driver's reduce with
-``combine_results`` in partition order, and ``set_state``'s division.
+``combine_results`` in partition order, and ``merge_sums``'s division.
 
 Worker functions live at module level so spawned children can import them.
 """
@@ -100,7 +100,7 @@ def _job_sums(vectors_by_rank, weights):
 
 
 def _job_path(vectors_by_rank, weights):
-    """The driver's average: :func:`_job_sums` divided as ``set_state``
+    """The driver's average: :func:`_job_sums` divided as ``merge_sums``
     divides; ``([params, updater, buffers], total weight)``."""
     total = _job_sums(vectors_by_rank, weights)
     if total is None:
@@ -152,8 +152,27 @@ def test_the_average_is_bit_identical_to_the_job_path(mesh, world, dtype, sizes)
         assert {p: link.sock.getsockname() for p, link in g.links.items()} == ports[g.rank]
 
 
+@pytest.mark.parametrize("world", [1, 3])
+def test_undivided_sums_are_the_drivers_combined_sums_bit_for_bit(mesh, world):
+    groups = mesh(world, piece_bytes=64)
+    rng = np.random.default_rng(7 + world)
+    vectors = [[rng.standard_normal(n).astype(np.float32) for n in (9, 5, 3)] for _ in range(world)]
+    weights = [5.0, 0.0, 12.0][:world]
+    expected = _job_sums(vectors, weights)
+
+    def rank_round(r):
+        mine = [v.copy() for v in vectors[r]]
+        return groups[r].allreduce_weighted(mine, weights[r], average=False)
+
+    for r, (got, total) in enumerate(_values(_on_threads(rank_round, world))):
+        assert total == expected.weight
+        for name, a, b in zip(("params", "updater", "buffers"), got,
+                              (expected.params, expected.state, expected.buffers)):
+            assert _same_bits(a, b), f"rank {r}: {name} differs from the driver's combined sums"
+
+
 def test_a_real_network_round_is_bit_identical_to_the_job_path(mesh):
-    from sparkavg.spark.runners.base import set_state
+    from sparkavg.averaging import merge_sums, start_of
 
     from .nets import blobs, small_net
 
@@ -172,7 +191,8 @@ def test_a_real_network_round_is_bit_identical_to_the_job_path(mesh):
     weights = [float(hi - lo) for lo, hi in shards]
     sums = _job_sums(vectors, weights)
     driver = small_net(seed=5)
-    set_state(driver, sums.weight, 0, params=sums.params, updater=sums.state)
+    merge_sums(driver, {"params": sums.params, "updater": sums.state, "buffers": sums.buffers}, sums.weight, 0,
+               start=start_of(driver), workers=world, batches=15)
 
     def rank_round(r):
         mine = {"params": replicas[r].state["params"].copy(), "updater": replicas[r].state["updater"].copy()}

@@ -97,6 +97,27 @@ def test_averaging_round_is_the_weighted_mean_on_connect(connect, placement):
     trainer.close()
 
 
+@pytest.mark.parametrize("placement", sorted(PLACEMENTS))
+def test_rounds_inside_one_barrier_mapinarrow_stage_give_the_job_paths_parameters_bit_for_bit(connect, placement):
+    from sparkavg.spark.executor.hooks import AVERAGING_PATH
+
+    x, y = blobs(54, seed=5)
+    master = ParameterAveraging(batch_size_per_worker=4, averaging_frequency=3, workers=2, data=PLACEMENTS[placement])
+    nets, paths = {}, {}
+    for path in ("jobs", "in_stage"):
+        connect.conf.set(AVERAGING_PATH, path)
+        try:
+            nets[path] = small_net(seed=6)
+            with SparkTrainer(connect, nets[path], master) as trainer:
+                trainer.fit(_frame(connect, x, y), epochs=2)
+                paths[path] = [h["averaging_path"] for h in trainer.history]
+        finally:
+            connect.conf.unset(AVERAGING_PATH)
+    assert paths == {"jobs": ["jobs", "jobs"], "in_stage": ["in_stage", "in_stage"]}
+    for name in ("params", "updater", "buffers"):
+        assert nets["in_stage"].state[name].tobytes() == nets["jobs"].state[name].tobytes(), name
+
+
 def test_connect_and_classic_train_the_same_model(spark, connect):
     x, y = blobs(120, seed=2)
     master = ParameterAveraging(batch_size_per_worker=8, averaging_frequency=3, workers=2)
@@ -189,7 +210,7 @@ def test_test_hooks_are_read_once_per_fit_not_per_epoch(connect, monkeypatch):
 
     assert sorted(reads) == sorted([hooks.KILL_MARKER, hooks.STALL_RANK, hooks.HOLD_MARKER, hooks.SLOW_WORKER,
                                     hooks.UDP_LOSS, hooks.STALL_TIMEOUT, hooks.RETRANSMIT_TIMEOUT,
-                                    hooks.STAGE_ATTEMPTS])  # each once
+                                    hooks.STAGE_ATTEMPTS, hooks.KILL_ROUND, hooks.AVERAGING_PATH])  # each once
 
 
 def test_executor_errors_on_connect_come_back_as_themselves(connect):
@@ -308,6 +329,7 @@ def test_interrupt_all_between_rounds_on_connect_stops_the_fit_before_the_next_r
     import threading
 
     from sparkavg.spark import TrainingCancelled
+    from sparkavg.spark.executor.hooks import AVERAGING_PATH
 
     class Pause:  # between round 1 and round 2 the fit's thread waits for the interrupt
         def __init__(self):
@@ -332,10 +354,12 @@ def test_interrupt_all_between_rounds_on_connect_stops_the_fit_before_the_next_r
                            listeners=[pause])
     thread = threading.Thread(target=interrupt, daemon=True)
     thread.start()
+    connect.conf.set(AVERAGING_PATH, "jobs")  # rounds a job each: an interrupt can land between two
     try:
         with pytest.raises(TrainingCancelled, match=r"SparkSession.interruptAll\(\).*round 2 of epoch 1 did not start"):
             trainer.fit(_frame(connect, x, y, partitions=2), epochs=1)
     finally:
+        connect.conf.unset(AVERAGING_PATH)
         pause.resume.set()
         thread.join(60)
     params, iteration = pause.rounds[-1]

@@ -597,6 +597,7 @@ class _RoundSnapshots:
 @pytest.mark.parametrize("how", ["cancelAllJobs", "cancelJobGroup", "another group"])
 def test_a_cancel_between_averaging_rounds_stops_the_fit_before_the_next_round(sc, how):
     from sparkavg.spark import TrainingCancelled
+    from sparkavg.spark.executor.hooks import AVERAGING_PATH
 
     net = small_net(seed=57)
     snapshots = _RoundSnapshots(pause_at=1)
@@ -617,6 +618,7 @@ def test_a_cancel_between_averaging_rounds_stops_the_fit_before_the_next_round(s
     thread = threading.Thread(target=canceller, daemon=True)
     thread.start()
     sc.setJobGroup("fit-between-rounds", "a fit cancelled between its rounds")
+    sc.setLocalProperty(AVERAGING_PATH, "jobs")  # rounds a job each: a cancel can land between two
     try:
         if how == "another group":
             trainer.fit(rdd, epochs=1)
@@ -625,6 +627,7 @@ def test_a_cancel_between_averaging_rounds_stops_the_fit_before_the_next_round(s
                 trainer.fit(rdd, epochs=1)
     finally:
         sc.setJobGroup("after", "after")
+        sc.setLocalProperty(AVERAGING_PATH, None)
         snapshots.resume.set()
         thread.join(60)
     assert seen["active jobs"] == [], "the cancel landed when no job ran"
@@ -645,7 +648,7 @@ def test_a_cancel_between_averaging_rounds_stops_the_fit_before_the_next_round(s
 
 def test_trainer_cancel_from_another_thread_ends_the_fit_after_the_running_round(sc):
     from sparkavg.spark import TrainingCancelled
-    from sparkavg.spark.executor.hooks import SLOW_WORKER
+    from sparkavg.spark.executor.hooks import AVERAGING_PATH, SLOW_WORKER
 
     net = small_net(seed=58)
     snapshots = _RoundSnapshots()
@@ -672,6 +675,7 @@ def test_trainer_cancel_from_another_thread_ends_the_fit_after_the_running_round
 
     sc.setJobGroup("fit-cancel", "a fit cancelled by SparkTrainer.cancel()")
     sc.setLocalProperty(SLOW_WORKER, "0.3")
+    sc.setLocalProperty(AVERAGING_PATH, "jobs")  # rounds a job each (inside one stage: test_instage.py)
     thread = threading.Thread(target=canceller, daemon=True)
     thread.start()
     try:
@@ -680,6 +684,7 @@ def test_trainer_cancel_from_another_thread_ends_the_fit_after_the_running_round
             trainer.fit(rdd, epochs=2)
     finally:
         sc.setLocalProperty(SLOW_WORKER, None)
+        sc.setLocalProperty(AVERAGING_PATH, None)
         sc.setJobGroup("after", "after")
         thread.join(60)
     assert seen["cancelled"] is True and seen["rounds done"] == 1 and seen["still running"], \

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -93,10 +93,11 @@ class FineTuning(Configurable):
         return out
 
 
-def keep_frozen(model, sums: dict) -> None:
-    """Put ``model``'s own values back into the frozen ranges of averaged
-    state vectors ``sums`` (``params`` and each ``updater`` slot there),
-    in place: a mean of equal values may differ from them in the last bit."""
+def keep_frozen(model, sums: dict, own: Optional[dict] = None) -> None:
+    """Put ``model``'s own values (or ``own``'s, the same names) back into
+    the frozen ranges of averaged state vectors ``sums`` (``params`` and
+    each ``updater`` slot there), in place: a mean of equal values may
+    differ from them in the last bit."""
     frozen = getattr(model, "frozen_ranges", ())
     if not frozen:
         return
@@ -104,7 +105,7 @@ def keep_frozen(model, sums: dict) -> None:
     for name, value in sums.items():
         if value is None or name not in ("params", "updater") or not value.size:
             continue
-        own = to_cpu(model.state[name])
+        kept = to_cpu((model.state if own is None else own)[name])
         for j in range(value.size // n):
             for a, b in frozen:
-                value[j * n + a:j * n + b] = own[j * n + a:j * n + b]
+                value[j * n + a:j * n + b] = kept[j * n + a:j * n + b]

@@ -33,10 +33,13 @@ logger = logging.getLogger(__name__)
 class EpochDeal:
     """One epoch's deal: ``rounds[r][w]`` the minibatch ids worker ``w``
     fits in round ``r``, every id once.  A deal of kept minibatches also
-    has ``barrier(r, task, what)``: the round as one barrier stage."""
+    has ``barrier(r, task, what)``: the round as one barrier stage.  A deal
+    for rounds inside one stage has one round of every worker's whole
+    shard and ``counts[r][w]``, the minibatches of each of its rounds."""
 
     rounds: List[List[List[int]]]
     source: "MinibatchSource"
+    counts: Optional[List[List[int]]] = None
 
     @property
     def workers(self) -> int:
@@ -89,10 +92,15 @@ class MinibatchSource:
         return False, f"auto: {self.description}: balanced"
 
     def plan(self, workers: int, per_round: int, seed: Optional[int], local: bool = False,
-             weights: Optional[Sequence[float]] = None) -> EpochDeal:
+             weights: Optional[Sequence[float]] = None, in_stage: bool = False) -> EpochDeal:
         """The epoch's deal (:func:`~.deal.deal_epoch`: ``local`` keeps each
-        worker's shard in place, ``weights`` cut shares by speed)."""
-        return self.Deal(deal_epoch(len(self.sizes), workers, per_round, seed, local, self.layout, weights), self)
+        worker's shard in place, ``weights`` cut shares by speed); ``in_stage``:
+        its rounds joined into one, their lengths in ``counts``."""
+        rounds = deal_epoch(len(self.sizes), workers, per_round, seed, local, self.layout, weights)
+        if not in_stage or not rounds:
+            return self.Deal(rounds, self)
+        joined = [[i for shards in rounds for i in shards[w]] for w in range(len(rounds[0]))]
+        return self.Deal([joined], self, counts=[[len(s) for s in shards] for shards in rounds])
 
     def decisions(self) -> List[tuple]:
         """``(name, value, reason)`` the trainer records once the data is prepared."""

@@ -240,14 +240,15 @@ class StreamedSource(MinibatchSource):
         return False, ("streamed: the source's partitions are dealt to rounds x workers afresh every epoch (a "
                        "seeded shuffle unless repartition='never')")
 
-    def plan(self, workers, per_round, seed, local=False, weights=None) -> "StreamDeal":
+    def plan(self, workers, per_round, seed, local=False, weights=None, in_stage=False) -> "StreamDeal":
         """The epoch's deal of the source's partitions: one per worker per
         round, shuffled with ``seed`` (None: in order); a round is a whole
-        partition, whatever ``per_round`` (nothing is local, no shares)."""
+        partition, whatever ``per_round`` (nothing is local, no shares; no
+        rounds inside one stage: a streamed deal has no ``barrier``)."""
         dealt = deal(len(self.parts), workers, 1, seed)
         parts = [[self.parts[s[0]] if s else None for s in shards] for shards in dealt]
         rounds = [[list(self.batches[p]) if p is not None else [] for p in r] for r in parts]
-        return StreamDeal(rounds, self, parts)
+        return StreamDeal(rounds, self, parts=parts)
 
     def release(self) -> None:
         self.frame = None

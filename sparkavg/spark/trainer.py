@@ -334,7 +334,8 @@ class SparkTrainer:
         The round that runs finishes and is merged; the next one does not
         start, and ``fit`` raises :class:`~sparkavg.spark.TrainingCancelled`
         naming ``reason``.  The model then holds the state of the last
-        completed round (under gradient sharing a round is a whole epoch);
+        completed round (under gradient sharing, and for averaging's rounds
+        inside one barrier stage, a round is a whole epoch);
         the checkpoints are those of the epochs completed before.  A
         ``sc.cancelAllJobs()`` (or ``cancelJobGroup`` of the fit's group,
         ``cancelJobsWithTag`` of one of its tags; ``interruptAll`` /

@@ -182,6 +182,7 @@ class DecisionName(_StatName):
     BLOCK_MOMENTUM = "block_momentum"
     MOMENT_CORRECTION = "moment_correction"
     WORKER_SHARES = "worker_shares"
+    AVERAGING_PATH = "averaging_path"
     #: Gradient sharing's policies.
     UPDATE_SCALE = "update_scale"
     MOMENTUM_MASKING = "momentum_masking"

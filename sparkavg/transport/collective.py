@@ -299,7 +299,7 @@ class CollectiveGroup:
             link.abort(notice)
 
     # ------------------------------------------------------------ the all-reduce
-    def allreduce_weighted(self, vectors, weight: float):
+    def allreduce_weighted(self, vectors, weight: float, *, average: bool = True):
         """Average ``vectors`` over the ranks, weighted by each rank's
         ``weight``, in place.
 
@@ -320,6 +320,9 @@ class CollectiveGroup:
             contents are undefined.
         weight : float
             This rank's weight (its examples), finite and ``>= 0``.
+        average : bool, default True
+            False: leave the weighted sums undivided (the driver's combined
+            sums, for a caller that divides them itself).
 
         Returns
         -------
@@ -354,14 +357,14 @@ class CollectiveGroup:
         layout = Layout(arrays, names, self.world, self.piece_bytes)
         number, self.rounds = self.rounds, self.rounds + 1
         if self.world == 1:
-            if weight and 1.0 / weight != 1.0:
+            if average and weight and 1.0 / weight != 1.0:
                 for a in arrays:
                     ops.scale(a, 1.0 / weight)
             return vectors, weight
         own = layout.bounds[self.rank + 1] - layout.bounds[self.rank]
         if self._acc is None or self._acc.dtype != layout.dtype or self._acc.size < own:
             self._acc = np.empty(own, dtype=layout.dtype)
-        rnd = self._round = Round(self.rank, number, layout, weight, self._acc, on_fail=self._abort)
+        rnd = self._round = Round(self.rank, number, layout, weight, self._acc, on_fail=self._abort, average=average)
         for q in self._queues:
             q.put(rnd)
         try:

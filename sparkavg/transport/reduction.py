@@ -92,8 +92,8 @@ class Round:
     ``acc`` is a buffer of at least this rank's chunk's length, where its
     pieces are summed."""
 
-    def __init__(self, rank: int, number: int, layout: Layout, weight: float, acc, on_fail):
-        self.rank, self.number, self.layout, self.weight = rank, number, layout, weight
+    def __init__(self, rank: int, number: int, layout: Layout, weight: float, acc, on_fail, average: bool = True):
+        self.rank, self.number, self.layout, self.weight, self.average = rank, number, layout, weight, average
         self.world, self.on_fail = len(layout.bounds) - 1, on_fail
         self.cond = threading.Condition()
         self.weights = [None] * self.world
@@ -121,7 +121,7 @@ class Round:
                 order.append(r)
                 total = w if total is None else total + w  # the driver's order, not sum()'s compensated one
         self.total = 0.0 if total is None else total
-        self.inv = 1.0 / self.total if self.total else None
+        self.inv = (1.0 / self.total if self.average else 1.0) if self.total else None
         self.contributors = len(order)
         self.position = {r: i for i, r in enumerate(order)}
         self.cond.notify_all()

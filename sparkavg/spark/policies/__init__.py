@@ -11,6 +11,7 @@ The runners compose them by the master's ``preset``:
 ==========================  ========================================  ==================
 policy                      ``"sparkavg"``                            ``"dl4j"``
 ==========================  ========================================  ==================
+``AveragingPath``           in one barrier stage where it can         a job per round
 ``AveragingFrequency``      auto, momentum cap                        pinned (5)
 ``BlockMomentum``           where it measured better                  off
 ``MomentCorrection``        Adam-like updaters, 2+ workers            off

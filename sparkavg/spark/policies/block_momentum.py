@@ -1,8 +1,9 @@
-"""Block momentum on the driver: blockwise model-update filtering (BMUF;
+"""Block momentum: blockwise model-update filtering (BMUF;
 Chen & Huo, ICASSP 2016; also SlowMo, Wang et al. 2020).
 
 A round's averaged change is a *block gradient* ``G = W_avg - W_sent``.
-The driver keeps a flat block velocity ``Delta`` and sets::
+The driver (or, rounds inside one stage, every rank) keeps a flat block
+velocity ``Delta`` and sets (:func:`~sparkavg.averaging.merge.block_momentum_step`)::
 
     Delta = mu * Delta + zeta * G
     W     = W + Delta
@@ -24,37 +25,13 @@ from typing import Optional, Tuple
 import numpy as np
 
 from ... import ops
+from ...averaging.merge import block_momentum_step
 from . import Policy
 
 __all__ = ["BlockMomentum", "block_momentum_step", "MIN_FREQUENCY"]
 
 #: Block momentum runs only in epochs averaging at least this many minibatches per round.
 MIN_FREQUENCY = 32
-
-
-def block_momentum_step(model, averaged, delta, momentum: float, block_lr: float, nesterov: bool) -> None:
-    """One BMUF update, in place on flat float32 vectors, no temporaries.
-
-    Parameters
-    ----------
-    model : ndarray (n,)
-        ``W``, the model before the round (read only).
-    averaged : ndarray (n,)
-        The workers' average ``W_avg`` on entry; ``W``'s successor on exit.
-    delta : ndarray (n,)
-        The block velocity ``Delta``, updated.
-    momentum, block_lr : float
-        ``mu`` and ``zeta``.
-    nesterov : bool
-        The round started from ``W + mu * Delta`` (else from ``W``).
-    """
-    ops.accumulate(averaged, model, -1.0)  # W_avg - W
-    if nesterov:
-        ops.accumulate(averaged, delta, -momentum)  # - mu * Delta: the round started from the look-ahead
-    ops.scale(delta, momentum)
-    ops.accumulate(delta, averaged, block_lr)
-    np.copyto(averaged, model)
-    ops.accumulate(averaged, delta)
 
 
 class BlockMomentum(Policy):

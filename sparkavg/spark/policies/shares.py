@@ -66,12 +66,12 @@ class WorkerShares(Policy):
             self.speeds = speeds
             self._log = {}
 
-    def log(self, result, workers: int, launched: float, elapsed: float) -> None:
+    def log(self, speeds, workers: int, launched: float, elapsed: float) -> None:
         """Log each worker's examples, fitting seconds and fixed seconds of a
-        round: everything else from the round's launch (``launched``, the
+        round (``speeds``: a round result's): everything else from the round's launch (``launched``, the
         driver's ``time.time()``) to the end of its task, bounded by the
         round's ``elapsed`` seconds (clocks of other hosts may disagree)."""
-        for entry_ in getattr(result, "speeds", None) or ():
+        for entry_ in speeds or ():
             partition, examples, seconds, task_seconds = entry_[:4]
             inside = max(0.0, task_seconds - seconds)  # the task's own part besides fitting
             if len(entry_) > 4:  # + its start after the launch, where the clocks allow

@@ -1,11 +1,17 @@
 """Parameter averaging: how its epoch distributes work.
 
-Rounds of ``averaging_frequency`` minibatches per worker; per round the
-shipped ``(iteration, params, updater state)`` is fitted by every worker on
-its own shard, the weighted sums come back through ``treeAggregate`` and
-the driver divides.  The rules of an epoch are policies
-(:mod:`sparkavg.spark.policies`) chosen by the master's preset: the
-frequency, block momentum, the moment correction and the workers' shares.
+Rounds of ``averaging_frequency`` minibatches per worker, run one of two
+ways (decision ``averaging_path``, :mod:`..policies.path`): a Spark job per
+round -- the shipped ``(iteration, params, updater state)`` is fitted by
+every worker on its own shard, the weighted sums come back through
+``treeAggregate`` and the driver merges them -- or all of an epoch's
+rounds inside one barrier stage, whose ranks sum the same weighted state
+with an all-reduce and each merge it as the driver would
+(:mod:`sparkavg.averaging`; :mod:`..executor.instage`); the driver then gets
+rank 0's final state and every round's statistics.  The rules of an epoch
+are policies (:mod:`sparkavg.spark.policies`) chosen by the master's preset:
+the path, the frequency, block momentum, the moment correction and the
+workers' shares.
 
 With ``averaging_frequency="auto"``, before the first epoch of a runner two
 probe rounds of :data:`PROBE_MINIBATCHES` minibatches measure the costs
@@ -23,17 +29,20 @@ from typing import Optional
 import numpy as np
 
 from ... import ops
-from ...backend import to_cpu
+from ...averaging.merge import merge_sums, start_of
+from ...stats import Phase
 from ..errors import raise_failures
 from ..executor.averaging import combine_results, make_round_task
+from ..executor.instage import make_stage_task
 from ..masters import ParameterAveraging
 from ..policies import record
 from ..policies.block_momentum import BlockMomentum
 from ..policies.frequency import AveragingFrequency, RoundCosts, busy_from_payloads, round_costs, rounds_from_events
 from ..policies.moments import MomentCorrection
+from ..policies.path import IN_STAGE, JOBS, AveragingPath
 from ..policies.shares import WorkerShares
 from ...data.storage import prefetch_depth
-from .base import EpochRunner, Merged, network_state, runs, set_state
+from .base import EpochRunner, Merged, network_state, runs
 
 __all__ = ["AveragingRunner", "PROBE_MINIBATCHES", "PROBE_ROUNDS", "AGGREGATION_DEPTH"]
 
@@ -61,7 +70,12 @@ class AveragingRunner(EpochRunner):
         self.block_momentum = BlockMomentum(enabled=sparkavg)
         self.moments = MomentCorrection(enabled=sparkavg)
         self.shares = WorkerShares(enabled=sparkavg)
+        self.path = AveragingPath(enabled=sparkavg)
         self.uniform = not sparkavg  # DL4J's unweighted mean of the workers' results
+        self._overheads: dict = {}  # path -> its last measured overhead per round (s)
+        self._no_barrier = None  # why this session runs no barrier stage ("": it does), read once
+        self._launched = (0.0, 0.0)  # time.time(), time.perf_counter() of the running stage's launch
+        self._counts: list = []  # the running in-stage epoch's minibatches per round and worker
         self._costs: Optional[RoundCosts] = None  # the last measurement ("auto")
         self._frequency: Optional[int] = None  # the frequency of the running epoch
         self._epoch: Optional[int] = None  # the running epoch
@@ -76,6 +90,9 @@ class AveragingRunner(EpochRunner):
         record(stats, self.moments.name, on, why, epoch)
         if self.frequency_policy.auto and self._costs is None:
             self._costs = self._probe(prepared, workers, network, epoch, stats)
+            if self._costs is not None:
+                self._overheads[JOBS] = self._costs.overhead
+        self._decide_path(prepared, workers, epoch, stats)
         per_worker = max(1, math.ceil(len(prepared.sizes) / workers))
         frequency, reason = self.frequency_policy.decide(self._costs, per_worker, workers, epoch, updater)
         if self.frequency_policy.auto:
@@ -85,6 +102,21 @@ class AveragingRunner(EpochRunner):
         momentum, why = self.block_momentum.decide(frequency, updater, workers)
         record(stats, self.block_momentum.name, momentum, why, epoch)
         return frequency
+
+    def _decide_path(self, prepared, workers, epoch, stats) -> None:
+        """Decision ``averaging_path`` for the epoch (:class:`~..policies.path.AveragingPath`)."""
+        if self._no_barrier is None:
+            dynamic = str(self.seam.conf("spark.dynamicAllocation.enabled", "false")).lower() == "true"
+            self._no_barrier = "dynamic allocation is on (a barrier stage needs its executors at once)" if dynamic \
+                else ""
+        no_barrier = self._no_barrier or (None if callable(getattr(prepared.Deal, "barrier", None)) else
+                                          f"{prepared.description} minibatches run no barrier stage")
+        slots = None if no_barrier else self.seam.barrier_slots(set())
+        hooks = self.seam.test_hooks()
+        path, why = self.path.decide(no_barrier, slots, workers, self._overheads,
+                                     hooks.averaging_path if hooks is not None else None)
+        record(stats, self.path.name, path, why, epoch)
+        self.in_stage = path == IN_STAGE
 
     def _probe(self, prepared, workers, network, epoch, stats) -> Optional[RoundCosts]:
         """Run :data:`PROBE_ROUNDS` throw-away rounds of :data:`PROBE_MINIBATCHES`
@@ -125,10 +157,14 @@ class AveragingRunner(EpochRunner):
         weights = self.shares.weights
         summary["worker_shares"] = None if weights is None else [round(w / sum(weights), 4) for w in weights]
         summary["averaging_frequency"] = self._frequency
-        if self.frequency_policy.auto:
-            epoch = self._epoch
-            costs = round_costs(rounds_from_events(stats.events, epoch), f"epoch {epoch + 1}")
-            if costs is not None:  # else keep the last measurement
+        summary["averaging_path"] = IN_STAGE if self.in_stage else JOBS
+        if self.in_stage:
+            summary["rounds"] = len(self._counts)
+        epoch = self._epoch
+        costs = round_costs(rounds_from_events(stats.events, epoch), f"epoch {epoch + 1}")
+        if costs is not None:  # else keep the last measurement
+            self._overheads[IN_STAGE if self.in_stage else JOBS] = costs.overhead
+            if self.frequency_policy.auto:
                 self._costs = costs
 
     # ---------------------------------------------------------------- rounds
@@ -141,6 +177,8 @@ class AveragingRunner(EpochRunner):
 
     def shipped(self, network, epoch):
         state = network_state(network, self.master.save_updater)
+        if self.in_stage and self.block_momentum.on:  # the ranks keep W and the velocity
+            state["model"], state["delta"] = state["params"], self.block_momentum.delta
         state["params"] = self.block_momentum.look_ahead(state["params"])  # the network keeps W
         return state
 
@@ -155,30 +193,57 @@ class AveragingRunner(EpochRunner):
             raise ValueError(f"Expect rows of a non-zero total weight in {what}, got {result.examples} rows weighing 0: "
                              f"every row's weight (weight_col) is 0")
         if self._rounds_run:  # the runner's first round warms the workers up: not a speed
-            self.shares.log(result, plan.workers, launched, time.perf_counter() - began)
+            self.shares.log(getattr(result, "speeds", None), plan.workers, launched, time.perf_counter() - began)
         self._rounds_run += 1
         return result
 
     def launch(self, plan, r, config_json, shipped, epoch, stats):
-        return self._run_round(plan, r, config_json, shipped, f"averaging round {r + 1} of epoch {epoch + 1}")
+        if not self.in_stage:
+            return self._run_round(plan, r, config_json, shipped, f"averaging round {r + 1} of epoch {epoch + 1}")
+        m, bm, hooks = self.master, self.block_momentum, self.seam.test_hooks()
+        self._counts = plan.counts
+        task = make_stage_task(config_json, shipped, plan.counts, save_updater=m.save_updater, uniform=self.uniform,
+                               moment_spread=self.moments.on, prefetch=prefetch_depth(m.data), device=m.device.value,
+                               momentum=(bm.momentum, bm.block_lr, bm.nesterov) if bm.on else None, hooks=hooks)
+        self._launched = (time.time(), time.perf_counter())
+        return self.run_barrier(plan, 0, task, f"averaging epoch {epoch + 1} ({len(plan.counts)} rounds in one "
+                                               f"barrier stage)", stats, hooks)
 
     def merge(self, network, result, epoch, r, stats) -> Merged:
-        MomentCorrection.correct(network, result)
-        if not self.block_momentum.on:
-            set_state(network, result.weight, result.max_iterations, params=result.params, updater=result.state,
-                      buffers=result.buffers)
-        else:
-            inv = 1.0 / result.weight
-            for value in (result.params, result.state, result.buffers):
-                if value is not None and value.size:
-                    ops.scale(value, inv)
-            model = np.ascontiguousarray(to_cpu(network.state["params"]), dtype=np.float32)  # W: read only
-            self.block_momentum.step(model, result.params)
-            set_state(network, 1.0, result.max_iterations, params=result.params, updater=result.state,
-                      buffers=result.buffers)
+        if self.in_stage:
+            return self._merge_stage(network, result, epoch, stats)
+        merge_sums(network, {"params": result.params, "updater": result.state, "buffers": result.buffers},
+                   result.weight, result.max_iterations, start=start_of(network), workers=len(result.speeds),
+                   batches=result.batches, moment_sq=result.moment_sq,
+                   momentum=self.block_momentum if self.block_momentum.on else None)
         stats.count("examples", result.examples)
         stats.count("minibatches", result.batches)
         return Merged(result.loss_sum, result.examples, result.stats)
+
+    def _merge_stage(self, network, results, epoch, stats) -> Merged:
+        """Rank 0's final state; every round recorded as the job path records its rounds."""
+        results = sorted(results, key=lambda x: x.rank)
+        first = results[0]
+        network.load_state({"params": first.params, "updater": first.state, "buffers": first.buffers})
+        network.iteration = network.iteration + first.iterations
+        if self.block_momentum.on:
+            self.block_momentum.delta = first.delta
+        (wall, launched), returned = self._launched, time.perf_counter()
+        loss_sum = examples = 0
+        for r, rows in enumerate(zip(*(x.rounds for x in results))):
+            began = min(max(launched, launched + rows[0][3] - wall), returned)  # rank 0's clock on the driver's
+            ended = min(max(began, launched + rows[0][4] - wall), returned)
+            stats.add_worker_payloads([x.stats[r] for x in results], epoch=epoch, round=r, launched=launched,
+                                      returned=returned)
+            stats.record(Phase.ROUND, began, ended, epoch=epoch, round=r)
+            merged = Merged(sum(row[0] for row in rows), sum(row[1] for row in rows), [x.stats[r] for x in results])
+            loss_sum, examples = loss_sum + merged.loss_sum, examples + merged.examples
+            self._emit_round(epoch, r, len(self._counts), merged, loss_sum, examples,
+                             time.perf_counter() - (ended - began))
+        self.shares.log([s for x in results for s in x.speeds], len(results), wall, returned - launched)
+        stats.count("examples", examples)
+        stats.count("minibatches", sum(row[2] for x in results for row in x.rounds))
+        return Merged(loss_sum, examples, [], recorded=True)
 
     # ------------------------------------------------------------ checkpoint
     _COSTS = ("overhead", "iteration", "rounds", "source")

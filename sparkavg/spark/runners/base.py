@@ -26,20 +26,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ... import ops
 from ...backend import to_cpu
 from ...listeners.base import EventDispatcher, sample_points
-from ...nn.finetune import keep_frozen
 from ..cancel import CancelRequest
 from ..sources import EpochDeal, MinibatchSource
-from ..errors import raise_failures
+from ..errors import is_permanent, raise_failures
 from ..executor.device import summarize_devices
+from ..executor.hooks import stage_attempts
 from ..masters import Repartition
 from ..session import check_result_path
 from ...stats import Phase
 from ...data.transforms import transform_plan
+from ...transport import PeerLostError, PeerStalledError
+from ...transport.limits import STALL_TIMEOUT
 
-__all__ = ["EpochRunner", "Merged", "Progress", "network_state", "set_state", "runs"]
+__all__ = ["EpochRunner", "Merged", "Progress", "network_state", "runs"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,19 +57,6 @@ def network_state(network, with_updater: bool) -> dict:
     return {"iteration": int(network.iteration), "epoch": int(network.epoch), **host}
 
 
-def set_state(network, weight: float, iterations: int, **sums) -> None:
-    """Set each named vector of ``sums`` (``params``, ``updater``,
-    ``buffers``; None skipped) divided by ``weight`` on ``network``, in place
-    on the given sums, and advance its iteration."""
-    inv = 1.0 / weight
-    for value in sums.values():
-        if value is not None and inv != 1.0:
-            ops.scale(value, inv)
-    keep_frozen(network, sums)
-    network.load_state(sums)
-    network.iteration = network.iteration + int(iterations)
-
-
 @dataclass
 class Merged:
     """What a merged round contributes to the epoch's summary."""
@@ -77,6 +65,8 @@ class Merged:
     examples: int
     payloads: list
     extra: dict = field(default_factory=dict)
+    #: The merge recorded its rounds itself (rounds inside one stage).
+    recorded: bool = False
 
 
 class Progress:
@@ -119,6 +109,8 @@ class EpochRunner(abc.ABC):
     round_name = "round"
     #: Whether this master's epoch can train on streamed rounds (:mod:`~sparkavg.spark.streaming`).
     streams = False
+    #: Whether the running epoch's rounds run inside one barrier stage (its deal's ``counts``).
+    in_stage = False
     #: The trainer's listeners (:class:`~sparkavg.listeners.base.EventDispatcher`); set by the trainer.
     events = EventDispatcher()
 
@@ -238,6 +230,53 @@ class EpochRunner(abc.ABC):
             if series:
                 events.emit("sharing_progress", {"epoch": epoch + 1, "round": r + 1, "series": series})
 
+    def run_barrier(self, plan: EpochDeal, r: int, task, what: str, stats, hooks, swap=None):
+        """``plan.barrier(r, task, what)``, run again from the same start when it failed with an error
+        retrying can fix (counter ``stage_restarts``; Spark never retries a barrier stage), up to
+        :func:`~..executor.hooks.stage_attempts`; ``swap(error)`` may answer an error with the task to run
+        instead (None: not its error)."""
+        attempts, attempt = stage_attempts(hooks), 1
+        while True:
+            try:
+                return plan.barrier(r, task, what)
+            except Exception as exc:
+                swapped = swap(exc) if swap is not None else None
+                if swapped is not None:
+                    task = swapped
+                    continue
+                if is_permanent(exc):
+                    raise
+                self.name_lost_ranks(exc, attempt >= attempts, plan, hooks)
+                if attempt >= attempts:
+                    raise
+                stats.count("stage_restarts", 1)
+                logger.warning("%s, attempt %d of %d failed (%s); restarting the epoch", what, attempt, attempts,
+                               str(exc).splitlines()[0][:300])
+                attempt += 1
+
+    def name_lost_ranks(self, exc, last: bool, plan, hooks) -> None:
+        """Add to ``exc`` the ranks lost in a failed epoch and their hosts (Spark's); raise it at once when
+        Spark cannot run the epoch's barrier stage again: fewer task slots than ranks without the hosts
+        whose every rank a surviving rank found silent (a host or link lost: Spark learns of it only at its
+        heartbeat timeout, and then waits for barrier slots for minutes) for a stall timeout."""
+        tasks, workers = self.seam.barrier_tasks(plan.failed_jobs()), plan.workers
+        silent = (set(exc.ranks) if isinstance(exc, PeerStalledError) else  # Spark knows of the others
+                  {exc.rank} if isinstance(exc, PeerLostError) and exc.reason == "stalled" else set())
+        lost = silent or {r for r, (_, _, failed) in tasks.items() if failed}
+        gone = {h for h, _, _ in tasks.values() if all(r in silent for r, t in tasks.items() if t[0] == h)}
+        named = ", ".join(f"worker rank {r} on host {tasks[r][0]} (executor {tasks[r][1]})" for r in sorted(lost)
+                          if r in tasks)
+        if named:
+            exc.args = (f"{named} lost: {exc.args[0] if exc.args else exc}",) + exc.args[1:]
+        deadline = time.monotonic() + float((hooks.numbers if hooks else {}).get("stall_timeout", STALL_TIMEOUT))
+        while not last and (slots := self.seam.barrier_slots(gone)) is not None and slots < workers:
+            if time.monotonic() > deadline:
+                exc.args = (f"{exc.args[0]}; not run again: Spark has {slots} task slot(s) for the epoch's {workers} "
+                            f"ranks{' without host(s) ' + ', '.join(sorted(gone)) if gone else ''}: resume from the "
+                            f"last checkpoint when the cluster has them",) + exc.args[1:]
+                raise exc
+            time.sleep(1.0)
+
     # ----------------------------------------------------------- skeleton
     def run_epoch(self, network, prepared: MinibatchSource, epoch: int, workers: int, stats) -> dict:
         """Train one epoch in place on ``network``; returns a summary dict."""
@@ -250,7 +289,7 @@ class EpochRunner(abc.ABC):
         with stats.timed(Phase.PLAN, epoch=epoch):
             local = self.deals_locally(prepared, workers, epoch, stats)
             weights = self.plan_weights(prepared, workers, local, epoch, stats, per_round)
-            plan = prepared.plan(workers, per_round, seed, local=local, weights=weights)
+            plan = prepared.plan(workers, per_round, seed, local=local, weights=weights, in_stage=self.in_stage)
         rounds = len(plan.rounds)
         progress = Progress(f"epoch {epoch + 1} {self.round_name}s", rounds, quiet=self.events.shows_progress)
         config_json = network.to_json()
@@ -286,9 +325,10 @@ class EpochRunner(abc.ABC):
                 loss_sum += merged.loss_sum
                 examples += merged.examples
                 extra.update(merged.extra)
-                stats.record(Phase.ROUND, t_round, time.perf_counter(), epoch=epoch, round=r)
+                if not merged.recorded:
+                    stats.record(Phase.ROUND, t_round, time.perf_counter(), epoch=epoch, round=r)
+                    self._emit_round(epoch, r, rounds, merged, loss_sum, examples, t_round)
                 progress.update(r + 1, loss=loss_sum / max(examples, 1), examples=examples)
-                self._emit_round(epoch, r, rounds, merged, loss_sum, examples, t_round)
         finally:
             plan.drop()
         summary = {"loss": loss_sum / max(examples, 1), "examples": examples, "rounds": rounds, **extra}

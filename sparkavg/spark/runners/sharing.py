@@ -41,20 +41,16 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
-import time
 
 import numpy as np
 
 from ... import ops
-from ..errors import TaskFailure, is_permanent
+from ..errors import TaskFailure
 from ..executor.sharing import ResidentStateMissing, make_sharing_task, replica_sample
-from ..executor.hooks import stage_attempts
 from ..masters import DEFAULT_THRESHOLD, GradientSharing
 from ..policies import record
 from ..policies.sharing import LocalView, MomentumMasking, ThresholdChoice, UpdateScale
 from ..session import check_security
-from ...transport import PeerStalledError
-from ...transport.limits import STALL_TIMEOUT
 from .base import EpochRunner, Merged, network_state, runs
 
 __all__ = ["SharingRunner", "state_fingerprint"]
@@ -164,61 +160,27 @@ class SharingRunner(EpochRunner):
             check_security(self.seam.conf)
             self._security_checked = True
         hooks = self.seam.test_hooks()
-        attempts = stage_attempts(hooks)
         task = make_sharing_task(config_json, shipped, m, epoch=epoch, job_id=self.job_id, device=m.device.value,
                                  hooks=hooks)
         what = f"gradient-sharing epoch {epoch + 1}"
         self._decide_state(epoch, stats)
-        whole = None  # the whole state, shipped after a rank found none kept
-        attempt = 1
-        try:
-            while True:
-                try:
-                    return plan.barrier(r, task, what)
-                except ResidentStateMissing as exc:
-                    if whole is not None:
-                        raise
-                    stats.count("resident_state_misses", 1)
-                    logger.warning("%s: %s; running it again with the whole state", what, str(exc).splitlines()[0])
-                    whole = self.seam.ship({**self._full, "transform": self._sent.get("transform")})
-                    task = make_sharing_task(config_json, whole, m, epoch=epoch, job_id=self.job_id,
-                                             device=m.device.value, hooks=hooks)
-                    continue
-                except Exception as exc:
-                    if is_permanent(exc):
-                        raise
-                    self._name_lost_ranks(exc, attempt >= attempts, plan, hooks)
-                    if attempt >= attempts:
-                        raise
-                    stats.count("stage_restarts", 1)
-                    logger.warning("%s, attempt %d of %d failed (%s); restarting the epoch", what, attempt,
-                                   attempts, str(exc).splitlines()[0][:300])
-                    attempt += 1
-        finally:
-            if whole is not None:
-                whole.destroy()
+        whole = []  # the whole state, shipped after a rank found none kept
 
-    def _name_lost_ranks(self, exc, last: bool, plan, hooks) -> None:
-        """Add to ``exc`` the ranks lost in a failed epoch and their hosts (Spark's); raise it at once when
-        Spark cannot run the epoch's barrier stage again: fewer task slots than ranks without the hosts
-        whose every rank a surviving rank found silent (a host or link lost: Spark learns of it only at its
-        heartbeat timeout, and then waits for barrier slots for minutes) for a stall timeout."""
-        tasks, workers = self.seam.barrier_tasks(plan.failed_jobs()), plan.workers
-        silent = set(exc.ranks) if isinstance(exc, PeerStalledError) else set()  # Spark knows of the others
-        lost = silent or {r for r, (_, _, failed) in tasks.items() if failed}
-        gone = {h for h, _, _ in tasks.values() if all(r in silent for r, t in tasks.items() if t[0] == h)}
-        named = ", ".join(f"worker rank {r} on host {tasks[r][0]} (executor {tasks[r][1]})" for r in sorted(lost)
-                          if r in tasks)
-        if named:
-            exc.args = (f"{named} lost: {exc.args[0] if exc.args else exc}",) + exc.args[1:]
-        deadline = time.monotonic() + float((hooks.numbers if hooks else {}).get("stall_timeout", STALL_TIMEOUT))
-        while not last and (slots := self.seam.barrier_slots(gone)) is not None and slots < workers:
-            if time.monotonic() > deadline:
-                exc.args = (f"{exc.args[0]}; not run again: Spark has {slots} task slot(s) for the epoch's {workers} "
-                            f"ranks{' without host(s) ' + ', '.join(sorted(gone)) if gone else ''}: resume from the "
-                            f"last checkpoint when the cluster has them",) + exc.args[1:]
+        def ship_whole(exc):
+            if not isinstance(exc, ResidentStateMissing):
+                return None
+            if whole:
                 raise exc
-            time.sleep(1.0)
+            stats.count("resident_state_misses", 1)
+            logger.warning("%s: %s; running it again with the whole state", what, str(exc).splitlines()[0])
+            whole.append(self.seam.ship({**self._full, "transform": self._sent.get("transform")}))
+            return make_sharing_task(config_json, whole[0], m, epoch=epoch, job_id=self.job_id,
+                                     device=m.device.value, hooks=hooks)
+        try:
+            return self.run_barrier(plan, r, task, what, stats, hooks, ship_whole)
+        finally:
+            for value in whole:
+                value.destroy()
 
     # ------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict:

@@ -272,8 +272,9 @@ def shared_dir(ctx: Context) -> dict:
     os.makedirs(folder, exist_ok=True)
     base = dict(batch_size_per_worker=10, averaging_frequency=5, workers=2)
     blocks = small_net(seed=13)  # the same deal for both ("auto" deals files balanced, blocks in place)
-    SparkTrainer(ctx.spark, blocks, ParameterAveraging(**base, data=DataOptions(repartition="balanced"))).fit(
-        rdd, epochs=1).close()
+    first = SparkTrainer(ctx.spark, blocks, ParameterAveraging(**base, data=DataOptions(repartition="balanced")))
+    first.fit(rdd, epochs=1)
+    first.close()
     files = small_net(seed=13)
     mark = len(ctx.logs.lines)
     trainer = SparkTrainer(ctx.spark, files, ParameterAveraging(

@@ -120,6 +120,7 @@ def test_layers_initialised_from_another_model_by_name(tmp_path):
         transfer(trained, fresh, layers=["7"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("master", ["averaging", "sharing"])
 def test_frozen_layers_stay_bit_identical_under_both_masters(spark, master):
     from sparkavg.spark import GradientSharing, ParameterAveraging, SparkTrainer

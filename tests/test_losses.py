@@ -132,6 +132,7 @@ def _binary_net(seed=0, **output):
                    updater=Adam(lr=0.02), seed=seed)
 
 
+@pytest.mark.slow
 def test_a_binary_classifier_trains_on_spark_from_rdd_and_dataframe(spark):
     from sparkavg.evaluation import ROC, Evaluation
     from sparkavg.spark import ParameterAveraging, SparkTrainer
@@ -156,6 +157,7 @@ def test_a_binary_classifier_trains_on_spark_from_rdd_and_dataframe(spark):
     assert last["val_auc"] > 0.98 and 0 < last["val_log_loss"] < 0.5 and last["val_accuracy"] > 0.9
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:The y_prob values do not sum to one")
 def test_a_binary_estimators_output_is_read_by_sparks_binary_evaluator(spark):
     from pyspark.ml.evaluation import BinaryClassificationEvaluator

@@ -21,7 +21,8 @@ def _frame(spark, x, y, w, partitions=2):
 
 
 @pytest.mark.parametrize("master", [ParameterAveraging(batch_size_per_worker=16, averaging_frequency=2),
-                                    GradientSharing(batch_size_per_worker=16)], ids=["averaging", "sharing"])
+                                    pytest.param(GradientSharing(batch_size_per_worker=16), marks=pytest.mark.slow)],
+                         ids=["averaging", "sharing"])
 def test_unit_weights_train_bit_identically_to_no_weight_column(spark, master):
     x, y = blobs(128, seed=1)
     df = _frame(spark, x, y, np.ones(len(y))).cache()
@@ -32,6 +33,7 @@ def test_unit_weights_train_bit_identically_to_no_weight_column(spark, master):
     np.testing.assert_array_equal(plain.updater_state, weighted.updater_state)
 
 
+@pytest.mark.slow
 def test_rows_of_weight_zero_are_not_learnt(spark):
     """Half the rows carry the wrong label and weigh 0: the model learns the right rule;
     without the weights it cannot."""

@@ -63,7 +63,7 @@ import time
 
 import numpy as np
 
-from report import emit, subset
+from report import emit, subset, torch_epoch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 
@@ -333,19 +333,10 @@ def _one_process(factory, data, args) -> dict:
         batch = args.workers * args.batch_size
         accuracy, seconds = [], []
         for epoch in range(args.model_epochs):
-            order = torch.from_numpy(np.random.default_rng([args.seed, epoch]).permutation(len(x)))
-            module.train()
-            t = time.perf_counter()
-            for start in range(0, len(x), batch):
-                idx = order[start:start + batch]
-                opt.zero_grad()
-                torch.nn.functional.cross_entropy(module(xs[idx]), ys[idx]).backward()
-                opt.step()
-            seconds.append(time.perf_counter() - t)
-            module.eval()
-            with torch.no_grad():
-                pred = torch.cat([module(xts[i:i + 1000]).argmax(1) for i in range(0, len(xt), 1000)])
-            accuracy.append(float((pred.numpy() == yt).mean()))
+            took, acc = torch_epoch(torch, module, opt, torch.nn.functional.cross_entropy, xs, ys, xts, yt, batch,
+                                    args.seed, epoch)
+            seconds.append(took)
+            accuracy.append(acc)
     finally:
         torch.set_num_threads(threads)
     return {"accuracy": accuracy, "epoch_seconds": seconds, "batch_size": batch, "threads": 2}

@@ -44,7 +44,7 @@ import time
 
 import numpy as np
 
-from report import emit
+from report import emit, torch_epoch
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
 sys.path.insert(0, EXAMPLES)
@@ -195,20 +195,11 @@ def _one_process(data, args, batch: int) -> dict:
         xs, ys, xts = torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(xt)
         accuracy, seconds = [], []
         for epoch in range(args.recipe_epochs):
-            order = torch.from_numpy(np.random.default_rng([args.seed, epoch]).permutation(len(x)))
-            module.train()
-            t = time.perf_counter()
-            for start in range(0, len(x), batch):
-                idx = order[start:start + batch]
-                opt.zero_grad()
-                torch.nn.functional.nll_loss(module(xs[idx]), ys[idx]).backward()
-                opt.step()
+            took, acc = torch_epoch(torch, module, opt, torch.nn.functional.nll_loss, xs, ys, xts, yt, batch,
+                                    args.seed, epoch)
             scheduler.step()
-            seconds.append(time.perf_counter() - t)
-            module.eval()
-            with torch.no_grad():
-                pred = torch.cat([module(xts[i:i + 1000]).argmax(1) for i in range(0, len(xt), 1000)])
-            accuracy.append(float((pred.numpy() == yt).mean()))
+            seconds.append(took)
+            accuracy.append(acc)
             logging.info("recipe, one process at batch %d, epoch %d: accuracy %.4f", batch, epoch + 1, accuracy[-1])
     finally:
         torch.set_num_threads(threads)

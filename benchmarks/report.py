@@ -48,3 +48,23 @@ def alternating_blocks(variants: dict, blocks: int, block: int, warmup: int, set
                 fn()
                 times[name].append(time.perf_counter() - t)
     return times
+
+
+def torch_epoch(torch, module, opt, loss, xs, ys, xts, yt, batch: int, seed: int, epoch: int) -> tuple:
+    """One epoch of a plain torch loop (the one-process baselines): ``(seconds, test accuracy)``.
+    Minibatches of ``batch`` in a seeded order per epoch; ``loss(outputs, targets)``."""
+    import numpy as np
+
+    order = torch.from_numpy(np.random.default_rng([seed, epoch]).permutation(len(xs)))
+    module.train()
+    t = time.perf_counter()
+    for start in range(0, len(xs), batch):
+        idx = order[start:start + batch]
+        opt.zero_grad()
+        loss(module(xs[idx]), ys[idx]).backward()
+        opt.step()
+    seconds = time.perf_counter() - t
+    module.eval()
+    with torch.no_grad():
+        pred = torch.cat([module(xts[i:i + 1000]).argmax(1) for i in range(0, len(xts), 1000)])
+    return seconds, float((pred.numpy() == yt).mean())

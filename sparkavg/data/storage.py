@@ -17,9 +17,8 @@ array, ``{"x": {"dtype", "shape"}, "y": {...}}``, written before inputs
 were named -- are read with ``x`` as the input ``"input"`` (a Network's and a
 TorchModel's, :data:`~sparkavg.data.validation.DEFAULT_INPUT`).
 
-Reading it is a JSON parse and a ``frombuffer`` view per array: ~15x faster than
-an ``.npz`` (whose zip and header parsing cost ~0.3 ms per minibatch, as
-much as a small network's step); dtypes come from a short whitelist and
+Reading it is a JSON parse and a ``frombuffer`` view per array (an ``.npz``'s
+zip and header parsing would cost as much as a small network's step); dtypes come from a short whitelist and
 the sizes must add up to the file's length exactly -- never pickle, and a
 truncated or foreign file is an error naming it.  Without a shared
 location minibatches stay in Spark as persisted blocks

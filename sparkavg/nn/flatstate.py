@@ -366,7 +366,7 @@ class FlatState:
         :attr:`OPENMP_SHARE_FOR_SINGLE_BLAS` of the multiply-adds, BLAS runs
         at one thread inside (:func:`sparkavg.threads.single_threaded_blas`:
         its spinning idle threads would take the cores OpenMP's threads
-        need; a ResNet step on 2 threads 37 -> 26 ms), else the pools as set."""
+        need), else the pools as set."""
         if self._single_blas is None:
             openmp, blas = provider._step_work()
             self._single_blas = openmp > 0 and openmp >= self.OPENMP_SHARE_FOR_SINGLE_BLAS * (openmp + blas)

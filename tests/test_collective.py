@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from sparkavg import ops
-from sparkavg.transport import CollectiveGroup, FrameRejectedError, KeyAgreement, PeerLostError
+from sparkavg.transport import CollectiveGroup, FrameRejectedError, KeyAgreement, PeerLostError, PeerStalledError
 from sparkavg.transport.links import HEADER, HELLO, TAG_BYTES, Kind, tcp_pair_keys
 
 CTX = multiprocessing.get_context("spawn")
@@ -233,6 +233,77 @@ def test_zero_weights_contribute_nothing_and_all_zero_leaves_the_vectors(mesh):
     for r, (out, total) in enumerate(results):
         assert total == 0.0 and _same_bits(out, vectors[r])
     assert [g.stats()["payload_sent"] for g in groups] == sent
+
+
+# ------------------------------------------------------------ joining while training
+class _ThreadGather:
+    """An all-gather across threads, as ``BarrierTaskContext.allGather``:
+    every rank's text, by rank, once all ``world`` ranks have called it."""
+
+    def __init__(self, world, delay=0.0):
+        self.texts, self.delay = [None] * world, delay
+        self.barrier = threading.Barrier(world)
+
+    def for_rank(self, rank):
+        def gather(text):
+            self.texts[rank] = text
+            self.barrier.wait(WAIT)
+            time.sleep(self.delay)  # Spark answers on a poll
+            return list(self.texts)
+        return gather
+
+
+def test_ranks_that_join_while_they_train_average_as_connected_ones(mesh):
+    world, n = 3, 5003
+    vectors = [np.random.default_rng(r).standard_normal(n).astype(np.float32) for r in range(world)]
+    joined = _groups(world)
+    gather = _ThreadGather(world, delay=0.3)
+    began = time.perf_counter()
+    try:
+        for r, g in enumerate(joined):  # returns at once: the meeting runs in the background
+            g.join_in_background(gather.for_rank(r))
+        assert time.perf_counter() - began < 0.3
+        results = _values(_on_threads(lambda r: joined[r].allreduce_weighted(vectors[r].copy(), r + 1.0), world))
+        assert all(len(g.links) == world - 1 for g in joined)
+        with pytest.raises(RuntimeError, match="already joining or connected"):
+            joined[0].join_in_background(gather.for_rank(0))
+    finally:
+        for g in joined:
+            g.close()
+    connected = mesh(world)
+    expected = _values(_on_threads(lambda r: connected[r].allreduce_weighted(vectors[r].copy(), r + 1.0), world))
+    for (out, total), (ref, ref_total) in zip(results, expected):
+        assert total == ref_total == 6.0 and _same_bits(out, ref)
+
+
+def test_a_failed_meeting_is_raised_by_the_first_all_reduce():
+    (group,) = _groups(1)
+
+    def gather(text):
+        raise ConnectionError("the barrier coordinator is gone")
+
+    try:
+        group.join_in_background(gather)
+        with pytest.raises(ConnectionError, match="coordinator is gone"):
+            group.allreduce_weighted(np.ones(3, np.float32), 1.0)
+    finally:
+        group.close()
+
+
+def test_a_meeting_that_never_answers_is_named_within_twice_the_stall_timeout():
+    stall = 0.3
+    groups = _groups(2, stall_timeout=stall)
+    never = threading.Event()
+    try:
+        groups[0].join_in_background(lambda text: never.wait(WAIT) and [])
+        began = time.perf_counter()
+        with pytest.raises(PeerStalledError, match=r"rank 0: the ranks' addresses \(allGather\)"):
+            groups[0].allreduce_weighted(np.ones(3, np.float32), 1.0)
+        assert 2 * stall <= time.perf_counter() - began < 2 * stall + 2.0
+    finally:
+        never.set()
+        for g in groups:
+            g.close()
 
 
 # ------------------------------------------------------------ keys and validation

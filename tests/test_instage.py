@@ -95,24 +95,43 @@ def test_rounds_inside_one_stage_give_the_job_paths_parameters_bit_for_bit(sc, c
 
 def test_the_path_is_a_recorded_decision_in_the_users_words():
     path = AveragingPath()
-    value, why = path.decide(None, 2, 2, {})
-    assert value == IN_STAGE and "barrier" in why
-    assert path.decide("streamed minibatches run no barrier stage", None, 2, {})[0] == JOBS
-    assert path.decide(None, 1, 2, {})[0] == JOBS  # fewer slots than workers
-    assert path.decide(None, 4, 2, {JOBS: 0.09, IN_STAGE: 0.004})[0] == IN_STAGE
-    assert path.decide(None, 4, 2, {JOBS: 0.004, IN_STAGE: 0.09})[0] == JOBS  # measured dearer: jobs
-    assert AveragingPath(enabled=False).decide(None, 4, 2, {})[0] == JOBS  # preset "dl4j"
+    value, why = path.decide(None, 2, 2, {}, rounds=100, frequency=4)
+    assert value == IN_STAGE and "barrier" in why and "assumed" in why
+    assert path.decide("streamed minibatches run no barrier stage", None, 2, {}, 100, 4)[0] == JOBS
+    assert path.decide(None, 1, 2, {}, 100, 4)[0] == JOBS  # fewer slots than workers
+    assert path.decide(None, 4, 2, {JOBS: 0.09, IN_STAGE: 0.004}, 100, 4)[0] == IN_STAGE
+    assert path.decide(None, 4, 2, {JOBS: 0.004, IN_STAGE: 0.09}, 100, 4)[0] == JOBS  # measured dearer: jobs
+    assert AveragingPath(enabled=False).decide(None, 4, 2, {}, 100, 4)[0] == JOBS  # preset "dl4j"
     with pytest.raises(ValueError, match="averaging_path"):
-        path.decide(None, 2, 2, {}, forced="ring")
+        path.decide(None, 2, 2, {}, 100, 4, forced="ring")
 
 
-def test_by_default_a_local_fit_averages_inside_one_stage_and_dl4j_per_job(sc):
-    x, y = blobs(40, seed=15)
+def test_a_short_epoch_does_not_pay_the_stages_meeting_and_a_long_first_round_hides_it():
+    path, measured = AveragingPath(), {JOBS: 0.05, IN_STAGE: 0.01}
+    # 10 rounds save 0.4 s; the meeting costs 1 s: a job per round, and the reason says so
+    value, why = path.decide(None, 4, 2, measured, rounds=10, frequency=4, iteration=0.002, meeting=1.0)
+    assert value == JOBS and "10 round(s) this epoch would save 0.40 s" in why and "pay 0.99 s" in why
+    # the same rounds, but round 1 trains for longer than the meeting takes: nothing left to pay
+    value, why = path.decide(None, 4, 2, measured, rounds=10, frequency=100, iteration=0.02, meeting=1.0)
+    assert value == IN_STAGE and "pay 0.00 s" in why
+    # many rounds pay for the meeting
+    assert path.decide(None, 4, 2, measured, rounds=40, frequency=4, iteration=0.002, meeting=1.0)[0] == IN_STAGE
+
+
+def test_a_long_local_fit_averages_inside_one_stage_a_short_one_and_dl4j_per_job(sc):
+    x, y = blobs(240, seed=15)
     rdd = sc.parallelize(_pairs(x, y), 2)
-    trainer = SparkTrainer(sc, small_net(seed=16), ParameterAveraging(batch_size_per_worker=4, workers=2))
-    trainer.fit(rdd, epochs=1)
-    assert trainer.history[0]["averaging_path"] == IN_STAGE
-    dl4j = SparkTrainer(sc, small_net(seed=16), ParameterAveraging.dl4j(batch_size_per_worker=4, workers=2))
+    long = ParameterAveraging(batch_size_per_worker=2, averaging_frequency=1, workers=2)  # 60 rounds
+    trainer = SparkTrainer(sc, small_net(seed=16), long)
+    trainer.fit(rdd, epochs=2)
+    assert [h["averaging_path"] for h in trainer.history] == [IN_STAGE, IN_STAGE]
+    assert trainer._runner._meeting is not None and trainer._runner._meeting > 0  # measured by the ranks
+    short = SparkTrainer(sc, small_net(seed=16), ParameterAveraging(batch_size_per_worker=4, workers=2))
+    short.fit(sc.parallelize(_pairs(x[:40], y[:40]), 2), epochs=1)
+    assert short.history[0]["averaging_path"] == JOBS
+    assert "would save" in [d for d in short.stats.decisions if d["name"] == "averaging_path"][0]["reason"]
+    dl4j = SparkTrainer(sc, small_net(seed=16), ParameterAveraging.dl4j(batch_size_per_worker=2,
+                                                                      averaging_frequency=1, workers=2))
     dl4j.fit(rdd, epochs=1)
     assert dl4j.history[0]["averaging_path"] == JOBS
     assert [d["value"] for d in dl4j.stats.decisions if d["name"] == "averaging_path"] == [JOBS]

@@ -44,6 +44,7 @@ One stage of averaging inside a Spark barrier task::
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import queue
@@ -56,7 +57,7 @@ import numpy as np
 
 from .. import ops
 from .address import select_address
-from .errors import FrameRejectedError, PeerLostError, TransportError
+from .errors import FrameRejectedError, PeerLostError, PeerStalledError, TransportError
 from .keys import KeyAgreement
 from .links import Link, LinkClosed, accept_hello, dial, tcp_pair_keys
 from .reduction import DTYPES, Layout, Round, Stop
@@ -148,6 +149,9 @@ class CollectiveGroup:
         self._threads: list[threading.Thread] = []
         self._queues: list[queue.SimpleQueue] = []
         self._acc = None
+        self._joining = None  # join_in_background's thread until the first all-reduce has waited for it
+        self.joined_in = None  # seconds join_in_background took to connect (None: not joined so)
+        self._join_error = None
 
     def __enter__(self):
         return self
@@ -225,6 +229,10 @@ class CollectiveGroup:
             for link in {**links, **accepted}.values():
                 link.close()
             raise
+        if self._closed:  # closed while a background join connected
+            for link in links.values():
+                link.close()
+            raise TransportError(f"rank {self.rank}: the collective group was closed while it connected")
         self.links = dict(sorted(links.items()))
         for link in self.links.values():
             for part in (self._sending, self._reading):
@@ -236,6 +244,43 @@ class CollectiveGroup:
                 self._threads.append(t)
         logger.debug("rank %d connected to %d peers in %.3f s", self.rank, len(self.links),
                      time.perf_counter() - began)
+
+    def join_in_background(self, gather) -> None:
+        """Exchange the table and :meth:`connect` in a background thread: the
+        caller trains meanwhile and the first :meth:`allreduce_weighted` waits
+        for it.  ``gather(text) -> list of str`` is one all-gather of every
+        rank's JSON :meth:`entry` (``BarrierTaskContext.allGather``, which
+        answers on a one-second poll: the wait is hidden behind the first
+        round's training instead of paid before it); :attr:`joined_in` is
+        then the seconds it took."""
+        if self._joining is not None or self.links:
+            raise RuntimeError(f"rank {self.rank}: the group is already joining or connected")
+
+        began = time.perf_counter()
+
+        def join():
+            try:
+                self.connect([json.loads(e) for e in gather(json.dumps(self.entry()))])
+                self.joined_in = time.perf_counter() - began
+            except BaseException as exc:  # raised by the all-reduce that waits for it
+                self._join_error = exc
+
+        self._joining = threading.Thread(target=join, name=f"sparkavg-collective-join-{self.rank}", daemon=True)
+        self._joining.start()
+
+    def _joined(self) -> None:
+        """Wait for :meth:`join_in_background` (the all-gather, then the
+        connections: each up to the stall timeout)."""
+        joining = self._joining
+        if joining is None:
+            return
+        joining.join(2 * self.stall_timeout + 1.0)
+        if joining.is_alive():
+            raise PeerStalledError(f"rank {self.rank}: the ranks' addresses (allGather) and connections did not "
+                                   f"come within {2 * self.stall_timeout + 1.0:g} s")
+        self._joining = None
+        if self._join_error is not None:
+            raise self._join_error
 
     def _accept(self, keys, address_of, deadline, accepted) -> None:
         expected = set(range(self.rank + 1, self.world))
@@ -349,8 +394,9 @@ class CollectiveGroup:
             raise TransportError(f"rank {self.rank}: the collective group is closed")
         if self._error is not None:
             raise self._error
+        self._joined()
         if self.world > 1 and not self.links:
-            raise RuntimeError(f"rank {self.rank}: call connect() before allreduce_weighted()")
+            raise RuntimeError(f"rank {self.rank}: call connect() or join_in_background() before allreduce_weighted()")
         if weight:
             for a in arrays:
                 ops.scale(a, weight)

@@ -1,11 +1,11 @@
 """Executor side of parameter averaging with an epoch's rounds inside one
-barrier stage: the ranks meet once through ``allGather``, connect a TCP
+barrier stage: the ranks meet once through ``allGather`` and connect a TCP
 mesh (:class:`~sparkavg.transport.CollectiveGroup`: X25519 keys, no key
-shipped) and run :func:`sparkavg.averaging.rounds.run_rounds`.  Rank 0
+shipped) in the background while they train round 1 of
+:func:`sparkavg.averaging.rounds.run_rounds`.  Rank 0
 returns the epoch's final state; every rank its rounds' statistics."""
 from __future__ import annotations
 
-import json
 from typing import Iterator
 
 import numpy as np
@@ -33,10 +33,12 @@ class StageResult(Record):
     updater's), ``buffers`` and block velocity ``delta`` (empty arrays on
     other ranks, None without), the ``iterations`` the epoch advanced, and
     :class:`~sparkavg.averaging.rounds.EpochLog`'s ``rounds``, ``stats``
-    (its payloads) and ``speeds``; ``devices`` as a round result's."""
+    (its payloads) and ``speeds``; ``devices`` as a round result's;
+    ``meeting`` the seconds the rank's ``allGather`` and connections took
+    (they run while round 1 trains)."""
 
     __slots__ = ("rank", "params", "state", "buffers", "delta", "iterations", "rounds", "stats", "devices",
-                 "speeds")
+                 "speeds", "meeting")
 
 
 def make_stage_task(config_json: str, shipped, counts, *, save_updater: bool, uniform: bool, moment_spread: bool,
@@ -84,8 +86,8 @@ def make_stage_task(config_json: str, shipped, counts, *, save_updater: bool, un
         group = CollectiveGroup(agreement, len(infos), host=select_address(fallback=spark_host), stall_timeout=stall)
         made = [rec]  # round 0's recorder holds the task's start
         try:
-            with rec.phase(Phase.WAIT):  # the ranks meet once; not ctx.barrier(): Spark's polls once a second
-                group.connect([json.loads(e) for e in ctx.allGather(json.dumps(group.entry()))])
+            # The ranks meet once, while round 1 trains: allGather answers on a one-second poll.
+            group.join_in_background(ctx.allGather)
             log = run_rounds(net, prefetched(minibatch_sources(items), prefetch), counts, rank, group,
                              recorder=lambda: made.pop() if made else PhaseRecorder(lane), copy=host_copy,
                              losses=LossSum, check=check_finite, save_updater=save_updater, uniform=uniform,
@@ -99,6 +101,6 @@ def make_stage_task(config_json: str, shipped, counts, *, save_updater: bool, un
         delta = None if bm is None or bm.delta is None else (bm.delta if rank == 0 else empty)
         return StageResult(rank, host_copy(live["params"]) if rank == 0 else empty, state,
                            host_copy(live["buffers"]) if rank == 0 else empty, delta, net.iteration - first,
-                           log.rounds, log.payloads, [choice.to_plain(rank)], log.speeds)
+                           log.rounds, log.payloads, [choice.to_plain(rank)], log.speeds, group.joined_in)
 
     return run

@@ -73,6 +73,7 @@ class AveragingRunner(EpochRunner):
         self.path = AveragingPath(enabled=sparkavg)
         self.uniform = not sparkavg  # DL4J's unweighted mean of the workers' results
         self._overheads: dict = {}  # path -> its last measured overhead per round (s)
+        self._meeting: Optional[float] = None  # seconds the last stage's ranks took to meet (s)
         self._no_barrier = None  # why this session runs no barrier stage ("": it does), read once
         self._launched = (0.0, 0.0)  # time.time(), time.perf_counter() of the running stage's launch
         self._counts: list = []  # the running in-stage epoch's minibatches per round and worker
@@ -92,18 +93,18 @@ class AveragingRunner(EpochRunner):
             self._costs = self._probe(prepared, workers, network, epoch, stats)
             if self._costs is not None:
                 self._overheads[JOBS] = self._costs.overhead
-        self._decide_path(prepared, workers, epoch, stats)
         per_worker = max(1, math.ceil(len(prepared.sizes) / workers))
         frequency, reason = self.frequency_policy.decide(self._costs, per_worker, workers, epoch, updater)
         if self.frequency_policy.auto:
             stats.decision("averaging_frequency", frequency, reason, epoch=epoch)
             logger.info("epoch %d: averaging_frequency %d: %s", epoch + 1, frequency, reason)
         self._frequency = frequency
+        self._decide_path(prepared, workers, epoch, stats, math.ceil(per_worker / frequency), frequency)
         momentum, why = self.block_momentum.decide(frequency, updater, workers)
         record(stats, self.block_momentum.name, momentum, why, epoch)
         return frequency
 
-    def _decide_path(self, prepared, workers, epoch, stats) -> None:
+    def _decide_path(self, prepared, workers, epoch, stats, rounds, frequency) -> None:
         """Decision ``averaging_path`` for the epoch (:class:`~..policies.path.AveragingPath`)."""
         if self._no_barrier is None:
             dynamic = str(self.seam.conf("spark.dynamicAllocation.enabled", "false")).lower() == "true"
@@ -113,8 +114,10 @@ class AveragingRunner(EpochRunner):
                                           f"{prepared.description} minibatches run no barrier stage")
         slots = None if no_barrier else self.seam.barrier_slots(set())
         hooks = self.seam.test_hooks()
-        path, why = self.path.decide(no_barrier, slots, workers, self._overheads,
-                                     hooks.averaging_path if hooks is not None else None)
+        path, why = self.path.decide(no_barrier, slots, workers, self._overheads, rounds, frequency,
+                                     iteration=None if self._costs is None else self._costs.iteration,
+                                     meeting=self._meeting,
+                                     forced=hooks.averaging_path if hooks is not None else None)
         record(stats, self.path.name, path, why, epoch)
         self.in_stage = path == IN_STAGE
 
@@ -224,6 +227,9 @@ class AveragingRunner(EpochRunner):
         """Rank 0's final state; every round recorded as the job path records its rounds."""
         results = sorted(results, key=lambda x: x.rank)
         first = results[0]
+        met = [x.meeting for x in results if x.meeting is not None]
+        if met:
+            self._meeting = max(met)
         network.load_state({"params": first.params, "updater": first.state, "buffers": first.buffers})
         network.iteration = network.iteration + first.iterations
         if self.block_momentum.on:

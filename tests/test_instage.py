@@ -137,6 +137,18 @@ def test_a_long_local_fit_averages_inside_one_stage_a_short_one_and_dl4j_per_job
     assert [d["value"] for d in dl4j.stats.decisions if d["name"] == "averaging_path"] == [JOBS]
 
 
+def test_auto_frequency_inside_a_stage_uses_the_stages_round_overhead_not_the_probes_jobs(sc):
+    x, y = blobs(240, seed=21)
+    rdd = sc.parallelize(_pairs(x, y), 2)
+    trainer = SparkTrainer(sc, small_net(seed=22), ParameterAveraging(batch_size_per_worker=2, workers=2))
+    with job_properties(sc, {AVERAGING_PATH: IN_STAGE}):
+        trainer.fit(rdd, epochs=2)
+    reasons = [d["reason"] for d in trainer.stats.decisions if d["name"] == "averaging_frequency"]
+    assert "probe round" in reasons[0] and "with the overhead of a round inside one stage assumed" in reasons[0]
+    assert "round overhead 10.0 ms" in reasons[0]  # STAGE_ROUND_S before a stage ran
+    assert "epoch 1" in reasons[1] and "assumed" not in reasons[1]  # then the stage's own rounds
+
+
 @pytest.mark.slow
 def test_a_task_killed_mid_epoch_reruns_the_epoch_and_ends_as_a_clean_run(sc, tmp_path):
     x, y = blobs(80, seed=17)

@@ -39,7 +39,7 @@ from ..policies import record
 from ..policies.block_momentum import BlockMomentum
 from ..policies.frequency import AveragingFrequency, RoundCosts, busy_from_payloads, round_costs, rounds_from_events
 from ..policies.moments import MomentCorrection
-from ..policies.path import IN_STAGE, JOBS, AveragingPath
+from ..policies.path import IN_STAGE, JOBS, STAGE_ROUND_S, AveragingPath
 from ..policies.shares import WorkerShares
 from ...data.storage import prefetch_depth
 from .base import EpochRunner, Merged, network_state, runs
@@ -95,14 +95,36 @@ class AveragingRunner(EpochRunner):
                 self._overheads[JOBS] = self._costs.overhead
         per_worker = max(1, math.ceil(len(prepared.sizes) / workers))
         frequency, reason = self.frequency_policy.decide(self._costs, per_worker, workers, epoch, updater)
+        self._decide_path(prepared, workers, epoch, stats, math.ceil(per_worker / frequency), frequency)
+        costs = self._path_costs()
+        if costs is not self._costs:  # the round's overhead on the path chosen, not the probe's jobs
+            frequency, reason = self.frequency_policy.decide(costs, per_worker, workers, epoch, updater)
         if self.frequency_policy.auto:
             stats.decision("averaging_frequency", frequency, reason, epoch=epoch)
             logger.info("epoch %d: averaging_frequency %d: %s", epoch + 1, frequency, reason)
         self._frequency = frequency
-        self._decide_path(prepared, workers, epoch, stats, math.ceil(per_worker / frequency), frequency)
         momentum, why = self.block_momentum.decide(frequency, updater, workers)
         record(stats, self.block_momentum.name, momentum, why, epoch)
         return frequency
+
+    def _path_costs(self) -> Optional[RoundCosts]:
+        """The measured costs with the overhead of a round on the path
+        chosen (measured, or :data:`~..policies.path.STAGE_ROUND_S` inside a
+        stage before one ran): after the probe's jobs, an epoch inside one
+        stage averages as often as its cheaper rounds allow."""
+        costs = self._costs
+        if not self.frequency_policy.auto or costs is None:
+            return costs
+        path = IN_STAGE if self.in_stage else JOBS
+        overhead = self._overheads.get(path)
+        if overhead is None and not self.in_stage:
+            return costs
+        if overhead == costs.overhead:
+            return costs
+        where = "inside one stage" if self.in_stage else "as a Spark job"
+        source = (f"{costs.source}, with the overhead of a round {where} "
+                  f"{'measured' if overhead is not None else 'assumed'}")
+        return RoundCosts(STAGE_ROUND_S if overhead is None else overhead, costs.iteration, costs.rounds, source)
 
     def _decide_path(self, prepared, workers, epoch, stats, rounds, frequency) -> None:
         """Decision ``averaging_path`` for the epoch (:class:`~..policies.path.AveragingPath`)."""

@@ -122,8 +122,22 @@ class Configurable:
         raise NotImplementedError(f"{type(self).__name__} must define config_arguments()")
 
     def to_config(self) -> dict:
-        """JSON-ready ``{"type": name, **arguments}`` (a fresh dict)."""
-        name = type(self)._config_name or type(self).__name__
+        """JSON-ready ``{"type": name, **arguments}`` (a fresh dict).
+
+        Raises
+        ------
+        ConfigError
+            ``self`` is an unregistered subclass of a registered class: its
+            configuration would rebuild the parent, silently.
+        """
+        cls = type(self)
+        name = cls._config_name or cls.__name__
+        kind = getattr(cls, "_config_kind", None)
+        owner = _REGISTRY.get(kind, {}).get(name) if kind else None
+        if owner is not None and owner is not cls:
+            raise ConfigError(f"Expect a registered {kind} type, got {cls.__qualname__}, a subclass of {name} that is "
+                              f"not registered: its configuration would rebuild a plain {name}. Decorate it with "
+                              f"@sparkavg.configurable.register({kind!r})")
         return {"type": name, **{k: _json_ready(v) for k, v in self.config_arguments().items()}}
 
 

@@ -233,3 +233,13 @@ def test_layers_and_updaters_share_the_one_verb():
         assert isinstance(obj, Configurable)
         assert not hasattr(obj, "get_config")
     assert isinstance(Dense(3), Layer) and "config" not in vars(Network)
+
+
+def test_an_unregistered_subclass_is_refused_instead_of_saved_as_its_parent():
+    class Doubled(Dense):  # a user's own layer, not registered
+        def forward(self, x, training):
+            return 2 * super().forward(x, training)
+
+    with pytest.raises(ConfigError, match=r"got .*Doubled, a subclass of Dense that is not registered: its "
+                                          r"configuration would rebuild a plain Dense.*register\('layer'\)"):
+        Network((4,), [Doubled(3), Output(2)])

@@ -10,7 +10,8 @@ other sizes than any seen at export (the batch axis is dynamic).
   statistics are not their initial values; every type registered as a
   layer or vertex has an exporter;
 - the fit's input encoding inside the graph (what the MLflow pyfunc takes),
-  float64 models, and the refusals (a merge of sequences, no onnx);
+  float64 models, a merge of sequences, and the refusals (a user's own
+  layer without an exporter, no onnx);
 - TorchModels (``tests.torch_models`` and ``sparkavg.torch.zoo``) through
   ``torch.onnx`` and TorchScript, and a module torch cannot export;
 - ``MLflowListener`` logs ``model.onnx`` beside the pyfunc (a real SQLite
@@ -33,7 +34,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-from sparkavg.configurable import registered  # noqa: E402
+from sparkavg.configurable import register, registered  # noqa: E402
 from sparkavg.data.transforms import encode_inputs  # noqa: E402
 from sparkavg.export import ExportError, to_onnx  # noqa: E402
 from sparkavg.export.onnx import EXPORTERS  # noqa: E402
@@ -93,8 +94,20 @@ def images(n, shape=(1, 28, 28)):
 
 
 # ------------------------------------------------------------------ registry
+@register("layer")
+class UserDense(Dense):
+    """A user's own layer: registered, so its models save and load, but ONNX export knows no exporter for it."""
+
+
+def _user_graph():
+    return Graph({"a": (3, 4)}, [("mine", UserDense(5), "a"), ("flat", Flatten(), "mine"),
+                                 ("output", Output(2), "flat")], ["output"])
+
+
 def test_every_registered_layer_and_vertex_type_has_an_exporter():
-    types = sorted(set(registered("layer")) | set(registered("combine")))
+    types = sorted({name for kind in ("layer", "combine") for name, cls in registered(kind).items()
+                    if cls.__module__.startswith("sparkavg.")})
+    assert {"Dense", "LSTM", "Merge"} <= set(types)
     missing = [name for name in types if name not in EXPORTERS]
     assert missing == [], f"layer or vertex types without an ONNX exporter in sparkavg.export.onnx: {missing}"
 
@@ -253,12 +266,26 @@ def test_bad_encoding_is_refused_naming_it():
         to_onnx(lenet(), {"scale": None, "normalize": [0.5, -1.0]})
 
 
-def test_a_merge_of_sequences_is_refused_naming_the_vertex(tmp_path):
-    graph = Graph({"a": (3, 4), "b": (2, 4)}, [("seqs", Merge(), ["a", "b"]), ("flat", Flatten(), "seqs"),
-                                               ("output", Output(2), "flat")], ["output"])
-    with pytest.raises(ExportError, match="'seqs'") as info:
-        graph.export_onnx(tmp_path / "g.onnx")
-    assert "Merge" in str(info.value) and not (tmp_path / "g.onnx").exists()
+def test_a_merge_of_sequences_joins_their_features_and_runs_as_here():
+    graph = Graph({"a": (3, 4), "b": (3, 2)}, [("seqs", Merge(), ["a", "b"]), ("lstm", LSTM(5), "seqs"),
+                                               ("output", Output(2), "lstm")], ["output"], seed=4)
+    assert {name: op for name, op, _ in graph._wiring()[1]}["seqs"].output_shape == (3, 6)
+    x = {"a": RNG.standard_normal((8, 3, 4)).astype(np.float32), "b": RNG.standard_normal((8, 3, 2)).astype(np.float32)}
+    trained(graph, x, RNG.integers(0, 2, 8), steps=2)
+    errors = onnx_error(graph, {k: v[:5] for k, v in x.items()})
+    assert errors["output"] <= TOL, errors
+
+
+def test_a_merge_of_sequences_of_different_lengths_is_refused_naming_the_shapes():
+    with pytest.raises(ValueError, match=r"steps T of \(T, F\) sequences agree, got \[\(3, 4\), \(2, 4\)\]"):
+        Graph({"a": (3, 4), "b": (2, 4)}, [("seqs", Merge(), ["a", "b"]), ("flat", Flatten(), "seqs"),
+                                           ("output", Output(2), "flat")], ["output"])
+
+
+def test_a_users_own_layer_is_refused_naming_the_vertex(tmp_path):
+    with pytest.raises(ExportError, match="Vertex 'mine'") as info:
+        _user_graph().export_onnx(tmp_path / "g.onnx")
+    assert "UserDense" in str(info.value) and not (tmp_path / "g.onnx").exists()
 
 
 def test_without_onnx_the_export_says_what_to_install():
@@ -402,10 +429,8 @@ def test_the_mlflow_listener_logs_model_onnx_beside_the_pyfunc(mlflow_store, tmp
 def test_the_mlflow_listener_logs_the_pyfunc_alone_for_a_model_onnx_cannot_express(mlflow_store, caplog):
     from sparkavg.spark import DataOptions
 
-    graph = Graph({"a": (3, 4), "b": (2, 4)}, [("seqs", Merge(), ["a", "b"]), ("flat", Flatten(), "seqs"),
-                                               ("output", Output(2), "flat")], ["output"])
     with caplog.at_level(logging.WARNING, logger="sparkavg.listeners.mlflow_listener"):
-        listener, client = _fit_end(mlflow_store, graph, DataOptions())
+        listener, client = _fit_end(mlflow_store, _user_graph(), DataOptions())
     assert listener.model_uri is not None  # the pyfunc
     assert "model.onnx" not in {a.path for a in client.list_artifacts(listener.run_id)}
-    assert any("'seqs'" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert any("'mine'" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)

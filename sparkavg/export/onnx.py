@@ -341,10 +341,8 @@ def _unrolled(b, layer, x, base):
 # --------------------------------------------------------------- vertices
 @_exports("Merge")
 def _merge(b, vertex, xs, base):
-    if len(vertex.output_shape) == 2:
-        raise ExportError(f"Expect Merge inputs of (features,) or (C, H, W), got (T, F) sequences "
-                          f"{vertex.input_shapes}: a merge of sequences is not exported")
-    return b.op("Concat", xs, base, axis=1)  # channels of (N, C, H, W), features of (N, F)
+    # features of (N, T, F) sequences; channels of (N, C, H, W), features of (N, F)
+    return b.op("Concat", xs, base, axis=2 if len(vertex.output_shape) == 2 else 1)
 
 
 @_exports("Add")

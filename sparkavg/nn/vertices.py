@@ -69,20 +69,24 @@ def _same_shapes(name, shapes):
 
 @register("combine")
 class Merge(Combine):
-    """Concatenation along channels ((C_i, H, W) -> (sum C_i, H, W)) or
-    features ((F_i,) -> (sum F_i,)); DL4J's ``MergeVertex``."""
+    """Concatenation along channels ((C_i, H, W) -> (sum C_i, H, W)),
+    features ((F_i,) -> (sum F_i,)) or a sequence's features ((T, F_i) ->
+    (T, sum F_i)); DL4J's ``MergeVertex``."""
 
     def build(self, shapes):
         shapes = [tuple(s) for s in shapes]
         if len(shapes) < 2:
             raise ValueError(f"Expect at least 2 inputs to Merge, got {len(shapes)}")
         ranks = {len(s) for s in shapes}
-        if len(ranks) != 1 or any(s[1:] != shapes[0][1:] for s in shapes):
-            raise ValueError(f"Expect Merge inputs that differ only in their first (channel or feature) "
-                             f"dimension, got {shapes}")
+        sequences = ranks == {2}  # (T, F): merged along F, the last axis as along channels
+        rest = [s[:-1] if sequences else s[1:] for s in shapes]
+        if len(ranks) != 1 or any(r != rest[0] for r in rest):
+            what = "steps T of (T, F) sequences" if sequences else "dimensions after the first (channel or feature)"
+            raise ValueError(f"Expect Merge inputs of one rank whose {what} agree, got {shapes}")
         self.input_shapes = shapes
-        self._widths = [s[0] for s in shapes]
-        self.output_shape = (sum(self._widths),) + shapes[0][1:]
+        self._widths = [s[-1] if sequences else s[0] for s in shapes]
+        width = sum(self._widths)
+        self.output_shape = rest[0] + (width,) if sequences else (width,) + rest[0]
         return self.output_shape
 
     def forward(self, xs, training):

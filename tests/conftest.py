@@ -301,3 +301,13 @@ def connect(connect_session, monkeypatch):
     classic."""
     monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
     return connect_session
+
+
+@pytest.fixture(scope="session")
+def _mlflow_schema(tmp_path_factory):
+    """An empty SQLite tracking store with MLflow's schema, made once: creating the schema
+    (MLflow's migrations) takes seconds; each test's store is a copy of this file."""
+    mlflow = pytest.importorskip("mlflow")
+    path = tmp_path_factory.mktemp("mlflow_schema") / "mlflow.db"
+    mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    return path

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import logging
+import shutil
 
 import numpy as np
 import pytest
@@ -61,10 +62,11 @@ def _rdd(sc, n=48, seed=3):
 
 
 @pytest.fixture()
-def mlflow_store(tmp_path, monkeypatch):
+def mlflow_store(tmp_path, monkeypatch, _mlflow_schema):
     """A real MLflow tracking store of the kind MLflow 3 opens by default (a SQLite file, no
     environment switch), in a temporary folder with the artifacts beside it."""
     mlflow = pytest.importorskip("mlflow")
+    shutil.copyfile(_mlflow_schema, tmp_path / "mlflow.db")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     mlflow.set_tracking_uri(uri)

@@ -32,12 +32,14 @@ from typing import Callable
 from .endpoint import ReliableEndpoint
 from .errors import PeerStalledError, TransportError
 
-__all__ = ["PeerGroup", "Topology", "tree_neighbours", "wait_for_peers", "named_peers"]
+__all__ = ["PeerGroup", "Topology", "tree_neighbours", "wait_for_peers", "named_peers", "DONE_KIND"]
 
 logger = logging.getLogger(__name__)
 
 _FRAME = struct.Struct("!BIQ")
 _MSG, _END, _DONE = 1, 2, 3
+#: The DONE frame's kind, shared with :class:`~.tree.TreeGroup` (``PeerGroup.leave``'s protocol).
+DONE_KIND = _DONE
 _POLL_SLICE = 0.05   # finish() wakes this often to check its deadline
 
 
@@ -83,6 +85,9 @@ class Topology(enum.Enum):
     PLAIN = "plain"
     #: Relay tree with fan-out 8; bounded sends per rank for large groups.
     MESH = "mesh"
+    #: A tree that sums each iteration's messages on the way up and sends the sum down
+    #: (:class:`~sparkavg.transport.tree.TreeGroup`): one message per rank and iteration.
+    TREE = "tree"
 
 
 def tree_neighbours(rank: int, world_size: int, fanout: int = 8) -> list[int]:
@@ -167,6 +172,8 @@ class PeerGroup:
                  topology: Topology = Topology.PLAIN, fanout: int = 8):
         if not isinstance(topology, Topology):
             raise TypeError(f"Expect topology to be a Topology, got {topology!r}")
+        if topology is Topology.TREE:
+            raise ValueError("Expect PLAIN or MESH for a PeerGroup, got TREE: the tree that merges is a TreeGroup")
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"Expect 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
         if endpoint.rank != rank:

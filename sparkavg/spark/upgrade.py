@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Mapping
 
-__all__ = ["upgrade_master", "RETIRED"]
+__all__ = ["upgrade_master", "RETIRED", "DECIDED"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +37,10 @@ RETIRED = {
     "AdaptiveThreshold": {"decay": 0.5 ** (1.0 / 20.0)},
     "TargetSparsityThreshold": {"decay": 0.5 ** (1.0 / 20.0)},
 }
+#: Fields that became decisions, with the value earlier releases wrote as their default: a file carrying it
+#: loads with the field unset, decided as this release decides it (gradient sharing's topology: PLAIN up to
+#: a few workers, then TREE, sparkavg.spark.policies.topology).
+DECIDED = {"GradientSharing": {"topology": "plain"}}
 #: The fields whose values together were DL4J's behaviour.
 _DL4J = {"ParameterAveraging": {"block_momentum": None, "moment_correction": False, "worker_shares": "equal",
                                 "weighting": "uniform"},
@@ -63,6 +67,9 @@ def _upgrade(config: Any, where: str) -> Any:
         config.setdefault("preset", "dl4j")
         for key in signature:
             del config[key]
+    for key, old in DECIDED.get(kind, {}).items():
+        if config.get(key) == old:
+            config[key] = None
     for key, default in retired.items():
         if key not in config:
             continue

@@ -29,6 +29,18 @@ fan-out 8, a relay with ``k`` neighbours forwards every message to the
 ``k - 1`` others: ``k + (W - 1)(k - 1)`` sends, so the busiest rank sends
 about ``8 (W - 1)`` messages -- MESH bounds a rank's peers, not its bytes.
 
+**TREE** (issue 38, :func:`tree_epoch`): the messages are summed up a binary
+tree and the total comes back down; every rank applies one message per
+iteration.  With ``staleness=0`` the sums sit on the iteration's critical
+path: ``step + 2 D hop_s + bytes / B`` with ``D`` the tree's depth
+(:func:`tree_depth`), ``hop_s`` the calibrated CPU of one hop (receiving,
+merging, forwarding), and the bytes of the deepest path: up, the merged
+message of ``2^j - 1`` ranks at hop ``j``; down, the total, ``D`` times.
+A merge of ``k`` ranks' messages (each a fraction ``d`` of the ``N``
+parameters) carries ``N (1 - (1 - d)^k)`` indices of 5 bytes (index and
+int8 count) or, when smaller, ``N`` bytes dense (:func:`merged_bytes`;
+independent indices: an upper bound, gradients overlap more).
+
 ``python benchmarks/cost_model.py benchmarks/results/scale_scale_h{2,4,8}.json``
 calibrates, prints the error at each measured point and the predictions.
 """
@@ -42,10 +54,12 @@ from dataclasses import asdict, dataclass, replace
 from typing import Dict, List, Optional, Sequence
 
 __all__ = ["Workload", "Link", "Overheads", "averaging_epoch", "sharing_epoch", "auto_frequency", "mesh_sends",
-           "calibrate", "predict", "STRATEGIES"]
+           "tree_depth", "merged_bytes", "tree_epoch", "calibrate", "predict", "STRATEGIES"]
 
-STRATEGIES = ("averaging", "sharing_plain", "sharing_mesh")
+STRATEGIES = ("averaging", "sharing_plain", "sharing_mesh", "sharing_tree")
 MESH_FANOUT = 8
+TREE_FANOUT = 2  # sparkavg.transport.limits.TREE_FANOUT
+MERGED_HEADER_BYTES = 28
 
 
 @dataclass(frozen=True)
@@ -58,6 +72,7 @@ class Workload:
     state_bytes: float       # S: what averaging ships each way per worker per round (params + updater + buffers)
     message_bytes: float     # m: one encoded sharing update on the wire (mean)
     messages_per_step: float = 1.0  # sharing updates a rank sends per iteration (some iterations send none)
+    params: int = 0          # N (TREE: how full a merge of k ranks' messages gets)
 
 
 @dataclass(frozen=True)
@@ -83,6 +98,7 @@ class Overheads:
     join_s: float = 0.0      # sharing: per epoch per rank
     apply_s: float = 0.0     # sharing: CPU per received message applied
     relay_s: float = 0.0     # sharing MESH: CPU per message a relay forwards
+    hop_s: float = 0.0       # sharing TREE: CPU of one hop of the sums (up or down) per iteration
 
 
 def auto_frequency(round_overhead_s: float, step_s: float, per_worker: int, target: float = 0.03,
@@ -152,9 +168,45 @@ def sharing_epoch(workers: int, w: Workload, link: Link, o: Overheads, topology:
             "bytes_per_rank_mean": iterations * 2 * received * w.message_bytes}
 
 
+def tree_depth(workers: int, fanout: int = TREE_FANOUT) -> int:
+    """Hops from the deepest rank to the root."""
+    depth, r = 0, workers - 1
+    while r > 0:
+        r, depth = (r - 1) // fanout, depth + 1
+    return depth
+
+
+def merged_bytes(ranks: int, w: Workload) -> float:
+    """Bytes of the merge of ``ranks`` ranks' messages (module doc); one rank's is its own message."""
+    if ranks <= 1:
+        return w.message_bytes * w.messages_per_step
+    density = min(1.0, w.messages_per_step * w.message_bytes / 4 / w.params)  # DL4J sparse: 4 bytes an entry
+    filled = w.params * (1 - (1 - density) ** ranks)
+    return MERGED_HEADER_BYTES + min(5 * filled, w.params)
+
+
+def tree_epoch(workers: int, w: Workload, link: Link, o: Overheads) -> Dict[str, float]:
+    """Seconds of one TREE sharing epoch (``staleness=0``) and its parts."""
+    iterations = math.ceil(w.examples / (workers * w.batch))
+    depth = tree_depth(workers)
+    total = merged_bytes(workers, w)
+    up = sum(merged_bytes(min(workers, 2 ** j - 1), w) for j in range(1, depth + 1))
+    network = (up + depth * total) / link.bytes_per_s + 2 * depth * link.latency_s
+    chain = 2 * depth * o.hop_s
+    per_iteration = w.step_s + chain + network
+    # a relay: its children's merges and the total in, its merge and the total to each child out
+    relay = 2 * (TREE_FANOUT + 1) * total if workers > 2 else 2 * total  # an upper bound
+    return {"seconds": o.stage_s + workers * o.join_s + iterations * per_iteration, "iterations": iterations,
+            "cpu_s": w.step_s + chain, "network_s": network, "depth": depth,
+            "bound": "cpu" if chain >= network else "network", "messages_applied_per_iteration": 1,
+            "bytes_per_rank_max": iterations * relay, "bytes_per_rank_mean": iterations * 2 * total}
+
+
 def epoch(strategy: str, workers: int, w: Workload, link: Link, o: Overheads, **kw) -> Dict[str, float]:
     if strategy == "averaging":
         return averaging_epoch(workers, w, link, o, **kw)
+    if strategy == "sharing_tree":
+        return tree_epoch(workers, w, link, o)
     return sharing_epoch(workers, w, link, o, topology=strategy.split("_")[1])
 
 
@@ -190,6 +242,8 @@ def measured_points(results: Sequence[dict]) -> Dict[str, List[dict]]:
         avg = fits["averaging"]
         step = avg["fit_phase"]["mean"]
         for s in STRATEGIES:
+            if s not in fits:
+                continue
             f = fits[s]
             p = {"workers": r["hosts"], "seconds": f["epoch_seconds"][-1], "examples": f["examples"][-1],
                  "step_s": step, "state_bytes": f["state_bytes"], "batch": r["batch_size_per_worker"]}
@@ -197,13 +251,14 @@ def measured_points(results: Sequence[dict]) -> Dict[str, List[dict]]:
                 p["frequency"] = f["averaging_frequency"][-1]
                 p["rounds"] = f["rounds"][-1]
             else:
-                sp = f["sparkavg"]
+                sp = fits["sharing_plain" if s == "sharing_tree" else s]["sparkavg"]  # TREE: PLAIN's messages
                 # one message delivered to one rank (a message goes to W - 1 peers, directly or relayed)
                 p["message_bytes"] = sp["bytes_sent"] / max(sp["messages_received"], 1)
                 iterations = math.ceil(p["examples"] / (r["hosts"] * p["batch"])) * len(f["epoch_seconds"])
                 p["messages_per_step"] = sp["messages_sent"] / max(iterations * r["hosts"], 1)
                 # in-run step time of sharing (its own fit phase, same model and quota)
                 p["sharing_step_s"] = f["fit_phase"]["mean"]
+                p["params"] = f.get("num_params", 0)
             points[s].append(p)
     for s in points:
         points[s].sort(key=lambda p: p["workers"])
@@ -212,7 +267,8 @@ def measured_points(results: Sequence[dict]) -> Dict[str, List[dict]]:
 
 def _workload(p: dict, message_bytes=0.0, messages_per_step=1.0) -> Workload:
     return Workload(p["examples"], p["batch"], p.get("sharing_step_s", p["step_s"]), p["state_bytes"],
-                    p.get("message_bytes", message_bytes), p.get("messages_per_step", messages_per_step))
+                    p.get("message_bytes", message_bytes), p.get("messages_per_step", messages_per_step),
+                    p.get("params", 0))
 
 
 def fit_overheads(strategy: str, points: List[dict], link: Link, apply_s: float = 0.0) -> Overheads:
@@ -226,6 +282,11 @@ def fit_overheads(strategy: str, points: List[dict], link: Link, apply_s: float 
             base = averaging_epoch(p["workers"], w, link, Overheads(), frequency=p["frequency"])
             # seconds = base + rounds * round_s + rounds * W * task_s   (epoch_s folded into round_s: R is ~1-3)
             rows.append([base["rounds"], base["rounds"] * p["workers"]])
+            targets.append(p["seconds"] - base["seconds"])
+        elif strategy == "sharing_tree":
+            base = tree_epoch(p["workers"], w, link, Overheads())
+            # seconds = base + stage_s + iterations * 2 D hop_s
+            rows.append([1.0, base["iterations"] * 2 * base["depth"]])
             targets.append(p["seconds"] - base["seconds"])
         else:
             topology = strategy.split("_")[1]
@@ -244,6 +305,8 @@ def fit_overheads(strategy: str, points: List[dict], link: Link, apply_s: float 
         return Overheads(round_s=x[0], task_s=x[1])
     if strategy == "sharing_plain":
         return Overheads(stage_s=x[0], apply_s=x[1])
+    if strategy == "sharing_tree":
+        return Overheads(stage_s=x[0], hop_s=x[1])
     return Overheads(stage_s=x[0], apply_s=apply_s, relay_s=x[1])
 
 
@@ -251,7 +314,7 @@ def model_seconds(strategy: str, p: dict, link: Link, o: Overheads) -> float:
     w = _workload(p)
     if strategy == "averaging":
         return averaging_epoch(p["workers"], w, link, o, frequency=p["frequency"])["seconds"]
-    return sharing_epoch(p["workers"], w, link, o, strategy.split("_")[1])["seconds"]
+    return epoch(strategy, p["workers"], w, link, o)["seconds"]
 
 
 def calibrate(results: Sequence[dict], link: Link) -> dict:
@@ -261,6 +324,8 @@ def calibrate(results: Sequence[dict], link: Link) -> dict:
     out = {}
     apply_s = 0.0
     for s, pts in points.items():  # PLAIN before MESH: MESH takes PLAIN's apply_s
+        if not pts:
+            continue
         o = fit_overheads(s, pts, link, apply_s)
         apply_s = o.apply_s if s == "sharing_plain" else apply_s
         errors, loo = [], []
@@ -290,6 +355,8 @@ def predict(calibrated: dict, w: Workload, workers: Sequence[int], rates_bits: S
         link = Link(rate, latency_s)
         for s in STRATEGIES + ("averaging_tree",):
             key = "averaging" if s == "averaging_tree" else s
+            if key not in calibrated:
+                continue
             o = Overheads(**calibrated[key]["overheads"])
             for n in workers:
                 wl = replace(w, examples=examples_per_worker * n) if examples_per_worker else w
@@ -334,7 +401,7 @@ def main(argv=None):
     scaled = {s: {**c, "overheads": {n: v / k for n, v in c["overheads"].items()}} for s, c in cal.items()}
     w = Workload(examples=0, batch=ref["batch"], step_s=points["averaging"][-1]["step_s"] / k,
                  state_bytes=ref["state_bytes"], message_bytes=ref["message_bytes"],
-                 messages_per_step=ref["messages_per_step"])
+                 messages_per_step=ref["messages_per_step"], params=ref.get("params", 0))
     workers = [2, 4, 8, 16, 32, 64, 128, 256]
     pred = predict(scaled, w, workers, [1e9, 10e9, 100e9], examples_per_worker=args.examples_per_worker)
     limits = {rate: {s: scaling_limit(rows) for s, rows in by.items()} for rate, by in pred.items()}

@@ -185,15 +185,18 @@ def merged_bytes(ranks: int, w: Workload) -> float:
     return MERGED_HEADER_BYTES + min(5 * filled, w.params)
 
 
-def tree_epoch(workers: int, w: Workload, link: Link, o: Overheads) -> Dict[str, float]:
-    """Seconds of one TREE sharing epoch (``staleness=0``) and its parts."""
+def tree_epoch(workers: int, w: Workload, link: Link, o: Overheads, staleness: int = 0) -> Dict[str, float]:
+    """Seconds of one TREE sharing epoch and its parts.  At ``staleness``
+    ``s`` the sums of iteration ``k`` must be back before step ``k + s + 1``:
+    an iteration takes ``max(step + 2 hop_s, (step + chain + bytes) / (s + 1))``
+    (a rank's own share of the hops, or the chain spread over ``s + 1`` steps)."""
     iterations = math.ceil(w.examples / (workers * w.batch))
     depth = tree_depth(workers)
     total = merged_bytes(workers, w)
     up = sum(merged_bytes(min(workers, 2 ** j - 1), w) for j in range(1, depth + 1))
     network = (up + depth * total) / link.bytes_per_s + 2 * depth * link.latency_s
     chain = 2 * depth * o.hop_s
-    per_iteration = w.step_s + chain + network
+    per_iteration = max(w.step_s + 2 * o.hop_s, (w.step_s + chain + network) / (staleness + 1))
     # a relay: its children's merges and the total in, its merge and the total to each child out
     relay = 2 * (TREE_FANOUT + 1) * total if workers > 2 else 2 * total  # an upper bound
     return {"seconds": o.stage_s + workers * o.join_s + iterations * per_iteration, "iterations": iterations,
@@ -235,11 +238,12 @@ def _lstsq(rows: List[List[float]], targets: List[float]) -> List[float]:
 
 
 def measured_points(results: Sequence[dict]) -> Dict[str, List[dict]]:
-    """Per strategy, one point per host count: the last epoch's seconds and what the model needs."""
+    """Per strategy, one point per host count: the last epoch's seconds and what the model needs
+    (``bench_scale.py --runs topologies`` files have no averaging fit: sharing's own step then)."""
     points: Dict[str, List[dict]] = {s: [] for s in STRATEGIES}
     for r in results:
         fits = r["fits"]
-        avg = fits["averaging"]
+        avg = fits.get("averaging") or fits["sharing_plain"]
         step = avg["fit_phase"]["mean"]
         for s in STRATEGIES:
             if s not in fits:
@@ -259,6 +263,9 @@ def measured_points(results: Sequence[dict]) -> Dict[str, List[dict]]:
                 # in-run step time of sharing (its own fit phase, same model and quota)
                 p["sharing_step_s"] = f["fit_phase"]["mean"]
                 p["params"] = f.get("num_params", 0)
+                per = f.get("per_rank_iteration")
+                if per:  # sparkavg's own counters: every datagram sent and received, per rank and iteration
+                    p["bytes_per_iteration"] = per["bytes_sent"] + per["bytes_received"]
             points[s].append(p)
     for s in points:
         points[s].sort(key=lambda p: p["workers"])
@@ -333,6 +340,10 @@ def calibrate(results: Sequence[dict], link: Link) -> dict:
             errors.append({"workers": p["workers"], "measured_s": p["seconds"],
                            "model_s": model_seconds(s, p, link, o),
                            "error": model_seconds(s, p, link, o) / p["seconds"] - 1})
+            if "bytes_per_iteration" in p and s != "averaging":  # a check of the bytes the model assumes
+                e = epoch(s, p["workers"], _workload(p), link, o)
+                errors[-1].update(measured_bytes_per_iteration=p["bytes_per_iteration"],
+                                  model_bytes_per_iteration=e["bytes_per_rank_mean"] / e["iterations"])
             rest = pts[:i] + pts[i + 1:]
             if len(rest) >= 2:
                 o2 = fit_overheads(s, rest, link, apply_s if s == "sharing_mesh" else 0.0)
@@ -353,8 +364,8 @@ def predict(calibrated: dict, w: Workload, workers: Sequence[int], rates_bits: S
     table = {}
     for rate in rates_bits:
         link = Link(rate, latency_s)
-        for s in STRATEGIES + ("averaging_tree",):
-            key = "averaging" if s == "averaging_tree" else s
+        for s in STRATEGIES + ("averaging_tree", "sharing_tree_staleness1"):
+            key = {"averaging_tree": "averaging", "sharing_tree_staleness1": "sharing_tree"}.get(s, s)
             if key not in calibrated:
                 continue
             o = Overheads(**calibrated[key]["overheads"])
@@ -362,6 +373,8 @@ def predict(calibrated: dict, w: Workload, workers: Sequence[int], rates_bits: S
                 wl = replace(w, examples=examples_per_worker * n) if examples_per_worker else w
                 if s == "averaging_tree":
                     e = averaging_epoch(n, wl, link, o, depth=2)
+                elif s == "sharing_tree_staleness1":
+                    e = tree_epoch(n, wl, link, o, staleness=1)
                 else:
                     e = epoch(s, n, wl, link, o)
                 eps = wl.examples / e["seconds"]
@@ -399,7 +412,8 @@ def main(argv=None):
     ref = points["sharing_plain"][-1]
     k = args.host_speedup
     scaled = {s: {**c, "overheads": {n: v / k for n, v in c["overheads"].items()}} for s, c in cal.items()}
-    w = Workload(examples=0, batch=ref["batch"], step_s=points["averaging"][-1]["step_s"] / k,
+    step = (points["averaging"] or points["sharing_plain"])[-1]["step_s"]
+    w = Workload(examples=0, batch=ref["batch"], step_s=step / k,
                  state_bytes=ref["state_bytes"], message_bytes=ref["message_bytes"],
                  messages_per_step=ref["messages_per_step"], params=ref.get("params", 0))
     workers = [2, 4, 8, 16, 32, 64, 128, 256]

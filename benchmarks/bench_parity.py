@@ -141,9 +141,8 @@ def make_master(spec: str, batch: int, workers: int, seed: int):
     elif base.startswith("f") and base[1:].isdigit():
         frequency = int(base[1:])
     else:
-        raise ValueError(f"Expect a master in defaults, dl4j, sharing, sharing-plain, sharing-tree, sharing-dl4j, sharing-fixed, "
-                         f"sharing@VARIANT, "
-                         f"f<N>, auto (f<N> and auto with -dl4j), got {spec!r}")
+        raise ValueError(f"Expect a master in defaults, dl4j, sharing, sharing-plain, sharing-tree, sharing-dl4j, "
+                         f"sharing-fixed, sharing@VARIANT, f<N>, auto (f<N> and auto with -dl4j), got {spec!r}")
     if variant not in ("", "dl4j"):
         raise ValueError(f"Expect -dl4j or nothing after {base!r}, got {spec!r}")
     return ParameterAveraging(averaging_frequency=frequency, preset="dl4j" if variant else "sparkavg", **common)

@@ -160,8 +160,7 @@ def test_executor_runs_sharing_step_bit_for_bit(sc, nesterov, preset, extra):
 def test_sharing_under_simulated_loss_still_agrees(sc):
     rdd, x, y = _rdd(sc, 200, seed=23)
     net = small_net(seed=24)
-    master = GradientSharing(threshold=AdaptiveThreshold(initial=1e-3), batch_size_per_worker=5, workers=2,
-                             topology=Topology.MESH)
+    master = GradientSharing(threshold=AdaptiveThreshold(initial=1e-3), batch_size_per_worker=5, workers=2)
     trainer = SparkTrainer(sc, net, master)
     with job_properties(sc, {UDP_LOSS: 0.2, RETRANSMIT_TIMEOUT: 0.05}):  # fault injection: 20% of datagrams lost
         trainer.fit(rdd, epochs=2)

@@ -209,8 +209,9 @@ def merge_messages(messages, n: int):
         if first_bits is None:
             first_bits = bits
         elif bits != first_bits:
-            raise ValueError(f"Expect messages encoded at one threshold τ to merge, got τ={float(bits_float(first_bits))!r}"
-                             f" and τ={float(bits_float(bits))!r}: the ranks of a tree share their τ")
+            raise ValueError(f"Expect messages encoded at one threshold τ to merge, got "
+                             f"τ={float(bits_float(first_bits))!r} and τ={float(bits_float(bits))!r}: the ranks of a "
+                             f"tree share their τ")
         sent += entries
         all_indices.append(indices)
         all_counts.append(counts)

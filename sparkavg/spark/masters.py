@@ -281,8 +281,8 @@ class GradientSharing(Master):
         The threshold rule (:mod:`sparkavg.sharing.thresholds`); a float
         means ``FixedThreshold(value)``.
     topology : Topology or None, default None (decided by the worker count: ``policies.topology``)
-        ``PLAIN`` all-to-all; ``MESH`` relay tree; ``TREE`` sums each iteration's
-        messages on the way: one message applied per rank and iteration (an int ``staleness``).
+        ``PLAIN`` all-to-all; ``TREE`` sums each iteration's messages on the way: one message
+        applied per rank and iteration (an int ``staleness``).  A saved ``"mesh"`` loads as ``TREE``.
     port : int, default 0
         0 = an ephemeral UDP port per worker; else worker ``i`` binds
         ``port + i`` (open ``port`` .. ``port + workers - 1`` between hosts).

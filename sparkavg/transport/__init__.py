@@ -3,9 +3,8 @@
 Authenticated (HMAC-SHA256 per datagram, under a key each pair of ranks
 agrees by X25519 -- :mod:`.keys`; nothing secret is shipped), chunked, acked
 and retransmitted messages between ranks (:class:`ReliableEndpoint`), and an
-all-to-all exchange over it with PLAIN or MESH topology (:class:`PeerGroup`),
-or a tree that sums every iteration's messages on the way (``TREE``:
-:class:`TreeGroup`).
+all-to-all exchange over it (``PLAIN``: :class:`PeerGroup`), or a tree that
+sums every iteration's messages on the way (``TREE``: :class:`TreeGroup`).
 No pickle anywhere: payloads are opaque bytes.  Its sizes and timers are
 the library's (:mod:`.limits`): a cluster operator sets only the port and
 the network mask, on :class:`~sparkavg.spark.GradientSharing`.  :class:`CollectiveGroup` is

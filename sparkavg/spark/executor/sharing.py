@@ -236,7 +236,7 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
             # the network's own vector holds the view (shared + residual) its gradients are taken at
             view = bool(value.get("local_view", False))
             shared = flat.copy() if view else flat
-            # PLAIN/MESH, or TREE: one total per iteration, summed on the way (decided on the driver)
+            # PLAIN, or TREE: one total per iteration, summed on the way (decided on the driver)
             topology = Topology(value.get("topology", Topology.PLAIN.value))
             tree = topology is Topology.TREE
         spark_host = infos[rank].address.rsplit(":", 1)[0] if infos[rank].address else None
@@ -272,7 +272,7 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
                     ordered.add(group.poll(timeout, numbered=True))
 
                 def inbox() -> list:
-                    receive(0)  # keeps acks and MESH/TREE relays flowing; applied at the next step's wait
+                    receive(0)  # keeps acks and TREE relays flowing; applied at the next step's wait
                     return []
             else:
                 def receive(timeout: float) -> None:

@@ -99,6 +99,7 @@ class Overheads:
     apply_s: float = 0.0     # sharing: CPU per received message applied
     relay_s: float = 0.0     # sharing MESH: CPU per message a relay forwards
     hop_s: float = 0.0       # sharing TREE: CPU of one hop of the sums (up or down) per iteration
+    sync_s: float = 0.0      # sharing: per iteration whatever the world size (the lock-step wait, encode, send)
 
 
 def auto_frequency(round_overhead_s: float, step_s: float, per_worker: int, target: float = 0.03,
@@ -157,7 +158,7 @@ def sharing_epoch(workers: int, w: Workload, link: Link, o: Overheads, topology:
     received = (workers - 1) * w.messages_per_step
     sent = received if topology == "plain" else mesh_sends(workers) * w.messages_per_step
     relayed = 0.0 if topology == "plain" else max(0.0, sent - w.messages_per_step)
-    cpu = w.step_s + received * o.apply_s + relayed * o.relay_s
+    cpu = w.step_s + o.sync_s + received * o.apply_s + relayed * o.relay_s
     out_s = sent * w.message_bytes / link.bytes_per_s
     in_s = received * w.message_bytes / link.bytes_per_s
     per_iteration = max(cpu, out_s, in_s)
@@ -196,7 +197,8 @@ def tree_epoch(workers: int, w: Workload, link: Link, o: Overheads, staleness: i
     up = sum(merged_bytes(min(workers, 2 ** j - 1), w) for j in range(1, depth + 1))
     network = (up + depth * total) / link.bytes_per_s + 2 * depth * link.latency_s
     chain = 2 * depth * o.hop_s
-    per_iteration = max(w.step_s + 2 * o.hop_s, (w.step_s + chain + network) / (staleness + 1))
+    step = w.step_s + o.sync_s
+    per_iteration = max(step + 2 * o.hop_s, (step + chain + network) / (staleness + 1))
     # a relay: its children's merges and the total in, its merge and the total to each child out
     relay = 2 * (TREE_FANOUT + 1) * total if workers > 2 else 2 * total  # an upper bound
     return {"seconds": o.stage_s + workers * o.join_s + iterations * per_iteration, "iterations": iterations,
@@ -266,6 +268,8 @@ def measured_points(results: Sequence[dict]) -> Dict[str, List[dict]]:
                 per = f.get("per_rank_iteration")
                 if per:  # sparkavg's own counters: every datagram sent and received, per rank and iteration
                     p["bytes_per_iteration"] = per["bytes_sent"] + per["bytes_received"]
+                    # the ranks' loop beyond the step, per iteration (their own phase timings)
+                    p["loop_extra_s"] = per["wait_s"] + per["apply_s"] + per["encode_s"] + per["send_s"]
             points[s].append(p)
     for s in points:
         points[s].sort(key=lambda p: p["workers"])
@@ -353,6 +357,45 @@ def calibrate(results: Sequence[dict], link: Link) -> dict:
     return out
 
 
+def calibrate_phases(results: Sequence[dict], link: Link) -> dict:
+    """Sharing's overheads from the ranks' own phase timings instead of epoch
+    seconds alone: per iteration, the loop's time beyond the step (the
+    ``wait``, ``apply``, ``encode`` and ``send`` phases per rank and
+    iteration, ``bench_scale.py``'s ``per_rank_iteration``) is fitted as
+    ``sync_s + x cost`` with ``x`` the peer messages a rank receives
+    (PLAIN: ``(W - 1) q``, ``cost`` = ``apply_s``) or the hops of the sums
+    (TREE: ``2 D``, ``cost`` = ``hop_s``); ``stage_s`` is the mean of what
+    the epoch took beyond its iterations.  The per-epoch and per-iteration
+    costs are then measured apart rather than told apart by a fit of three
+    epoch times, which a loaded machine's noise defeats."""
+    points = measured_points(results)
+    out = {}
+    for s in ("sharing_plain", "sharing_tree"):
+        pts = [p for p in points[s] if "loop_extra_s" in p]
+        if len(pts) < 2:
+            continue
+        rows, targets, rests = [], [], []
+        for p in pts:
+            w = _workload(p)
+            x = ((p["workers"] - 1) * w.messages_per_step if s == "sharing_plain"
+                 else 2 * tree_depth(p["workers"]))
+            rows.append([1.0, x])
+            targets.append(p["loop_extra_s"])
+            iterations = math.ceil(p["examples"] / (p["workers"] * p["batch"]))
+            rests.append(p["seconds"] - iterations * (w.step_s + p["loop_extra_s"]))
+        sync, cost = _lstsq(rows, targets)
+        stage = max(0.0, sum(rests) / len(rests))
+        o = (Overheads(stage_s=stage, sync_s=sync, apply_s=cost) if s == "sharing_plain"
+             else Overheads(stage_s=stage, sync_s=sync, hop_s=cost))
+        errors = [{"workers": p["workers"], "measured_s": p["seconds"], "model_s": model_seconds(s, p, link, o),
+                   "error": model_seconds(s, p, link, o) / p["seconds"] - 1,
+                   "measured_loop_extra_s": p["loop_extra_s"], "model_loop_extra_s": sync + cost * row[1]}
+                  for p, row in zip(pts, rows)]
+        out[s] = {"overheads": asdict(o), "points": errors, "leave_one_out": [],
+                  "max_abs_error": max(abs(e["error"]) for e in errors)}
+    return out
+
+
 # -- prediction -------------------------------------------------------------------------------
 
 def predict(calibrated: dict, w: Workload, workers: Sequence[int], rates_bits: Sequence[float],
@@ -403,11 +446,16 @@ def main(argv=None):
                    help="predictions: hosts this many times faster than the calibrated ones (step and every "
                         "calibrated CPU cost divided by it; bytes and links unchanged), e.g. 5 for a full core "
                         "against the 0.2-core quota of bench_scale.py")
+    p.add_argument("--phases", action="store_true",
+                   help="calibrate PLAIN and TREE from the ranks' phase timings per iteration (bench_scale files "
+                        "with per_rank_iteration) rather than from epoch seconds alone")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     results = [json.load(open(f)) for f in args.results]
     link = Link(args.calibration_gbit * 1e9)
     cal = calibrate(results, link)
+    if args.phases:  # sharing's overheads from the ranks' phase timings (calibrate_phases)
+        cal.update(calibrate_phases(results, link))
     points = measured_points(results)
     ref = points["sharing_plain"][-1]
     k = args.host_speedup

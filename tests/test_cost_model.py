@@ -8,7 +8,8 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
 from cost_model import (Link, Overheads, Workload, averaging_epoch, auto_frequency, calibrate,  # noqa: E402
-                        merged_bytes, mesh_sends, sharing_epoch, tree_depth, tree_epoch)
+                        calibrate_phases, epoch, merged_bytes, mesh_sends, sharing_epoch, tree_depth,
+                        tree_epoch)
 
 W = Workload(examples=8192, batch=32, step_s=0.04, state_bytes=5.2e6, message_bytes=33e3)
 FAST = Link(1e12, 0.0)
@@ -100,3 +101,30 @@ def test_tree_applies_one_message_and_its_hops_cost_what_was_calibrated():
     cal = calibrate(results, FAST)
     assert cal["sharing_tree"]["overheads"]["hop_s"] == pytest.approx(0.003, rel=1e-6)
     assert cal["sharing_tree"]["max_abs_error"] < 1e-6
+
+
+def test_phase_calibration_separates_the_epoch_from_its_iterations():
+    """The ranks' loop beyond the step per iteration = sync_s + x cost (x: peer messages, or the tree's hops);
+    the rest of the epoch is the stage: known costs come back, and the epochs they give are the measured."""
+    w = Workload(examples=8192, batch=32, step_s=0.04, state_bytes=5.2e6, message_bytes=33e3, params=431080)
+    plain_o = Overheads(stage_s=3.0, sync_s=0.007, apply_s=0.005)
+    tree_o = Overheads(stage_s=2.0, sync_s=0.007, hop_s=0.006)
+    results = []
+    for hosts in (2, 4, 8):
+        per = math.ceil(w.examples / (hosts * w.batch))
+        fits = {}
+        for name, o, extra in (("sharing_plain", plain_o, 0.007 + 0.005 * (hosts - 1)),
+                               ("sharing_tree", tree_o, 0.007 + 0.006 * 2 * tree_depth(hosts))):
+            e = epoch(name, hosts, w, FAST, o)
+            fits[name] = {"epoch_seconds": [e["seconds"]], "examples": [w.examples], "state_bytes": w.state_bytes,
+                          "fit_phase": {"mean": w.step_s}, "num_params": w.params,
+                          "per_rank_iteration": {"wait_s": extra, "apply_s": 0.0, "encode_s": 0.0, "send_s": 0.0,
+                                                 "bytes_sent": 1.0, "bytes_received": 1.0},
+                          "sparkavg": {"bytes_sent": w.message_bytes * per * hosts * (hosts - 1),
+                                       "messages_sent": per * hosts, "messages_received": per * hosts * (hosts - 1)}}
+        results.append({"hosts": hosts, "batch_size_per_worker": w.batch, "fits": fits})
+    cal = calibrate_phases(results, FAST)
+    assert cal["sharing_plain"]["overheads"]["apply_s"] == pytest.approx(0.005, rel=1e-6)
+    assert cal["sharing_tree"]["overheads"]["hop_s"] == pytest.approx(0.006, rel=1e-6)
+    assert cal["sharing_tree"]["overheads"]["stage_s"] == pytest.approx(2.0, rel=1e-3)
+    assert all(c["max_abs_error"] < 1e-3 for c in cal.values())

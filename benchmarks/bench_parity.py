@@ -33,6 +33,7 @@ state averaged plainly, no block momentum, equal shares), ``f5``
 (``GradientSharing()``); also ``f<N>`` / ``auto`` with ``-dl4j`` (the
 ``dl4j`` preset at that frequency, e.g. ``f32,f32-dl4j`` for what the
 default preset's block momentum and moment correction give there).
+``sharing-plain`` and ``sharing-tree`` name the topology (issue 38).
 ``sharing-dl4j`` is ``GradientSharing.dl4j()`` (DL4J's: asynchronous, whole
 updates summed, gradients at the shared parameters, no momentum masking).
 ``sharing-fixed`` is sharing at its defaults before issue 22's sharing work
@@ -113,6 +114,10 @@ def make_master(spec: str, batch: int, workers: int, seed: int):
         return ParameterAveraging.dl4j(**common)
     if spec == "sharing":
         return GradientSharing(**common)
+    if spec in ("sharing-plain", "sharing-tree"):  # issue 38: a topology named, not decided by the worker count
+        from sparkavg.spark import Topology
+
+        return GradientSharing(topology=Topology(spec.split("-")[1]), **common)
     if spec == "sharing-dl4j":  # DL4J's SharedTrainingMaster
         return GradientSharing.dl4j(**common)
     if spec == "sharing-fixed":  # before issue 22's sharing work: FixedThreshold(1e-3), updates summed, no view
@@ -136,8 +141,8 @@ def make_master(spec: str, batch: int, workers: int, seed: int):
     elif base.startswith("f") and base[1:].isdigit():
         frequency = int(base[1:])
     else:
-        raise ValueError(f"Expect a master in defaults, dl4j, sharing, sharing-dl4j, sharing-fixed, sharing@VARIANT, "
-                         f"f<N>, auto (f<N> and auto with -dl4j), got {spec!r}")
+        raise ValueError(f"Expect a master in defaults, dl4j, sharing, sharing-plain, sharing-tree, sharing-dl4j, "
+                         f"sharing-fixed, sharing@VARIANT, f<N>, auto (f<N> and auto with -dl4j), got {spec!r}")
     if variant not in ("", "dl4j"):
         raise ValueError(f"Expect -dl4j or nothing after {base!r}, got {spec!r}")
     return ParameterAveraging(averaging_frequency=frequency, preset="dl4j" if variant else "sparkavg", **common)

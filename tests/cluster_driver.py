@@ -334,14 +334,15 @@ def many_averaging(ctx: Context) -> dict:
 
 
 def many_plain(ctx: Context) -> dict:
-    """GradientSharing at its defaults (PLAIN) on every host, addresses by network_mask."""
-    return _many_hosts(ctx, lambda workers: GradientSharing(workers=workers, network_mask=ctx.network_mask))
-
-
-def many_mesh(ctx: Context) -> dict:
-    """GradientSharing with MESH on every host."""
+    """GradientSharing with PLAIN (its default up to 4 workers) on every host, addresses by network_mask."""
     return _many_hosts(ctx, lambda workers: GradientSharing(workers=workers, network_mask=ctx.network_mask,
-                                                            topology=Topology.MESH))
+                                                            topology=Topology.PLAIN))
+
+
+def many_tree(ctx: Context) -> dict:
+    """GradientSharing with TREE on every host."""
+    return _many_hosts(ctx, lambda workers: GradientSharing(workers=workers, network_mask=ctx.network_mask,
+                                                            topology=Topology.TREE))
 
 
 def _stages(sc) -> list:
@@ -425,7 +426,7 @@ def models_across_hosts(ctx: Context) -> dict:
 SCENARIOS = {f.__name__: f for f in (averaging_defaults, sharing_defaults, inference, checkpoint_resume, stats_page,
                                      kill_averaging, kill_sharing, lose_host, shared_dir, private_dir,
                                      data_stays_on_hosts, models_across_hosts, many_averaging, many_plain,
-                                     many_mesh)}
+                                     many_tree)}
 
 
 def _handshake(event: str, scenario: str) -> None:

@@ -8,7 +8,8 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
 from cost_model import (Link, Overheads, Workload, averaging_epoch, auto_frequency, calibrate,  # noqa: E402
-                        mesh_sends, sharing_epoch)
+                        calibrate_phases, epoch, merged_bytes, mesh_sends, sharing_epoch, tree_depth,
+                        tree_epoch)
 
 W = Workload(examples=8192, batch=32, step_s=0.04, state_bytes=5.2e6, message_bytes=33e3)
 FAST = Link(1e12, 0.0)
@@ -64,3 +65,66 @@ def test_calibration_recovers_known_overheads_within_its_error():
     assert cal["averaging"]["overheads"]["task_s"] == pytest.approx(0.05, rel=1e-6)
     assert cal["sharing_plain"]["overheads"]["apply_s"] == pytest.approx(0.002, rel=1e-6)
     assert all(c["max_abs_error"] < 1e-6 for c in cal.values())
+
+
+def test_tree_depth_and_merges_that_fill_in_then_go_dense():
+    assert [tree_depth(w) for w in (1, 2, 3, 4, 7, 8, 64, 256)] == [0, 1, 1, 2, 2, 3, 6, 8]
+    w = Workload(examples=8192, batch=32, step_s=0.01, state_bytes=5.2e6, message_bytes=21.7e3,
+                 messages_per_step=0.89, params=431080)
+    assert merged_bytes(1, w) == pytest.approx(21.7e3 * 0.89)
+    sizes = [merged_bytes(k, w) for k in (2, 8, 64, 256)]
+    assert sizes == sorted(sizes) and sizes[-1] == 28 + 431080  # dense: one int8 count per parameter
+    assert sizes[0] == pytest.approx(28 + 5 * 431080 * (1 - (1 - 0.89 * 21.7e3 / 4 / 431080) ** 2))
+
+
+def test_tree_applies_one_message_and_its_hops_cost_what_was_calibrated():
+    w = Workload(examples=8192, batch=32, step_s=0.04, state_bytes=5.2e6, message_bytes=33e3, params=431080)
+    truth = Overheads(stage_s=2.0, hop_s=0.003)
+    results = []
+    for hosts in (2, 4, 8):
+        e = tree_epoch(hosts, w, FAST, truth)
+        assert e["messages_applied_per_iteration"] == 1
+        hops = 2 * tree_depth(hosts) * 0.003
+        assert e["seconds"] == pytest.approx(2.0 + e["iterations"] * (0.04 + hops), rel=1e-4)  # bytes: ~0
+        per = e["iterations"]
+        plain_s = sharing_epoch(hosts, w, FAST, Overheads(stage_s=2.0, apply_s=0.002), "plain")["seconds"]
+        plain = {"epoch_seconds": [plain_s], "examples": [w.examples], "state_bytes": w.state_bytes,
+                 "fit_phase": {"mean": w.step_s}, "num_params": w.params,
+                 "sparkavg": {"bytes_sent": w.message_bytes * per * hosts * (hosts - 1), "messages_sent": per * hosts,
+                              "messages_received": per * hosts * (hosts - 1)}}
+        averaging_s = averaging_epoch(hosts, w, FAST, Overheads(round_s=0.8), frequency=per)["seconds"]
+        fits = {"averaging": {"epoch_seconds": [averaging_s], "examples": [w.examples], "fit_phase": {"mean": w.step_s},
+                              "state_bytes": w.state_bytes, "averaging_frequency": [per], "rounds": [1]},
+                "sharing_plain": plain, "sharing_mesh": plain,
+                "sharing_tree": {**plain, "epoch_seconds": [e["seconds"]]}}
+        results.append({"hosts": hosts, "batch_size_per_worker": w.batch, "fits": fits})
+    cal = calibrate(results, FAST)
+    assert cal["sharing_tree"]["overheads"]["hop_s"] == pytest.approx(0.003, rel=1e-6)
+    assert cal["sharing_tree"]["max_abs_error"] < 1e-6
+
+
+def test_phase_calibration_separates_the_epoch_from_its_iterations():
+    """The ranks' loop beyond the step per iteration = sync_s + x cost (x: peer messages, or the tree's hops);
+    the rest of the epoch is the stage: known costs come back, and the epochs they give are the measured."""
+    w = Workload(examples=8192, batch=32, step_s=0.04, state_bytes=5.2e6, message_bytes=33e3, params=431080)
+    plain_o = Overheads(stage_s=3.0, sync_s=0.007, apply_s=0.005)
+    tree_o = Overheads(stage_s=2.0, sync_s=0.007, hop_s=0.006)
+    results = []
+    for hosts in (2, 4, 8):
+        per = math.ceil(w.examples / (hosts * w.batch))
+        fits = {}
+        for name, o, extra in (("sharing_plain", plain_o, 0.007 + 0.005 * (hosts - 1)),
+                               ("sharing_tree", tree_o, 0.007 + 0.006 * 2 * tree_depth(hosts))):
+            e = epoch(name, hosts, w, FAST, o)
+            fits[name] = {"epoch_seconds": [e["seconds"]], "examples": [w.examples], "state_bytes": w.state_bytes,
+                          "fit_phase": {"mean": w.step_s}, "num_params": w.params,
+                          "per_rank_iteration": {"wait_s": extra, "apply_s": 0.0, "encode_s": 0.0, "send_s": 0.0,
+                                                 "bytes_sent": 1.0, "bytes_received": 1.0},
+                          "sparkavg": {"bytes_sent": w.message_bytes * per * hosts * (hosts - 1),
+                                       "messages_sent": per * hosts, "messages_received": per * hosts * (hosts - 1)}}
+        results.append({"hosts": hosts, "batch_size_per_worker": w.batch, "fits": fits})
+    cal = calibrate_phases(results, FAST)
+    assert cal["sharing_plain"]["overheads"]["apply_s"] == pytest.approx(0.005, rel=1e-6)
+    assert cal["sharing_tree"]["overheads"]["hop_s"] == pytest.approx(0.006, rel=1e-6)
+    assert cal["sharing_tree"]["overheads"]["stage_s"] == pytest.approx(2.0, rel=1e-3)
+    assert all(c["max_abs_error"] < 1e-3 for c in cal.values())

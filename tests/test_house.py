@@ -236,3 +236,20 @@ def test_the_dl4j_presets_record_dl4j_behaviour(spark):
     ours = decided[("GradientSharing", "sparkavg")]
     assert ours["local_view"] is True
     assert decided[("ParameterAveraging", "sparkavg")]["moment_correction"] is True  # small_net trains with Adam
+
+
+def test_saved_topologies_load_as_this_release_decides_them(caplog):
+    """Issue 38: DL4J's MESH is gone -- a saved "mesh" loads as TREE (decided instead when the file is
+    asynchronous, which TREE is not), naming it; the old default "plain" loads as decided by the worker count."""
+    from sparkavg.spark import Topology
+
+    mesh = {**GradientSharing(workers=8).to_config(), "topology": "mesh"}
+    with caplog.at_level(logging.WARNING, logger="sparkavg.spark.upgrade"):
+        assert master_from_config(mesh) == GradientSharing(workers=8, topology=Topology.TREE)
+    assert any("topology='mesh'" in r.getMessage() for r in caplog.records)
+    asynchronous = {**GradientSharing.dl4j(workers=8).to_config(), "topology": "mesh"}
+    assert master_from_config(asynchronous) == GradientSharing.dl4j(workers=8)
+    plain = {**GradientSharing(workers=8).to_config(), "topology": "plain"}
+    assert master_from_config(plain).topology is None
+    pinned = GradientSharing(workers=8, topology=Topology.TREE)
+    assert master_from_config(pinned.to_config()) == pinned

@@ -145,7 +145,7 @@ def test_retired_names_are_no_longer_exported():
 
 @pytest.mark.parametrize("master", [
     ParameterAveraging.dl4j(averaging_frequency=3),
-    GradientSharing(threshold=AdaptiveThreshold(), topology=Topology.MESH),
+    GradientSharing(threshold=AdaptiveThreshold(), topology=Topology.TREE),
     GradientSharing(threshold=TargetSparsityThreshold(target=1e-2)),
     GradientSharing.dl4j(),
 ])

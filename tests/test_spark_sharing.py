@@ -160,8 +160,7 @@ def test_executor_runs_sharing_step_bit_for_bit(sc, nesterov, preset, extra):
 def test_sharing_under_simulated_loss_still_agrees(sc):
     rdd, x, y = _rdd(sc, 200, seed=23)
     net = small_net(seed=24)
-    master = GradientSharing(threshold=AdaptiveThreshold(initial=1e-3), batch_size_per_worker=5, workers=2,
-                             topology=Topology.MESH)
+    master = GradientSharing(threshold=AdaptiveThreshold(initial=1e-3), batch_size_per_worker=5, workers=2)
     trainer = SparkTrainer(sc, net, master)
     with job_properties(sc, {UDP_LOSS: 0.2, RETRANSMIT_TIMEOUT: 0.05}):  # fault injection: 20% of datagrams lost
         trainer.fit(rdd, epochs=2)
@@ -273,3 +272,36 @@ def test_sharing_resumes_from_the_last_epoch_checkpoint(sc, tmp_path):
     saved, want = resumed._runner.rank_states[0], straight._runner.rank_states[0]
     np.testing.assert_array_equal(saved["residual"], want["residual"])
     assert saved["tau"] == want["tau"] and saved["iteration"] == want["iteration"]
+
+
+def test_tree_topology_trains_and_every_rank_applies_one_sum_per_iteration(sc):
+    """Topology.TREE on local[2]: each iteration's two messages are summed at the root and sent back, every
+    rank applies that one total, so replicas agree bit for bit; the ranks share τ; lost datagrams change
+    nothing but the retransmissions."""
+    rdd, x, y = _rdd(sc, 400, seed=41)
+    net = small_net(seed=42)
+    master = GradientSharing(threshold=AdaptiveThreshold(initial=1e-3), batch_size_per_worker=10, workers=2,
+                             topology=Topology.TREE)
+    trainer = SparkTrainer(sc, net, master)
+    with job_properties(sc, {UDP_LOSS: 0.1, RETRANSMIT_TIMEOUT: 0.05}):
+        trainer.fit(rdd, epochs=2)
+    assert [e["replica_max_abs_diff"] for e in trainer.history] == [0.0, 0.0]
+    assert trainer.evaluate(rdd).accuracy() > 0.9
+    c = trainer.stats.counters
+    assert c["messages_received"] == c["iterations"] == 80  # one total per rank and iteration
+    assert c["merge_seconds"] > 0 and c["datagrams_retransmitted"] > 0
+    assert len({state["tau"] for state in trainer._runner.rank_states}) == 1  # one τ for the group
+    chosen = [d for d in trainer.stats.decisions if d["name"] == "topology"]
+    assert [(d["value"], d["reason"]) for d in chosen] == [("tree", "set by user")]
+
+
+def test_topology_is_decided_by_the_worker_count(sc):
+    rdd, x, y = _rdd(sc, 40, seed=43)
+    trainer = SparkTrainer(sc, small_net(seed=44), GradientSharing(batch_size_per_worker=10, workers=2))
+    trainer.fit(rdd, epochs=1)
+    assert [d["value"] for d in trainer.stats.decisions if d["name"] == "topology"] == ["plain"]
+    from sparkavg.spark.policies.topology import TREE_ABOVE, TopologyChoice
+    assert TopologyChoice().decide(None, TREE_ABOVE + 1, 0)[0] is Topology.TREE
+    assert TopologyChoice().decide(None, TREE_ABOVE + 1, None)[0] is Topology.PLAIN
+    with pytest.raises(ValueError, match="staleness"):
+        GradientSharing(topology=Topology.TREE, staleness=None)

@@ -76,7 +76,7 @@ def test_every_name_in_use_is_in_the_enums():
     counters = {"examples", "minibatches", "iterations", "messages_sent", "messages_received", "entries_sent",
                 "bytes_sent", "bytes_received", "payload_bytes_sent", "dense_bytes_equivalent", "datagrams_sent",
                 "datagrams_retransmitted", "datagrams_rejected", "datagrams_invalid", "datagrams_forged",
-                "datagrams_replayed", "stage_restarts", "resident_state_misses"}
+                "datagrams_replayed", "stage_restarts", "resident_state_misses", "merge_seconds"}
     series = {"threshold", "sparsity", "residual_norm", "replica_max_abs_diff", "score", "learning_rate",
               "validation"}
     assert {m.value for m in Phase} == phases

@@ -22,7 +22,10 @@ Kernels:
   :func:`threshold_decode`, :func:`bitmap_encode` / :func:`bitmap_decode`,
   :func:`count_above`, :func:`clip_residual`; built on them, the switching
   :func:`encode` / :func:`decode` with :class:`EncodingState`, and
-  :func:`encoded_count`, :func:`encoded_nbytes`, :func:`default_limit`.
+  :func:`encoded_count`, :func:`encoded_nbytes`, :func:`default_limit`;
+  :func:`merge_messages`, the sum of messages at one τ in the merged
+  format a tree of ranks relays (:mod:`sparkavg.ops.merging`; ``decode``
+  reads it).
 - Convolution and pooling on NHWC arrays: :func:`im2col` / :func:`col2im`,
   the direct stride-1 convolution :func:`conv2d_forward` /
   :func:`conv2d_backward_data` / :func:`conv2d_backward_weights` (with
@@ -50,12 +53,13 @@ the sparse cap defaults to ``max(N // 16, 2)``; indices are ascending.
 """
 from __future__ import annotations
 
-from . import conv, elementwise, encoding, norm, reference, sequence
+from . import conv, elementwise, encoding, merging, norm, reference, sequence
 from ._dispatch import have_direct_conv, have_extension
 from ._kernels import KERNELS
 from .conv import *  # noqa: F401,F403 -- the names in conv.__all__
 from .elementwise import *  # noqa: F401,F403
 from .encoding import *  # noqa: F401,F403
+from .merging import MERGED_FLAG, merge_messages
 from .norm import *  # noqa: F401,F403
 from .sequence import *  # noqa: F401,F403
 
@@ -66,6 +70,8 @@ __all__ = [
     "KERNELS",
     *elementwise.__all__,
     *encoding.__all__,
+    "MERGED_FLAG",
+    "merge_messages",
     *conv.__all__,
     *norm.__all__,
     *sequence.__all__,

@@ -51,6 +51,7 @@ from ._checks import (
 )
 from ._cuda import bitmap_count
 from ._dispatch import call
+from .merging import MERGED_FLAG, decode_merged, merged_count
 
 __all__ = [
     "SPARSE",
@@ -330,11 +331,14 @@ def encode(residual, threshold, state=None):
 
 
 def decode(encoded, target):
-    """Add an encoded message (either format, read from its header flag)
+    """Add an encoded message (any format, read from its header flag:
+    sparse, bitmap, or a tree's merged sum -- :mod:`sparkavg.ops.merging`)
     into ``target`` in place; returns ``target``.  Raises as
     :func:`threshold_decode` / :func:`bitmap_decode`."""
     kind = check_inplace("target", target, flat=True)
     msg_kind, enc = check_message(encoded)
+    if enc.size > 3 and int(backend.to_cpu(enc[3:4])[0]) == MERGED_FLAG:  # device messages: a 4-byte sync
+        return decode_merged(enc, target)
     flag, count, tau = _read_header(enc, target.size)
     return _decode_body(flag, count, tau, enc, msg_kind, target, kind)
 
@@ -342,7 +346,8 @@ def decode(encoded, target):
 def encoded_count(encoded) -> int:
     """How many +-tau entries a message carries (0 for None).
 
-    Sparse: header word 0.  Bitmap: the number of value bits.
+    Sparse: header word 0.  Bitmap: the number of value bits.  Merged:
+    the entries of the messages summed into it (header words 5-6).
     """
     if encoded is None:
         return 0
@@ -352,6 +357,8 @@ def encoded_count(encoded) -> int:
     word0, _, _, flag = (int(v) for v in backend.to_cpu(enc[:HEADER_WORDS]))  # sync (device)
     if flag == SPARSE_FLAG:
         return word0
+    if flag == MERGED_FLAG:
+        return merged_count(enc)
     if flag != BITMAP_FLAG:
         raise ValueError(f"Unknown encoding flag {flag} in header word 3")
     if msg_kind == "cupy":

@@ -11,6 +11,10 @@
   :func:`apply_received`, :func:`message_bytes` and the whole iteration
   :func:`sharing_step`; :func:`local_view` (the worker's own view, the
   shared parameters plus its residual, where its gradient is taken).
+- A tree's ranks (``Topology.TREE``, messages summed on the way):
+  :func:`tree_step` (publish, apply nothing), :func:`apply_totals` (one
+  total per iteration), :func:`adapt_group_tau` (one τ for the group),
+  :func:`merge_payloads` (a relay's sum).
 
 A worker's loop (``shared``: the replica's parameters, a copy of the
 network's; the network's own vector holds the view)::
@@ -29,8 +33,12 @@ network's; the network's own vector holds the view)::
 from .order import InOrder
 from .state import SharingState
 from .step import (
+    adapt_group_tau,
     apply_message,
     apply_received,
+    apply_totals,
+    merge_payloads,
+    tree_step,
     encode_update,
     local_view,
     message_bytes,
@@ -58,6 +66,10 @@ __all__ = [
     "sharing_step",
     "sent_entries",
     "local_view",
+    "tree_step",
+    "apply_totals",
+    "adapt_group_tau",
+    "merge_payloads",
     "ThresholdRule",
     "FixedThreshold",
     "AdaptiveThreshold",

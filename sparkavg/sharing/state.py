@@ -10,6 +10,7 @@ rebuilds the state from it -- so no pickle is needed.
 from __future__ import annotations
 
 import numbers
+from collections import deque
 
 import numpy as np
 
@@ -56,6 +57,10 @@ class SharingState:
     encoding : sparkavg.ops.EncodingState
         *Internal.*  Which format the encoder tries next (its own message
         counts restart with every state built by :meth:`from_plain`).
+    group_sparsity : collections.deque of float
+        *Internal.*  A tree's ranks: the sparsity of each total applied and
+        not yet used to adapt the group's τ (``sharing.adapt_group_tau``);
+        not carried by :meth:`to_plain` (an epoch starts with none).
     messages_sent, entries_sent, messages_received : int
         *Statistics.*  Messages published, ±τ entries in them, and peer
         messages applied.
@@ -72,6 +77,7 @@ class SharingState:
         "tau",
         "iteration",
         "encoding",
+        "group_sparsity",
         # statistics
         "messages_sent",
         "entries_sent",
@@ -91,6 +97,7 @@ class SharingState:
         self.tau = rule.initial_tau()
         self.iteration = 0
         self.encoding = ops.EncodingState()
+        self.group_sparsity = deque()
         self.last_sparsity = 0.0
         self.reset_statistics()
 

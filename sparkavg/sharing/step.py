@@ -31,7 +31,7 @@ from .state import SharingState
 from .thresholds import clip_when_due
 
 __all__ = ["encode_update", "apply_message", "apply_received", "message_bytes", "sharing_step", "local_view",
-           "PHASES"]
+           "PHASES", "tree_step", "apply_totals", "adapt_group_tau", "merge_payloads"]
 
 Payload = Union[bytes, bytearray, memoryview]
 Inbox = Union[Iterable[Payload], Callable[[], Iterable[Payload]]]
@@ -45,8 +45,9 @@ def _untimed(name: str) -> ContextManager:
     return nullcontext()
 
 
-def _encode(state: SharingState, update):
-    """Accumulate, encode, account, adapt τ and clip; ``(message, entries)``."""
+def _encode(state: SharingState, update, adapt: bool = True):
+    """Accumulate, encode, account, adapt τ (unless the group's τ is kept:
+    ``adapt=False``) and clip; ``(message, entries)``."""
     residual = state.residual
     ops.accumulate(residual, update)
     message = ops.encode(residual, state.tau, state.encoding)
@@ -58,7 +59,8 @@ def _encode(state: SharingState, update):
     state.iteration += 1
     sparsity = entries / residual.size
     state.last_sparsity = sparsity
-    state.tau = state.rule.next_tau(state.tau, sparsity)
+    if adapt:
+        state.tau = state.rule.next_tau(state.tau, sparsity)
     if state.clip is not None:
         clip_when_due(residual, state.tau, state.iteration, *state.clip)
     return message, entries
@@ -267,3 +269,72 @@ def sharing_step(state: SharingState, update, params, publish: Callable[[bytes],
             ops.decode(message, params)
         apply_received(state, inbox() if callable(inbox) else inbox, params)
     return entries
+
+
+# ------------------------------------------------------------------ a tree's ranks (Topology.TREE)
+def merge_payloads(payloads, n: int) -> bytes:
+    """A relay's merge: the sum of its subtree's payloads (any format, one τ)
+    as wire bytes, ``b""`` when all are empty (:func:`sparkavg.ops.merge_messages`)."""
+    merged = ops.merge_messages(payloads, n)
+    return b"" if merged is None else message_bytes(merged)
+
+
+def tree_step(state: SharingState, update, publish: Callable[[bytes], None], phase: Optional[PhaseHook] = None,
+              velocity=None) -> int:
+    """One iteration of a rank of a tree that sums the messages on the way
+    (``Topology.TREE``).
+
+    As :func:`sharing_step`, but: τ is the group's (kept, not adapted from
+    this rank's own sparsity: :func:`adapt_group_tau`), the message is
+    always published (an empty payload when nothing is sent: the tree
+    merges one payload per rank and iteration), and nothing is applied --
+    this rank's message comes back inside the iteration's total, which
+    every rank applies (:func:`apply_totals`).
+
+    Returns
+    -------
+    int
+        Entries this worker sent.
+    """
+    phase = phase or _untimed
+    with phase("encode"):
+        sent = sent_entries(state, update) if velocity is not None else None
+        message, entries = _encode(state, update, adapt=False)
+        if sent is not None:
+            velocity[sent] = 0.0
+    with phase("send"):
+        publish(b"" if message is None else message_bytes(message))
+    return entries
+
+
+def apply_totals(state: SharingState, totals: Iterable[Payload], params, workers: int) -> int:
+    """Apply a tree's totals, in iteration order, to ``params``; count them
+    in ``state.messages_received`` and queue each one's sparsity (the ±τ
+    entries all ranks sent, over ``workers`` x N) for :func:`adapt_group_tau`.
+    Returns how many were applied."""
+    applied = 0
+    for payload in totals:
+        entries = apply_message(payload, params) if len(payload) else 0
+        state.group_sparsity.append(entries / (workers * state.num_params))
+        applied += 1
+    state.messages_received += applied
+    return applied
+
+
+def adapt_group_tau(state: SharingState) -> float:
+    """The group's τ of the next step: the rule applied to the oldest queued
+    total's sparsity (:func:`apply_totals`).  Every rank of a tree calls it
+    before the same steps -- those after the first ``staleness + 1`` of an
+    epoch, when the bounded-staleness wait has applied that total -- so the
+    ranks keep one τ, which their messages need to merge.
+
+    Raises
+    ------
+    RuntimeError
+        No total queued: the caller did not wait for it.
+    """
+    if not state.group_sparsity:
+        raise RuntimeError("Expect an applied total before adapting the group's τ (wait for the peers first), "
+                           "got none queued")
+    state.tau = state.rule.next_tau(state.tau, state.group_sparsity.popleft())
+    return state.tau

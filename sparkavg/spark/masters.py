@@ -265,9 +265,8 @@ DEFAULT_THRESHOLD = AdaptiveThreshold(initial=1e-3)
 @dataclass(frozen=True)
 class GradientSharing(Master):
     """Gradient sharing (Strom 2015), opt-in.  One barrier stage per epoch; each iteration every worker adds its
-    updater step to a residual, threshold-encodes it in DL4J's formats,
-    sends it to its peers over authenticated reliable UDP and applies its
-    own and every received message, in the same order on every replica.
+    updater step to a residual, threshold-encodes it in DL4J's formats, sends it over authenticated reliable UDP
+    and applies every rank's message (or their sum), in the same order on every replica.
 
     What the ``"sparkavg"`` preset does besides (recorded as decisions;
     :mod:`sparkavg.spark.policies`): each worker's gradient is taken at its
@@ -281,8 +280,9 @@ class GradientSharing(Master):
     threshold : ThresholdRule or float, default AdaptiveThreshold(initial=1e-3)
         The threshold rule (:mod:`sparkavg.sharing.thresholds`); a float
         means ``FixedThreshold(value)``.
-    topology : Topology, default PLAIN
-        ``PLAIN`` all-to-all; ``MESH`` relay tree with fan-out 8.
+    topology : Topology or None, default None (decided by the worker count: ``policies.topology``)
+        ``PLAIN`` all-to-all; ``TREE`` sums each iteration's messages on the way: one message
+        applied per rank and iteration (an int ``staleness``).  A saved ``"mesh"`` loads as ``TREE``.
     port : int, default 0
         0 = an ephemeral UDP port per worker; else worker ``i`` binds
         ``port + i`` (open ``port`` .. ``port + workers - 1`` between hosts).
@@ -300,7 +300,7 @@ class GradientSharing(Master):
     runner_module: ClassVar[Optional[str]] = "sharing"
 
     threshold: ThresholdRule = DEFAULT_THRESHOLD
-    topology: Topology = Topology.PLAIN
+    topology: Optional[Topology] = None
     port: int = 0
     network_mask: Optional[str] = None
     staleness: Optional[int] = 0
@@ -312,7 +312,7 @@ class GradientSharing(Master):
         check(isinstance(self.threshold, ThresholdRule),
               f"Expect threshold to be a ThresholdRule ({', '.join(sorted(registered('threshold')))}) "
               f"or a float, got {self.threshold!r}")
-        object.__setattr__(self, "topology", as_enum(Topology, "topology", self.topology))
+        object.__setattr__(self, "topology", self.topology and as_enum(Topology, "topology", self.topology))
         check_int("port", self.port, minimum=0, maximum=65535)
         if self.network_mask is not None:
             try:
@@ -322,6 +322,8 @@ class GradientSharing(Master):
                                  f"got {self.network_mask!r}: {exc}") from None
         if self.staleness is not None:
             check_int("staleness", self.staleness, minimum=0)
+        check(self.topology is not Topology.TREE or self.staleness is not None, "Expect an int staleness (>= 0) "
+              "with topology TREE, got None: a tree's ranks share τ, adapted from totals every rank applied")
         if self.workers is not None:
             self.validate_for(self.workers)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Mapping
 
-__all__ = ["upgrade_master", "RETIRED"]
+__all__ = ["upgrade_master", "RETIRED", "DECIDED", "REPLACED"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +37,13 @@ RETIRED = {
     "AdaptiveThreshold": {"decay": 0.5 ** (1.0 / 20.0)},
     "TargetSparsityThreshold": {"decay": 0.5 ** (1.0 / 20.0)},
 }
+#: Fields that became decisions, with the value earlier releases wrote as their default: a file carrying it
+#: loads with the field unset, decided as this release decides it (gradient sharing's topology: PLAIN up to
+#: a few workers, then TREE, sparkavg.spark.policies.topology).
+DECIDED = {"GradientSharing": {"topology": "plain"}}
+#: Values this release no longer has, as what stands for them now: DL4J's MESH relay tree as the tree that
+#: sums on the way (TREE; decided instead where the file is asynchronous, staleness None, which TREE is not).
+REPLACED = {"GradientSharing": {"topology": {"mesh": "tree"}}}
 #: The fields whose values together were DL4J's behaviour.
 _DL4J = {"ParameterAveraging": {"block_momentum": None, "moment_correction": False, "worker_shares": "equal",
                                 "weighting": "uniform"},
@@ -63,6 +70,14 @@ def _upgrade(config: Any, where: str) -> Any:
         config.setdefault("preset", "dl4j")
         for key in signature:
             del config[key]
+    for key, old in DECIDED.get(kind, {}).items():
+        if config.get(key) == old:
+            config[key] = None
+    for key, values in REPLACED.get(kind, {}).items():
+        if config.get(key) in values:
+            new = values[config[key]] if config.get("staleness", 0) is not None else None
+            logger.warning("%s: %s=%r is gone from this release; loaded as %r", where, key, config[key], new)
+            config[key] = new
     for key, default in retired.items():
         if key not in config:
             continue

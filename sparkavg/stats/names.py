@@ -147,6 +147,8 @@ class CounterName(_StatName):
     DATAGRAMS_FORGED = "datagrams_forged"
     #: Dropped as a repeat of a delivered message (part of rejected).
     DATAGRAMS_REPLAYED = "datagrams_replayed"
+    #: Thread CPU seconds a tree's relays spent summing messages (Topology.TREE).
+    MERGE_SECONDS = "merge_seconds"
     #: Spark stages started again after a failure.
     STAGE_RESTARTS = "stage_restarts"
     #: Gradient-sharing epochs shipped again whole because a rank's state was not on its executor.
@@ -188,6 +190,7 @@ class DecisionName(_StatName):
     MOMENTUM_MASKING = "momentum_masking"
     LOCAL_VIEW = "local_view"
     THRESHOLD = "threshold"
+    TOPOLOGY = "topology"
     SHARING_STATE = "sharing_state"
     UDP_ADDRESS = "udp_address"
     #: Data and devices.

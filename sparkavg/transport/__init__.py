@@ -3,7 +3,8 @@
 Authenticated (HMAC-SHA256 per datagram, under a key each pair of ranks
 agrees by X25519 -- :mod:`.keys`; nothing secret is shipped), chunked, acked
 and retransmitted messages between ranks (:class:`ReliableEndpoint`), and an
-all-to-all exchange over it with PLAIN or MESH topology (:class:`PeerGroup`).
+all-to-all exchange over it (``PLAIN``: :class:`PeerGroup`), or a tree that
+sums every iteration's messages on the way (``TREE``: :class:`TreeGroup`).
 No pickle anywhere: payloads are opaque bytes.  Its sizes and timers are
 the library's (:mod:`.limits`): a cluster operator sets only the port and
 the network mask, on :class:`~sparkavg.spark.GradientSharing`.  :class:`CollectiveGroup` is
@@ -47,6 +48,7 @@ from .group import PeerGroup, Topology, named_peers, tree_neighbours, wait_for_p
 from .joining import JoiningGroup, gather_peers
 from .keys import KeyAgreement
 from .protocol import RejectReason
+from .tree import TreeGroup, subtree
 
 __all__ = [
     "CollectiveGroup",
@@ -63,11 +65,13 @@ __all__ = [
     "ReliableEndpoint",
     "Topology",
     "TransportError",
+    "TreeGroup",
     "gather_peers",
     "local_ipv4_addresses",
     "named_peers",
     "prompt_io_thread",
     "select_address",
+    "subtree",
     "tree_neighbours",
     "wait_for_peers",
 ]

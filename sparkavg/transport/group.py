@@ -2,13 +2,11 @@
 
 A :class:`PeerGroup` is one barrier stage's (one epoch's) exchange: every rank
 publishes its messages, polls the others', and calls :meth:`PeerGroup.finish`
-once at the end. Two topologies, after DL4J's ``MeshBuildMode``:
-
-- ``PLAIN``: each message goes straight to every other rank (W - 1 sends).
-- ``MESH``: ranks form a tree with fan-out 8 (parent of ``r`` is
-  ``(r - 1) // 8``); a rank sends its messages to its tree neighbours and
-  relays each message it receives to its other neighbours, so no rank sends
-  more than 9 copies whatever the world size. Depth is ``ceil(log8 W)``.
+once at the end: ``PLAIN`` (DL4J's name), each message straight to every
+other rank (W - 1 sends).  The other topology, ``TREE``, sums the messages
+on their way (:class:`~sparkavg.transport.tree.TreeGroup`); DL4J's ``MESH``
+relay tree, which forwarded every message unmerged, is gone (issue 38: the
+tree that merges beat it on 8 hosts and applies one message per rank).
 
 Group frame inside each endpoint message (network byte order)::
 
@@ -17,7 +15,7 @@ Group frame inside each endpoint message (network byte order)::
 ``value`` is the origin's message number for MSG, and the number of
 messages the origin published for END. Messages are suppressed by
 ``(origin, number)`` so each is returned exactly once.  DONE (to
-neighbours only, never relayed) says that its sender has finished: it has
+neighbours only) says that its sender has finished: it has
 every message and every acknowledgement it needs, so its neighbours may
 stop acknowledging it (:meth:`PeerGroup.leave`).
 """
@@ -32,19 +30,21 @@ from typing import Callable
 from .endpoint import ReliableEndpoint
 from .errors import PeerStalledError, TransportError
 
-__all__ = ["PeerGroup", "Topology", "tree_neighbours", "wait_for_peers", "named_peers"]
+__all__ = ["PeerGroup", "Topology", "tree_neighbours", "wait_for_peers", "named_peers", "DONE_KIND"]
 
 logger = logging.getLogger(__name__)
 
 _FRAME = struct.Struct("!BIQ")
 _MSG, _END, _DONE = 1, 2, 3
+#: The DONE frame's kind, shared with :class:`~.tree.TreeGroup` (``PeerGroup.leave``'s protocol).
+DONE_KIND = _DONE
 _POLL_SLICE = 0.05   # finish() wakes this often to check its deadline
 
 
 def named_peers(ranks, peers: dict) -> str:
     """``"rank 1 at 10.0.0.2:4000, rank 9 (address unknown)"``: ``ranks`` as an
     operator looks them up, by the peer table ``peers`` (``{rank: (host, port)}``;
-    a MESH origin relayed by a neighbour is not in it)."""
+    a rank this one never talks to may not be in it)."""
     return ", ".join(f"rank {r} at {peers[r][0]}:{peers[r][1]}" if peers.get(r) else f"rank {r} (address unknown)"
                      for r in ranks)
 
@@ -77,16 +77,18 @@ def wait_for_peers(group, receive: Callable[[float], None], count: int, stall_ti
 
 
 class Topology(enum.Enum):
-    """How messages travel between ranks (DL4J's ``MeshBuildMode``)."""
+    """How messages travel between ranks (after DL4J's ``MeshBuildMode``; its
+    ``MESH`` loads as ``TREE``: :mod:`sparkavg.spark.upgrade`)."""
 
-    #: Every rank sends to every other rank; best below ~32 ranks.
+    #: Every rank sends to every other rank and applies the W - 1 it receives.
     PLAIN = "plain"
-    #: Relay tree with fan-out 8; bounded sends per rank for large groups.
-    MESH = "mesh"
+    #: A tree that sums each iteration's messages on the way up and sends the sum down
+    #: (:class:`~sparkavg.transport.tree.TreeGroup`): one message per rank and iteration.
+    TREE = "tree"
 
 
-def tree_neighbours(rank: int, world_size: int, fanout: int = 8) -> list[int]:
-    """Parent and children of ``rank`` in the relay tree (parent first).
+def tree_neighbours(rank: int, world_size: int, fanout: int) -> list[int]:
+    """Parent and children of ``rank`` in a tree of fan-out ``fanout`` (parent first).
 
     Parameters
     ----------
@@ -94,7 +96,7 @@ def tree_neighbours(rank: int, world_size: int, fanout: int = 8) -> list[int]:
         In ``[0, world_size)``.
     world_size : int
         Number of ranks, >= 1.
-    fanout : int, default 8
+    fanout : int
         Children per node, >= 1.
     """
     if world_size < 1 or not 0 <= rank < world_size or fanout < 1:
@@ -148,25 +150,23 @@ class PeerGroup:
     world_size : int
         Number of ranks; ranks are ``0 .. world_size - 1``.
     endpoint : ReliableEndpoint
-        Bound, with ``set_peers`` called for (at least) this rank's
-        neighbours: all ranks for PLAIN, :func:`tree_neighbours` for MESH.
+        Bound, with ``set_peers`` called for every other rank.
     topology : Topology, default Topology.PLAIN
-    fanout : int, default 8
-        Children per node in the MESH tree.
+        ``PLAIN`` (``TREE`` is a :class:`~sparkavg.transport.tree.TreeGroup`).
 
     Notes
     -----
-    Not thread-safe: call it from one thread (the training loop). Messages
-    are relayed inside :meth:`publish`, :meth:`poll` and :meth:`finish`, so
-    poll regularly in MESH mode. One group per endpoint lifetime; after
+    Not thread-safe: call it from one thread (the training loop). One group per endpoint lifetime; after
     :meth:`finish` it is spent. Messages are returned in arrival order; that
     of one origin may differ from its publication order.
     """
 
     def __init__(self, rank: int, world_size: int, endpoint: ReliableEndpoint,
-                 topology: Topology = Topology.PLAIN, fanout: int = 8):
+                 topology: Topology = Topology.PLAIN):
         if not isinstance(topology, Topology):
             raise TypeError(f"Expect topology to be a Topology, got {topology!r}")
+        if topology is Topology.TREE:
+            raise ValueError("Expect PLAIN for a PeerGroup, got TREE: the tree that merges is a TreeGroup")
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"Expect 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
         if endpoint.rank != rank:
@@ -175,10 +175,7 @@ class PeerGroup:
         self.world_size = world_size
         self.endpoint = endpoint
         self.topology = topology
-        if topology is Topology.MESH:
-            self.neighbours = tree_neighbours(rank, world_size, fanout)
-        else:
-            self.neighbours = [r for r in range(world_size) if r != rank]
+        self.neighbours = [r for r in range(world_size) if r != rank]
         missing = sorted(set(self.neighbours) - set(endpoint.peers))
         if missing:
             raise ValueError(f"Expect the endpoint to know peer ranks {missing} "
@@ -187,7 +184,7 @@ class PeerGroup:
         self._published = 0
         self._finished = False
         self._done: set[int] = set()  # neighbours that sent DONE
-        self._counts = dict(published=0, delivered=0, relayed=0, duplicates_dropped=0, malformed=0)
+        self._counts = dict(published=0, delivered=0, duplicates_dropped=0, malformed=0)
 
     # ------------------------------------------------------------------ public API
     def publish(self, payload) -> None:
@@ -350,8 +347,7 @@ class PeerGroup:
         return [r for r, s in self._origins.items() if not s.complete]
 
     def stats(self) -> dict[str, int]:
-        """Counters: ``published``, ``delivered``, ``relayed`` (copies forwarded),
-        ``duplicates_dropped``, ``malformed``."""
+        """Counters: ``published``, ``delivered``, ``duplicates_dropped``, ``malformed``."""
         return dict(self._counts)
 
     # ------------------------------------------------------------------ internals
@@ -391,11 +387,6 @@ class PeerGroup:
                 self._counts["duplicates_dropped"] += 1
                 return
             state.end_count = value
-        if self.topology is Topology.MESH:
-            for r in self.neighbours:
-                if r != src:
-                    self.endpoint.send(r, frame)
-                    self._counts["relayed"] += 1
 
     def _malformed(self, src: int, what: str) -> None:
         self._counts["malformed"] += 1

@@ -22,8 +22,9 @@ import json
 import threading
 
 from .errors import PeerStalledError
-from .group import PeerGroup
+from .group import PeerGroup, Topology
 from .keys import KeyAgreement
+from .tree import TreeGroup
 
 __all__ = ["JoiningGroup", "gather_peers"]
 
@@ -57,11 +58,17 @@ def gather_peers(ctx, address, agreement: KeyAgreement, world: int) -> tuple:
 
 
 class JoiningGroup:
-    """A :class:`~sparkavg.transport.PeerGroup` once the peers are known
-    (the module docstring); the same ``publish``/``poll``/``finish``/``leave``."""
+    """A :class:`~sparkavg.transport.PeerGroup` -- or, for ``Topology.TREE``,
+    a :class:`~sparkavg.transport.TreeGroup` summing with ``merge`` -- once
+    the peers are known (the module docstring); the same
+    ``publish``/``poll``/``finish``/``leave``."""
 
-    def __init__(self, ctx, endpoint, agreement: KeyAgreement, world: int, topology, stall_timeout: float):
+    def __init__(self, ctx, endpoint, agreement: KeyAgreement, world: int, topology, stall_timeout: float,
+                 merge=None):
+        if topology is Topology.TREE and merge is None:
+            raise ValueError("Expect a merge function for Topology.TREE (its relays sum the messages), got None")
         self.endpoint, self.rank, self.world, self.topology = endpoint, agreement.rank, world, topology
+        self.merge = merge
         self.agreement = agreement
         self.stall_timeout = stall_timeout
         self.group = None
@@ -91,7 +98,8 @@ class JoiningGroup:
         if self._error is not None:
             raise self._error
         self.endpoint.set_peers(self._peers, keys=self._keys)
-        self.group = PeerGroup(self.rank, self.world, self.endpoint, self.topology)
+        self.group = (TreeGroup(self.rank, self.world, self.endpoint, self.merge) if self.topology is Topology.TREE
+                      else PeerGroup(self.rank, self.world, self.endpoint, self.topology))
         pending, self._pending = self._pending, []
         for payload in pending:
             self.group.publish(payload)

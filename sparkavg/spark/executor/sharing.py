@@ -11,7 +11,10 @@ exactly the same messages, so replicas agree at the end of the epoch (up
 to the order of float additions).  With ``staleness=0`` (the default) a
 replica applies its peers' messages of iteration k just before its step
 k + 1, in (iteration, rank) order: a run is reproducible, whatever the
-arrival times.
+arrival times.  With ``Topology.TREE`` (decided on the driver) a rank
+publishes every iteration's message into a tree that sums them on the way
+and applies one total per iteration, the same on every rank in the same
+order (:class:`~sparkavg.transport.TreeGroup`), at the group's τ.
 """
 from __future__ import annotations
 
@@ -25,9 +28,10 @@ import numpy as np
 
 from ...backend import get_array_module
 from ...configurable import register
-from ...sharing import InOrder, SharingState, apply_received, local_view, sharing_step
-from ...transport import (JoiningGroup, KeyAgreement, PeerStalledError, ReliableEndpoint, prompt_io_thread,
-                          select_address, wait_for_peers)
+from ...sharing import (InOrder, SharingState, adapt_group_tau, apply_received, apply_totals, local_view,
+                        merge_payloads, sharing_step, tree_step)
+from ...transport import (JoiningGroup, KeyAgreement, PeerStalledError, ReliableEndpoint, Topology,
+                          prompt_io_thread, select_address, wait_for_peers)
 from ..errors import DivergenceError, register_error, task_failure_guard
 from ...stats import CounterName, Phase, PhaseRecorder, SeriesName, task_lane
 from ...data.storage import prefetch_depth
@@ -232,6 +236,9 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
             # the network's own vector holds the view (shared + residual) its gradients are taken at
             view = bool(value.get("local_view", False))
             shared = flat.copy() if view else flat
+            # PLAIN, or TREE: one total per iteration, summed on the way (decided on the driver)
+            topology = Topology(value.get("topology", Topology.PLAIN.value))
+            tree = topology is Topology.TREE
         spark_host = infos[rank].address.rsplit(":", 1)[0] if infos[rank].address else None
         host = select_address(network_mask=master.network_mask, fallback=spark_host)
         rec.decision("udp_address", host, f"worker rank {rank}: network_mask {master.network_mask!r}, else "
@@ -247,7 +254,14 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
         stall_timeout = endpoint.limits.stall_timeout
         try:
             # The peers' addresses come in a thread (Spark's allGather polls once a second): train meanwhile.
-            group = JoiningGroup(ctx, endpoint, agreement, world, master.topology, stall_timeout)
+            group = JoiningGroup(ctx, endpoint, agreement, world, topology, stall_timeout,
+                                 merge=(lambda parts: merge_payloads(parts, n)) if tree else None)
+
+            def apply(payloads) -> None:
+                if tree:
+                    apply_totals(state, payloads, shared, world)
+                else:
+                    apply_received(state, payloads, shared)
             losses, examples, iterations = LossSum(), 0, 0
             start_iteration = net.iteration
             # staleness=0: peers' messages wait in `ordered` for their turn -- those of iteration k are applied
@@ -258,11 +272,11 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
                     ordered.add(group.poll(timeout, numbered=True))
 
                 def inbox() -> list:
-                    receive(0)  # keeps acks and MESH relays flowing; applied at the next step's wait
+                    receive(0)  # keeps acks and TREE relays flowing; applied at the next step's wait
                     return []
             else:
                 def receive(timeout: float) -> None:
-                    apply_received(state, [p for _, p in group.poll(timeout)], shared)
+                    apply([p for _, p in group.poll(timeout)])
 
                 def inbox() -> list:
                     return [p for _, p in group.poll(0)]
@@ -272,7 +286,7 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
                         wait_for_peers(group, receive, iterations - staleness, stall_timeout)
                     if ordered is not None:
                         with rec.phase(Phase.APPLY):
-                            apply_received(state, ordered.take(iterations), shared)
+                            apply(ordered.take(iterations))
                 with rec.phase(Phase.FIT):
                     if shared is not flat:
                         local_view(state, shared, flat)
@@ -280,10 +294,20 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
                     losses.add(net.compute_update(x, y, update, weights=w, sync=False), len(y))
                     if scale != 1.0:
                         update *= scale
-                tau = state.tau
                 try:
-                    sharing_step(state, update, shared, group.publish, inbox, phase=rec.phase,
-                                 always_publish=staleness is not None, velocity=velocity)
+                    if tree:
+                        if staleness is not None and iterations > staleness:
+                            adapt_group_tau(state)  # from the total the wait above applied: one τ for all ranks
+                        tau = state.tau
+                        tree_step(state, update, group.publish, phase=rec.phase, velocity=velocity)
+                        with rec.phase(Phase.APPLY):
+                            inbox_now = inbox()
+                            if inbox_now:
+                                apply(inbox_now)
+                    else:
+                        tau = state.tau
+                        sharing_step(state, update, shared, group.publish, inbox, phase=rec.phase,
+                                     always_publish=staleness is not None, velocity=velocity)
                 except ValueError as exc:
                     _raise_if_diverged(state, exc, rank, net.iteration)
                     raise
@@ -304,14 +328,16 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
             with rec.phase(Phase.APPLY):
                 if ordered is not None:
                     ordered.add(remaining)
-                    apply_received(state, ordered.take(None), shared)
+                    apply(ordered.take(None))
                 else:
-                    apply_received(state, [p for _, _, p in remaining], shared)
+                    apply([p for _, _, p in remaining])
                 if shared is not flat:
                     flat[...] = shared  # the replica's parameters: what the driver and the next epoch see
             with rec.phase(Phase.WAIT):  # not ctx.barrier(): Spark's polls once a second
                 group.leave(stall_timeout)
             t = endpoint.stats()
+            if tree:
+                rec.count(CounterName.MERGE_SECONDS, group.group.merge_seconds)
         finally:
             endpoint.close()
         loss_sum = losses.value()

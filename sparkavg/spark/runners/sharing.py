@@ -50,6 +50,7 @@ from ..executor.sharing import ResidentStateMissing, make_sharing_task, replica_
 from ..masters import DEFAULT_THRESHOLD, GradientSharing
 from ..policies import record
 from ..policies.sharing import LocalView, MomentumMasking, ThresholdChoice, UpdateScale
+from ..policies.topology import TopologyChoice
 from ..session import check_security
 from .base import EpochRunner, Merged, network_state, runs
 
@@ -90,9 +91,10 @@ class SharingRunner(EpochRunner):
         sparkavg = master.preset == "sparkavg"
         self.scale_policy, self.masking_policy = UpdateScale(sparkavg), MomentumMasking(sparkavg)
         self.view_policy, self.threshold_policy = LocalView(sparkavg), ThresholdChoice()
+        self.topology_policy = TopologyChoice()
         # decided on the driver each epoch, shipped to the ranks: the factor of each worker's update,
         # whether a Nesterov velocity is masked, whether gradients are taken at the worker's own view
-        self.decided = {"update_scale": 1.0, "masking": False, "local_view": False}
+        self.decided = {"update_scale": 1.0, "masking": False, "local_view": False, "topology": "plain"}
 
     def check_model(self, network) -> None:
         """Gradient sharing trains float32 models only: the residual, the
@@ -118,7 +120,9 @@ class SharingRunner(EpochRunner):
         record(stats, self.masking_policy.name, masking, why, epoch)
         view, why = self.view_policy.decide()
         record(stats, self.view_policy.name, view, why, epoch)
-        self.decided = {"update_scale": scale, "masking": masking, "local_view": view}
+        topology, why = self.topology_policy.decide(self.master.topology, workers, self.master.staleness)
+        record(stats, self.topology_policy.name, topology.value, why, epoch)
+        self.decided = {"update_scale": scale, "masking": masking, "local_view": view, "topology": topology.value}
         if epoch == 0 or self.rank_states is None:  # the rule in use (its τ then carries over between epochs)
             rule, why = self.threshold_policy.decide(self.master.threshold, DEFAULT_THRESHOLD)
             stats.decision(self.threshold_policy.name, rule, why, epoch=epoch)

@@ -1,0 +1,206 @@
+"""TreeGroup: every iteration's messages summed up a tree of ranks and the sum
+sent down, every rank on its own thread and real UDP socket in this process."""
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from sparkavg import ops
+from sparkavg.sharing import apply_received, message_bytes
+from sparkavg.transport import (FaultInjection, PeerStalledError, ReliableEndpoint, TransportError, TreeGroup,
+                                subtree, tree_neighbours)
+from sparkavg.transport.limits import TREE_FANOUT
+
+WAIT = 20.0
+KEY = secrets.token_bytes(32)
+
+
+def _endpoints(world, **limits):
+    config = dict(stall_timeout=WAIT, retransmit_timeout=0.25, **limits)
+    eps = [ReliableEndpoint(r, KEY, 5, limits=config) for r in range(world)]
+    table = {r: ep.address for r, ep in enumerate(eps)}
+    for ep in eps:
+        ep.set_peers(table)
+    return eps
+
+
+def nested(parts):
+    """A merge that keeps its parts' order: ``(own,child,child)``, so a total shows the tree it came through."""
+    present = [p for p in parts if p]
+    return b"(" + b",".join(present) + b")"
+
+
+def expected_nesting(rank, world, iteration, published):
+    """What ``nested`` makes of the subtree of ``rank`` at ``iteration`` (None when it sent nothing)."""
+    children = tree_neighbours(rank, world, TREE_FANOUT)[1 if rank else 0:]
+    own = f"{rank}:{iteration}".encode() if iteration < published[rank] else None
+    parts = [own] + [expected_nesting(c, world, iteration, published) for c in children]
+    present = [p for p in parts if p]
+    if not present:
+        return None
+    return present[0] if len(present) == 1 else b"(" + b",".join(present) + b")"
+
+
+def run_ranks(eps, published, body, dead=(), finish_timeout=WAIT, merge=nested):
+    """Every live rank on a thread: ``body(rank, group)`` then finish and leave; {rank: result or exception}."""
+    world = len(eps)
+    results = {}
+
+    def main(rank):
+        group = TreeGroup(rank, world, eps[rank], merge)
+        try:
+            got = body(rank, group)
+            got += group.finish(finish_timeout, numbered=True)
+            group.leave(finish_timeout)
+            results[rank] = (got, group.stats())
+        except Exception as exc:
+            results[rank] = exc
+
+    threads = [threading.Thread(target=main, args=(r,), daemon=True) for r in range(world) if r not in dead]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT * 3)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    return results
+
+
+@pytest.mark.parametrize("world", range(1, 10))
+def test_every_rank_gets_each_iterations_sum_once_in_order(world):
+    """W = 1..9, ranks publishing different numbers of iterations: every rank is handed one total per
+    iteration of the group, in order, made by merging own-then-children at every relay -- the same bytes on
+    every rank."""
+    published = [4 + (r % 3) for r in range(world)]
+    eps = _endpoints(world)
+
+    def body(rank, group):
+        got = []
+        for i in range(published[rank]):
+            group.publish(f"{rank}:{i}".encode())
+            got += group.poll(numbered=True)
+        return got
+
+    try:
+        results = run_ranks(eps, published, body)
+    finally:
+        for ep in eps:
+            ep.close()
+    iterations = max(published)
+    expected = [(0, i, expected_nesting(0, world, i, published)) for i in range(iterations)]
+    for rank in range(world):
+        assert not isinstance(results[rank], Exception), f"rank {rank}: {results[rank]!r}"
+        got, stats = results[rank]
+        assert got == expected, f"rank {rank}"
+        assert stats["delivered"] == iterations and stats["malformed"] == 0
+
+
+def test_replicas_applying_the_sums_agree_bit_for_bit_with_loss():
+    """Real threshold messages at one τ, merged by ops.merge_messages through 7 ranks with 10% of datagrams
+    lost: every replica applies the same 6 totals in the same order and ends bit-for-bit equal -- to each
+    other and to one process adding each iteration's messages' sum."""
+    world, iterations, n, tau = 7, 6, 3000, 0.01
+    rng = np.random.default_rng(38)
+    residuals = [(rng.standard_normal(n) * 0.008).astype(np.float32) for _ in range(world)]
+    start = rng.standard_normal(n).astype(np.float32)
+    eps = _endpoints(world, faults=FaultInjection(loss=0.1, seed=38))
+    replicas, messages = {}, {}
+
+    def merge(parts):
+        merged = ops.merge_messages(parts, n)
+        return b"" if merged is None else message_bytes(merged)
+
+    def body(rank, group):
+        residual, states = residuals[rank].copy(), ops.EncodingState()
+        mine = []
+        for i in range(iterations):
+            residual += np.float32(0.004) * (rank + 1)
+            message = ops.encode(residual, tau, states)
+            payload = b"" if message is None else message_bytes(message)
+            mine.append(payload)
+            group.publish(payload)
+        messages[rank] = mine
+        return group.poll(numbered=True)
+
+    try:
+        results = run_ranks(eps, [iterations] * world, body, merge=merge)
+    finally:
+        for ep in eps:
+            ep.close()
+    for rank in range(world):
+        assert not isinstance(results[rank], Exception), f"rank {rank}: {results[rank]!r}"
+        got, _ = results[rank]
+        assert [i for _, i, _ in got] == list(range(iterations))
+        params = start.copy()
+        from sparkavg.sharing import SharingState, FixedThreshold
+        state = SharingState(FixedThreshold(tau), n)
+        assert apply_received(state, [p for _, _, p in got], params) == iterations
+        replicas[rank] = params
+    for rank in range(1, world):
+        assert np.array_equal(replicas[rank].view(np.uint32), replicas[0].view(np.uint32)), f"rank {rank}"
+    oracle = start.copy()
+    for i in range(iterations):
+        total = ops.merge_messages([messages[r][i] for r in range(world)], n)
+        ops.decode(total, oracle)
+    assert np.array_equal(oracle.view(np.uint32), replicas[0].view(np.uint32))
+
+
+def test_a_lost_subtree_is_named_by_the_ranks_waiting_for_it():
+    """Rank 1 dies before it publishes: the root waits for rank 1's subtree and names it; every other rank
+    names its parent, through which the total would come."""
+    world = 7
+    eps = _endpoints(world)
+    eps[1].close()
+
+    def body(rank, group):
+        group.publish(b"x")
+        return []
+
+    try:
+        results = run_ranks(eps, [1] * world, body, dead={1}, finish_timeout=1.0)
+    finally:
+        for ep in eps:
+            ep.close()
+    assert subtree(1, world) == [1, 3, 4]
+    root = results[0]
+    assert isinstance(root, PeerStalledError) and root.ranks == (1, 3, 4), repr(root)
+    for child in (3, 4):
+        assert isinstance(results[child], PeerStalledError) and results[child].ranks == (1,), repr(results[child])
+    for rank, parent in ((2, 0), (5, 2), (6, 2)):
+        assert isinstance(results[rank], PeerStalledError) and results[rank].ranks == (parent,), repr(results[rank])
+
+
+def test_behind_waits_for_the_total_not_just_a_publication():
+    """A bounded-staleness wait: the root of one rank has its total at once; a rank of two is behind its
+    child until the child's part came, then has it."""
+    eps = _endpoints(2)
+    try:
+        root, leaf = TreeGroup(0, 2, eps[0], nested), TreeGroup(1, 2, eps[1], nested)
+        root.publish(b"0:0")
+        assert root.behind(1) == [1]  # rank 1's part of iteration 0 has not come
+        leaf.publish(b"1:0")
+        assert leaf.behind(1) == [0]  # its total comes from the root
+        deadline = time.monotonic() + WAIT
+        got = []
+        while root.behind(1) and time.monotonic() < deadline:
+            got += root.poll(0.05, numbered=True)
+        assert got == [(0, 0, b"(0:0,1:0)")]
+        while leaf.behind(1) and time.monotonic() < deadline:
+            got += leaf.poll(0.05, numbered=True)
+        assert got[-1] == (0, 0, b"(0:0,1:0)")
+        with pytest.raises(ValueError, match="Expect the endpoint of rank 1"):
+            TreeGroup(1, 2, eps[0], nested)
+        with pytest.raises(TypeError, match="merge"):
+            TreeGroup(0, 2, eps[0], None)
+        done = threading.Thread(target=leaf.finish, args=(WAIT,), daemon=True)
+        done.start()
+        root.finish(WAIT)
+        done.join(WAIT)
+        with pytest.raises(TransportError, match="after finish"):
+            root.publish(b"late")
+    finally:
+        for ep in eps:
+            ep.close()

@@ -264,6 +264,16 @@ def spark_data(args, spark, train, test, work_dir):
     return frames
 
 
+def per_rank_figures(counters, workers: int) -> dict:
+    """A gradient-sharing fit's per-rank figures from its counters: the mean
+    over ranks of the messages a rank applied per iteration (its own
+    included; one total under ``Topology.TREE``) and the bytes a rank received."""
+    iterations = int(counters.get("iterations", 0))
+    return {"messages_applied_per_iteration": int(counters.get("messages_applied", 0)) / iterations
+            if iterations else None,
+            "bytes_received_per_rank": int(counters.get("bytes_received", 0)) / max(1, workers)}
+
+
 def stats_extra(args, stats, history) -> dict:
     """The report's Spark fields from a fit's stats and history."""
     extra = {"stats_summary": stats.summary(),  # device: where the workers trained (the last decision)
@@ -281,6 +291,7 @@ def stats_extra(args, stats, history) -> dict:
             "datagrams_retransmitted": int(c.get("datagrams_retransmitted", 0)),
             "datagrams_rejected": int(c.get("datagrams_rejected", 0)),
             "messages_sent": int(c.get("messages_sent", 0)),
+            **per_rank_figures(c, args.workers),
             "simulated_loss": args.simulate_udp_loss,
             "threshold": args.threshold,
         })

@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from mnist_example import save_report, spark_session  # noqa: E402
+from mnist_example import per_rank_figures, save_report, spark_session  # noqa: E402
 
 from sparkavg.nn import Adam, Dense, Dropout, Embedding, Flatten, Graph, Merge, Output  # noqa: E402
 
@@ -169,6 +169,7 @@ def train_pipeline(args, spark, kind: str, train_df, test_df, work_dir: str) -> 
             "compression_ratio": c["dense_bytes_equivalent"] / max(c["bytes_sent"], 1),
             "payload_compression_ratio": c["dense_bytes_equivalent"] / max(c["payload_bytes_sent"], 1),
             "messages_sent": int(c["messages_sent"]),
+            **per_rank_figures(c, args.workers),
             "mean_entries_per_message": c["entries_sent"] / max(c["messages_sent"], 1),
             "num_params": int(stage.network.num_params),
             "replica_max_abs_diff": max(h["replica_max_abs_diff"] for h in stage.history),

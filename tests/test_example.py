@@ -12,7 +12,8 @@ RESNET = EXAMPLE.with_name("mnist_resnet.py")
 LSTM = EXAMPLE.with_name("mnist_lstm.py")
 REPORT_KEYS = {"mode", "epochs", "workers", "test_accuracy", "train_seconds", "examples_per_second", "epochs_detail"}
 SHARING_KEYS = {"bytes_sent", "dense_bytes_equivalent", "compression_ratio", "replica_max_abs_diff",
-                "datagrams_retransmitted", "datagrams_rejected"}
+                "datagrams_retransmitted", "datagrams_rejected", "messages_applied_per_iteration",
+                "bytes_received_per_rank"}
 
 
 def run_example(tmp_path, *args, timeout=600, example=EXAMPLE):
@@ -73,6 +74,9 @@ def test_spark_modes_on_local2(tmp_path, fashion_dir, mode, monkeypatch):
     if mode == "sharing":
         assert SHARING_KEYS <= report.keys()
         assert report["compression_ratio"] > 10 and report["replica_max_abs_diff"] < 1e-4
+        # 2 workers share PLAIN: a rank applies its own message and its peer's, when each sent one
+        assert 0.5 < report["messages_applied_per_iteration"] <= 2.0
+        assert 0 < report["bytes_received_per_rank"] < report["bytes_sent"]
 
 
 @pytest.mark.slow

@@ -289,6 +289,7 @@ def test_tree_topology_trains_and_every_rank_applies_one_sum_per_iteration(sc):
     assert trainer.evaluate(rdd).accuracy() > 0.9
     c = trainer.stats.counters
     assert c["messages_received"] == c["iterations"] == 80  # one total per rank and iteration
+    assert c["messages_applied"] == c["iterations"]  # the rank's own message is inside the total
     assert c["merge_seconds"] > 0 and c["datagrams_retransmitted"] > 0
     assert len({state["tau"] for state in trainer._runner.rank_states}) == 1  # one τ for the group
     chosen = [d for d in trainer.stats.decisions if d["name"] == "topology"]

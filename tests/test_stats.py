@@ -73,7 +73,8 @@ def test_names_are_plain_strings_that_pickle_as_str():
 def test_every_name_in_use_is_in_the_enums():
     phases = {"fetch", "model_init", "fit", "data_load", "encode", "send", "apply", "wait", "idle", "broadcast",
               "aggregate", "average", "export", "plan", "checkpoint", "round", "epoch", "evaluate"}
-    counters = {"examples", "minibatches", "iterations", "messages_sent", "messages_received", "entries_sent",
+    counters = {"examples", "minibatches", "iterations", "messages_sent", "messages_received", "messages_applied",
+                "entries_sent",
                 "bytes_sent", "bytes_received", "payload_bytes_sent", "dense_bytes_equivalent", "datagrams_sent",
                 "datagrams_retransmitted", "datagrams_rejected", "datagrams_invalid", "datagrams_forged",
                 "datagrams_replayed", "stage_restarts", "resident_state_misses", "merge_seconds"}

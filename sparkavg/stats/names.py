@@ -127,6 +127,8 @@ class CounterName(_StatName):
     #: Encoded update messages sent / received.
     MESSAGES_SENT = "messages_sent"
     MESSAGES_RECEIVED = "messages_received"
+    #: Update messages a rank applied to its parameters, its own included (a tree's rank: one total per iteration).
+    MESSAGES_APPLIED = "messages_applied"
     #: Sparse entries (indices) sent in update messages.
     ENTRIES_SENT = "entries_sent"
     #: Every byte on the wire, retransmissions and acks included.

@@ -344,7 +344,7 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
         check_finite(net, loss_sum, f"worker rank {rank}")
         if resident.get("store") is not None:  # the next epoch starts from here without the driver's copy
             keep_resident(job_id, rank, resident["store"], net, state)
-        _count(rec, state, t, examples, iterations, n, world)
+        _count(rec, state, t, examples, iterations, n, world, tree)
         params = flat if rank == 0 else flat[xp.asarray(replica_sample(n))]
         live = net.state
         # Ranks keeping their state here continue with their own updater state: the driver takes rank 0's, as it
@@ -366,11 +366,14 @@ def _raise_if_diverged(state: SharingState, exc: ValueError, rank: int, iteratio
                               f"at iteration {iteration}; lower the learning rate") from exc
 
 
-def _count(rec, state: SharingState, t: dict, examples: int, iterations: int, n: int, world: int) -> None:
+def _count(rec, state: SharingState, t: dict, examples: int, iterations: int, n: int, world: int,
+           tree: bool) -> None:
     rec.count(CounterName.EXAMPLES, examples)
     rec.count(CounterName.ITERATIONS, iterations)
     rec.count(CounterName.MESSAGES_SENT, state.messages_sent)
     rec.count(CounterName.MESSAGES_RECEIVED, state.messages_received)
+    # PLAIN applies its own messages and every peer's; a tree's rank one total per iteration (its own inside)
+    rec.count(CounterName.MESSAGES_APPLIED, state.messages_received + (0 if tree else state.messages_sent))
     rec.count(CounterName.ENTRIES_SENT, state.entries_sent)
     rec.count(CounterName.BYTES_SENT, t["wire_bytes_sent"])  # every datagram: retransmissions and acks included
     rec.count(CounterName.BYTES_RECEIVED, t["wire_bytes_received"])

@@ -25,7 +25,12 @@ worker, ``--epochs`` epochs, then test on the 10k test set:
   under the ``"dl4j"`` preset (equal shares: no tolerance; frequency still
   "auto"), and with one at half speed under the default preset (shares by
   measured speed); gradient sharing (PLAIN) with no slow host and with one
-  at half speed.
+  at half speed;
+* ``instage`` runs: averaging at its defaults with an epoch's rounds inside
+  one barrier stage (the all-reduce between executors) and with a Spark
+  job per round, each path forced through the tests' hook
+  ``sparkavg.test.averaging_path`` (issue 37; the cost model's in-stage
+  term is calibrated from these).
 
 Bytes per rank on the wire come from each host's ``eth0`` kernel counters
 (``/sys/class/net/eth0/statistics``, read around each fit; UDP apart from
@@ -72,6 +77,10 @@ RUNS = {
     # the must's two fits only (issue 26: with tolerance <= 1.2x the no-straggler epoch)
     "straggler_auto": [{"name": "averaging_even", "master": "averaging"},
                        {"name": "averaging_slow_auto", "master": "averaging", "slow": True, "preset": "sparkavg"}],
+    # issue 37: averaging at its defaults with the rounds inside one barrier stage, and the same fit with a
+    # Spark job per round (each path forced through the tests' hook, whatever the path decision says)
+    "instage": [{"name": "in_stage", "master": "averaging", "path": "in_stage"},
+                {"name": "jobs", "master": "averaging", "path": "jobs"}],
 }
 
 
@@ -84,14 +93,16 @@ def round_timeline(stats) -> list:
     out = []
     for rd in rounds:
         tasks = [t for t in stats.tasks if t.epoch == rd.epoch and t.round == rd.round]
-        phases = {}
+        phases, fitted = {}, {}
         for e in stats.events:
             if e.epoch == rd.epoch and e.round == rd.round:
                 by = phases.setdefault(e.lane, {})
                 by[e.phase] = by.get(e.phase, 0.0) + e.duration
+                fitted[e.lane] = fitted.get(e.lane, 0) + (e.phase == "fit")
         out.append({"epoch": rd.epoch, "round": rd.round, "seconds": rd.duration,
                     "driver": {k: round(v, 4) for k, v in phases.get("driver", {}).items()},
                     "tasks": [{"lane": t.lane, "start": round(t.start - rd.start, 4), "end": round(t.end - rd.start, 4),
+                               "minibatches": fitted.get(t.lane, 0),
                                **{k: round(v, 4) for k, v in phases.get(t.lane, {}).items()}}
                               for t in sorted(tasks, key=lambda t: t.lane)]})
     return out
@@ -106,6 +117,7 @@ def job(args) -> None:
     from sparkavg.data.mnist import load_mnist
     from sparkavg.nn.zoo import lenet
     from sparkavg.spark import (AdaptiveThreshold, GradientSharing, ParameterAveraging, SparkTrainer, Topology)
+    from sparkavg.spark.executor.hooks import AVERAGING_PATH
 
     spark = job_session(args.conf, "bench-scale")
     hosts = args.hosts
@@ -123,8 +135,12 @@ def job(args) -> None:
             net = lenet(num_classes=10, seed=SEED)
             trainer = SparkTrainer(spark, net, master)
             handshake({"event": "ready", "spec": spec})
+            spark.sparkContext.setLocalProperty(AVERAGING_PATH, spec.get("path"))
             began = time.perf_counter()
-            trainer.fit(rdd, epochs=args.epochs)
+            try:
+                trainer.fit(rdd, epochs=args.epochs)
+            finally:
+                spark.sparkContext.setLocalProperty(AVERAGING_PATH, None)
             fit_seconds = time.perf_counter() - began
             trainer.close()
             handshake({"event": "fitted", "spec": spec})  # the benchmark reads the counters, lifts the quota
@@ -132,13 +148,20 @@ def job(args) -> None:
             stats = trainer.stats
             handshake({"event": "done", "spec": spec, "fit_seconds": fit_seconds, "history": [
                     {k: h[k] for k in ("epoch", "seconds", "examples", "rounds", "averaging_frequency",
-                                       "worker_shares", "replica_max_abs_diff") if k in h} for h in trainer.history],
+                                       "averaging_path", "worker_shares", "replica_max_abs_diff") if k in h}
+                    for h in trainer.history],
                  "accuracy": float(np.mean(out == yt)),
                  "counters": {k: float(v) for k, v in stats.counters.items()},
                  "phase_totals": stats.phase_totals(), "compute_seconds": stats.compute_seconds,
                  "decisions": [d for d in stats.decisions if d["name"] in ("worker_shares", "averaging_frequency",
-                                                                          "deal")],
+                                                                          "deal", "averaging_path",
+                                                                          "moment_correction")],
                  "state_bytes": int(4 * (net.num_params + net.updater_state.size)), "num_params": int(net.num_params),
+                 # what a round sums, per worker: params, updater state, buffers and, under the moment
+                 # correction, the first moment's square (the in-stage all-reduce's vector)
+                 "round_bytes": int(4 * (net.num_params + net.updater_state.size + net.state["buffers"].size
+                                         + (net.num_params if any(d["name"] == "moment_correction" and d["value"]
+                                                                  for d in stats.decisions) else 0))),
                  "lane_hosts": sorted({lane.split("/")[0] for lane in stats.lanes if "/" in lane}),
                  "round_timeline": round_timeline(stats)})
     finally:
@@ -157,12 +180,14 @@ def summarise(done: dict, wire: dict, worker_names) -> dict:
            "wire": wire, "wire_bytes_per_rank_mean": sum(per_rank) / workers,
            "wire_bytes_per_rank_max": max(per_rank), "wire_bytes_driver": wire["driver"]["tx"] + wire["driver"]["rx"],
            "decisions": done["decisions"], "lane_hosts": done["lane_hosts"], "state_bytes": done["state_bytes"],
-           "num_params": done["num_params"], "compute_seconds": done["compute_seconds"],
+           "num_params": done["num_params"], "round_bytes": done.get("round_bytes"),
+           "compute_seconds": done["compute_seconds"],
            "minibatches": c.get("minibatches"),
            "fit_phase": done["phase_totals"].get("fit"), "round_timeline": done.get("round_timeline")}
     if done["spec"]["master"] == "averaging":
         out["rounds"] = [e.get("rounds") for e in h]
         out["averaging_frequency"] = [e.get("averaging_frequency") for e in h]
+        out["averaging_path"] = [e.get("averaging_path") for e in h]
         out["worker_shares"] = [e.get("worker_shares") for e in h]
         # sparkavg's own view: the state shipped out and the weighted state back, per worker per round
         # (the probe rounds before the first epoch included).

@@ -1,23 +1,61 @@
 #!/usr/bin/env python
 """A cost model of one epoch for both masters and both sharing topologies
-(issue 26), calibrated from bench_scale.py's 2-, 4- and 8-host runs and
-used to predict 16-256 workers at 1, 10 and 100 Gbit/s.
+(issue 26), with parameter averaging's two paths (issue 37), calibrated from
+bench_scale.py's 2-, 4- and 8-host runs and used to predict 16-256 workers
+at 1, 10 and 100 Gbit/s.
 
-Pure Python (no Spark).  An epoch of ``N`` examples on ``W`` workers of
-batch ``b`` gives each worker ``M = ceil(N / (W b))`` minibatches of
-``step`` seconds each.
+Pure Python (no Spark; the frequency rule is the library's own,
+:mod:`sparkavg.averaging.frequency`).  An epoch of ``N`` examples on ``W``
+workers of batch ``b`` gives each worker ``M = ceil(N / (W b))``
+minibatches of ``step`` seconds each; ``B`` is a link's bytes per second
+and ``l`` its one-way latency.
 
-**Parameter averaging** (:func:`averaging_epoch`): ``R = ceil(M / F)``
-rounds of ``F`` minibatches; a round costs a fixed ``round_s`` (job
-launch, task start, the driver's merge), ``task_s`` per worker (the
-driver schedules and deserialises every task's result), the broadcast of
-the state ``S`` bytes (torrent: about ``S / B`` from the driver's link)
-and the results back.  With Spark blocks (the default) the round is one
+**The frequency** (:func:`auto_frequency`): ``"auto"``'s rule, the
+library's :func:`~sparkavg.averaging.frequency.choose_frequency` -- the
+fewest minibatches per round that keep a round's overhead ``o`` at 3% of
+the round, ``F = ceil(o (1 - 0.03) / (0.03 step))`` -- under the
+local-SGD convergence bound of the epoch
+(:func:`~sparkavg.averaging.frequency.convergence_bound`: at least
+``max(4, c ((e + 1) W M)^(1/3) - c (e W M)^(1/3))`` rounds in epoch ``e``,
+``c = 0.75``), at most 400, rounds evened.  Predictions are for the
+second epoch (``e = 1``), the calibrated runs' last.
+
+**Parameter averaging, a Spark job per round** (:func:`averaging_epoch`,
+path ``"jobs"``): ``R = ceil(M / F)`` rounds; a round costs a fixed
+``round_s`` (job launch, task start, the driver's merge), ``task_s`` per
+worker (the driver schedules and deserialises every task's result), the
+broadcast of the state ``S`` bytes (torrent: about ``S / B`` from the
+driver's link) and the results back.  With Spark blocks the round is one
 ``runJob`` whose ``W`` results all cross the driver's link: ``W S / B``;
 with ``treeAggregate`` of depth ``d`` (shared files) the executors merge
-first and each level takes ``W^(1/d)`` results: ``d W^(1/d) S / B``.
-``F`` "auto" keeps the round overhead at ``target`` (3%) of a round, at
-most 400 and at most ``M`` (ParameterAveraging's rule, approximately).
+first and each level takes ``W^(1/d)`` results: ``d W^(1/d) S / B``::
+
+    epoch = R (round_s + W task_s + S / B + W S / B + 4 l) + M step
+
+**Parameter averaging, rounds inside one barrier stage**
+(:func:`averaging_in_stage_epoch`, path ``"in_stage"``, the default): one
+stage per epoch, whose ranks meet once (Spark's ``allGather``), connect a
+TCP full mesh (each rank dials or accepts ``W - 1`` peers: key agreement
+and handshake, ``connect_s`` each) and then all-reduce ``A`` bytes every
+``F`` minibatches (``A``: params, updater state, buffers and, under the
+moment correction, the first moment's square).  The all-reduce is
+:mod:`sparkavg.transport.collective`'s: a full mesh, not a ring -- a
+direct reduce-scatter (chunk ``j`` of every rank to its owner ``j``) then a
+direct all-gather, so each rank sends and receives ``2 (W - 1) / W`` of
+``A`` (bandwidth-optimal, as a ring) in **2 steps whatever ``W``** (a
+ring: ``2 (W - 1)``; a tree: ``2 log2 W``); what grows with ``W`` is the
+per-peer work of each step (a frame to and from each of ``W - 1`` peers,
+two threads per connection): ``peer_s`` per peer per round.  A round also
+pays ``stage_round_s`` whatever ``W`` (copying, scaling and merging ``A``
+on every rank -- the driver's merge, done by each rank)::
+
+    round = stage_round_s + (W - 1) peer_s + 2 (W - 1) / W * A / B + 2 l
+    epoch = meeting_s + (W - 1) connect_s + 2 S / B + R round + M step
+
+``meeting_s`` is the stage's fixed cost per epoch (barrier stage launch,
+the tasks' start and model load, the ``allGather`` meeting, the driver's
+load of rank 0's result); ``2 S / B`` the state out (broadcast) and rank
+0's back.  ``F`` "auto" uses the in-stage round as its ``o``.
 
 **Gradient sharing** (:func:`sharing_epoch`): one stage per epoch
 (``stage_s``, ``join_s`` per rank), then ``M`` iterations of
@@ -29,23 +67,42 @@ fan-out 8, a relay with ``k`` neighbours forwards every message to the
 ``k - 1`` others: ``k + (W - 1)(k - 1)`` sends, so the busiest rank sends
 about ``8 (W - 1)`` messages -- MESH bounds a rank's peers, not its bytes.
 
-``python benchmarks/cost_model.py benchmarks/results/scale_scale_h{2,4,8}.json``
-calibrates, prints the error at each measured point and the predictions.
+**Calibration**: the jobs path and sharing fit their overheads to the
+measured epochs (relative least squares, non-negative).  The in-stage path
+fits its two parts apart, each on ``[1, W - 1]``: the per-round part to
+the median over the last epoch's rounds of the round's wall time minus
+its slowest worker's fit and data time (less the modelled bytes and
+latency), the per-epoch part to the epoch minus its rounds' wall time
+(less ``2 S / B``); its step is the slowest worker's per minibatch.  Each
+point's link is its run's (``--rate``; unshaped: ``--calibration-gbit``).
+``--host-speedup k`` divides the step and every calibrated CPU cost by
+``k`` for predictions; ``meeting_s`` is kept as measured (a meeting is
+Spark's latency more than CPU; conservative).
+
+``python benchmarks/cost_model.py benchmarks/results/scale_instage_h{2,4,8}.json``
+calibrates, prints the error at each measured point and the predictions
+(with ``scale_scale_h*.json`` files too: the sharing strategies).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import statistics
 import sys
 from dataclasses import asdict, dataclass, replace
 from typing import Dict, List, Optional, Sequence
 
-__all__ = ["Workload", "Link", "Overheads", "averaging_epoch", "sharing_epoch", "auto_frequency", "mesh_sends",
-           "calibrate", "predict", "STRATEGIES"]
+__all__ = ["Workload", "Link", "Overheads", "averaging_epoch", "averaging_in_stage_epoch", "sharing_epoch",
+           "auto_frequency", "mesh_sends", "calibrate", "predict", "STRATEGIES", "ALLREDUCE_STEPS"]
 
-STRATEGIES = ("averaging", "sharing_plain", "sharing_mesh")
+STRATEGIES = ("averaging", "averaging_in_stage", "sharing_plain", "sharing_mesh")
 MESH_FANOUT = 8
+#: Sequential network steps of one all-reduce of :mod:`sparkavg.transport.collective` (reduce-scatter,
+#: all-gather; a full mesh, so not ``2 (W - 1)`` as a ring's).
+ALLREDUCE_STEPS = 2
+#: The epoch (0-based) predictions are for: the calibrated runs' last (the first also runs probe rounds).
+STEADY_EPOCH = 1
 
 
 @dataclass(frozen=True)
@@ -58,6 +115,11 @@ class Workload:
     state_bytes: float       # S: what averaging ships each way per worker per round (params + updater + buffers)
     message_bytes: float     # m: one encoded sharing update on the wire (mean)
     messages_per_step: float = 1.0  # sharing updates a rank sends per iteration (some iterations send none)
+    round_bytes: float = 0.0  # A: what one in-stage round all-reduces per rank (0: state_bytes)
+
+    @property
+    def allreduced(self) -> float:
+        return self.round_bytes or self.state_bytes
 
 
 @dataclass(frozen=True)
@@ -83,17 +145,27 @@ class Overheads:
     join_s: float = 0.0      # sharing: per epoch per rank
     apply_s: float = 0.0     # sharing: CPU per received message applied
     relay_s: float = 0.0     # sharing MESH: CPU per message a relay forwards
+    stage_round_s: float = 0.0  # averaging in-stage: per round, fixed (copies, scaling, every rank's merge)
+    peer_s: float = 0.0      # averaging in-stage: per round per peer (a frame each way per step, its threads)
+    meeting_s: float = 0.0   # averaging in-stage: per epoch (stage launch, task start, allGather, rank 0's result)
+    connect_s: float = 0.0   # averaging in-stage: per epoch per peer (TCP connection, key agreement, handshake)
+
+    #: Costs that are a Spark meeting's latency rather than CPU (kept by ``--host-speedup``).
+    NOT_CPU = ("meeting_s",)
 
 
-def auto_frequency(round_overhead_s: float, step_s: float, per_worker: int, target: float = 0.03,
-                   bound: int = 400) -> int:
-    """ParameterAveraging's "auto" frequency, approximately: the fewest
-    minibatches per round that keep ``round_overhead_s`` at or under
-    ``target`` of a round, at most ``bound`` and ``per_worker``; rounds evened."""
-    need = math.ceil(round_overhead_s * (1 - target) / (target * step_s)) if step_s > 0 else bound
-    f = max(1, min(bound, per_worker, need))
-    rounds = math.ceil(per_worker / f)
-    return math.ceil(per_worker / rounds)
+def auto_frequency(round_overhead_s: float, step_s: float, per_worker: int, workers: int = 1,
+                   epoch: int = STEADY_EPOCH) -> int:
+    """ParameterAveraging's "auto" frequency: the library's rule
+    (:func:`~sparkavg.averaging.frequency.choose_frequency`: overhead at or
+    under 3% of a round, at most 400, rounds evened) under the convergence
+    bound of ``epoch`` on ``workers`` workers."""
+    from sparkavg.averaging.frequency import (MAX_FREQUENCY, TARGET_OVERHEAD, RoundCosts, choose_frequency,
+                                              convergence_bound)
+
+    bound = convergence_bound(max(1, per_worker), max(1, workers), epoch)
+    costs = RoundCosts(round_overhead_s, step_s, 1, "the cost model")
+    return choose_frequency(costs, TARGET_OVERHEAD, MAX_FREQUENCY, max(1, per_worker), bound)[0]
 
 
 def _collect_s(workers: int, state: float, link: Link, depth: Optional[int]) -> float:
@@ -113,7 +185,7 @@ def averaging_epoch(workers: int, w: Workload, link: Link, o: Overheads, frequen
     per_worker = math.ceil(w.examples / (workers * w.batch))
     overhead = (o.round_s + workers * o.task_s + w.state_bytes / link.bytes_per_s
                 + _collect_s(workers, w.state_bytes, link, depth) + 4 * link.latency_s)
-    f = frequency if frequency is not None else auto_frequency(overhead, w.step_s, per_worker)
+    f = frequency if frequency is not None else auto_frequency(overhead, w.step_s, per_worker, workers)
     rounds = math.ceil(per_worker / f)
     compute = per_worker * w.step_s
     total = o.epoch_s + rounds * overhead + compute
@@ -121,6 +193,31 @@ def averaging_epoch(workers: int, w: Workload, link: Link, o: Overheads, frequen
             "bytes_per_rank": rounds * 2 * w.state_bytes,
             "driver_bytes": rounds * (w.state_bytes + workers * w.state_bytes if depth is None
                                       else w.state_bytes + math.ceil(workers ** (1.0 / depth)) * w.state_bytes)}
+
+
+def allreduce_s(workers: int, nbytes: float, link: Link) -> float:
+    """Seconds of the bytes and latency of one all-reduce of ``nbytes`` per
+    rank (:mod:`sparkavg.transport.collective`): ``2 (W - 1) / W`` of them
+    each way on every rank's link, :data:`ALLREDUCE_STEPS` latencies."""
+    if workers <= 1:
+        return 0.0
+    return 2 * (workers - 1) / workers * nbytes / link.bytes_per_s + ALLREDUCE_STEPS * link.latency_s
+
+
+def averaging_in_stage_epoch(workers: int, w: Workload, link: Link, o: Overheads, frequency=None,
+                             epoch: int = STEADY_EPOCH) -> Dict[str, float]:
+    """Seconds of one averaging epoch with its rounds inside one barrier
+    stage (the module docstring) and its parts; ``frequency`` None: "auto"."""
+    per_worker = math.ceil(w.examples / (workers * w.batch))
+    overhead = o.stage_round_s + (workers - 1) * o.peer_s + allreduce_s(workers, w.allreduced, link)
+    f = frequency if frequency is not None else auto_frequency(overhead, w.step_s, per_worker, workers, epoch)
+    rounds = math.ceil(per_worker / f)
+    compute = per_worker * w.step_s
+    stage = o.meeting_s + (workers - 1) * o.connect_s + 2 * w.state_bytes / link.bytes_per_s
+    total = stage + rounds * overhead + compute
+    return {"seconds": total, "rounds": rounds, "frequency": f, "compute_s": compute, "round_overhead_s": overhead,
+            "stage_s": stage, "bytes_per_rank": rounds * 4 * (workers - 1) / workers * w.allreduced,
+            "driver_bytes": 2 * w.state_bytes}
 
 
 def mesh_sends(workers: int, fanout: int = MESH_FANOUT) -> int:
@@ -155,6 +252,8 @@ def sharing_epoch(workers: int, w: Workload, link: Link, o: Overheads, topology:
 def epoch(strategy: str, workers: int, w: Workload, link: Link, o: Overheads, **kw) -> Dict[str, float]:
     if strategy == "averaging":
         return averaging_epoch(workers, w, link, o, **kw)
+    if strategy == "averaging_in_stage":
+        return averaging_in_stage_epoch(workers, w, link, o, **kw)
     return sharing_epoch(workers, w, link, o, topology=strategy.split("_")[1])
 
 
@@ -182,21 +281,63 @@ def _lstsq(rows: List[List[float]], targets: List[float]) -> List[float]:
     return [float(v) for v in best]
 
 
-def measured_points(results: Sequence[dict]) -> Dict[str, List[dict]]:
-    """Per strategy, one point per host count: the last epoch's seconds and what the model needs."""
+_RATE_UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+
+
+def link_of(result: dict, unshaped_gbit: float) -> Link:
+    """The link of a bench_scale.py run: its ``rate`` (a tc rate such as
+    "1gbit"), or ``unshaped_gbit`` for unshaped veths."""
+    rate = str(result.get("rate", "unshaped")).lower()
+    for unit in sorted(_RATE_UNITS, key=len, reverse=True):
+        if rate.endswith(unit) and rate[:-len(unit)].replace(".", "", 1).isdigit():
+            return Link(float(rate[:-len(unit)]) * _RATE_UNITS[unit])
+    return Link(unshaped_gbit * 1e9)
+
+
+def in_stage_rounds(fit: dict) -> dict:
+    """The last epoch's rounds of an in-stage fit (bench_scale.py's
+    ``round_timeline``): per round its wall, its slowest worker's fit + data
+    seconds and that per minibatch; the medians, and the epoch's seconds
+    outside its rounds (the stage's per-epoch cost)."""
+    last = len(fit["epoch_seconds"]) - 1
+    rounds = [r for r in fit["round_timeline"] if r["epoch"] == last]
+    frequency = fit["averaging_frequency"][-1]
+    overheads, iterations, walls = [], [], 0.0
+    for r in rounds:
+        busy = [(t.get("fit", 0.0) + t.get("data_load", 0.0), t.get("minibatches") or frequency) for t in r["tasks"]]
+        t, n = max(busy)
+        overheads.append(max(0.0, r["seconds"] - t))
+        iterations.append(t / n)
+        walls += r["seconds"]
+    return {"rounds": len(rounds), "round_overhead_s": statistics.median(overheads),
+            "iteration_s": statistics.median(iterations), "outside_rounds_s": fit["epoch_seconds"][-1] - walls}
+
+
+def measured_points(results: Sequence[dict], unshaped_gbit: float = 10.0) -> Dict[str, List[dict]]:
+    """Per strategy, one point per host count: the last epoch's seconds and
+    what the model needs.  ``scale`` runs give ``averaging`` (their one
+    averaging fit) and the sharing strategies; ``instage`` runs give
+    ``averaging`` (their ``jobs`` fit) and ``averaging_in_stage``."""
     points: Dict[str, List[dict]] = {s: [] for s in STRATEGIES}
     for r in results:
         fits = r["fits"]
-        avg = fits["averaging"]
-        step = avg["fit_phase"]["mean"]
-        for s in STRATEGIES:
-            f = fits[s]
+        link = link_of(r, unshaped_gbit)
+        names = ({"averaging": "jobs", "averaging_in_stage": "in_stage"} if "in_stage" in fits else
+                 {s: s for s in ("averaging", "sharing_plain", "sharing_mesh")})
+        step = fits[names["averaging"]]["fit_phase"]["mean"]
+        for s, name in names.items():
+            f = fits[name]
             p = {"workers": r["hosts"], "seconds": f["epoch_seconds"][-1], "examples": f["examples"][-1],
-                 "step_s": step, "state_bytes": f["state_bytes"], "batch": r["batch_size_per_worker"]}
-            if s == "averaging":
+                 "step_s": step, "state_bytes": f["state_bytes"], "batch": r["batch_size_per_worker"],
+                 "link_bits_per_s": link.bits_per_s}
+            if s.startswith("averaging"):
                 p["frequency"] = f["averaging_frequency"][-1]
                 p["rounds"] = f["rounds"][-1]
-            else:
+            if s == "averaging_in_stage":
+                p.update(in_stage_rounds(f))
+                p["step_s"] = p["iteration_s"]  # the round waits for its slowest worker
+                p["round_bytes"] = f.get("round_bytes") or f["state_bytes"]
+            elif s.startswith("sharing"):
                 sp = f["sparkavg"]
                 # one message delivered to one rank (a message goes to W - 1 peers, directly or relayed)
                 p["message_bytes"] = sp["bytes_sent"] / max(sp["messages_received"], 1)
@@ -207,29 +348,45 @@ def measured_points(results: Sequence[dict]) -> Dict[str, List[dict]]:
             points[s].append(p)
     for s in points:
         points[s].sort(key=lambda p: p["workers"])
-    return points
+    return {s: pts for s, pts in points.items() if pts}
 
 
 def _workload(p: dict, message_bytes=0.0, messages_per_step=1.0) -> Workload:
     return Workload(p["examples"], p["batch"], p.get("sharing_step_s", p["step_s"]), p["state_bytes"],
-                    p.get("message_bytes", message_bytes), p.get("messages_per_step", messages_per_step))
+                    p.get("message_bytes", message_bytes), p.get("messages_per_step", messages_per_step),
+                    p.get("round_bytes", 0.0))
+
+
+def _point_link(p: dict, link: Link) -> Link:
+    return Link(p["link_bits_per_s"], link.latency_s) if "link_bits_per_s" in p else link
 
 
 def fit_overheads(strategy: str, points: List[dict], link: Link, apply_s: float = 0.0) -> Overheads:
     """Least-squares (relative error) overheads of one strategy from its
     points; MESH takes PLAIN's ``apply_s`` (every rank applies every message
-    in both) and fits its stage and relay costs."""
+    in both) and fits its stage and relay costs; the in-stage path fits its
+    per-round and per-epoch parts apart (the module docstring)."""
+    if strategy == "averaging_in_stage":
+        rounds, rt, stages, st = [], [], [], []
+        for p in points:
+            w, lk = _workload(p), _point_link(p, link)
+            rounds.append([1.0, p["workers"] - 1.0])
+            rt.append(max(1e-6, p["round_overhead_s"] - allreduce_s(p["workers"], w.allreduced, lk)))
+            stages.append([1.0, p["workers"] - 1.0])
+            st.append(max(1e-6, p["outside_rounds_s"] - 2 * w.state_bytes / lk.bytes_per_s))
+        (stage_round_s, peer_s), (meeting_s, connect_s) = _lstsq(rounds, rt), _lstsq(stages, st)
+        return Overheads(stage_round_s=stage_round_s, peer_s=peer_s, meeting_s=meeting_s, connect_s=connect_s)
     rows, targets = [], []
     for p in points:
-        w = _workload(p)
+        w, lk = _workload(p), _point_link(p, link)
         if strategy == "averaging":
-            base = averaging_epoch(p["workers"], w, link, Overheads(), frequency=p["frequency"])
+            base = averaging_epoch(p["workers"], w, lk, Overheads(), frequency=p["frequency"])
             # seconds = base + rounds * round_s + rounds * W * task_s   (epoch_s folded into round_s: R is ~1-3)
             rows.append([base["rounds"], base["rounds"] * p["workers"]])
             targets.append(p["seconds"] - base["seconds"])
         else:
             topology = strategy.split("_")[1]
-            base = sharing_epoch(p["workers"], w, link, Overheads(apply_s=apply_s), topology)
+            base = sharing_epoch(p["workers"], w, lk, Overheads(apply_s=apply_s), topology)
             received = (p["workers"] - 1) * w.messages_per_step
             if topology == "plain":
                 # seconds = stage_s + iterations * (step + (W - 1) q apply_s)  (CPU-bound here)
@@ -248,16 +405,19 @@ def fit_overheads(strategy: str, points: List[dict], link: Link, apply_s: float 
 
 
 def model_seconds(strategy: str, p: dict, link: Link, o: Overheads) -> float:
-    w = _workload(p)
+    w, lk = _workload(p), _point_link(p, link)
     if strategy == "averaging":
-        return averaging_epoch(p["workers"], w, link, o, frequency=p["frequency"])["seconds"]
-    return sharing_epoch(p["workers"], w, link, o, strategy.split("_")[1])["seconds"]
+        return averaging_epoch(p["workers"], w, lk, o, frequency=p["frequency"])["seconds"]
+    if strategy == "averaging_in_stage":
+        return averaging_in_stage_epoch(p["workers"], w, lk, o, frequency=p["frequency"])["seconds"]
+    return sharing_epoch(p["workers"], w, lk, o, strategy.split("_")[1])["seconds"]
 
 
 def calibrate(results: Sequence[dict], link: Link) -> dict:
     """Overheads per strategy, the model's error at each measured point
-    (fitted on all points) and when each point is left out of the fit."""
-    points = measured_points(results)
+    (fitted on all points) and when each point is left out of the fit
+    (``link``: the links of runs that do not say theirs)."""
+    points = measured_points(results, link.bits_per_s / 1e9)
     out = {}
     apply_s = 0.0
     for s, pts in points.items():  # PLAIN before MESH: MESH takes PLAIN's apply_s
@@ -268,6 +428,12 @@ def calibrate(results: Sequence[dict], link: Link) -> dict:
             errors.append({"workers": p["workers"], "measured_s": p["seconds"],
                            "model_s": model_seconds(s, p, link, o),
                            "error": model_seconds(s, p, link, o) / p["seconds"] - 1})
+            if s == "averaging_in_stage":
+                errors[-1].update(measured_round_overhead_s=p["round_overhead_s"],
+                                  model_round_overhead_s=averaging_in_stage_epoch(
+                                      p["workers"], _workload(p), _point_link(p, link), o,
+                                      frequency=p["frequency"])["round_overhead_s"],
+                                  measured_outside_rounds_s=p["outside_rounds_s"])
             rest = pts[:i] + pts[i + 1:]
             if len(rest) >= 2:
                 o2 = fit_overheads(s, rest, link, apply_s if s == "sharing_mesh" else 0.0)
@@ -290,6 +456,8 @@ def predict(calibrated: dict, w: Workload, workers: Sequence[int], rates_bits: S
         link = Link(rate, latency_s)
         for s in STRATEGIES + ("averaging_tree",):
             key = "averaging" if s == "averaging_tree" else s
+            if key not in calibrated:
+                continue
             o = Overheads(**calibrated[key]["overheads"])
             for n in workers:
                 wl = replace(w, examples=examples_per_worker * n) if examples_per_worker else w
@@ -314,42 +482,49 @@ def scaling_limit(rows: Dict[int, dict], threshold: float = 0.5) -> Optional[int
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("results", nargs="+", help="bench_scale.py --runs scale JSON files (2, 4, 8 hosts)")
+    p.add_argument("results", nargs="+", help="bench_scale.py --runs scale or --runs instage JSON files (2, 4, 8 "
+                                              "hosts)")
     p.add_argument("--calibration-gbit", type=float, default=10.0,
-                   help="the simulated links' bandwidth for calibration (unshaped veths: CPU-bound, ~10 Gbit/s)")
+                   help="the bandwidth of runs on unshaped links (veths: CPU-bound, ~10 Gbit/s); a run with a "
+                        "rate has its own")
     p.add_argument("--examples-per-worker", type=int, default=7500,
                    help="predictions: weak scaling, examples per worker (Fashion-MNIST's 60k over 8)")
     p.add_argument("--host-speedup", type=float, default=1.0,
                    help="predictions: hosts this many times faster than the calibrated ones (step and every "
-                        "calibrated CPU cost divided by it; bytes and links unchanged), e.g. 5 for a full core "
-                        "against the 0.2-core quota of bench_scale.py")
+                        "calibrated CPU cost divided by it; bytes, links and the in-stage meeting unchanged), e.g. "
+                        "5 for a full core against the 0.2-core quota of bench_scale.py")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     results = [json.load(open(f)) for f in args.results]
     link = Link(args.calibration_gbit * 1e9)
     cal = calibrate(results, link)
-    points = measured_points(results)
-    ref = points["sharing_plain"][-1]
+    points = measured_points(results, args.calibration_gbit)
     k = args.host_speedup
-    scaled = {s: {**c, "overheads": {n: v / k for n, v in c["overheads"].items()}} for s, c in cal.items()}
-    w = Workload(examples=0, batch=ref["batch"], step_s=points["averaging"][-1]["step_s"] / k,
-                 state_bytes=ref["state_bytes"], message_bytes=ref["message_bytes"],
-                 messages_per_step=ref["messages_per_step"])
+    scaled = {s: {**c, "overheads": {n: v if n in Overheads.NOT_CPU else v / k for n, v in c["overheads"].items()}}
+              for s, c in cal.items()}
+    # the step: the in-stage rounds' slowest worker per minibatch where measured (what a round waits for)
+    ref = (points.get("averaging_in_stage") or points["averaging"])[-1]
+    sharing = (points.get("sharing_plain") or [{}])[-1]
+    w = Workload(examples=0, batch=ref["batch"], step_s=ref["step_s"] / k, state_bytes=ref["state_bytes"],
+                 message_bytes=sharing.get("message_bytes", 0.0),
+                 messages_per_step=sharing.get("messages_per_step", 1.0), round_bytes=ref.get("round_bytes", 0.0))
     workers = [2, 4, 8, 16, 32, 64, 128, 256]
     pred = predict(scaled, w, workers, [1e9, 10e9, 100e9], examples_per_worker=args.examples_per_worker)
     limits = {rate: {s: scaling_limit(rows) for s, rows in by.items()} for rate, by in pred.items()}
-    out = {"calibration_link_gbit": args.calibration_gbit, "calibrated": cal, "workload": asdict(w),
-           "host_speedup": k,
+    at_256 = {rate: {s: round(rows[256]["efficiency"], 3) for s, rows in by.items()} for rate, by in pred.items()}
+    out = {"calibration_link_gbit": args.calibration_gbit, "files": args.results, "calibrated": cal,
+           "workload": asdict(w), "host_speedup": k, "steady_epoch": STEADY_EPOCH,
            "examples_per_worker": args.examples_per_worker, "predictions": pred,
-           "efficiency_below_half_at": limits}
+           "efficiency_below_half_at": limits, "efficiency_at_256": at_256}
     text = json.dumps(out, indent=1, default=float)
     if args.out:
         with open(args.out, "w") as fh:
             fh.write(text + "\n")
-    print(json.dumps({"calibrated": {s: {"overheads": c["overheads"], "errors": [round(e["error"], 3) for e in
-                                                                                   c["points"]],
+    print(json.dumps({"calibrated": {s: {"overheads": {n: v for n, v in c["overheads"].items() if v},
+                                         "errors": [round(e["error"], 3) for e in c["points"]],
                                          "leave_one_out": [round(e["error"], 3) for e in c["leave_one_out"]]}
-                                     for s, c in cal.items()}, "efficiency_below_half_at": limits}, indent=1))
+                                     for s, c in cal.items()}, "efficiency_below_half_at": limits,
+                      "efficiency_at_256": at_256}, indent=1))
     return out
 
 

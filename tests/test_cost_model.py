@@ -1,4 +1,4 @@
-"""benchmarks/cost_model.py (issue 26): the epoch model's parts and its calibration, pure Python."""
+"""benchmarks/cost_model.py (issues 26, 37): the epoch model's parts and its calibration, pure Python."""
 import math
 import os
 import sys
@@ -7,8 +7,8 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
-from cost_model import (Link, Overheads, Workload, averaging_epoch, auto_frequency, calibrate,  # noqa: E402
-                        mesh_sends, sharing_epoch)
+from cost_model import (ALLREDUCE_STEPS, Link, Overheads, Workload, averaging_epoch,  # noqa: E402
+                        averaging_in_stage_epoch, auto_frequency, calibrate, mesh_sends, sharing_epoch)
 
 W = Workload(examples=8192, batch=32, step_s=0.04, state_bytes=5.2e6, message_bytes=33e3)
 FAST = Link(1e12, 0.0)
@@ -26,8 +26,54 @@ def test_mesh_sends_counts_the_busiest_relay():
 def test_auto_frequency_keeps_the_overhead_at_the_target():
     f = auto_frequency(0.1, 0.01, per_worker=10_000)
     assert 0.1 / (0.1 + f * 0.01) <= 0.0305 and f < 400  # evening the rounds may cost a minibatch
-    assert auto_frequency(0.3, 0.01, per_worker=50) == 50  # one round when the shard is small
+    assert auto_frequency(0.3, 0.01, per_worker=50) == 13  # a small shard: the bound's 4 rounds an epoch
     assert auto_frequency(100.0, 0.01, per_worker=10_000) <= 400
+
+
+def test_auto_frequency_is_capped_by_the_convergence_bound_of_the_epoch():
+    # 235 minibatches per worker on 256 workers: 30 rounds by the end of epoch 1, 38 by the end of epoch 2
+    assert auto_frequency(10.0, 0.01, per_worker=235, workers=256, epoch=0) == 8
+    assert auto_frequency(10.0, 0.01, per_worker=235, workers=256, epoch=1) == 30
+
+
+def test_in_stage_rounds_send_two_w_minus_one_over_w_of_the_vector_in_two_steps():
+    link = Link(1e9, 1e-3)
+    w = Workload(examples=8192, batch=32, step_s=0.04, state_bytes=5.2e6, message_bytes=0.0, round_bytes=6.9e6)
+    for n in (2, 16, 256):
+        e = averaging_in_stage_epoch(n, w, link, Overheads(), frequency=4)
+        assert e["round_overhead_s"] == pytest.approx(2 * (n - 1) / n * 6.9e6 / 125e6 + ALLREDUCE_STEPS * 1e-3)
+    o = Overheads(stage_round_s=0.01, peer_s=0.002, meeting_s=1.0, connect_s=0.003)
+    e = averaging_in_stage_epoch(8, w, Link(1e12, 0.0), o, frequency=4)
+    assert e["rounds"] == 8 and e["round_overhead_s"] == pytest.approx(0.01 + 7 * 0.002 + 1.75 * 6.9e6 / 1.25e11)
+    assert e["stage_s"] == pytest.approx(1.0 + 7 * 0.003 + 2 * 5.2e6 / 1.25e11)
+    assert e["seconds"] == pytest.approx(e["stage_s"] + 8 * e["round_overhead_s"] + 32 * 0.04)
+
+
+def test_in_stage_calibration_recovers_its_round_and_stage_costs():
+    truth = Overheads(stage_round_s=0.05, peer_s=0.004, meeting_s=1.2, connect_s=0.02)
+    link = Link(1e9)
+    w = Workload(examples=8192, batch=32, step_s=0.04, state_bytes=5.2e6, message_bytes=0.0, round_bytes=6.9e6)
+    results = []
+    for hosts in (2, 4, 8):
+        e = averaging_in_stage_epoch(hosts, w, link, truth, frequency=8)
+        per = math.ceil(w.examples / (hosts * w.batch))
+        busy = per * w.step_s / e["rounds"]
+        timeline = [{"epoch": 1, "round": r, "seconds": busy + e["round_overhead_s"],
+                     "tasks": [{"lane": f"w{i}", "fit": busy, "data_load": 0.0, "minibatches": 8}
+                               for i in range(hosts)]} for r in range(e["rounds"])]
+        fit = {"epoch_seconds": [99.0, e["seconds"]], "examples": [w.examples] * 2, "fit_phase": {"mean": w.step_s},
+               "state_bytes": w.state_bytes, "round_bytes": w.round_bytes, "averaging_frequency": [8, 8],
+               "rounds": [e["rounds"]] * 2, "round_timeline": timeline}
+        jobs = {**fit, "epoch_seconds": [averaging_epoch(hosts, w, link, Overheads(round_s=0.5), frequency=8)
+                                         ["seconds"]]}
+        results.append({"hosts": hosts, "rate": "1gbit", "batch_size_per_worker": w.batch,
+                        "fits": {"in_stage": fit, "jobs": jobs}})
+    cal = calibrate(results, Link(10e9))  # each run's own rate, not this
+    got = cal["averaging_in_stage"]["overheads"]
+    for name in ("stage_round_s", "peer_s", "meeting_s", "connect_s"):
+        assert got[name] == pytest.approx(getattr(truth, name), rel=1e-6), name
+    assert cal["averaging_in_stage"]["max_abs_error"] < 1e-6
+    assert cal["averaging"]["overheads"]["round_s"] == pytest.approx(0.5, rel=1e-6)
 
 
 def test_averaging_pays_every_result_through_the_driver_unless_tree_aggregated():

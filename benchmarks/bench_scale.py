@@ -84,6 +84,19 @@ RUNS = {
 }
 
 
+def driver_timeline(stats) -> list:
+    """Per epoch, the driver's spans (phase, start after the epoch's start, seconds): where an
+    epoch's time outside its rounds goes (the plan and deal, the stage's launch, its result)."""
+    from sparkavg.stats import DRIVER_LANE
+
+    out = []
+    for ep in (e for e in stats.events if e.lane == DRIVER_LANE and e.phase == "epoch"):
+        out.append({"epoch": ep.epoch, "seconds": round(ep.duration, 4), "spans": [
+            [str(e.phase), e.round, round(e.start - ep.start, 4), round(e.duration, 4)] for e in stats.events
+            if e.lane == DRIVER_LANE and e.epoch == ep.epoch and e.phase != "epoch"]})
+    return out
+
+
 def round_timeline(stats) -> list:
     """Per driver round (epoch, round): its span, the driver's broadcast and
     merge, and per worker task its start and end after the round began
@@ -163,7 +176,7 @@ def job(args) -> None:
                                          + (net.num_params if any(d["name"] == "moment_correction" and d["value"]
                                                                   for d in stats.decisions) else 0))),
                  "lane_hosts": sorted({lane.split("/")[0] for lane in stats.lanes if "/" in lane}),
-                 "round_timeline": round_timeline(stats)})
+                 "round_timeline": round_timeline(stats), "driver_timeline": driver_timeline(stats)})
     finally:
         spark.stop()
 
@@ -183,7 +196,8 @@ def summarise(done: dict, wire: dict, worker_names) -> dict:
            "num_params": done["num_params"], "round_bytes": done.get("round_bytes"),
            "compute_seconds": done["compute_seconds"],
            "minibatches": c.get("minibatches"),
-           "fit_phase": done["phase_totals"].get("fit"), "round_timeline": done.get("round_timeline")}
+           "fit_phase": done["phase_totals"].get("fit"), "round_timeline": done.get("round_timeline"),
+           "driver_timeline": done.get("driver_timeline")}
     if done["spec"]["master"] == "averaging":
         out["rounds"] = [e.get("rounds") for e in h]
         out["averaging_frequency"] = [e.get("averaging_frequency") for e in h]
@@ -217,7 +231,8 @@ def run(args) -> dict:
     with SimulatedCluster(workers=args.hosts, cores_per_worker=1, memory="1g", rate=args.rate) as cluster:
         install_counters(cluster)
         conf = {**cluster.spark_conf(), "spark.executor.memory": "600m", "spark.ui.enabled": "false",
-                "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
+                "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+                **dict(kv.split("=", 1) for kv in args.spark_conf)}
         argv = [sys.executable, os.path.abspath(__file__), "--job", "--conf", json.dumps(conf), "--data-dir",
                 args.data_dir, "--epochs", str(args.epochs), "--limit-test", str(args.limit_test), "--limit-train",
                 str(args.limit_train), "--hosts", str(args.hosts), "--network-mask", str(cluster.subnet),
@@ -315,6 +330,9 @@ def main(argv=None):
     p.add_argument("--limit-train", type=int, default=8192)
     p.add_argument("--limit-test", type=int, default=10000)
     p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark setting of the driver program on top of the benchmark's (repeatable; "
+                        "for experiments, not the user's path)")
     p.add_argument("--out", default=None)
     p.add_argument("--table", nargs="+", default=None, metavar="JSON",
                    help="only print the history/cluster.md tables of these scale_scale_h*.json files "
@@ -342,6 +360,7 @@ def main(argv=None):
     result = {"benchmark": "scale", "commit": commit, "cpus": os.cpu_count(), "hostname": socket.gethostname(),
               "load_before": load, "examples": args.limit_train, "epochs": args.epochs, "batch_size_per_worker": BATCH,
               "runs": args.runs, "rate": args.rate or "unshaped", "model": "LeNet (431,080 params, Adam)",
+              "spark_conf": args.spark_conf,
               "threshold": f"AdaptiveThreshold(initial={THRESHOLD})"}
     result.update(run(args))
     result["load_after"] = os.getloadavg()

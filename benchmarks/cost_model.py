@@ -79,6 +79,13 @@ point's link is its run's (``--rate``; unshaped: ``--calibration-gbit``).
 ``k`` for predictions; ``meeting_s`` is kept as measured (a meeting is
 Spark's latency more than CPU; conservative).
 
+**Scenarios** (``--scenario label:field=value,...``) predict the in-stage
+path again with some overheads or workload fields changed (what a fix
+would buy); ``--allreduce`` takes ``peer_s`` and ``connect_s`` at full
+speed measured directly (:func:`direct_peer_costs`: slopes over ``W - 1``
+of one rank's CPU seconds in bench_allreduce.py's ``connect`` and round)
+as the base of every scenario.
+
 ``python benchmarks/cost_model.py benchmarks/results/scale_instage_h{2,4,8}.json``
 calibrates, prints the error at each measured point and the predictions
 (with ``scale_scale_h*.json`` files too: the sharing strategies).
@@ -94,7 +101,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import Dict, List, Optional, Sequence
 
 __all__ = ["Workload", "Link", "Overheads", "averaging_epoch", "averaging_in_stage_epoch", "sharing_epoch",
-           "auto_frequency", "mesh_sends", "calibrate", "predict", "STRATEGIES", "ALLREDUCE_STEPS"]
+           "auto_frequency", "mesh_sends", "calibrate", "predict", "predict_scenario", "direct_peer_costs",
+           "STRATEGIES", "ALLREDUCE_STEPS"]
 
 STRATEGIES = ("averaging", "averaging_in_stage", "sharing_plain", "sharing_mesh")
 MESH_FANOUT = 8
@@ -204,16 +212,33 @@ def allreduce_s(workers: int, nbytes: float, link: Link) -> float:
     return 2 * (workers - 1) / workers * nbytes / link.bytes_per_s + ALLREDUCE_STEPS * link.latency_s
 
 
+def two_level(workers: int, nbytes: float, link: Link) -> tuple:
+    """A two-level mesh (not what collective.py does; a fix the model
+    prices): groups of ``g = ceil(sqrt(W))`` ranks all-reduce inside their
+    group, then each rank with its peers of the same position in the other
+    groups on its ``1 / g`` chunk.  Returns ``(peers, seconds of bytes and
+    latency)``: ``g - 1 + h - 1`` peers (``h`` groups), 4 steps."""
+    g = math.ceil(math.sqrt(workers))
+    h = math.ceil(workers / g)
+    sent = 2 * (g - 1) / g * nbytes + 2 * (h - 1) / h * nbytes / g
+    return (g - 1) + (h - 1), sent / link.bytes_per_s + 2 * ALLREDUCE_STEPS * link.latency_s
+
+
 def averaging_in_stage_epoch(workers: int, w: Workload, link: Link, o: Overheads, frequency=None,
-                             epoch: int = STEADY_EPOCH) -> Dict[str, float]:
+                             epoch: int = STEADY_EPOCH, topology: str = "mesh") -> Dict[str, float]:
     """Seconds of one averaging epoch with its rounds inside one barrier
-    stage (the module docstring) and its parts; ``frequency`` None: "auto"."""
+    stage (the module docstring) and its parts; ``frequency`` None: "auto";
+    ``topology`` "mesh" (collective.py's) or "two_level" (:func:`two_level`)."""
     per_worker = math.ceil(w.examples / (workers * w.batch))
-    overhead = o.stage_round_s + (workers - 1) * o.peer_s + allreduce_s(workers, w.allreduced, link)
+    if topology == "two_level" and workers > 1:
+        peers, wire = two_level(workers, w.allreduced, link)
+    else:
+        peers, wire = workers - 1, allreduce_s(workers, w.allreduced, link)
+    overhead = o.stage_round_s + peers * o.peer_s + wire
     f = frequency if frequency is not None else auto_frequency(overhead, w.step_s, per_worker, workers, epoch)
     rounds = math.ceil(per_worker / f)
     compute = per_worker * w.step_s
-    stage = o.meeting_s + (workers - 1) * o.connect_s + 2 * w.state_bytes / link.bytes_per_s
+    stage = o.meeting_s + peers * o.connect_s + 2 * w.state_bytes / link.bytes_per_s
     total = stage + rounds * overhead + compute
     return {"seconds": total, "rounds": rounds, "frequency": f, "compute_s": compute, "round_overhead_s": overhead,
             "stage_s": stage, "bytes_per_rank": rounds * 4 * (workers - 1) / workers * w.allreduced,
@@ -454,8 +479,9 @@ def predict(calibrated: dict, w: Workload, workers: Sequence[int], rates_bits: S
     table = {}
     for rate in rates_bits:
         link = Link(rate, latency_s)
-        for s in STRATEGIES + ("averaging_tree",):
-            key = "averaging" if s == "averaging_tree" else s
+        # averaging_one_round: the jobs path at one round per epoch (the issue-26 model's frequency)
+        for s in STRATEGIES + ("averaging_tree", "averaging_one_round"):
+            key = "averaging" if s in ("averaging_tree", "averaging_one_round") else s
             if key not in calibrated:
                 continue
             o = Overheads(**calibrated[key]["overheads"])
@@ -463,6 +489,8 @@ def predict(calibrated: dict, w: Workload, workers: Sequence[int], rates_bits: S
                 wl = replace(w, examples=examples_per_worker * n) if examples_per_worker else w
                 if s == "averaging_tree":
                     e = averaging_epoch(n, wl, link, o, depth=2)
+                elif s == "averaging_one_round":
+                    e = averaging_epoch(n, wl, link, o, frequency=math.ceil(wl.examples / (n * wl.batch)))
                 else:
                     e = epoch(s, n, wl, link, o)
                 eps = wl.examples / e["seconds"]
@@ -470,6 +498,65 @@ def predict(calibrated: dict, w: Workload, workers: Sequence[int], rates_bits: S
                     **{k: v for k, v in e.items()}, "examples_per_s": eps,
                     "efficiency": eps / (n * wl.batch / wl.step_s)}
     return table
+
+
+def direct_peer_costs(report: dict) -> Dict[str, float]:
+    """``peer_s`` and ``connect_s`` at full speed, measured directly by
+    bench_allreduce.py (``--worlds 2 4 8 16``): least squares of one rank's
+    CPU seconds of ``connect`` over ``[1, W - 1]`` and of a round of
+    ``lenet_round`` over ``[1, W - 1, bytes sent]``."""
+    import numpy as np
+
+    worlds = sorted(int(k[1:]) for k in report if k.startswith("w") and k[1:].isdigit())
+    if len(worlds) < 3:
+        raise ValueError(f"Expect bench_allreduce.py runs of at least 3 worlds, got {worlds}")
+    connect = np.linalg.lstsq(np.array([[1.0, w - 1.0] for w in worlds]),
+                              np.array([report[f"w{w}"]["connect_cpu_ms_per_rank"] for w in worlds]), rcond=None)[0]
+    rows = [[1.0, w - 1.0, report[f"w{w}"]["lenet_round"]["payload_bytes_per_rank"]] for w in worlds]
+    cpu = [report[f"w{w}"]["lenet_round"]["cpu_ms_per_rank"] for w in worlds]
+    x = _lstsq(rows, cpu)
+    return {"connect_s": max(0.0, float(connect[1])) / 1e3, "peer_s": x[1] / 1e3, "fixed_s": x[0] / 1e3,
+            "per_byte_s": x[2] / 1e3, "worlds": worlds}
+
+
+#: Scenario fields that are neither Overheads' nor Workload's: ``two_level=1`` prices :func:`two_level`;
+#: ``one_round=1`` pins one round per epoch (the issue-26 model's frequency, before the convergence bound).
+SCENARIO_SWITCHES = ("two_level", "one_round")
+
+
+def parse_scenario(text: str) -> tuple:
+    """``"label:field=value,..."`` -> ``(label, {field: value})``; fields of
+    :class:`Overheads` (the in-stage path's, at the predicted hosts' speed),
+    :class:`Workload` (e.g. ``round_bytes``) or :data:`SCENARIO_SWITCHES`."""
+    label, _, rest = text.partition(":")
+    changes = {}
+    for part in filter(None, rest.split(",")):
+        name, _, value = part.partition("=")
+        if (name not in Overheads.__dataclass_fields__ and name not in Workload.__dataclass_fields__
+                and name not in SCENARIO_SWITCHES):
+            raise ValueError(f"Expect a scenario's fields among Overheads', Workload's and {SCENARIO_SWITCHES}, "
+                             f"got {name!r}")
+        changes[name] = float(value)
+    return label, changes
+
+
+def predict_scenario(calibrated: dict, w: Workload, changes: Dict[str, float], workers: Sequence[int],
+                     rates_bits: Sequence[float], examples_per_worker: int, latency_s: float = 50e-6) -> dict:
+    """The in-stage path's predictions with ``changes`` applied to its overheads and the workload."""
+    o = replace(Overheads(**calibrated["averaging_in_stage"]["overheads"]),
+                **{k: v for k, v in changes.items() if k in Overheads.__dataclass_fields__})
+    wl = replace(w, **{k: v for k, v in changes.items() if k in Workload.__dataclass_fields__})
+    topology = "two_level" if changes.get("two_level") else "mesh"
+    table = {}
+    for rate in rates_bits:
+        for n in workers:
+            per_worker = math.ceil(examples_per_worker / wl.batch)
+            e = averaging_in_stage_epoch(n, replace(wl, examples=examples_per_worker * n), Link(rate, latency_s), o,
+                                         frequency=per_worker if changes.get("one_round") else None,
+                                         topology=topology)
+            table.setdefault(f"{rate / 1e9:g}gbit", {})[n] = {
+                **e, "efficiency": (examples_per_worker * n / e["seconds"]) / (n * wl.batch / wl.step_s)}
+    return {"overheads": asdict(o), "workload": asdict(wl), "predictions": table}
 
 
 def scaling_limit(rows: Dict[int, dict], threshold: float = 0.5) -> Optional[int]:
@@ -493,6 +580,13 @@ def main(argv=None):
                    help="predictions: hosts this many times faster than the calibrated ones (step and every "
                         "calibrated CPU cost divided by it; bytes, links and the in-stage meeting unchanged), e.g. "
                         "5 for a full core against the 0.2-core quota of bench_scale.py")
+    p.add_argument("--allreduce", default=None,
+                   help="a bench_allreduce.py --worlds 2 4 8 16 JSON: the in-stage path's per-peer costs at full "
+                        "speed measured directly, also predicted as the scenario 'direct_peer_costs'")
+    p.add_argument("--scenario", action="append", default=[], metavar="LABEL:FIELD=VALUE,...",
+                   help="the in-stage path predicted again with these overheads (at the predicted hosts' speed) or "
+                        "workload fields changed, e.g. 'meeting_1s:meeting_s=1.0' (repeatable; applied after "
+                        "--allreduce's)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     results = [json.load(open(f)) for f in args.results]
@@ -512,9 +606,23 @@ def main(argv=None):
     pred = predict(scaled, w, workers, [1e9, 10e9, 100e9], examples_per_worker=args.examples_per_worker)
     limits = {rate: {s: scaling_limit(rows) for s, rows in by.items()} for rate, by in pred.items()}
     at_256 = {rate: {s: round(rows[256]["efficiency"], 3) for s, rows in by.items()} for rate, by in pred.items()}
+    scenarios, base = {}, {}
+    if args.allreduce:
+        direct = direct_peer_costs(json.load(open(args.allreduce)))
+        base = {"peer_s": direct["peer_s"], "connect_s": direct["connect_s"]}
+        scenarios["direct_peer_costs"] = {"changes": dict(base), "measured": direct}
+    for text in args.scenario:
+        label, changes = parse_scenario(text)
+        scenarios[label] = {"changes": {**base, **changes}}
+    for label, sc in scenarios.items():
+        if "averaging_in_stage" not in scaled:
+            break
+        sc.update(predict_scenario(scaled, w, sc["changes"], workers, [1e9, 10e9, 100e9], args.examples_per_worker))
+        for rate, rows in sc["predictions"].items():
+            at_256[rate][f"averaging_in_stage[{label}]"] = round(rows[256]["efficiency"], 3)
     out = {"calibration_link_gbit": args.calibration_gbit, "files": args.results, "calibrated": cal,
            "workload": asdict(w), "host_speedup": k, "steady_epoch": STEADY_EPOCH,
-           "examples_per_worker": args.examples_per_worker, "predictions": pred,
+           "examples_per_worker": args.examples_per_worker, "predictions": pred, "scenarios": scenarios,
            "efficiency_below_half_at": limits, "efficiency_at_256": at_256}
     text = json.dumps(out, indent=1, default=float)
     if args.out:

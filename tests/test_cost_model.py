@@ -110,3 +110,30 @@ def test_calibration_recovers_known_overheads_within_its_error():
     assert cal["averaging"]["overheads"]["task_s"] == pytest.approx(0.05, rel=1e-6)
     assert cal["sharing_plain"]["overheads"]["apply_s"] == pytest.approx(0.002, rel=1e-6)
     assert all(c["max_abs_error"] < 1e-6 for c in cal.values())
+
+
+def test_direct_peer_costs_are_the_slopes_over_the_peers():
+    from cost_model import direct_peer_costs, parse_scenario
+
+    report = {f"w{w}": {"connect_cpu_ms_per_rank": 1.0 + 1.5 * (w - 1),
+                        "lenet_round": {"payload_bytes_per_rank": 2 * (w - 1) / w * 6.9e6,
+                                        "cpu_ms_per_rank": 5.0 + 1.2 * (w - 1) + 1e-6 * 2 * (w - 1) / w * 6.9e6}}
+              for w in (2, 4, 8, 16)}
+    got = direct_peer_costs(report)
+    assert got["connect_s"] == pytest.approx(1.5e-3) and got["peer_s"] == pytest.approx(1.2e-3)
+    assert got["per_byte_s"] == pytest.approx(1e-9)
+    assert parse_scenario("hidden:meeting_s=0,round_bytes=1.7e6") == ("hidden", {"meeting_s": 0.0, "round_bytes": 1.7e6})
+    with pytest.raises(ValueError, match="fields"):
+        parse_scenario("x:meeting=1")
+
+
+def test_a_two_level_mesh_has_fewer_peers_for_about_the_same_bytes():
+    from cost_model import two_level
+
+    link = Link(1e9, 0.0)
+    peers, wire = two_level(256, 6.9e6, link)
+    assert peers == 30  # 15 in its group of 16, 15 groups besides its own
+    flat = averaging_in_stage_epoch(256, W, link, Overheads(peer_s=1e-3), frequency=8)
+    two = averaging_in_stage_epoch(256, W, link, Overheads(peer_s=1e-3), frequency=8, topology="two_level")
+    assert wire < 1.1 * 2 * 6.9e6 / 125e6
+    assert two["round_overhead_s"] < flat["round_overhead_s"] - 0.2

@@ -50,12 +50,14 @@ pays ``stage_round_s`` whatever ``W`` (copying, scaling and merging ``A``
 on every rank -- the driver's merge, done by each rank)::
 
     round = stage_round_s + (W - 1) peer_s + 2 (W - 1) / W * A / B + 2 l
-    epoch = meeting_s + (W - 1) connect_s + 2 S / B + R round + M step
+    epoch = launch_s + meeting_s + (W - 1) connect_s + 2 S / B + R round + M step
 
-``meeting_s`` is the stage's fixed cost per epoch (barrier stage launch,
-the tasks' start and model load, the ``allGather`` meeting, the driver's
-load of rank 0's result); ``2 S / B`` the state out (broadcast) and rank
-0's back.  ``F`` "auto" uses the in-stage round as its ``o``.
+``launch_s`` is the stage's fixed cost per epoch before its tasks meet and
+after they end (the deal's shuffle stage, the barrier stage's launch, the
+tasks' start, the driver's load of rank 0's result); ``meeting_s`` the
+ranks' ``allGather`` (Spark's barrier calls poll once a second); ``2 S /
+B`` the state out (broadcast) and rank 0's back.  ``F`` "auto" uses the
+in-stage round as its ``o``.
 
 **Gradient sharing** (:func:`sharing_epoch`): one stage per epoch
 (``stage_s``, ``join_s`` per rank), then ``M`` iterations of
@@ -69,15 +71,17 @@ about ``8 (W - 1)`` messages -- MESH bounds a rank's peers, not its bytes.
 
 **Calibration**: the jobs path and sharing fit their overheads to the
 measured epochs (relative least squares, non-negative).  The in-stage path
-fits its two parts apart, each on ``[1, W - 1]``: the per-round part to
-the median over the last epoch's rounds of the round's wall time minus
-its slowest worker's fit and data time (less the modelled bytes and
-latency), the per-epoch part to the epoch minus its rounds' wall time
-(less ``2 S / B``); its step is the slowest worker's per minibatch.  Each
+fits its parts apart: the per-round part on ``[1, W - 1]`` to the median
+over the last epoch's rounds of the round's wall time minus its slowest
+worker's fit and data time (less the modelled bytes and latency); the
+meeting and connections on ``[1, W - 1]`` to the ranks' wait before round
+1 (the median rank's, less a later round's all-reduce wait); ``launch_s``
+to the rest of the epoch outside its rounds (less ``2 S / B``); its step
+is the slowest worker's per minibatch.  Each
 point's link is its run's (``--rate``; unshaped: ``--calibration-gbit``).
 ``--host-speedup k`` divides the step and every calibrated CPU cost by
-``k`` for predictions; ``meeting_s`` is kept as measured (a meeting is
-Spark's latency more than CPU; conservative).
+``k`` for predictions; ``meeting_s`` is kept as measured (Spark's
+polling, not CPU).
 
 **Scenarios** (``--scenario label:field=value,...``) predict the in-stage
 path again with some overheads or workload fields changed (what a fix
@@ -155,7 +159,8 @@ class Overheads:
     relay_s: float = 0.0     # sharing MESH: CPU per message a relay forwards
     stage_round_s: float = 0.0  # averaging in-stage: per round, fixed (copies, scaling, every rank's merge)
     peer_s: float = 0.0      # averaging in-stage: per round per peer (a frame each way per step, its threads)
-    meeting_s: float = 0.0   # averaging in-stage: per epoch (stage launch, task start, allGather, rank 0's result)
+    launch_s: float = 0.0    # averaging in-stage: per epoch (the deal's shuffle, the stage's tasks' start, the result)
+    meeting_s: float = 0.0   # averaging in-stage: per epoch, the ranks' allGather meeting (Spark polls once a second)
     connect_s: float = 0.0   # averaging in-stage: per epoch per peer (TCP connection, key agreement, handshake)
 
     #: Costs that are a Spark meeting's latency rather than CPU (kept by ``--host-speedup``).
@@ -238,7 +243,7 @@ def averaging_in_stage_epoch(workers: int, w: Workload, link: Link, o: Overheads
     f = frequency if frequency is not None else auto_frequency(overhead, w.step_s, per_worker, workers, epoch)
     rounds = math.ceil(per_worker / f)
     compute = per_worker * w.step_s
-    stage = o.meeting_s + peers * o.connect_s + 2 * w.state_bytes / link.bytes_per_s
+    stage = o.launch_s + o.meeting_s + peers * o.connect_s + 2 * w.state_bytes / link.bytes_per_s
     total = stage + rounds * overhead + compute
     return {"seconds": total, "rounds": rounds, "frequency": f, "compute_s": compute, "round_overhead_s": overhead,
             "stage_s": stage, "bytes_per_rank": rounds * 4 * (workers - 1) / workers * w.allreduced,
@@ -322,20 +327,25 @@ def link_of(result: dict, unshaped_gbit: float) -> Link:
 def in_stage_rounds(fit: dict) -> dict:
     """The last epoch's rounds of an in-stage fit (bench_scale.py's
     ``round_timeline``): per round its wall, its slowest worker's fit + data
-    seconds and that per minibatch; the medians, and the epoch's seconds
-    outside its rounds (the stage's per-epoch cost)."""
+    seconds and that per minibatch; the medians, the epoch's seconds
+    outside its rounds (the stage's per-epoch cost) and the ranks' meeting
+    (the median rank's wait before round 1)."""
     last = len(fit["epoch_seconds"]) - 1
     rounds = [r for r in fit["round_timeline"] if r["epoch"] == last]
     frequency = fit["averaging_frequency"][-1]
-    overheads, iterations, walls = [], [], 0.0
+    overheads, iterations, walls, waits = [], [], 0.0, []
     for r in rounds:
+        waits.append(statistics.median(t.get("wait", 0.0) for t in r["tasks"]))
         busy = [(t.get("fit", 0.0) + t.get("data_load", 0.0), t.get("minibatches") or frequency) for t in r["tasks"]]
         t, n = max(busy)
         overheads.append(max(0.0, r["seconds"] - t))
         iterations.append(t / n)
         walls += r["seconds"]
+    # round 1's recorder holds the task's start: its wait is the meeting plus an all-reduce's wait
+    meeting = waits[0] - (statistics.median(waits[1:]) if len(waits) > 1 else 0.0)
     return {"rounds": len(rounds), "round_overhead_s": statistics.median(overheads),
-            "iteration_s": statistics.median(iterations), "outside_rounds_s": fit["epoch_seconds"][-1] - walls}
+            "iteration_s": statistics.median(iterations), "outside_rounds_s": fit["epoch_seconds"][-1] - walls,
+            "meeting_s": max(0.0, meeting)}
 
 
 def measured_points(results: Sequence[dict], unshaped_gbit: float = 10.0) -> Dict[str, List[dict]]:
@@ -392,15 +402,16 @@ def fit_overheads(strategy: str, points: List[dict], link: Link, apply_s: float 
     in both) and fits its stage and relay costs; the in-stage path fits its
     per-round and per-epoch parts apart (the module docstring)."""
     if strategy == "averaging_in_stage":
-        rounds, rt, stages, st = [], [], [], []
-        for p in points:
-            w, lk = _workload(p), _point_link(p, link)
-            rounds.append([1.0, p["workers"] - 1.0])
-            rt.append(max(1e-6, p["round_overhead_s"] - allreduce_s(p["workers"], w.allreduced, lk)))
-            stages.append([1.0, p["workers"] - 1.0])
-            st.append(max(1e-6, p["outside_rounds_s"] - 2 * w.state_bytes / lk.bytes_per_s))
-        (stage_round_s, peer_s), (meeting_s, connect_s) = _lstsq(rounds, rt), _lstsq(stages, st)
-        return Overheads(stage_round_s=stage_round_s, peer_s=peer_s, meeting_s=meeting_s, connect_s=connect_s)
+        rows = [[1.0, p["workers"] - 1.0] for p in points]
+        rt = [max(1e-6, p["round_overhead_s"] - allreduce_s(p["workers"], _workload(p).allreduced,
+                                                            _point_link(p, link))) for p in points]
+        (stage_round_s, peer_s), (meeting_s, connect_s) = _lstsq(rows, rt), _lstsq(rows, [max(1e-6, p["meeting_s"])
+                                                                                          for p in points])
+        rest = [max(1e-6, p["outside_rounds_s"] - 2 * p["state_bytes"] / _point_link(p, link).bytes_per_s
+                    - meeting_s - (p["workers"] - 1) * connect_s) for p in points]
+        launch_s = _lstsq([[1.0] for _ in points], rest)[0]
+        return Overheads(stage_round_s=stage_round_s, peer_s=peer_s, launch_s=launch_s, meeting_s=meeting_s,
+                         connect_s=connect_s)
     rows, targets = [], []
     for p in points:
         w, lk = _workload(p), _point_link(p, link)
@@ -458,7 +469,7 @@ def calibrate(results: Sequence[dict], link: Link) -> dict:
                                   model_round_overhead_s=averaging_in_stage_epoch(
                                       p["workers"], _workload(p), _point_link(p, link), o,
                                       frequency=p["frequency"])["round_overhead_s"],
-                                  measured_outside_rounds_s=p["outside_rounds_s"])
+                                  measured_outside_rounds_s=p["outside_rounds_s"], measured_meeting_s=p["meeting_s"])
             rest = pts[:i] + pts[i + 1:]
             if len(rest) >= 2:
                 o2 = fit_overheads(s, rest, link, apply_s if s == "sharing_mesh" else 0.0)
@@ -587,6 +598,8 @@ def main(argv=None):
                    help="the in-stage path predicted again with these overheads (at the predicted hosts' speed) or "
                         "workload fields changed, e.g. 'meeting_1s:meeting_s=1.0' (repeatable; applied after "
                         "--allreduce's)")
+    p.add_argument("--check", nargs="+", default=[], metavar="JSON",
+                   help="runs left out of the calibration: the calibrated model's error at their points")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     results = [json.load(open(f)) for f in args.results]
@@ -620,7 +633,16 @@ def main(argv=None):
         sc.update(predict_scenario(scaled, w, sc["changes"], workers, [1e9, 10e9, 100e9], args.examples_per_worker))
         for rate, rows in sc["predictions"].items():
             at_256[rate][f"averaging_in_stage[{label}]"] = round(rows[256]["efficiency"], 3)
-    out = {"calibration_link_gbit": args.calibration_gbit, "files": args.results, "calibrated": cal,
+    checked = {}
+    if args.check:
+        for s_, pts in measured_points([json.load(open(f)) for f in args.check], args.calibration_gbit).items():
+            if s_ in cal:
+                o = Overheads(**cal[s_]["overheads"])
+                checked[s_] = [{"workers": q["workers"], "measured_s": q["seconds"],
+                                "model_s": model_seconds(s_, q, link, o),
+                                "error": model_seconds(s_, q, link, o) / q["seconds"] - 1} for q in pts]
+    out = {"calibration_link_gbit": args.calibration_gbit, "files": args.results, "checked_files": args.check,
+           "checked": checked, "calibrated": cal,
            "workload": asdict(w), "host_speedup": k, "steady_epoch": STEADY_EPOCH,
            "examples_per_worker": args.examples_per_worker, "predictions": pred, "scenarios": scenarios,
            "efficiency_below_half_at": limits, "efficiency_at_256": at_256}
@@ -631,7 +653,9 @@ def main(argv=None):
     print(json.dumps({"calibrated": {s: {"overheads": {n: v for n, v in c["overheads"].items() if v},
                                          "errors": [round(e["error"], 3) for e in c["points"]],
                                          "leave_one_out": [round(e["error"], 3) for e in c["leave_one_out"]]}
-                                     for s, c in cal.items()}, "efficiency_below_half_at": limits,
+                                     for s, c in cal.items()},
+                      "checked": {s: [round(e["error"], 3) for e in es] for s, es in checked.items()},
+                      "efficiency_below_half_at": limits,
                       "efficiency_at_256": at_256}, indent=1))
     return out
 

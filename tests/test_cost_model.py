@@ -42,15 +42,15 @@ def test_in_stage_rounds_send_two_w_minus_one_over_w_of_the_vector_in_two_steps(
     for n in (2, 16, 256):
         e = averaging_in_stage_epoch(n, w, link, Overheads(), frequency=4)
         assert e["round_overhead_s"] == pytest.approx(2 * (n - 1) / n * 6.9e6 / 125e6 + ALLREDUCE_STEPS * 1e-3)
-    o = Overheads(stage_round_s=0.01, peer_s=0.002, meeting_s=1.0, connect_s=0.003)
+    o = Overheads(stage_round_s=0.01, peer_s=0.002, launch_s=0.5, meeting_s=1.0, connect_s=0.003)
     e = averaging_in_stage_epoch(8, w, Link(1e12, 0.0), o, frequency=4)
     assert e["rounds"] == 8 and e["round_overhead_s"] == pytest.approx(0.01 + 7 * 0.002 + 1.75 * 6.9e6 / 1.25e11)
-    assert e["stage_s"] == pytest.approx(1.0 + 7 * 0.003 + 2 * 5.2e6 / 1.25e11)
+    assert e["stage_s"] == pytest.approx(0.5 + 1.0 + 7 * 0.003 + 2 * 5.2e6 / 1.25e11)
     assert e["seconds"] == pytest.approx(e["stage_s"] + 8 * e["round_overhead_s"] + 32 * 0.04)
 
 
 def test_in_stage_calibration_recovers_its_round_and_stage_costs():
-    truth = Overheads(stage_round_s=0.05, peer_s=0.004, meeting_s=1.2, connect_s=0.02)
+    truth = Overheads(stage_round_s=0.05, peer_s=0.004, launch_s=0.7, meeting_s=1.0, connect_s=0.02)
     link = Link(1e9)
     w = Workload(examples=8192, batch=32, step_s=0.04, state_bytes=5.2e6, message_bytes=0.0, round_bytes=6.9e6)
     results = []
@@ -58,9 +58,11 @@ def test_in_stage_calibration_recovers_its_round_and_stage_costs():
         e = averaging_in_stage_epoch(hosts, w, link, truth, frequency=8)
         per = math.ceil(w.examples / (hosts * w.batch))
         busy = per * w.step_s / e["rounds"]
+        meeting = truth.meeting_s + (hosts - 1) * truth.connect_s
         timeline = [{"epoch": 1, "round": r, "seconds": busy + e["round_overhead_s"],
-                     "tasks": [{"lane": f"w{i}", "fit": busy, "data_load": 0.0, "minibatches": 8}
-                               for i in range(hosts)]} for r in range(e["rounds"])]
+                     "tasks": [{"lane": f"w{i}", "fit": busy, "data_load": 0.0, "minibatches": 8,
+                                "wait": 0.05 + (meeting if r == 0 else 0.0)} for i in range(hosts)]}
+                    for r in range(e["rounds"])]
         fit = {"epoch_seconds": [99.0, e["seconds"]], "examples": [w.examples] * 2, "fit_phase": {"mean": w.step_s},
                "state_bytes": w.state_bytes, "round_bytes": w.round_bytes, "averaging_frequency": [8, 8],
                "rounds": [e["rounds"]] * 2, "round_timeline": timeline}
@@ -70,7 +72,7 @@ def test_in_stage_calibration_recovers_its_round_and_stage_costs():
                         "fits": {"in_stage": fit, "jobs": jobs}})
     cal = calibrate(results, Link(10e9))  # each run's own rate, not this
     got = cal["averaging_in_stage"]["overheads"]
-    for name in ("stage_round_s", "peer_s", "meeting_s", "connect_s"):
+    for name in ("stage_round_s", "peer_s", "launch_s", "meeting_s", "connect_s"):
         assert got[name] == pytest.approx(getattr(truth, name), rel=1e-6), name
     assert cal["averaging_in_stage"]["max_abs_error"] < 1e-6
     assert cal["averaging"]["overheads"]["round_s"] == pytest.approx(0.5, rel=1e-6)

@@ -42,6 +42,7 @@ Needs root.  Prints JSON (``--out`` writes it)::
 
     python benchmarks/bench_scale.py --hosts 8 --runs scale --out benchmarks/results/scale_h8.json
     python benchmarks/bench_scale.py --hosts 8 --runs straggler --out benchmarks/results/straggler_h8.json
+    python benchmarks/bench_scale.py --hosts 8 --runs instage --rate 1gbit --limit-test 2000 --out benchmarks/results/scale_instage_h8.json
 """
 from __future__ import annotations
 

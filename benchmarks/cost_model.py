@@ -16,8 +16,8 @@ fewest minibatches per round that keep a round's overhead ``o`` at 3% of
 the round, ``F = ceil(o (1 - 0.03) / (0.03 step))`` -- under the
 local-SGD convergence bound of the epoch
 (:func:`~sparkavg.averaging.frequency.convergence_bound`: at least
-``max(4, c ((e + 1) W M)^(1/3) - c (e W M)^(1/3))`` rounds in epoch ``e``,
-``c = 0.75``), at most 400, rounds evened.  Predictions are for the
+``max(4, ceil(c ((e + 1) W M)^(1/3)) - ceil(c (e W M)^(1/3)))`` rounds in
+epoch ``e``, ``c = 0.75``), at most 400, rounds evened.  Predictions are for the
 second epoch (``e = 1``), the calibrated runs' last.
 
 **Parameter averaging, a Spark job per round** (:func:`averaging_epoch`,
@@ -75,10 +75,10 @@ fits its parts apart: the per-round part on ``[1, W - 1]`` to the median
 over the last epoch's rounds of the round's wall time minus its slowest
 worker's fit and data time (less the modelled bytes and latency); the
 meeting and connections on ``[1, W - 1]`` to the ranks' wait before round
-1 (the median rank's, less a later round's all-reduce wait); ``launch_s``
-to the rest of the epoch outside its rounds (less ``2 S / B``); its step
-is the slowest worker's per minibatch.  Each
-point's link is its run's (``--rate``; unshaped: ``--calibration-gbit``).
+1 (the median rank's, less the later rounds' median all-reduce wait);
+``launch_s`` to the rest of the epoch outside its rounds (less ``2 S /
+B``); its step is the slowest worker's per minibatch.  Each point's link
+is its run's (``--rate``; unshaped: ``--calibration-gbit``).
 ``--host-speedup k`` divides the step and every calibrated CPU cost by
 ``k`` for predictions; ``meeting_s`` is kept as measured (Spark's
 polling, not CPU).

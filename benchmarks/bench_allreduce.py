@@ -15,7 +15,13 @@ round's time is the slowest rank's.  ``round_ms`` is the median (``best_ms``
 the fastest); ``payload_gbps`` is the vector bytes one rank sends,
 ``2 (W - 1) / W * n * 4``, over the median; ``cpu_ms_per_rank`` the median
 CPU time of one rank's round, all its threads (what a loaded machine's
-wall times hide).
+wall times hide); ``connect_cpu_ms_per_rank`` the median CPU time of one
+rank's ``connect`` (its ``W - 1`` connections, key agreements and
+handshakes).  ``lenet_round`` is what an in-stage round of LeNet + Adam
+sums at the defaults (params, two moments, the first moment's square).
+With ``--worlds 2 4 8 16`` the per-peer CPU costs of a round and of the
+mesh's connection are the slopes over ``W - 1`` (cost_model.py's
+``peer_s`` and ``connect_s`` at full speed, measured directly).
 
 Baselines on this machine, in the same run: ``copy_ms``, one ``np.copyto`` of
 the vector (the memory rate), and ``accumulate_chain_ms``, the driver's
@@ -24,7 +30,7 @@ whole vector, one :func:`sparkavg.ops.scale`), the best of ``--repeats``.
 
 Prints one JSON document (and writes it to ``--out``)::
 
-    python benchmarks/bench_allreduce.py [--rounds 20] [--warmup 3] [--worlds 2 4] [--out PATH]
+    python benchmarks/bench_allreduce.py [--rounds 20] [--warmup 3] [--worlds 2 4] [--vectors ...] [--out PATH]
 """
 from __future__ import annotations
 
@@ -59,6 +65,8 @@ def model_sizes() -> dict:
                       ("mlp", Network((1, 28, 28), [Dense(1000, activation="relu"), Output(10)], seed=1))):
         sizes[name] = int(net.state["params"].size)
         sizes[f"{name}_adam"] = int(net.state["params"].size + net.state["updater"].size)
+    # what an in-stage round of LeNet + Adam sums at the defaults: params, the two moments, the first's square
+    sizes["lenet_round"] = 4 * sizes["lenet"]
     return sizes
 
 
@@ -66,9 +74,11 @@ def _rank(rank, world, sizes, rounds, warmup, entry_q, table_q, result_q, barrie
     group = CollectiveGroup(KeyAgreement(rank, 1), world, host="127.0.0.1", stall_timeout=WAIT)
     try:
         entry_q.put(group.entry())
-        group.connect(table_q.get(timeout=WAIT))
+        table = table_q.get(timeout=WAIT)
+        began_cpu = time.process_time()
+        group.connect(table)
+        times, cpu = {"connect": []}, {"connect": [time.process_time() - began_cpu]}  # every thread of the rank
         rng = np.random.default_rng(rank)
-        times, cpu = {}, {}
         for name, n in sizes.items():
             vector = rng.standard_normal(n).astype(np.float32)
             times[name], cpu[name] = [], []
@@ -103,7 +113,8 @@ def run_world(world, sizes, rounds, warmup) -> dict:
     failed = [(r, t) for r, t, _ in reports if isinstance(t, str)]
     if failed:
         raise RuntimeError(f"ranks failed: {failed}")
-    out = {}
+    out = {"connect_cpu_ms_per_rank": round(1e3 * statistics.median(c["connect"][0] for _, _, c in reports), 3),
+           "connect_cpu_ms_max_rank": round(1e3 * max(c["connect"][0] for _, _, c in reports), 3)}
     for name, n in sizes.items():
         per_round = [max(times[name][i] for _, times, _ in reports) for i in range(rounds)]
         median = statistics.median(per_round)
@@ -150,9 +161,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--vectors", nargs="+", default=None, help="a subset of the vectors (default: all)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     sizes = model_sizes()
+    if args.vectors:
+        sizes = {name: sizes[name] for name in args.vectors}
     report = {"benchmark": "allreduce", "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                                                     "load_1min": os.getloadavg()[0]},
               "rounds": args.rounds, "warmup": args.warmup, "baseline": baselines(sizes, args.worlds, args.repeats)}

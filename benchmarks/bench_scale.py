@@ -26,7 +26,12 @@ worker, ``--epochs`` epochs, then test on the 10k test set:
   under the ``"dl4j"`` preset (equal shares: no tolerance; frequency still
   "auto"), and with one at half speed under the default preset (shares by
   measured speed); gradient sharing (PLAIN) with no slow host and with one
-  at half speed.
+  at half speed;
+* ``instage`` runs: averaging at its defaults with an epoch's rounds inside
+  one barrier stage (the all-reduce between executors) and with a Spark
+  job per round, each path forced through the tests' hook
+  ``sparkavg.test.averaging_path`` (issue 37; the cost model's in-stage
+  term is calibrated from these).
 
 Bytes per rank on the wire come from each host's ``eth0`` kernel counters
 (``/sys/class/net/eth0/statistics``, read around each fit; UDP apart from
@@ -38,6 +43,7 @@ Needs root.  Prints JSON (``--out`` writes it)::
 
     python benchmarks/bench_scale.py --hosts 8 --runs scale --out benchmarks/results/scale_h8.json
     python benchmarks/bench_scale.py --hosts 8 --runs straggler --out benchmarks/results/straggler_h8.json
+    python benchmarks/bench_scale.py --hosts 8 --runs instage --rate 1gbit --limit-test 2000 --out benchmarks/results/scale_instage_h8.json
 """
 from __future__ import annotations
 
@@ -76,7 +82,24 @@ RUNS = {
     # the must's two fits only (issue 26: with tolerance <= 1.2x the no-straggler epoch)
     "straggler_auto": [{"name": "averaging_even", "master": "averaging"},
                        {"name": "averaging_slow_auto", "master": "averaging", "slow": True, "preset": "sparkavg"}],
+    # issue 37: averaging at its defaults with the rounds inside one barrier stage, and the same fit with a
+    # Spark job per round (each path forced through the tests' hook, whatever the path decision says)
+    "instage": [{"name": "in_stage", "master": "averaging", "path": "in_stage"},
+                {"name": "jobs", "master": "averaging", "path": "jobs"}],
 }
+
+
+def driver_timeline(stats) -> list:
+    """Per epoch, the driver's spans (phase, start after the epoch's start, seconds): where an
+    epoch's time outside its rounds goes (the plan and deal, the stage's launch, its result)."""
+    from sparkavg.stats import DRIVER_LANE
+
+    out = []
+    for ep in (e for e in stats.events if e.lane == DRIVER_LANE and e.phase == "epoch"):
+        out.append({"epoch": ep.epoch, "seconds": round(ep.duration, 4), "spans": [
+            [str(e.phase), e.round, round(e.start - ep.start, 4), round(e.duration, 4)] for e in stats.events
+            if e.lane == DRIVER_LANE and e.epoch == ep.epoch and e.phase != "epoch"]})
+    return out
 
 
 def round_timeline(stats) -> list:
@@ -88,14 +111,16 @@ def round_timeline(stats) -> list:
     out = []
     for rd in rounds:
         tasks = [t for t in stats.tasks if t.epoch == rd.epoch and t.round == rd.round]
-        phases = {}
+        phases, fitted = {}, {}
         for e in stats.events:
             if e.epoch == rd.epoch and e.round == rd.round:
                 by = phases.setdefault(e.lane, {})
                 by[e.phase] = by.get(e.phase, 0.0) + e.duration
+                fitted[e.lane] = fitted.get(e.lane, 0) + (e.phase == "fit")
         out.append({"epoch": rd.epoch, "round": rd.round, "seconds": rd.duration,
                     "driver": {k: round(v, 4) for k, v in phases.get("driver", {}).items()},
                     "tasks": [{"lane": t.lane, "start": round(t.start - rd.start, 4), "end": round(t.end - rd.start, 4),
+                               "minibatches": fitted.get(t.lane, 0),
                                **{k: round(v, 4) for k, v in phases.get(t.lane, {}).items()}}
                               for t in sorted(tasks, key=lambda t: t.lane)]})
     return out
@@ -110,6 +135,7 @@ def job(args) -> None:
     from sparkavg.data.mnist import load_mnist
     from sparkavg.nn.zoo import lenet
     from sparkavg.spark import (AdaptiveThreshold, GradientSharing, ParameterAveraging, SparkTrainer, Topology)
+    from sparkavg.spark.executor.hooks import AVERAGING_PATH
 
     spark = job_session(args.conf, "bench-scale")
     hosts = args.hosts
@@ -127,8 +153,12 @@ def job(args) -> None:
             net = lenet(num_classes=10, seed=SEED)
             trainer = SparkTrainer(spark, net, master)
             handshake({"event": "ready", "spec": spec})
+            spark.sparkContext.setLocalProperty(AVERAGING_PATH, spec.get("path"))
             began = time.perf_counter()
-            trainer.fit(rdd, epochs=args.epochs)
+            try:
+                trainer.fit(rdd, epochs=args.epochs)
+            finally:
+                spark.sparkContext.setLocalProperty(AVERAGING_PATH, None)
             fit_seconds = time.perf_counter() - began
             trainer.close()
             handshake({"event": "fitted", "spec": spec})  # the benchmark reads the counters, lifts the quota
@@ -136,15 +166,22 @@ def job(args) -> None:
             stats = trainer.stats
             handshake({"event": "done", "spec": spec, "fit_seconds": fit_seconds, "history": [
                     {k: h[k] for k in ("epoch", "seconds", "examples", "rounds", "averaging_frequency",
-                                       "worker_shares", "replica_max_abs_diff") if k in h} for h in trainer.history],
+                                       "averaging_path", "worker_shares", "replica_max_abs_diff") if k in h}
+                    for h in trainer.history],
                  "accuracy": float(np.mean(out == yt)),
                  "counters": {k: float(v) for k, v in stats.counters.items()},
                  "phase_totals": stats.phase_totals(), "compute_seconds": stats.compute_seconds,
                  "decisions": [d for d in stats.decisions if d["name"] in ("worker_shares", "averaging_frequency",
-                                                                          "deal", "topology")],
+                                                                          "deal", "topology", "averaging_path",
+                                                                          "moment_correction")],
                  "state_bytes": int(4 * (net.num_params + net.updater_state.size)), "num_params": int(net.num_params),
+                 # what a round sums, per worker: params, updater state, buffers and, under the moment
+                 # correction, the first moment's square (the in-stage all-reduce's vector)
+                 "round_bytes": int(4 * (net.num_params + net.updater_state.size + net.state["buffers"].size
+                                         + (net.num_params if any(d["name"] == "moment_correction" and d["value"]
+                                                                  for d in stats.decisions) else 0))),
                  "lane_hosts": sorted({lane.split("/")[0] for lane in stats.lanes if "/" in lane}),
-                 "round_timeline": round_timeline(stats)})
+                 "round_timeline": round_timeline(stats), "driver_timeline": driver_timeline(stats)})
     finally:
         spark.stop()
 
@@ -161,12 +198,15 @@ def summarise(done: dict, wire: dict, worker_names) -> dict:
            "wire": wire, "wire_bytes_per_rank_mean": sum(per_rank) / workers,
            "wire_bytes_per_rank_max": max(per_rank), "wire_bytes_driver": wire["driver"]["tx"] + wire["driver"]["rx"],
            "decisions": done["decisions"], "lane_hosts": done["lane_hosts"], "state_bytes": done["state_bytes"],
-           "num_params": done["num_params"], "compute_seconds": done["compute_seconds"],
+           "num_params": done["num_params"], "round_bytes": done.get("round_bytes"),
+           "compute_seconds": done["compute_seconds"],
            "minibatches": c.get("minibatches"),
-           "fit_phase": done["phase_totals"].get("fit"), "round_timeline": done.get("round_timeline")}
+           "fit_phase": done["phase_totals"].get("fit"), "round_timeline": done.get("round_timeline"),
+           "driver_timeline": done.get("driver_timeline")}
     if done["spec"]["master"] == "averaging":
         out["rounds"] = [e.get("rounds") for e in h]
         out["averaging_frequency"] = [e.get("averaging_frequency") for e in h]
+        out["averaging_path"] = [e.get("averaging_path") for e in h]
         out["worker_shares"] = [e.get("worker_shares") for e in h]
         # sparkavg's own view: the state shipped out and the weighted state back, per worker per round
         # (the probe rounds before the first epoch included).
@@ -211,7 +251,8 @@ def run(args) -> dict:
     with SimulatedCluster(workers=args.hosts, cores_per_worker=1, memory="1g", rate=args.rate) as cluster:
         install_counters(cluster)
         conf = {**cluster.spark_conf(), "spark.executor.memory": "600m", "spark.ui.enabled": "false",
-                "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
+                "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+                **dict(kv.split("=", 1) for kv in args.spark_conf)}
         argv = [sys.executable, os.path.abspath(__file__), "--job", "--conf", json.dumps(conf), "--data-dir",
                 args.data_dir, "--epochs", str(args.epochs), "--limit-test", str(args.limit_test), "--limit-train",
                 str(args.limit_train), "--hosts", str(args.hosts), "--network-mask", str(cluster.subnet),
@@ -309,6 +350,9 @@ def main(argv=None):
     p.add_argument("--limit-train", type=int, default=8192)
     p.add_argument("--limit-test", type=int, default=10000)
     p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark setting of the driver program on top of the benchmark's (repeatable; "
+                        "for experiments, not the user's path)")
     p.add_argument("--out", default=None)
     p.add_argument("--table", nargs="+", default=None, metavar="JSON",
                    help="only print the history/cluster.md tables of these scale_scale_h*.json files "
@@ -336,6 +380,7 @@ def main(argv=None):
     result = {"benchmark": "scale", "commit": commit, "cpus": os.cpu_count(), "hostname": socket.gethostname(),
               "load_before": load, "examples": args.limit_train, "epochs": args.epochs, "batch_size_per_worker": BATCH,
               "runs": args.runs, "rate": args.rate or "unshaped", "model": "LeNet (431,080 params, Adam)",
+              "spark_conf": args.spark_conf,
               "threshold": f"AdaptiveThreshold(initial={THRESHOLD})"}
     result.update(run(args))
     result["load_after"] = os.getloadavg()

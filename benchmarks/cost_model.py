@@ -1,23 +1,63 @@
 #!/usr/bin/env python
-"""A cost model of one epoch for both masters and both sharing topologies
-(issue 26), calibrated from bench_scale.py's 2-, 4- and 8-host runs and
-used to predict 16-256 workers at 1, 10 and 100 Gbit/s.
+"""A cost model of one epoch for both masters and the sharing topologies
+(issue 26; TREE, issue 38), with parameter averaging's two paths (issue 37), calibrated from
+bench_scale.py's 2-, 4- and 8-host runs and used to predict 16-256 workers
+at 1, 10 and 100 Gbit/s.
 
-Pure Python (no Spark).  An epoch of ``N`` examples on ``W`` workers of
-batch ``b`` gives each worker ``M = ceil(N / (W b))`` minibatches of
-``step`` seconds each.
+Pure Python (no Spark; the frequency rule is the library's own,
+:mod:`sparkavg.averaging.frequency`).  An epoch of ``N`` examples on ``W``
+workers of batch ``b`` gives each worker ``M = ceil(N / (W b))``
+minibatches of ``step`` seconds each; ``B`` is a link's bytes per second
+and ``l`` its one-way latency.
 
-**Parameter averaging** (:func:`averaging_epoch`): ``R = ceil(M / F)``
-rounds of ``F`` minibatches; a round costs a fixed ``round_s`` (job
-launch, task start, the driver's merge), ``task_s`` per worker (the
-driver schedules and deserialises every task's result), the broadcast of
-the state ``S`` bytes (torrent: about ``S / B`` from the driver's link)
-and the results back.  With Spark blocks (the default) the round is one
+**The frequency** (:func:`auto_frequency`): ``"auto"``'s rule, the
+library's :func:`~sparkavg.averaging.frequency.choose_frequency` -- the
+fewest minibatches per round that keep a round's overhead ``o`` at 3% of
+the round, ``F = ceil(o (1 - 0.03) / (0.03 step))`` -- under the
+local-SGD convergence bound of the epoch
+(:func:`~sparkavg.averaging.frequency.convergence_bound`: at least
+``max(4, ceil(c ((e + 1) W M)^(1/3)) - ceil(c (e W M)^(1/3)))`` rounds in
+epoch ``e``, ``c = 0.75``), at most 400, rounds evened.  Predictions are for the
+second epoch (``e = 1``), the calibrated runs' last.
+
+**Parameter averaging, a Spark job per round** (:func:`averaging_epoch`,
+path ``"jobs"``): ``R = ceil(M / F)`` rounds; a round costs a fixed
+``round_s`` (job launch, task start, the driver's merge), ``task_s`` per
+worker (the driver schedules and deserialises every task's result), the
+broadcast of the state ``S`` bytes (torrent: about ``S / B`` from the
+driver's link) and the results back.  With Spark blocks the round is one
 ``runJob`` whose ``W`` results all cross the driver's link: ``W S / B``;
 with ``treeAggregate`` of depth ``d`` (shared files) the executors merge
-first and each level takes ``W^(1/d)`` results: ``d W^(1/d) S / B``.
-``F`` "auto" keeps the round overhead at ``target`` (3%) of a round, at
-most 400 and at most ``M`` (ParameterAveraging's rule, approximately).
+first and each level takes ``W^(1/d)`` results: ``d W^(1/d) S / B``::
+
+    epoch = R (round_s + W task_s + S / B + W S / B + 4 l) + M step
+
+**Parameter averaging, rounds inside one barrier stage**
+(:func:`averaging_in_stage_epoch`, path ``"in_stage"``, the default): one
+stage per epoch, whose ranks meet once (Spark's ``allGather``), connect a
+TCP full mesh (each rank dials or accepts ``W - 1`` peers: key agreement
+and handshake, ``connect_s`` each) and then all-reduce ``A`` bytes every
+``F`` minibatches (``A``: params, updater state, buffers and, under the
+moment correction, the first moment's square).  The all-reduce is
+:mod:`sparkavg.transport.collective`'s: a full mesh, not a ring -- a
+direct reduce-scatter (chunk ``j`` of every rank to its owner ``j``) then a
+direct all-gather, so each rank sends and receives ``2 (W - 1) / W`` of
+``A`` (bandwidth-optimal, as a ring) in **2 steps whatever ``W``** (a
+ring: ``2 (W - 1)``; a tree: ``2 log2 W``); what grows with ``W`` is the
+per-peer work of each step (a frame to and from each of ``W - 1`` peers,
+two threads per connection): ``peer_s`` per peer per round.  A round also
+pays ``stage_round_s`` whatever ``W`` (copying, scaling and merging ``A``
+on every rank -- the driver's merge, done by each rank)::
+
+    round = stage_round_s + (W - 1) peer_s + 2 (W - 1) / W * A / B + 2 l
+    epoch = launch_s + meeting_s + (W - 1) connect_s + 2 S / B + R round + M step
+
+``launch_s`` is the stage's fixed cost per epoch before its tasks meet and
+after they end (the deal's shuffle stage, the barrier stage's launch, the
+tasks' start, the driver's load of rank 0's result); ``meeting_s`` the
+ranks' ``allGather`` (Spark's barrier calls poll once a second); ``2 S /
+B`` the state out (broadcast) and rank 0's back.  ``F`` "auto" uses the
+in-stage round as its ``o``.
 
 **Gradient sharing** (:func:`sharing_epoch`): one stage per epoch
 (``stage_s``, ``join_s`` per rank), then ``M`` iterations of
@@ -39,27 +79,67 @@ message of ``2^j - 1`` ranks at hop ``j``; down, the total, ``D`` times.
 A merge of ``k`` ranks' messages (each a fraction ``d`` of the ``N``
 parameters) carries ``N (1 - (1 - d)^k)`` indices of 5 bytes (index and
 int8 count) or, when smaller, ``N`` bytes dense (:func:`merged_bytes`;
-independent indices: an upper bound, gradients overlap more).
+independent indices: an upper bound, gradients overlap more).  MESH is no
+longer the library's (a saved "mesh" loads as TREE); ``sharing_mesh`` stays
+for the result files that measured it.  Both sharing models also pay
+``sync_s`` per iteration whatever ``W`` (the lock-step wait, encode, send;
+0 unless calibrated from phase timings).
 
-``python benchmarks/cost_model.py benchmarks/results/scale_scale_h{2,4,8}.json``
-calibrates, prints the error at each measured point and the predictions.
+**Calibration**: the jobs path and sharing fit their overheads to the
+measured epochs (relative least squares, non-negative; TREE fits
+``stage_s`` and ``hop_s`` on ``[1, 2 D M]``).  The in-stage path
+fits its parts apart: the per-round part on ``[1, W - 1]`` to the median
+over the last epoch's rounds of the round's wall time minus its slowest
+worker's fit and data time (less the modelled bytes and latency); the
+meeting and connections on ``[1, W - 1]`` to the ranks' wait before round
+1 (the median rank's, less the later rounds' median all-reduce wait);
+``launch_s`` to the rest of the epoch outside its rounds (less ``2 S /
+B``); its step is the slowest worker's per minibatch.  ``--phases``
+calibrates PLAIN and TREE from the ranks' own phase timings instead
+(:func:`calibrate_phases`: the loop's time per iteration beyond the step
+on ``[1, x]``, ``x`` = ``(W - 1) q`` received messages or ``2 D`` hops;
+``stage_s`` the epoch's rest).  Each point's link is its run's
+(``--rate``; unshaped: ``--calibration-gbit``).
+``--host-speedup k`` divides the step and every calibrated CPU cost by
+``k`` for predictions; ``meeting_s`` is kept as measured (Spark's
+polling, not CPU).
+
+**Scenarios** (``--scenario label:field=value,...``) predict the in-stage
+path again with some overheads or workload fields changed (what a fix
+would buy); ``--allreduce`` takes ``peer_s`` and ``connect_s`` at full
+speed measured directly (:func:`direct_peer_costs`: slopes over ``W - 1``
+of one rank's CPU seconds in bench_allreduce.py's ``connect`` and round)
+as the base of every scenario.
+
+``python benchmarks/cost_model.py benchmarks/results/scale_instage_h{2,4,8}.json``
+calibrates, prints the error at each measured point and the predictions
+(``scale_scale_h*.json`` files: the jobs path and the sharing strategies;
+``scale_topologies_h*.json`` files, no averaging fit: PLAIN, MESH and TREE,
+with sharing's own step).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import statistics
 import sys
 from dataclasses import asdict, dataclass, replace
 from typing import Dict, List, Optional, Sequence
 
-__all__ = ["Workload", "Link", "Overheads", "averaging_epoch", "sharing_epoch", "auto_frequency", "mesh_sends",
-           "tree_depth", "merged_bytes", "tree_epoch", "calibrate", "predict", "STRATEGIES"]
+__all__ = ["Workload", "Link", "Overheads", "averaging_epoch", "averaging_in_stage_epoch", "sharing_epoch",
+           "auto_frequency", "mesh_sends", "tree_depth", "merged_bytes", "tree_epoch", "calibrate",
+           "calibrate_phases", "predict", "predict_scenario", "direct_peer_costs", "STRATEGIES", "ALLREDUCE_STEPS"]
 
-STRATEGIES = ("averaging", "sharing_plain", "sharing_mesh", "sharing_tree")
+STRATEGIES = ("averaging", "averaging_in_stage", "sharing_plain", "sharing_mesh", "sharing_tree")
 MESH_FANOUT = 8
 TREE_FANOUT = 2  # sparkavg.transport.limits.TREE_FANOUT
 MERGED_HEADER_BYTES = 28
+#: Sequential network steps of one all-reduce of :mod:`sparkavg.transport.collective` (reduce-scatter,
+#: all-gather; a full mesh, so not ``2 (W - 1)`` as a ring's).
+ALLREDUCE_STEPS = 2
+#: The epoch (0-based) predictions are for: the calibrated runs' last (the first also runs probe rounds).
+STEADY_EPOCH = 1
 
 
 @dataclass(frozen=True)
@@ -73,6 +153,11 @@ class Workload:
     message_bytes: float     # m: one encoded sharing update on the wire (mean)
     messages_per_step: float = 1.0  # sharing updates a rank sends per iteration (some iterations send none)
     params: int = 0          # N (TREE: how full a merge of k ranks' messages gets)
+    round_bytes: float = 0.0  # A: what one in-stage round all-reduces per rank (0: state_bytes)
+
+    @property
+    def allreduced(self) -> float:
+        return self.round_bytes or self.state_bytes
 
 
 @dataclass(frozen=True)
@@ -100,17 +185,28 @@ class Overheads:
     relay_s: float = 0.0     # sharing MESH: CPU per message a relay forwards
     hop_s: float = 0.0       # sharing TREE: CPU of one hop of the sums (up or down) per iteration
     sync_s: float = 0.0      # sharing: per iteration whatever the world size (the lock-step wait, encode, send)
+    stage_round_s: float = 0.0  # averaging in-stage: per round, fixed (copies, scaling, every rank's merge)
+    peer_s: float = 0.0      # averaging in-stage: per round per peer (a frame each way per step, its threads)
+    launch_s: float = 0.0    # averaging in-stage: per epoch (the deal's shuffle, the stage's tasks' start, the result)
+    meeting_s: float = 0.0   # averaging in-stage: per epoch, the ranks' allGather meeting (Spark polls once a second)
+    connect_s: float = 0.0   # averaging in-stage: per epoch per peer (TCP connection, key agreement, handshake)
+
+    #: Costs that are a Spark meeting's latency rather than CPU (kept by ``--host-speedup``).
+    NOT_CPU = ("meeting_s",)
 
 
-def auto_frequency(round_overhead_s: float, step_s: float, per_worker: int, target: float = 0.03,
-                   bound: int = 400) -> int:
-    """ParameterAveraging's "auto" frequency, approximately: the fewest
-    minibatches per round that keep ``round_overhead_s`` at or under
-    ``target`` of a round, at most ``bound`` and ``per_worker``; rounds evened."""
-    need = math.ceil(round_overhead_s * (1 - target) / (target * step_s)) if step_s > 0 else bound
-    f = max(1, min(bound, per_worker, need))
-    rounds = math.ceil(per_worker / f)
-    return math.ceil(per_worker / rounds)
+def auto_frequency(round_overhead_s: float, step_s: float, per_worker: int, workers: int = 1,
+                   epoch: int = STEADY_EPOCH) -> int:
+    """ParameterAveraging's "auto" frequency: the library's rule
+    (:func:`~sparkavg.averaging.frequency.choose_frequency`: overhead at or
+    under 3% of a round, at most 400, rounds evened) under the convergence
+    bound of ``epoch`` on ``workers`` workers."""
+    from sparkavg.averaging.frequency import (MAX_FREQUENCY, TARGET_OVERHEAD, RoundCosts, choose_frequency,
+                                              convergence_bound)
+
+    bound = convergence_bound(max(1, per_worker), max(1, workers), epoch)
+    costs = RoundCosts(round_overhead_s, step_s, 1, "the cost model")
+    return choose_frequency(costs, TARGET_OVERHEAD, MAX_FREQUENCY, max(1, per_worker), bound)[0]
 
 
 def _collect_s(workers: int, state: float, link: Link, depth: Optional[int]) -> float:
@@ -130,7 +226,7 @@ def averaging_epoch(workers: int, w: Workload, link: Link, o: Overheads, frequen
     per_worker = math.ceil(w.examples / (workers * w.batch))
     overhead = (o.round_s + workers * o.task_s + w.state_bytes / link.bytes_per_s
                 + _collect_s(workers, w.state_bytes, link, depth) + 4 * link.latency_s)
-    f = frequency if frequency is not None else auto_frequency(overhead, w.step_s, per_worker)
+    f = frequency if frequency is not None else auto_frequency(overhead, w.step_s, per_worker, workers)
     rounds = math.ceil(per_worker / f)
     compute = per_worker * w.step_s
     total = o.epoch_s + rounds * overhead + compute
@@ -138,6 +234,48 @@ def averaging_epoch(workers: int, w: Workload, link: Link, o: Overheads, frequen
             "bytes_per_rank": rounds * 2 * w.state_bytes,
             "driver_bytes": rounds * (w.state_bytes + workers * w.state_bytes if depth is None
                                       else w.state_bytes + math.ceil(workers ** (1.0 / depth)) * w.state_bytes)}
+
+
+def allreduce_s(workers: int, nbytes: float, link: Link) -> float:
+    """Seconds of the bytes and latency of one all-reduce of ``nbytes`` per
+    rank (:mod:`sparkavg.transport.collective`): ``2 (W - 1) / W`` of them
+    each way on every rank's link, :data:`ALLREDUCE_STEPS` latencies."""
+    if workers <= 1:
+        return 0.0
+    return 2 * (workers - 1) / workers * nbytes / link.bytes_per_s + ALLREDUCE_STEPS * link.latency_s
+
+
+def two_level(workers: int, nbytes: float, link: Link) -> tuple:
+    """A two-level mesh (not what collective.py does; a fix the model
+    prices): groups of ``g = ceil(sqrt(W))`` ranks all-reduce inside their
+    group, then each rank with its peers of the same position in the other
+    groups on its ``1 / g`` chunk.  Returns ``(peers, seconds of bytes and
+    latency)``: ``g - 1 + h - 1`` peers (``h`` groups), 4 steps."""
+    g = math.ceil(math.sqrt(workers))
+    h = math.ceil(workers / g)
+    sent = 2 * (g - 1) / g * nbytes + 2 * (h - 1) / h * nbytes / g
+    return (g - 1) + (h - 1), sent / link.bytes_per_s + 2 * ALLREDUCE_STEPS * link.latency_s
+
+
+def averaging_in_stage_epoch(workers: int, w: Workload, link: Link, o: Overheads, frequency=None,
+                             epoch: int = STEADY_EPOCH, topology: str = "mesh") -> Dict[str, float]:
+    """Seconds of one averaging epoch with its rounds inside one barrier
+    stage (the module docstring) and its parts; ``frequency`` None: "auto";
+    ``topology`` "mesh" (collective.py's) or "two_level" (:func:`two_level`)."""
+    per_worker = math.ceil(w.examples / (workers * w.batch))
+    if topology == "two_level" and workers > 1:
+        peers, wire = two_level(workers, w.allreduced, link)
+    else:
+        peers, wire = workers - 1, allreduce_s(workers, w.allreduced, link)
+    overhead = o.stage_round_s + peers * o.peer_s + wire
+    f = frequency if frequency is not None else auto_frequency(overhead, w.step_s, per_worker, workers, epoch)
+    rounds = math.ceil(per_worker / f)
+    compute = per_worker * w.step_s
+    stage = o.launch_s + o.meeting_s + peers * o.connect_s + 2 * w.state_bytes / link.bytes_per_s
+    total = stage + rounds * overhead + compute
+    return {"seconds": total, "rounds": rounds, "frequency": f, "compute_s": compute, "round_overhead_s": overhead,
+            "stage_s": stage, "bytes_per_rank": rounds * 4 * (workers - 1) / workers * w.allreduced,
+            "driver_bytes": 2 * w.state_bytes}
 
 
 def mesh_sends(workers: int, fanout: int = MESH_FANOUT) -> int:
@@ -153,7 +291,8 @@ def mesh_sends(workers: int, fanout: int = MESH_FANOUT) -> int:
 
 
 def sharing_epoch(workers: int, w: Workload, link: Link, o: Overheads, topology: str = "plain") -> Dict[str, float]:
-    """Seconds of one sharing epoch and its parts (``topology`` "plain" or "mesh")."""
+    """Seconds of one PLAIN or MESH sharing epoch and its parts (``topology`` "plain" or "mesh"; TREE:
+    :func:`tree_epoch`)."""
     iterations = math.ceil(w.examples / (workers * w.batch))
     received = (workers - 1) * w.messages_per_step
     sent = received if topology == "plain" else mesh_sends(workers) * w.messages_per_step
@@ -212,6 +351,8 @@ def epoch(strategy: str, workers: int, w: Workload, link: Link, o: Overheads, **
         return averaging_epoch(workers, w, link, o, **kw)
     if strategy == "sharing_tree":
         return tree_epoch(workers, w, link, o)
+    if strategy == "averaging_in_stage":
+        return averaging_in_stage_epoch(workers, w, link, o, **kw)
     return sharing_epoch(workers, w, link, o, topology=strategy.split("_")[1])
 
 
@@ -239,25 +380,71 @@ def _lstsq(rows: List[List[float]], targets: List[float]) -> List[float]:
     return [float(v) for v in best]
 
 
-def measured_points(results: Sequence[dict]) -> Dict[str, List[dict]]:
-    """Per strategy, one point per host count: the last epoch's seconds and what the model needs
-    (``bench_scale.py --runs topologies`` files have no averaging fit: sharing's own step then)."""
+_RATE_UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+
+
+def link_of(result: dict, unshaped_gbit: float) -> Link:
+    """The link of a bench_scale.py run: its ``rate`` (a tc rate such as
+    "1gbit"), or ``unshaped_gbit`` for unshaped veths."""
+    rate = str(result.get("rate", "unshaped")).lower()
+    for unit in sorted(_RATE_UNITS, key=len, reverse=True):
+        if rate.endswith(unit) and rate[:-len(unit)].replace(".", "", 1).isdigit():
+            return Link(float(rate[:-len(unit)]) * _RATE_UNITS[unit])
+    return Link(unshaped_gbit * 1e9)
+
+
+def in_stage_rounds(fit: dict) -> dict:
+    """The last epoch's rounds of an in-stage fit (bench_scale.py's
+    ``round_timeline``): per round its wall, its slowest worker's fit + data
+    seconds and that per minibatch; the medians, the epoch's seconds
+    outside its rounds (the stage's per-epoch cost) and the ranks' meeting
+    (the median rank's wait before round 1)."""
+    last = len(fit["epoch_seconds"]) - 1
+    rounds = [r for r in fit["round_timeline"] if r["epoch"] == last]
+    frequency = fit["averaging_frequency"][-1]
+    overheads, iterations, walls, waits = [], [], 0.0, []
+    for r in rounds:
+        waits.append(statistics.median(t.get("wait", 0.0) for t in r["tasks"]))
+        busy = [(t.get("fit", 0.0) + t.get("data_load", 0.0), t.get("minibatches") or frequency) for t in r["tasks"]]
+        t, n = max(busy)
+        overheads.append(max(0.0, r["seconds"] - t))
+        iterations.append(t / n)
+        walls += r["seconds"]
+    # round 1's recorder holds the task's start: its wait is the meeting plus an all-reduce's wait
+    meeting = waits[0] - (statistics.median(waits[1:]) if len(waits) > 1 else 0.0)
+    return {"rounds": len(rounds), "round_overhead_s": statistics.median(overheads),
+            "iteration_s": statistics.median(iterations), "outside_rounds_s": fit["epoch_seconds"][-1] - walls,
+            "meeting_s": max(0.0, meeting)}
+
+
+def measured_points(results: Sequence[dict], unshaped_gbit: float = 10.0) -> Dict[str, List[dict]]:
+    """Per strategy, one point per host count: the last epoch's seconds and
+    what the model needs.  ``scale`` runs give ``averaging`` (their one
+    averaging fit) and the sharing strategies; ``topologies`` runs, which
+    have no averaging fit, the sharing strategies (sharing's own step then;
+    TREE's message is PLAIN's); ``instage`` runs give ``averaging`` (their
+    ``jobs`` fit) and ``averaging_in_stage``."""
     points: Dict[str, List[dict]] = {s: [] for s in STRATEGIES}
     for r in results:
         fits = r["fits"]
-        avg = fits.get("averaging") or fits["sharing_plain"]
-        step = avg["fit_phase"]["mean"]
-        for s in STRATEGIES:
-            if s not in fits:
-                continue
-            f = fits[s]
+        link = link_of(r, unshaped_gbit)
+        names = ({"averaging": "jobs", "averaging_in_stage": "in_stage"} if "in_stage" in fits else
+                 {s: s for s in STRATEGIES if s != "averaging_in_stage" and s in fits})
+        step = fits[names.get("averaging", "sharing_plain")]["fit_phase"]["mean"]
+        for s, name in names.items():
+            f = fits[name]
             p = {"workers": r["hosts"], "seconds": f["epoch_seconds"][-1], "examples": f["examples"][-1],
-                 "step_s": step, "state_bytes": f["state_bytes"], "batch": r["batch_size_per_worker"]}
-            if s == "averaging":
+                 "step_s": step, "state_bytes": f["state_bytes"], "batch": r["batch_size_per_worker"],
+                 "link_bits_per_s": link.bits_per_s}
+            if s.startswith("averaging"):
                 p["frequency"] = f["averaging_frequency"][-1]
                 p["rounds"] = f["rounds"][-1]
-            else:
-                sp = fits["sharing_plain" if s == "sharing_tree" else s]["sparkavg"]  # TREE: PLAIN's messages
+            if s == "averaging_in_stage":
+                p.update(in_stage_rounds(f))
+                p["step_s"] = p["iteration_s"]  # the round waits for its slowest worker
+                p["round_bytes"] = f.get("round_bytes") or f["state_bytes"]
+            elif s.startswith("sharing"):
+                sp = fits["sharing_plain" if s == "sharing_tree" else name]["sparkavg"]  # TREE: PLAIN's messages
                 # one message delivered to one rank (a message goes to W - 1 peers, directly or relayed)
                 p["message_bytes"] = sp["bytes_sent"] / max(sp["messages_received"], 1)
                 iterations = math.ceil(p["examples"] / (r["hosts"] * p["batch"])) * len(f["epoch_seconds"])
@@ -273,35 +460,51 @@ def measured_points(results: Sequence[dict]) -> Dict[str, List[dict]]:
             points[s].append(p)
     for s in points:
         points[s].sort(key=lambda p: p["workers"])
-    return points
+    return {s: pts for s, pts in points.items() if pts}
 
 
 def _workload(p: dict, message_bytes=0.0, messages_per_step=1.0) -> Workload:
     return Workload(p["examples"], p["batch"], p.get("sharing_step_s", p["step_s"]), p["state_bytes"],
                     p.get("message_bytes", message_bytes), p.get("messages_per_step", messages_per_step),
-                    p.get("params", 0))
+                    p.get("params", 0), p.get("round_bytes", 0.0))
+
+
+def _point_link(p: dict, link: Link) -> Link:
+    return Link(p["link_bits_per_s"], link.latency_s) if "link_bits_per_s" in p else link
 
 
 def fit_overheads(strategy: str, points: List[dict], link: Link, apply_s: float = 0.0) -> Overheads:
     """Least-squares (relative error) overheads of one strategy from its
     points; MESH takes PLAIN's ``apply_s`` (every rank applies every message
-    in both) and fits its stage and relay costs."""
+    in both) and fits its stage and relay costs; the in-stage path fits its
+    per-round and per-epoch parts apart (the module docstring)."""
+    if strategy == "averaging_in_stage":
+        rows = [[1.0, p["workers"] - 1.0] for p in points]
+        rt = [max(1e-6, p["round_overhead_s"] - allreduce_s(p["workers"], _workload(p).allreduced,
+                                                            _point_link(p, link))) for p in points]
+        (stage_round_s, peer_s), (meeting_s, connect_s) = _lstsq(rows, rt), _lstsq(rows, [max(1e-6, p["meeting_s"])
+                                                                                          for p in points])
+        rest = [max(1e-6, p["outside_rounds_s"] - 2 * p["state_bytes"] / _point_link(p, link).bytes_per_s
+                    - meeting_s - (p["workers"] - 1) * connect_s) for p in points]
+        launch_s = _lstsq([[1.0] for _ in points], rest)[0]
+        return Overheads(stage_round_s=stage_round_s, peer_s=peer_s, launch_s=launch_s, meeting_s=meeting_s,
+                         connect_s=connect_s)
     rows, targets = [], []
     for p in points:
-        w = _workload(p)
+        w, lk = _workload(p), _point_link(p, link)
         if strategy == "averaging":
-            base = averaging_epoch(p["workers"], w, link, Overheads(), frequency=p["frequency"])
+            base = averaging_epoch(p["workers"], w, lk, Overheads(), frequency=p["frequency"])
             # seconds = base + rounds * round_s + rounds * W * task_s   (epoch_s folded into round_s: R is ~1-3)
             rows.append([base["rounds"], base["rounds"] * p["workers"]])
             targets.append(p["seconds"] - base["seconds"])
         elif strategy == "sharing_tree":
-            base = tree_epoch(p["workers"], w, link, Overheads())
+            base = tree_epoch(p["workers"], w, lk, Overheads())
             # seconds = base + stage_s + iterations * 2 D hop_s
             rows.append([1.0, base["iterations"] * 2 * base["depth"]])
             targets.append(p["seconds"] - base["seconds"])
         else:
             topology = strategy.split("_")[1]
-            base = sharing_epoch(p["workers"], w, link, Overheads(apply_s=apply_s), topology)
+            base = sharing_epoch(p["workers"], w, lk, Overheads(apply_s=apply_s), topology)
             received = (p["workers"] - 1) * w.messages_per_step
             if topology == "plain":
                 # seconds = stage_s + iterations * (step + (W - 1) q apply_s)  (CPU-bound here)
@@ -322,16 +525,19 @@ def fit_overheads(strategy: str, points: List[dict], link: Link, apply_s: float 
 
 
 def model_seconds(strategy: str, p: dict, link: Link, o: Overheads) -> float:
-    w = _workload(p)
+    w, lk = _workload(p), _point_link(p, link)
     if strategy == "averaging":
-        return averaging_epoch(p["workers"], w, link, o, frequency=p["frequency"])["seconds"]
-    return epoch(strategy, p["workers"], w, link, o)["seconds"]
+        return averaging_epoch(p["workers"], w, lk, o, frequency=p["frequency"])["seconds"]
+    if strategy == "averaging_in_stage":
+        return averaging_in_stage_epoch(p["workers"], w, lk, o, frequency=p["frequency"])["seconds"]
+    return epoch(strategy, p["workers"], w, lk, o)["seconds"]
 
 
 def calibrate(results: Sequence[dict], link: Link) -> dict:
     """Overheads per strategy, the model's error at each measured point
-    (fitted on all points) and when each point is left out of the fit."""
-    points = measured_points(results)
+    (fitted on all points) and when each point is left out of the fit
+    (``link``: the links of runs that do not say theirs)."""
+    points = measured_points(results, link.bits_per_s / 1e9)
     out = {}
     apply_s = 0.0
     for s, pts in points.items():  # PLAIN before MESH: MESH takes PLAIN's apply_s
@@ -345,9 +551,15 @@ def calibrate(results: Sequence[dict], link: Link) -> dict:
                            "model_s": model_seconds(s, p, link, o),
                            "error": model_seconds(s, p, link, o) / p["seconds"] - 1})
             if "bytes_per_iteration" in p and s != "averaging":  # a check of the bytes the model assumes
-                e = epoch(s, p["workers"], _workload(p), link, o)
+                e = epoch(s, p["workers"], _workload(p), _point_link(p, link), o)
                 errors[-1].update(measured_bytes_per_iteration=p["bytes_per_iteration"],
                                   model_bytes_per_iteration=e["bytes_per_rank_mean"] / e["iterations"])
+            if s == "averaging_in_stage":
+                errors[-1].update(measured_round_overhead_s=p["round_overhead_s"],
+                                  model_round_overhead_s=averaging_in_stage_epoch(
+                                      p["workers"], _workload(p), _point_link(p, link), o,
+                                      frequency=p["frequency"])["round_overhead_s"],
+                                  measured_outside_rounds_s=p["outside_rounds_s"], measured_meeting_s=p["meeting_s"])
             rest = pts[:i] + pts[i + 1:]
             if len(rest) >= 2:
                 o2 = fit_overheads(s, rest, link, apply_s if s == "sharing_mesh" else 0.0)
@@ -368,10 +580,10 @@ def calibrate_phases(results: Sequence[dict], link: Link) -> dict:
     the epoch took beyond its iterations.  The per-epoch and per-iteration
     costs are then measured apart rather than told apart by a fit of three
     epoch times, which a loaded machine's noise defeats."""
-    points = measured_points(results)
+    points = measured_points(results, link.bits_per_s / 1e9)
     out = {}
     for s in ("sharing_plain", "sharing_tree"):
-        pts = [p for p in points[s] if "loop_extra_s" in p]
+        pts = [p for p in points.get(s, []) if "loop_extra_s" in p]
         if len(pts) < 2:
             continue
         rows, targets, rests = [], [], []
@@ -407,8 +619,10 @@ def predict(calibrated: dict, w: Workload, workers: Sequence[int], rates_bits: S
     table = {}
     for rate in rates_bits:
         link = Link(rate, latency_s)
-        for s in STRATEGIES + ("averaging_tree", "sharing_tree_staleness1"):
-            key = {"averaging_tree": "averaging", "sharing_tree_staleness1": "sharing_tree"}.get(s, s)
+        # averaging_one_round: the jobs path at one round per epoch (the issue-26 model's frequency)
+        for s in STRATEGIES + ("averaging_tree", "averaging_one_round", "sharing_tree_staleness1"):
+            key = {"averaging_tree": "averaging", "averaging_one_round": "averaging",
+                   "sharing_tree_staleness1": "sharing_tree"}.get(s, s)
             if key not in calibrated:
                 continue
             o = Overheads(**calibrated[key]["overheads"])
@@ -416,6 +630,8 @@ def predict(calibrated: dict, w: Workload, workers: Sequence[int], rates_bits: S
                 wl = replace(w, examples=examples_per_worker * n) if examples_per_worker else w
                 if s == "averaging_tree":
                     e = averaging_epoch(n, wl, link, o, depth=2)
+                elif s == "averaging_one_round":
+                    e = averaging_epoch(n, wl, link, o, frequency=math.ceil(wl.examples / (n * wl.batch)))
                 elif s == "sharing_tree_staleness1":
                     e = tree_epoch(n, wl, link, o, staleness=1)
                 else:
@@ -425,6 +641,65 @@ def predict(calibrated: dict, w: Workload, workers: Sequence[int], rates_bits: S
                     **{k: v for k, v in e.items()}, "examples_per_s": eps,
                     "efficiency": eps / (n * wl.batch / wl.step_s)}
     return table
+
+
+def direct_peer_costs(report: dict) -> Dict[str, float]:
+    """``peer_s`` and ``connect_s`` at full speed, measured directly by
+    bench_allreduce.py (``--worlds 2 4 8 16``): least squares of one rank's
+    CPU seconds of ``connect`` over ``[1, W - 1]`` and of a round of
+    ``lenet_round`` over ``[1, W - 1, bytes sent]``."""
+    import numpy as np
+
+    worlds = sorted(int(k[1:]) for k in report if k.startswith("w") and k[1:].isdigit())
+    if len(worlds) < 3:
+        raise ValueError(f"Expect bench_allreduce.py runs of at least 3 worlds, got {worlds}")
+    connect = np.linalg.lstsq(np.array([[1.0, w - 1.0] for w in worlds]),
+                              np.array([report[f"w{w}"]["connect_cpu_ms_per_rank"] for w in worlds]), rcond=None)[0]
+    rows = [[1.0, w - 1.0, report[f"w{w}"]["lenet_round"]["payload_bytes_per_rank"]] for w in worlds]
+    cpu = [report[f"w{w}"]["lenet_round"]["cpu_ms_per_rank"] for w in worlds]
+    x = _lstsq(rows, cpu)
+    return {"connect_s": max(0.0, float(connect[1])) / 1e3, "peer_s": x[1] / 1e3, "fixed_s": x[0] / 1e3,
+            "per_byte_s": x[2] / 1e3, "worlds": worlds}
+
+
+#: Scenario fields that are neither Overheads' nor Workload's: ``two_level=1`` prices :func:`two_level`;
+#: ``one_round=1`` pins one round per epoch (the issue-26 model's frequency, before the convergence bound).
+SCENARIO_SWITCHES = ("two_level", "one_round")
+
+
+def parse_scenario(text: str) -> tuple:
+    """``"label:field=value,..."`` -> ``(label, {field: value})``; fields of
+    :class:`Overheads` (the in-stage path's, at the predicted hosts' speed),
+    :class:`Workload` (e.g. ``round_bytes``) or :data:`SCENARIO_SWITCHES`."""
+    label, _, rest = text.partition(":")
+    changes = {}
+    for part in filter(None, rest.split(",")):
+        name, _, value = part.partition("=")
+        if (name not in Overheads.__dataclass_fields__ and name not in Workload.__dataclass_fields__
+                and name not in SCENARIO_SWITCHES):
+            raise ValueError(f"Expect a scenario's fields among Overheads', Workload's and {SCENARIO_SWITCHES}, "
+                             f"got {name!r}")
+        changes[name] = float(value)
+    return label, changes
+
+
+def predict_scenario(calibrated: dict, w: Workload, changes: Dict[str, float], workers: Sequence[int],
+                     rates_bits: Sequence[float], examples_per_worker: int, latency_s: float = 50e-6) -> dict:
+    """The in-stage path's predictions with ``changes`` applied to its overheads and the workload."""
+    o = replace(Overheads(**calibrated["averaging_in_stage"]["overheads"]),
+                **{k: v for k, v in changes.items() if k in Overheads.__dataclass_fields__})
+    wl = replace(w, **{k: v for k, v in changes.items() if k in Workload.__dataclass_fields__})
+    topology = "two_level" if changes.get("two_level") else "mesh"
+    table = {}
+    for rate in rates_bits:
+        for n in workers:
+            per_worker = math.ceil(examples_per_worker / wl.batch)
+            e = averaging_in_stage_epoch(n, replace(wl, examples=examples_per_worker * n), Link(rate, latency_s), o,
+                                         frequency=per_worker if changes.get("one_round") else None,
+                                         topology=topology)
+            table.setdefault(f"{rate / 1e9:g}gbit", {})[n] = {
+                **e, "efficiency": (examples_per_worker * n / e["seconds"]) / (n * wl.batch / wl.step_s)}
+    return {"overheads": asdict(o), "workload": asdict(wl), "predictions": table}
 
 
 def scaling_limit(rows: Dict[int, dict], threshold: float = 0.5) -> Optional[int]:
@@ -437,15 +712,26 @@ def scaling_limit(rows: Dict[int, dict], threshold: float = 0.5) -> Optional[int
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("results", nargs="+", help="bench_scale.py --runs scale JSON files (2, 4, 8 hosts)")
+    p.add_argument("results", nargs="+", help="bench_scale.py --runs scale, --runs topologies or --runs instage "
+                                              "JSON files (2, 4, 8 hosts)")
     p.add_argument("--calibration-gbit", type=float, default=10.0,
-                   help="the simulated links' bandwidth for calibration (unshaped veths: CPU-bound, ~10 Gbit/s)")
+                   help="the bandwidth of runs on unshaped links (veths: CPU-bound, ~10 Gbit/s); a run with a "
+                        "rate has its own")
     p.add_argument("--examples-per-worker", type=int, default=7500,
                    help="predictions: weak scaling, examples per worker (Fashion-MNIST's 60k over 8)")
     p.add_argument("--host-speedup", type=float, default=1.0,
                    help="predictions: hosts this many times faster than the calibrated ones (step and every "
-                        "calibrated CPU cost divided by it; bytes and links unchanged), e.g. 5 for a full core "
-                        "against the 0.2-core quota of bench_scale.py")
+                        "calibrated CPU cost divided by it; bytes, links and the in-stage meeting unchanged), e.g. "
+                        "5 for a full core against the 0.2-core quota of bench_scale.py")
+    p.add_argument("--allreduce", default=None,
+                   help="a bench_allreduce.py --worlds 2 4 8 16 JSON: the in-stage path's per-peer costs at full "
+                        "speed measured directly, also predicted as the scenario 'direct_peer_costs'")
+    p.add_argument("--scenario", action="append", default=[], metavar="LABEL:FIELD=VALUE,...",
+                   help="the in-stage path predicted again with these overheads (at the predicted hosts' speed) or "
+                        "workload fields changed, e.g. 'meeting_1s:meeting_s=1.0' (repeatable; applied after "
+                        "--allreduce's)")
+    p.add_argument("--check", nargs="+", default=[], metavar="JSON",
+                   help="runs left out of the calibration: the calibrated model's error at their points")
     p.add_argument("--phases", action="store_true",
                    help="calibrate PLAIN and TREE from the ranks' phase timings per iteration (bench_scale files "
                         "with per_rank_iteration) rather than from epoch seconds alone")
@@ -456,29 +742,60 @@ def main(argv=None):
     cal = calibrate(results, link)
     if args.phases:  # sharing's overheads from the ranks' phase timings (calibrate_phases)
         cal.update(calibrate_phases(results, link))
-    points = measured_points(results)
-    ref = points["sharing_plain"][-1]
+    points = measured_points(results, args.calibration_gbit)
     k = args.host_speedup
-    scaled = {s: {**c, "overheads": {n: v / k for n, v in c["overheads"].items()}} for s, c in cal.items()}
-    step = (points["averaging"] or points["sharing_plain"])[-1]["step_s"]
-    w = Workload(examples=0, batch=ref["batch"], step_s=step / k,
-                 state_bytes=ref["state_bytes"], message_bytes=ref["message_bytes"],
-                 messages_per_step=ref["messages_per_step"], params=ref.get("params", 0))
+    scaled = {s: {**c, "overheads": {n: v if n in Overheads.NOT_CPU else v / k for n, v in c["overheads"].items()}}
+              for s, c in cal.items()}
+    # the step: the in-stage rounds' slowest worker per minibatch where measured (what a round waits for); without
+    # an averaging fit (--runs topologies), sharing's own
+    ref = (points.get("averaging_in_stage") or points.get("averaging") or points["sharing_plain"])[-1]
+    sharing = (points.get("sharing_plain") or [{}])[-1]
+    w = Workload(examples=0, batch=ref["batch"], step_s=ref["step_s"] / k, state_bytes=ref["state_bytes"],
+                 message_bytes=sharing.get("message_bytes", 0.0),
+                 messages_per_step=sharing.get("messages_per_step", 1.0), params=sharing.get("params", 0),
+                 round_bytes=ref.get("round_bytes", 0.0))
     workers = [2, 4, 8, 16, 32, 64, 128, 256]
     pred = predict(scaled, w, workers, [1e9, 10e9, 100e9], examples_per_worker=args.examples_per_worker)
     limits = {rate: {s: scaling_limit(rows) for s, rows in by.items()} for rate, by in pred.items()}
-    out = {"calibration_link_gbit": args.calibration_gbit, "calibrated": cal, "workload": asdict(w),
-           "host_speedup": k,
-           "examples_per_worker": args.examples_per_worker, "predictions": pred,
-           "efficiency_below_half_at": limits}
+    at_256 = {rate: {s: round(rows[256]["efficiency"], 3) for s, rows in by.items()} for rate, by in pred.items()}
+    scenarios, base = {}, {}
+    if args.allreduce:
+        direct = direct_peer_costs(json.load(open(args.allreduce)))
+        base = {"peer_s": direct["peer_s"], "connect_s": direct["connect_s"]}
+        scenarios["direct_peer_costs"] = {"changes": dict(base), "measured": direct}
+    for text in args.scenario:
+        label, changes = parse_scenario(text)
+        scenarios[label] = {"changes": {**base, **changes}}
+    for label, sc in scenarios.items():
+        if "averaging_in_stage" not in scaled:
+            break
+        sc.update(predict_scenario(scaled, w, sc["changes"], workers, [1e9, 10e9, 100e9], args.examples_per_worker))
+        for rate, rows in sc["predictions"].items():
+            at_256[rate][f"averaging_in_stage[{label}]"] = round(rows[256]["efficiency"], 3)
+    checked = {}
+    if args.check:
+        for s_, pts in measured_points([json.load(open(f)) for f in args.check], args.calibration_gbit).items():
+            if s_ in cal:
+                o = Overheads(**cal[s_]["overheads"])
+                checked[s_] = [{"workers": q["workers"], "measured_s": q["seconds"],
+                                "model_s": model_seconds(s_, q, link, o),
+                                "error": model_seconds(s_, q, link, o) / q["seconds"] - 1} for q in pts]
+    out = {"calibration_link_gbit": args.calibration_gbit, "files": args.results, "checked_files": args.check,
+           "checked": checked, "calibrated": cal,
+           "workload": asdict(w), "host_speedup": k, "steady_epoch": STEADY_EPOCH,
+           "examples_per_worker": args.examples_per_worker, "predictions": pred, "scenarios": scenarios,
+           "efficiency_below_half_at": limits, "efficiency_at_256": at_256}
     text = json.dumps(out, indent=1, default=float)
     if args.out:
         with open(args.out, "w") as fh:
             fh.write(text + "\n")
-    print(json.dumps({"calibrated": {s: {"overheads": c["overheads"], "errors": [round(e["error"], 3) for e in
-                                                                                   c["points"]],
+    print(json.dumps({"calibrated": {s: {"overheads": {n: v for n, v in c["overheads"].items() if v},
+                                         "errors": [round(e["error"], 3) for e in c["points"]],
                                          "leave_one_out": [round(e["error"], 3) for e in c["leave_one_out"]]}
-                                     for s, c in cal.items()}, "efficiency_below_half_at": limits}, indent=1))
+                                     for s, c in cal.items()},
+                      "checked": {s: [round(e["error"], 3) for e in es] for s, es in checked.items()},
+                      "efficiency_below_half_at": limits,
+                      "efficiency_at_256": at_256}, indent=1))
     return out
 
 

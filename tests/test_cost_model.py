@@ -1,4 +1,4 @@
-"""benchmarks/cost_model.py (issue 26): the epoch model's parts and its calibration, pure Python."""
+"""benchmarks/cost_model.py (issues 26, 37, 38): the epoch model's parts and its calibration, pure Python."""
 import math
 import os
 import sys
@@ -7,9 +7,9 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
-from cost_model import (Link, Overheads, Workload, averaging_epoch, auto_frequency, calibrate,  # noqa: E402
-                        calibrate_phases, epoch, merged_bytes, mesh_sends, sharing_epoch, tree_depth,
-                        tree_epoch)
+from cost_model import (ALLREDUCE_STEPS, Link, Overheads, Workload, averaging_epoch,  # noqa: E402
+                        averaging_in_stage_epoch, auto_frequency, calibrate, calibrate_phases, epoch, merged_bytes,
+                        mesh_sends, sharing_epoch, tree_depth, tree_epoch)
 
 W = Workload(examples=8192, batch=32, step_s=0.04, state_bytes=5.2e6, message_bytes=33e3)
 FAST = Link(1e12, 0.0)
@@ -27,8 +27,56 @@ def test_mesh_sends_counts_the_busiest_relay():
 def test_auto_frequency_keeps_the_overhead_at_the_target():
     f = auto_frequency(0.1, 0.01, per_worker=10_000)
     assert 0.1 / (0.1 + f * 0.01) <= 0.0305 and f < 400  # evening the rounds may cost a minibatch
-    assert auto_frequency(0.3, 0.01, per_worker=50) == 50  # one round when the shard is small
+    assert auto_frequency(0.3, 0.01, per_worker=50) == 13  # a small shard: the bound's 4 rounds an epoch
     assert auto_frequency(100.0, 0.01, per_worker=10_000) <= 400
+
+
+def test_auto_frequency_is_capped_by_the_convergence_bound_of_the_epoch():
+    # 235 minibatches per worker on 256 workers: 30 rounds by the end of epoch 1, 38 by the end of epoch 2
+    assert auto_frequency(10.0, 0.01, per_worker=235, workers=256, epoch=0) == 8
+    assert auto_frequency(10.0, 0.01, per_worker=235, workers=256, epoch=1) == 30
+
+
+def test_in_stage_rounds_send_two_w_minus_one_over_w_of_the_vector_in_two_steps():
+    link = Link(1e9, 1e-3)
+    w = Workload(examples=8192, batch=32, step_s=0.04, state_bytes=5.2e6, message_bytes=0.0, round_bytes=6.9e6)
+    for n in (2, 16, 256):
+        e = averaging_in_stage_epoch(n, w, link, Overheads(), frequency=4)
+        assert e["round_overhead_s"] == pytest.approx(2 * (n - 1) / n * 6.9e6 / 125e6 + ALLREDUCE_STEPS * 1e-3)
+    o = Overheads(stage_round_s=0.01, peer_s=0.002, launch_s=0.5, meeting_s=1.0, connect_s=0.003)
+    e = averaging_in_stage_epoch(8, w, Link(1e12, 0.0), o, frequency=4)
+    assert e["rounds"] == 8 and e["round_overhead_s"] == pytest.approx(0.01 + 7 * 0.002 + 1.75 * 6.9e6 / 1.25e11)
+    assert e["stage_s"] == pytest.approx(0.5 + 1.0 + 7 * 0.003 + 2 * 5.2e6 / 1.25e11)
+    assert e["seconds"] == pytest.approx(e["stage_s"] + 8 * e["round_overhead_s"] + 32 * 0.04)
+
+
+def test_in_stage_calibration_recovers_its_round_and_stage_costs():
+    truth = Overheads(stage_round_s=0.05, peer_s=0.004, launch_s=0.7, meeting_s=1.0, connect_s=0.02)
+    link = Link(1e9)
+    w = Workload(examples=8192, batch=32, step_s=0.04, state_bytes=5.2e6, message_bytes=0.0, round_bytes=6.9e6)
+    results = []
+    for hosts in (2, 4, 8):
+        e = averaging_in_stage_epoch(hosts, w, link, truth, frequency=8)
+        per = math.ceil(w.examples / (hosts * w.batch))
+        busy = per * w.step_s / e["rounds"]
+        meeting = truth.meeting_s + (hosts - 1) * truth.connect_s
+        timeline = [{"epoch": 1, "round": r, "seconds": busy + e["round_overhead_s"],
+                     "tasks": [{"lane": f"w{i}", "fit": busy, "data_load": 0.0, "minibatches": 8,
+                                "wait": 0.05 + (meeting if r == 0 else 0.0)} for i in range(hosts)]}
+                    for r in range(e["rounds"])]
+        fit = {"epoch_seconds": [99.0, e["seconds"]], "examples": [w.examples] * 2, "fit_phase": {"mean": w.step_s},
+               "state_bytes": w.state_bytes, "round_bytes": w.round_bytes, "averaging_frequency": [8, 8],
+               "rounds": [e["rounds"]] * 2, "round_timeline": timeline}
+        jobs = {**fit, "epoch_seconds": [averaging_epoch(hosts, w, link, Overheads(round_s=0.5), frequency=8)
+                                         ["seconds"]]}
+        results.append({"hosts": hosts, "rate": "1gbit", "batch_size_per_worker": w.batch,
+                        "fits": {"in_stage": fit, "jobs": jobs}})
+    cal = calibrate(results, Link(10e9))  # each run's own rate, not this
+    got = cal["averaging_in_stage"]["overheads"]
+    for name in ("stage_round_s", "peer_s", "launch_s", "meeting_s", "connect_s"):
+        assert got[name] == pytest.approx(getattr(truth, name), rel=1e-6), name
+    assert cal["averaging_in_stage"]["max_abs_error"] < 1e-6
+    assert cal["averaging"]["overheads"]["round_s"] == pytest.approx(0.5, rel=1e-6)
 
 
 def test_averaging_pays_every_result_through_the_driver_unless_tree_aggregated():
@@ -128,3 +176,87 @@ def test_phase_calibration_separates_the_epoch_from_its_iterations():
     assert cal["sharing_tree"]["overheads"]["hop_s"] == pytest.approx(0.006, rel=1e-6)
     assert cal["sharing_tree"]["overheads"]["stage_s"] == pytest.approx(2.0, rel=1e-3)
     assert all(c["max_abs_error"] < 1e-3 for c in cal.values())
+
+
+def test_direct_peer_costs_are_the_slopes_over_the_peers():
+    from cost_model import direct_peer_costs, parse_scenario
+
+    report = {f"w{w}": {"connect_cpu_ms_per_rank": 1.0 + 1.5 * (w - 1),
+                        "lenet_round": {"payload_bytes_per_rank": 2 * (w - 1) / w * 6.9e6,
+                                        "cpu_ms_per_rank": 5.0 + 1.2 * (w - 1) + 1e-6 * 2 * (w - 1) / w * 6.9e6}}
+              for w in (2, 4, 8, 16)}
+    got = direct_peer_costs(report)
+    assert got["connect_s"] == pytest.approx(1.5e-3) and got["peer_s"] == pytest.approx(1.2e-3)
+    assert got["per_byte_s"] == pytest.approx(1e-9)
+    assert parse_scenario("hidden:meeting_s=0,round_bytes=1.7e6") == ("hidden", {"meeting_s": 0.0, "round_bytes": 1.7e6})
+    with pytest.raises(ValueError, match="fields"):
+        parse_scenario("x:meeting=1")
+
+
+def test_a_two_level_mesh_has_fewer_peers_for_about_the_same_bytes():
+    from cost_model import two_level
+
+    link = Link(1e9, 0.0)
+    peers, wire = two_level(256, 6.9e6, link)
+    assert peers == 30  # 15 in its group of 16, 15 groups besides its own
+    flat = averaging_in_stage_epoch(256, W, link, Overheads(peer_s=1e-3), frequency=8)
+    two = averaging_in_stage_epoch(256, W, link, Overheads(peer_s=1e-3), frequency=8, topology="two_level")
+    assert wire < 1.1 * 2 * 6.9e6 / 125e6
+    assert two["round_overhead_s"] < flat["round_overhead_s"] - 0.2
+
+
+def test_one_run_of_the_model_takes_instage_and_topologies_files_together(tmp_path):
+    """Issue 37's in-stage runs (averaging fits, a rate) and issue 38's topologies runs (no averaging fit, phase
+    timings) in one call: every strategy calibrated, each file kind the way its own branch read it."""
+    import json
+
+    from cost_model import main
+
+    w = Workload(examples=8192, batch=32, step_s=0.04, state_bytes=5.2e6, message_bytes=33e3, params=431080,
+                 round_bytes=6.9e6)
+    instage_o = Overheads(stage_round_s=0.05, peer_s=0.004, launch_s=0.7, meeting_s=1.0, connect_s=0.02)
+    tree_o = Overheads(stage_s=2.0, sync_s=0.007, hop_s=0.006)
+    files = []
+    for hosts in (2, 4, 8):
+        per = math.ceil(w.examples / (hosts * w.batch))
+        e = averaging_in_stage_epoch(hosts, w, Link(1e9), instage_o, frequency=8)
+        busy = per * w.step_s / e["rounds"]
+        timeline = [{"epoch": 0, "round": r, "seconds": busy + e["round_overhead_s"],
+                     "tasks": [{"fit": busy, "minibatches": 8,
+                                "wait": 0.05 + (1.0 + (hosts - 1) * 0.02 if r == 0 else 0.0)}]}
+                    for r in range(e["rounds"])]
+        fit = {"epoch_seconds": [e["seconds"]], "examples": [w.examples], "fit_phase": {"mean": w.step_s},
+               "state_bytes": w.state_bytes, "round_bytes": w.round_bytes, "averaging_frequency": [8],
+               "rounds": [e["rounds"]], "round_timeline": timeline}
+        jobs = {**fit, "epoch_seconds": [averaging_epoch(hosts, w, Link(1e9), Overheads(round_s=0.5),
+                                                         frequency=8)["seconds"]]}
+        topologies = {}
+        for name, o, extra in (("sharing_plain", Overheads(stage_s=3.0, sync_s=0.007, apply_s=0.005),
+                                0.007 + 0.005 * (hosts - 1)),
+                               ("sharing_tree", tree_o, 0.007 + 0.006 * 2 * tree_depth(hosts))):
+            topologies[name] = {
+                "epoch_seconds": [epoch(name, hosts, w, Link(1e12), o)["seconds"]], "examples": [w.examples],
+                "state_bytes": w.state_bytes, "fit_phase": {"mean": w.step_s}, "num_params": w.params,
+                "per_rank_iteration": {"wait_s": extra, "apply_s": 0.0, "encode_s": 0.0, "send_s": 0.0,
+                                       "bytes_sent": 1.0, "bytes_received": 1.0},
+                "sparkavg": {"bytes_sent": w.message_bytes * per * hosts * (hosts - 1), "messages_sent": per * hosts,
+                             "messages_received": per * hosts * (hosts - 1)}}
+        for kind, fits, rate in (("instage", {"in_stage": fit, "jobs": jobs}, "1gbit"),
+                                 ("topologies", topologies, "unshaped")):
+            path = tmp_path / f"scale_{kind}_h{hosts}.json"
+            path.write_text(json.dumps({"hosts": hosts, "rate": rate, "batch_size_per_worker": w.batch,
+                                        "fits": fits}))
+            files.append(str(path))
+    out = main(files + ["--phases", "--calibration-gbit", "1000", "--scenario", "hidden:meeting_s=0",
+                        "--out", str(tmp_path / "out.json")])
+    cal = out["calibrated"]
+    assert set(cal) == {"averaging", "averaging_in_stage", "sharing_plain", "sharing_tree"}
+    assert cal["averaging_in_stage"]["overheads"]["peer_s"] == pytest.approx(0.004, rel=1e-6)
+    assert cal["sharing_tree"]["overheads"]["hop_s"] == pytest.approx(0.006, rel=1e-6)
+    # TREE within 1%: its links' latency per hop is in the epoch, and the phase fit puts it in the stage
+    assert all(c["max_abs_error"] < (1e-2 if s == "sharing_tree" else 1e-6) for s, c in cal.items())
+    assert cal["averaging_in_stage"]["points"][0]["workers"] == 2 and out["workload"]["step_s"] == pytest.approx(w.step_s)
+    by = out["predictions"]["10gbit"]
+    assert {"averaging_one_round", "averaging_tree", "sharing_tree_staleness1"} <= set(by)
+    assert out["workload"]["params"] == 431080 and out["workload"]["round_bytes"] == 6.9e6
+    assert "hidden" in out["scenarios"]

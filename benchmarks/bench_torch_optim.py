@@ -31,7 +31,7 @@ same run, Fashion-MNIST:
     mode, 2 processes x 1 thread, DDP over gloo, the same module, loss,
     optimizer and scheduler by name, each process its half of every
     epoch's shuffle, ``--batch-size`` per process), each started alone,
-    then their epochs in turns, the first of each pair alternating.  Test
+    then their epochs in turns (averaging's first: ``_spark_runs``).  Test
     accuracy after every epoch and the gaps; examples/s of the epochs
     (sparkavg: the history's epoch seconds, the first epoch's worker
     start-up and probe included, validation not; TorchDistributor: its
@@ -249,7 +249,7 @@ class _Averaging:
 
     def __init__(self, spark, data, args):
         self.spark, self.data, self.args = spark, data, args
-        self.fit_seconds = []
+        self.fit_seconds, self.model_init_seconds = [], []
 
     def start(self) -> float:
         """The data into Spark (as the example's ``as_minibatch_rdd``) and the trainer; its seconds."""
@@ -270,9 +270,12 @@ class _Averaging:
 
     def epoch(self, epoch: int) -> float:
         """One fit of one epoch (minibatching the data once, in the first), its validation included."""
+        before = self.trainer.stats.overhead_breakdown().get("model_init", 0.0)
         t = time.perf_counter()
         self.trainer.fit(self.rdd, epochs=1, validation_data=self.test)
         self.fit_seconds.append(time.perf_counter() - t)
+        # the workers' seconds building or loading the model: high where Spark forked fresh Python workers
+        self.model_init_seconds.append(self.trainer.stats.overhead_breakdown().get("model_init", 0.0) - before)
         return self.fit_seconds[-1]
 
     def finish(self) -> dict:
@@ -284,6 +287,7 @@ class _Averaging:
         h = self.trainer.history
         run = {"master": self.master.to_config(), "accuracy": [e["accuracy"] for e in h],
                "epoch_seconds": [e["seconds"] for e in h], "fit_seconds": self.fit_seconds,
+               "model_init_seconds": self.model_init_seconds,
                "setup_seconds": self.setup_seconds,
                "averaging_frequency": [e.get("averaging_frequency") for e in h],
                "rates": [self.model.updater.rate(0, e) for e in range(len(h))]}
@@ -306,7 +310,9 @@ def _distributor_turns(data, args):
 
 def _spark_runs(spark, data, args, names) -> dict:
     """``averaging`` and ``distributor`` (either or both): each started alone, then their epochs in
-    turns, the first of each pair alternating (averaging first in epochs 1, 3, ...)."""
+    turns, averaging's first in every epoch: Spark ends a Python worker idle for a minute
+    (PythonWorkerFactory), so two TorchDistributor epochs in a row would send averaging's next
+    epoch to fresh workers (torch imported, the model built again), which no continuous fit does."""
     runs = {}
     if "distributor" in names:
         runs["distributor"] = _distributor_turns(data, args)
@@ -315,9 +321,8 @@ def _spark_runs(spark, data, args, names) -> dict:
     turns = {name: {"start_seconds": None, "turn_seconds": [], "load_average_1min": []} for name in runs}
     for name, run in runs.items():
         turns[name]["start_seconds"] = run.start()
-    first = [name for name in ("averaging", "distributor") if name in runs]
     for epoch in range(args.recipe_epochs):
-        for name in first if epoch % 2 == 0 else first[::-1]:
+        for name in [name for name in ("averaging", "distributor") if name in runs]:
             before = _machine()["load_average_1min"]
             turns[name]["turn_seconds"].append(runs[name].epoch(epoch))
             turns[name]["load_average_1min"].append([before, _machine()["load_average_1min"]])

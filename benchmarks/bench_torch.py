@@ -158,8 +158,22 @@ def ceiling(args) -> dict:
 
 
 # ---------------------------------------------------------------- distributor
-def _ddp_train(data_dir, limit, epochs, batch, seed):
-    """Runs in each TorchDistributor process: DDP over gloo, one thread."""
+#: What each TorchDistributor process trains, as importable names (resolved in the process):
+#: the module's factory, the loss of its outputs and integer targets, torch's optimizer and,
+#: optionally, a scheduler stepped after every epoch; ``paths`` go first on the process's sys.path.
+LENET_ADAM = {"module": "sparkavg.torch.zoo:lenet", "loss": "torch.nn.functional:cross_entropy",
+              "optimizer": "torch.optim:Adam", "optimizer_kwargs": {"lr": LR}}
+
+
+def _ddp_train(data_dir, limit, epochs, batch, seed, recipe, turns=None):
+    """Runs in each TorchDistributor process: DDP over gloo, one thread, ``recipe`` (as LENET_ADAM).
+
+    With ``turns`` (a folder: :class:`DistributorTurns`), every epoch waits for the driver's
+    ``go-<epoch>`` file there, and rank 0 writes ``ready`` before the first and ``done-<epoch>`` after
+    each epoch and its evaluation; the seconds spent waiting are returned as ``waited_seconds``."""
+    import importlib
+    import os
+    import sys
     import time
 
     import numpy as np
@@ -168,8 +182,24 @@ def _ddp_train(data_dir, limit, epochs, batch, seed):
     from torch.nn.parallel import DistributedDataParallel
 
     from sparkavg.data.mnist import load_mnist
-    from sparkavg.torch.zoo import lenet
 
+    def named(reference):
+        module, _, attr = reference.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def signal(name):
+        if turns is not None and rank == 0:
+            with open(os.path.join(turns, name + ".tmp"), "w") as fh:
+                fh.write(name)
+            os.replace(os.path.join(turns, name + ".tmp"), os.path.join(turns, name))
+
+    def wait_turn(epoch):
+        t = time.perf_counter()
+        while turns is not None and not os.path.exists(os.path.join(turns, f"go-{epoch}")):
+            time.sleep(0.02)
+        return time.perf_counter() - t
+
+    sys.path[:0] = recipe.get("paths", [])
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -177,48 +207,118 @@ def _ddp_train(data_dir, limit, epochs, batch, seed):
     xt, yt = load_mnist(data_dir, "test")
     xs, ys = torch.from_numpy(x), torch.from_numpy(y)
     torch.manual_seed(seed)
-    model = DistributedDataParallel(lenet())
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model = DistributedDataParallel(named(recipe["module"])(**recipe.get("module_kwargs", {})))
+    opt = named(recipe["optimizer"])(model.parameters(), **recipe.get("optimizer_kwargs", {}))
+    scheduler = (named(recipe["scheduler"])(opt, **recipe.get("scheduler_kwargs", {}))
+                 if recipe.get("scheduler") else None)
+    loss_of = named(recipe["loss"])
     per_rank = len(x) // world
-    seconds, accuracy = [], []
+    seconds, accuracy, waited = [], [], 0.0
+    dist.barrier()
+    signal("ready")
     for epoch in range(epochs):
         order = torch.from_numpy(np.random.default_rng([seed, epoch]).permutation(len(x))[rank::world][:per_rank])
+        waited += wait_turn(epoch)
         dist.barrier()
         t = time.perf_counter()
         model.train()
         for start in range(0, per_rank, batch):
             idx = order[start:start + batch]
             opt.zero_grad()
-            loss = torch.nn.functional.cross_entropy(model(xs[idx]), ys[idx])
+            loss = loss_of(model(xs[idx]), ys[idx])
             loss.backward()
             opt.step()
             loss.item()
         dist.barrier()
         seconds.append(time.perf_counter() - t)
+        if scheduler is not None:
+            scheduler.step()
         if rank == 0:
             model.eval()
             with torch.no_grad():
                 pred = torch.cat([model.module(torch.from_numpy(xt[i:i + 1000])).argmax(1)
                                   for i in range(0, len(xt), 1000)])
             accuracy.append(float((pred.numpy() == yt).mean()))
+        signal(f"done-{epoch}")
     dist.destroy_process_group()
-    return {"epoch_seconds": seconds, "accuracy": accuracy, "examples": per_rank * world}
+    return {"epoch_seconds": seconds, "accuracy": accuracy, "examples": per_rank * world, "waited_seconds": waited}
 
 
-def distributor(spark, args) -> dict:
+def run_distributor(workers, data_dir, limit, epochs, batch, seed, recipe=LENET_ADAM, turns=None) -> dict:
+    """pyspark's TorchDistributor (local mode, ``workers`` processes x 1 thread, DDP over gloo) training
+    ``recipe`` on the first ``limit`` training examples (each process its half, ``batch`` per process per
+    step): the epochs' seconds (the training loops between barriers), accuracy after every epoch, and
+    the wall time of ``TorchDistributor.run`` (process start-up, imports, data loading, gloo, every
+    epoch and its evaluation; less the time spent waiting for ``turns``).  Needs an active SparkSession."""
+    from pyspark import cloudpickle
     from pyspark.ml.torch.distributor import TorchDistributor
 
     from sparkavg.data.mnist import default_data_dir
 
+    if _ddp_train.__module__ != "__main__":  # imported by another benchmark: its processes cannot import this file
+        cloudpickle.register_pickle_by_value(sys.modules[_ddp_train.__module__])
     t = time.perf_counter()
-    run = TorchDistributor(num_processes=args.workers, local_mode=True, use_gpu=False).run(
-        _ddp_train, str(args.data_dir or default_data_dir()), args.limit_train, args.epochs, args.batch_size,
-        args.seed)
-    wall = time.perf_counter() - t
+    run = TorchDistributor(num_processes=workers, local_mode=True, use_gpu=False).run(
+        _ddp_train, str(data_dir or default_data_dir()), limit, epochs, batch, seed, recipe, turns)
+    wall = time.perf_counter() - t - run["waited_seconds"]
     run["examples_per_second"] = run["examples"] / statistics.median(run["epoch_seconds"])
     run["wall_seconds_with_startup"] = wall
-    run["examples_per_second_with_startup"] = run["examples"] * args.epochs / wall
+    run["examples_per_second_with_startup"] = run["examples"] * epochs / wall
     return run
+
+
+class DistributorTurns:
+    """:func:`run_distributor` in a background thread, its epochs taken in turns with other work in
+    this process: :meth:`start` returns once the processes are up and the data loaded (their start-up
+    alone on the machine); each :meth:`epoch` lets one epoch (and its evaluation) run and waits for it."""
+
+    def __init__(self, *args, **kwargs):
+        import tempfile
+        import threading
+
+        self.folder = tempfile.mkdtemp(prefix="sparkavg-ddp-turns-")
+        self.result, self.error = None, None
+
+        def target():
+            try:
+                self.result = run_distributor(*args, turns=self.folder, **kwargs)
+            except BaseException as exc:  # raised in the driver's thread by _wait
+                self.error = exc
+
+        self.thread = threading.Thread(target=target, name="distributor-turns", daemon=True)
+
+    def _wait(self, name: str) -> float:
+        t = time.perf_counter()
+        while not os.path.exists(os.path.join(self.folder, name)):
+            if not self.thread.is_alive():
+                raise RuntimeError(f"TorchDistributor ended before {name!r}") from self.error
+            time.sleep(0.02)
+        return time.perf_counter() - t
+
+    def start(self) -> float:
+        """Start the processes; the seconds until they are ready."""
+        self.thread.start()
+        return self._wait("ready")
+
+    def epoch(self, epoch: int) -> float:
+        """Run epoch ``epoch`` (from 0); the seconds it and its evaluation took, as the driver saw them."""
+        with open(os.path.join(self.folder, f"go-{epoch}"), "w"):
+            pass
+        return self._wait(f"done-{epoch}")
+
+    def finish(self) -> dict:
+        """Wait for the processes to end; :func:`run_distributor`'s result."""
+        import shutil
+
+        self.thread.join()
+        shutil.rmtree(self.folder, ignore_errors=True)
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def distributor(spark, args) -> dict:
+    return run_distributor(args.workers, args.data_dir, args.limit_train, args.epochs, args.batch_size, args.seed)
 
 
 # -------------------------------------------------------------------- sharing

@@ -20,11 +20,25 @@ same run, Fashion-MNIST:
     PyTorch's mnist recipe (``examples/torch_mnist.py``: its Net,
     ``Adadelta(lr=1.0)``, ``StepLR(step_size=1, gamma=0.7)`` per epoch,
     nll_loss of log_softmax outputs) on the first ``--recipe-limit-train``
-    training examples (default: all) for ``--recipe-epochs`` epochs: one
-    plain torch process (2 threads) at the workers' combined batch (2 x
-    ``--batch-size``) and at one worker's, then ``ParameterAveraging`` at
-    its defaults on ``local[2]`` (2 workers x ``--batch-size``); test
-    accuracy after every epoch and the gaps.
+    training examples (default: all) for ``--recipe-epochs`` epochs, the
+    runs of ``--recipe-runs``: one plain torch process (2 threads) at the
+    workers' combined batch (2 x ``--batch-size``, ``one_process``) and at
+    one worker's (``one_process_worker_batch``), one after the other; then,
+    on one ``local[2]`` session whose start is in neither's time,
+    ``ParameterAveraging`` at its defaults (2 workers x ``--batch-size``,
+    the example's ``SparkTrainer(...).fit``, one ``fit(epochs=1)`` per
+    epoch on the same trainer) and pyspark's ``TorchDistributor`` (local
+    mode, 2 processes x 1 thread, DDP over gloo, the same module, loss,
+    optimizer and scheduler by name, each process its half of every
+    epoch's shuffle, ``--batch-size`` per process), each started alone,
+    then their epochs in turns (averaging's first: ``_spark_runs``).  Test
+    accuracy after every epoch and the gaps; examples/s of the epochs
+    (sparkavg: the history's epoch seconds, the first epoch's worker
+    start-up and probe included, validation not; TorchDistributor: its
+    training loops between barriers, start-up and evaluation not) and
+    with start-up (sparkavg: the data into Spark, the trainer, every fit
+    with its validation pass; TorchDistributor: ``run`` from start to end,
+    evaluation after every epoch included, less its waits for its turns).
 
 The machine's load (1-minute load average, before and after each section)
 is recorded: the figures are only comparable within one run.
@@ -32,6 +46,8 @@ is recorded: the figures are only comparable within one run.
     PYTHONPATH=$PWD python benchmarks/bench_torch_optim.py --out benchmarks/results/torch_optim.json
     PYTHONPATH=$PWD python benchmarks/bench_torch_optim.py --limit-train 3000 --recipe-limit-train 2000 \\
         --epochs 1 --recipe-epochs 1 --overhead-steps 30       # sanity run
+    PYTHONPATH=$PWD python benchmarks/bench_torch_optim.py --sections adadelta --batch-size 64 \\
+        --recipe-limit-train 20000 --out benchmarks/results/torch_recipe.json    # issue 36's figure
 """
 from __future__ import annotations
 
@@ -44,12 +60,13 @@ import time
 
 import numpy as np
 
-from report import emit, torch_epoch
+from report import emit, subset, torch_epoch
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
 sys.path.insert(0, EXAMPLES)
 
 SECTIONS = ("lenet", "overhead", "adadelta")
+RECIPE_RUNS = ("one_process", "one_process_worker_batch", "averaging", "distributor")
 LR = 1e-3
 
 
@@ -206,37 +223,162 @@ def _one_process(data, args, batch: int) -> dict:
     return {"accuracy": accuracy, "epoch_seconds": seconds, "batch_size": batch, "threads": 2}
 
 
-def adadelta(data, args) -> dict:
-    from mnist_example import as_minibatch_rdd, spark_session
+def _ddp_recipe(model) -> dict:
+    """``model``'s module, loss, optimizer and scheduler as TorchDistributor's processes build them
+    (``bench_torch.run_distributor``): the same names, so the same code."""
+    u = model.updater
+    return {"module": model.factory_ref, "module_kwargs": dict(model.factory_kwargs),
+            "loss": model.config_arguments()["loss"], "optimizer": u.optimizer,
+            "optimizer_kwargs": {"lr": u.lr, **u.kwargs}, "scheduler": u.scheduler,
+            "scheduler_kwargs": dict(u.scheduler_kwargs), "paths": [os.path.abspath(EXAMPLES)]}
+
+
+def _throughput(run: dict, examples: int, wall: float) -> dict:
+    """Examples/s of the epochs' training (their seconds summed) and of the whole run (``wall``)."""
+    epochs = len(run["epoch_seconds"])
+    run.update(train_seconds=sum(run["epoch_seconds"]), wall_seconds_with_startup=wall,
+               examples_per_second=examples * epochs / sum(run["epoch_seconds"]),
+               examples_per_second_with_startup=examples * epochs / wall)
+    return run
+
+
+class _Averaging:
+    """The recipe as examples/torch_mnist.py trains it, ``SparkTrainer(...).fit`` at the defaults, one
+    ``fit(epochs=1)`` per :meth:`epoch` on the same trainer (the state, the frequencies' measurements and
+    the scheduler carry over), so that its epochs can take turns with TorchDistributor's."""
+
+    def __init__(self, spark, data, args):
+        self.spark, self.data, self.args = spark, data, args
+        self.fit_seconds, self.model_init_seconds = [], []
+
+    def start(self) -> float:
+        """The data into Spark (as the example's ``as_minibatch_rdd``) and the trainer; its seconds."""
+        from mnist_example import as_minibatch_rdd
+
+        import torch_mnist
+        from sparkavg.spark import ParameterAveraging, SparkTrainer
+
+        (x, y), (xt, yt) = self.data
+        t = time.perf_counter()
+        sc = self.spark.sparkContext
+        self.rdd, self.test = as_minibatch_rdd(sc, x, y, 2), as_minibatch_rdd(sc, xt, yt, 2)
+        self.master = ParameterAveraging(batch_size_per_worker=self.args.batch_size, workers=2, seed=self.args.seed)
+        self.model = torch_mnist.build(seed=self.args.seed)
+        self.trainer = SparkTrainer(self.spark, self.model, self.master)
+        self.setup_seconds = time.perf_counter() - t
+        return self.setup_seconds
+
+    def epoch(self, epoch: int) -> float:
+        """One fit of one epoch (minibatching the data once, in the first), its validation included."""
+        before = self.trainer.stats.overhead_breakdown().get("model_init", 0.0)
+        t = time.perf_counter()
+        self.trainer.fit(self.rdd, epochs=1, validation_data=self.test)
+        self.fit_seconds.append(time.perf_counter() - t)
+        # the workers' seconds building or loading the model: high where Spark forked fresh Python workers
+        self.model_init_seconds.append(self.trainer.stats.overhead_breakdown().get("model_init", 0.0) - before)
+        return self.fit_seconds[-1]
+
+    def finish(self) -> dict:
+        t = time.perf_counter()
+        self.trainer.close()
+        close = time.perf_counter() - t
+        self.rdd.unpersist()
+        self.test.unpersist()
+        h = self.trainer.history
+        run = {"master": self.master.to_config(), "accuracy": [e["accuracy"] for e in h],
+               "epoch_seconds": [e["seconds"] for e in h], "fit_seconds": self.fit_seconds,
+               "model_init_seconds": self.model_init_seconds,
+               "setup_seconds": self.setup_seconds,
+               "averaging_frequency": [e.get("averaging_frequency") for e in h],
+               "rates": [self.model.updater.rate(0, e) for e in range(len(h))]}
+        return _throughput(run, len(self.data[0][0]), self.setup_seconds + sum(self.fit_seconds) + close)
+
+
+def _distributor_turns(data, args):
+    """The same module, loss, optimizer and scheduler under TorchDistributor (DDP, gloo, 2 x 1 thread),
+    its epochs in turns (``bench_torch.DistributorTurns``)."""
+    from bench_torch import DistributorTurns
 
     import torch_mnist
-    from sparkavg.spark import ParameterAveraging, SparkTrainer
+
+    recipe = _ddp_recipe(torch_mnist.build(seed=args.seed))
+    turns = DistributorTurns(2, args.data_dir, args.recipe_limit_train, args.recipe_epochs, args.batch_size,
+                             args.seed, recipe)
+    turns.recipe = recipe
+    return turns
+
+
+def _spark_runs(spark, data, args, names) -> dict:
+    """``averaging`` and ``distributor`` (either or both): each started alone, then their epochs in
+    turns, averaging's first in every epoch: Spark ends a Python worker idle for a minute
+    (PythonWorkerFactory), so two TorchDistributor epochs in a row would send averaging's next
+    epoch to fresh workers (torch imported, the model built again), which no continuous fit does."""
+    runs = {}
+    if "distributor" in names:
+        runs["distributor"] = _distributor_turns(data, args)
+    if "averaging" in names:
+        runs["averaging"] = _Averaging(spark, data, args)
+    turns = {name: {"start_seconds": None, "turn_seconds": [], "load_average_1min": []} for name in runs}
+    for name, run in runs.items():
+        turns[name]["start_seconds"] = run.start()
+    for epoch in range(args.recipe_epochs):
+        for name in [name for name in ("averaging", "distributor") if name in runs]:
+            before = _machine()["load_average_1min"]
+            turns[name]["turn_seconds"].append(runs[name].epoch(epoch))
+            turns[name]["load_average_1min"].append([before, _machine()["load_average_1min"]])
+            logging.info("recipe, %s epoch %d: %.1f s", name, epoch + 1, turns[name]["turn_seconds"][-1])
+    out = {}
+    for name, run in runs.items():
+        out[name] = run.finish()
+        if name == "distributor":
+            assert out[name]["examples"] == len(data[0][0]), (out[name]["examples"], len(data[0][0]))
+            out[name] = _throughput(out[name], out[name]["examples"], out[name]["wall_seconds_with_startup"])
+            out[name]["recipe"] = run.recipe
+        out[name].update(turns[name])
+    return out
+
+
+def adadelta(data, args) -> dict:
+    from mnist_example import spark_session
 
     (x, y), (xt, yt) = data
     out = {"examples": int(len(x)), "test_examples": int(len(xt)), "epochs": args.recipe_epochs,
-           "one_process": _one_process(data, args, 2 * args.batch_size),
-           "one_process_worker_batch": _one_process(data, args, args.batch_size)}
-    spark = spark_session("local[2]", "bench-torch-optim")
-    try:
-        spark.sparkContext.addPyFile(os.path.join(EXAMPLES, "torch_mnist.py"))
-        sc = spark.sparkContext
-        rdd, test = as_minibatch_rdd(sc, x, y, 2), as_minibatch_rdd(sc, xt, yt, 2)
-        master = ParameterAveraging(batch_size_per_worker=args.batch_size, workers=2, seed=args.seed)
-        model = torch_mnist.build(seed=args.seed)
-        with SparkTrainer(spark, model, master) as trainer:
-            trainer.fit(rdd, epochs=args.recipe_epochs, validation_data=test)
-            h = trainer.history
-        out["averaging"] = {"master": master.to_config(), "accuracy": [e["accuracy"] for e in h],
-                            "epoch_seconds": [e["seconds"] for e in h],
-                            "averaging_frequency": [e.get("averaging_frequency") for e in h],
-                            "rates": [model.updater.rate(0, e) for e in range(args.recipe_epochs)]}
-        rdd.unpersist()
-        test.unpersist()
-    finally:
-        spark.stop()
-    last = out["averaging"]["accuracy"][-1]
-    out["gap_points"] = 100 * (last - out["one_process"]["accuracy"][-1])
-    out["gap_points_worker_batch"] = 100 * (last - out["one_process_worker_batch"]["accuracy"][-1])
+           "batch_size_per_worker": args.batch_size, "runs": args.recipe_runs}
+    for name, batch in (("one_process", 2 * args.batch_size), ("one_process_worker_batch", args.batch_size)):
+        if name in args.recipe_runs:
+            before = _machine()["load_average_1min"]
+            out[name] = _one_process(data, args, batch)
+            out[name]["load_average_1min"] = [before, _machine()["load_average_1min"]]
+    names = [n for n in args.recipe_runs if n in ("averaging", "distributor")]
+    if names:
+        spark = spark_session("local[2]", "bench-torch-optim")  # its start is in neither Spark run's time
+        try:
+            spark.sparkContext.addPyFile(os.path.join(EXAMPLES, "torch_mnist.py"))
+            out.update(_spark_runs(spark, data, args, names))
+        finally:
+            spark.stop()
+    last = {name: out[name]["accuracy"][-1] for name in args.recipe_runs}
+    verdict = {}
+    if "averaging" in last:
+        if "one_process" in last:
+            out["gap_points"] = 100 * (last["averaging"] - last["one_process"])
+            verdict["averaging_within_0.5_of_one_process"] = abs(out["gap_points"]) <= 0.5
+        if "one_process_worker_batch" in last:
+            out["gap_points_worker_batch"] = 100 * (last["averaging"] - last["one_process_worker_batch"])
+            verdict["averaging_within_0.5_of_one_process_worker_batch"] = abs(out["gap_points_worker_batch"]) <= 0.5
+        if "distributor" in last:
+            avg, ddp = out["averaging"], out["distributor"]
+            out["vs_torch_distributor"] = avg["examples_per_second"] / ddp["examples_per_second"]
+            out["vs_torch_distributor_with_startup"] = (avg["examples_per_second_with_startup"]
+                                                        / ddp["examples_per_second_with_startup"])
+            out["vs_torch_distributor_per_epoch"] = [d / a for a, d in zip(avg["epoch_seconds"],
+                                                                            ddp["epoch_seconds"])]
+            verdict["vs_torch_distributor_ge_1.0"] = out["vs_torch_distributor"] >= 1.0
+            verdict["vs_torch_distributor_with_startup_ge_1.0"] = out["vs_torch_distributor_with_startup"] >= 1.0
+    for name in ("distributor", "one_process_worker_batch"):
+        if name in last and "one_process" in last:
+            out[f"{name}_gap_points"] = 100 * (last[name] - last["one_process"])
+    out["verdict"] = verdict
     return out
 
 
@@ -250,9 +392,12 @@ def main(argv=None):
     p.add_argument("--overhead-steps", type=int, default=200)
     p.add_argument("--recipe-limit-train", type=int, default=None, help="adadelta's training examples (default: all)")
     p.add_argument("--recipe-epochs", type=int, default=3)
+    p.add_argument("--recipe-runs", default=",".join(RECIPE_RUNS),
+                   help=f"adadelta's runs, comma-separated, in the order they run: a subset of {RECIPE_RUNS}")
     p.add_argument("--seed", type=int, default=123)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    args.recipe_runs = subset(p, args.recipe_runs, RECIPE_RUNS, "recipe runs")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sections = [s for s in args.sections.split(",") if s]
     result = {"sections": sections, "machine": _machine()}

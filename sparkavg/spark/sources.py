@@ -24,7 +24,8 @@ from ..data.storage import SharedLocation
 from .deal import MAX_SHARD_LABEL_SKEW, deal_epoch, local_shards, shard_label_skew
 from .errors import executor_errors
 
-__all__ = ["MinibatchSource", "EpochDeal", "SharedFiles", "SparkBlocks", "LINEAGE_REASON", "lost_checkpoint_blocks"]
+__all__ = ["MinibatchSource", "EpochDeal", "SharedFiles", "SparkBlocks", "LINEAGE_REASON", "lost_checkpoint_blocks",
+           "read_to_end"]
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +115,24 @@ class MinibatchSource:
         """Drop what the source keeps on the cluster (idempotent)."""
 
 
+def read_to_end(task: Callable) -> Callable:
+    """``task`` (a ``mapPartitions`` function), after which the rest of its partition is read.
+
+    Spark returns a task's Python worker to its pool only when the task read its partition to
+    the end; the rounds inside one barrier stage read exactly the minibatches of their
+    ``counts``, which left each worker to exit after every such epoch, and the next job (the
+    validation pass, the next epoch's stage) to fork fresh ones that import torch and build the
+    model again.  What is left is normally only the partition's end."""
+
+    def run(items):
+        items = iter(items)
+        yield from task(items)
+        for _ in items:
+            pass
+
+    return run
+
+
 class ClassicDeal(EpochDeal):
     """A deal on a classic session, whose barrier rounds recover from a failed attempt."""
 
@@ -132,7 +151,7 @@ class ClassicDeal(EpochDeal):
         before = seam.job_ids()
         try:
             with executor_errors(what):
-                return self._barrier(r, task, what)
+                return self._barrier(r, read_to_end(task), what)
         except BaseException:
             self._failed = (r, sorted(seam.job_ids() - before))
             raise

@@ -147,7 +147,7 @@ BAD_MESSAGES = {
     "index past N": (lambda: _edit(_sparse(), 4, 9), 8, "entry 0 is 9"),
     "index below -N": (lambda: _edit(_sparse(), 5, -9), 8, "entry 1 is -9"),
     "int32 min": (lambda: _edit(_sparse(), 5, -(2**31)), 8, "entry 1 is -2147483648"),
-    "unknown flag": (lambda: _edit(_sparse(), 3, 2), 8, "Unknown encoding flag 2"),
+    "unknown flag": (lambda: _edit(_sparse(), 3, 3), 8, "Unknown encoding flag 3"),
     "short": (lambda: _sparse()[:3], 8, "at least 4"),
     "nan tau": (lambda: _edit(_sparse(), 2, 0x7FC00000), 8, "not a finite float32 > 0"),
     "negative tau": (lambda: _edit(_sparse(), 2, tau_bits(-0.5)), 8, "not a finite float32 > 0"),

@@ -118,6 +118,7 @@ def test_a_short_epoch_does_not_pay_the_stages_meeting_and_a_long_first_round_hi
     assert path.decide(None, 4, 2, measured, rounds=40, frequency=4, iteration=0.002, meeting=1.0)[0] == IN_STAGE
 
 
+@pytest.mark.slow
 def test_a_long_local_fit_averages_inside_one_stage_a_short_one_and_dl4j_per_job(sc):
     x, y = blobs(240, seed=15)
     rdd = sc.parallelize(_pairs(x, y), 2)

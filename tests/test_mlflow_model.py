@@ -77,6 +77,7 @@ def test_a_two_input_graph_logged_by_the_listener_loads_as_pyfunc(spark, mlflow_
         model.predict(pd.DataFrame({"cats": list(cats), "nums": list(nums[:, :2])}))
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_a_torch_model_logged_by_the_listener_loads_as_pyfunc(sc, mlflow_store):
     pytest.importorskip("torch")

@@ -140,6 +140,34 @@ class _OriginState:
         return self.end_count is not None and self.received == self.end_count
 
 
+
+def leave_neighbours(rank: int, endpoint: ReliableEndpoint, neighbours, done, stall_timeout: float,
+                     receive: Callable[[float], None]) -> None:
+    """Send every neighbour DONE, ``receive(seconds)`` until each one's DONE
+    is in ``done`` (raising :class:`PeerStalledError` naming those missing
+    after ``stall_timeout``), then flush briefly: our DONEs reach every
+    neighbour unless their acks were lost (``PeerGroup``'s and ``TreeGroup``'s ``leave``)."""
+    deadline = time.monotonic() + stall_timeout
+    frame = _FRAME.pack(_DONE, rank, 0)
+    for r in neighbours:
+        endpoint.send(r, frame)
+    while True:
+        waiting = [r for r in neighbours if r not in done]
+        if not waiting:
+            break
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            peers = endpoint.peers
+            raise PeerStalledError(f"rank {rank}: neighbour {named_peers(waiting, peers)} did not finish "
+                                   f"within {stall_timeout:g} s", waiting, [peers.get(r) for r in waiting])
+        receive(min(remaining, _POLL_SLICE))
+    grace = min(max(0.0, deadline - time.monotonic()), 2 * endpoint.limits.retransmit_timeout)
+    try:
+        endpoint.flush(grace)
+    except PeerStalledError:
+        logger.debug("rank %d: a DONE was not acknowledged within %.2f s; the neighbours left", rank, grace)
+
+
 class PeerGroup:
     """Publish this rank's messages to all ranks and collect theirs, once each.
 
@@ -309,31 +337,16 @@ class PeerGroup:
         """
         if not self._finished:
             raise TransportError("PeerGroup.leave before finish()")
-        deadline = time.monotonic() + stall_timeout
-        frame = _FRAME.pack(_DONE, self.rank, 0)
-        for r in self.neighbours:
-            self.endpoint.send(r, frame)
         ignored: list = []
-        while True:
-            waiting = [r for r in self.neighbours if r not in self._done]
-            if not waiting:
-                break
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                peers = self.endpoint.peers
-                raise PeerStalledError(f"rank {self.rank}: neighbour {named_peers(waiting, peers)} did not finish "
-                                       f"within {stall_timeout:g} s", waiting, [peers.get(r) for r in waiting])
-            item = self.endpoint.receive(min(remaining, _POLL_SLICE))
+
+        def receive(seconds: float) -> None:
+            item = self.endpoint.receive(seconds)
             if item is not None:
                 self._accept(item[0], item[1], ignored)
                 for src, f in self.endpoint.poll():
                     self._accept(src, f, ignored)
-        grace = min(max(0.0, deadline - time.monotonic()), 2 * self.endpoint.limits.retransmit_timeout)
-        try:
-            self.endpoint.flush(grace)  # our DONEs: every neighbour has them unless their acks were lost
-        except PeerStalledError:
-            logger.debug("rank %d: a DONE was not acknowledged within %.2f s; the neighbours left", self.rank,
-                         grace)
+
+        leave_neighbours(self.rank, self.endpoint, self.neighbours, self._done, stall_timeout, receive)
 
     def behind(self, count: int) -> list[int]:
         """Origins of which a message numbered below ``count`` has not

@@ -37,7 +37,7 @@ from typing import Callable, Optional
 
 from .endpoint import ReliableEndpoint
 from .errors import PeerStalledError, TransportError
-from .group import DONE_KIND, named_peers, tree_neighbours
+from .group import DONE_KIND, leave_neighbours, named_peers, tree_neighbours
 from .limits import TREE_FANOUT
 
 __all__ = ["TreeGroup", "subtree"]
@@ -184,24 +184,8 @@ class TreeGroup:
         """After :meth:`finish`: leave with the neighbours, as :meth:`PeerGroup.leave`."""
         if not self._finished:
             raise TransportError("TreeGroup.leave before finish()")
-        deadline = time.monotonic() + stall_timeout
-        for r in self.neighbours:
-            self.endpoint.send(r, _FRAME.pack(DONE_KIND, self.rank, 0))
-        while True:
-            waiting = [r for r in self.neighbours if r not in self._done]
-            if not waiting:
-                break
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                peers = self.endpoint.peers
-                raise PeerStalledError(f"rank {self.rank}: neighbour {named_peers(waiting, peers)} did not finish "
-                                       f"within {stall_timeout:g} s", waiting, [peers.get(r) for r in waiting])
-            self._receive(min(remaining, _POLL_SLICE), [])
-        grace = min(max(0.0, deadline - time.monotonic()), 2 * self.endpoint.limits.retransmit_timeout)
-        try:
-            self.endpoint.flush(grace)
-        except PeerStalledError:
-            logger.debug("rank %d: a DONE was not acknowledged within %.2f s; the neighbours left", self.rank, grace)
+        leave_neighbours(self.rank, self.endpoint, self.neighbours, self._done, stall_timeout,
+                         lambda seconds: self._receive(seconds, []))
 
     def stats(self) -> dict[str, int]:
         """Counters: ``published``, ``delivered`` (totals handed out),

@@ -63,7 +63,7 @@ import time
 
 import numpy as np
 
-from report import emit, subset, torch_epoch
+from report import emit, subset, torch_epoch, torch_step
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 
@@ -386,15 +386,7 @@ def overhead(data, args) -> dict:
 
     torch.manual_seed(args.seed)
     ref = lenet()
-    opt = torch.optim.Adam(ref.parameters(), lr=LR)
-
-    def optim_step(i):
-        xb, yb = tensors[i % len(tensors)]
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(ref(xb), yb)
-        loss.backward()
-        opt.step()
-        return loss.item()
+    optim_step = torch_step(torch, ref, torch.optim.Adam(ref.parameters(), lr=LR), tensors)
 
     def adapter_step(i):
         xb, yb = batches[i % len(batches)]

@@ -60,7 +60,7 @@ import time
 
 import numpy as np
 
-from report import emit, subset, torch_epoch
+from report import emit, subset, torch_epoch, torch_step
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
 sys.path.insert(0, EXAMPLES)
@@ -136,15 +136,7 @@ def overhead(data, args) -> dict:
     adapter = models["torch_optim_adam"]
     torch.manual_seed(args.seed)
     bare = torch_lenet()
-    opt = torch.optim.Adam(bare.parameters(), lr=LR)
-
-    def bare_step(i):
-        xb, yb = tensors[i % len(tensors)]
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(bare(xb), yb)
-        loss.backward()
-        opt.step()
-        return loss.item()
+    bare_step = torch_step(torch, bare, torch.optim.Adam(bare.parameters(), lr=LR), tensors)
 
     def model_step(model):
         def step(i):

@@ -68,3 +68,18 @@ def torch_epoch(torch, module, opt, loss, xs, ys, xts, yt, batch: int, seed: int
     with torch.no_grad():
         pred = torch.cat([module(xts[i:i + 1000]).argmax(1) for i in range(0, len(xts), 1000)])
     return seconds, float((pred.numpy() == yt).mean())
+
+
+def torch_step(torch, module, opt, tensors):
+    """``step(i)``: one plain torch training step (cross-entropy) on
+    ``tensors[i % len(tensors)]``, a list of ``(x, y)`` tensors; the loss."""
+
+    def step(i):
+        xb, yb = tensors[i % len(tensors)]
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(module(xb), yb)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return step

@@ -140,9 +140,4 @@ def run_rounds(net, minibatches, counts, rank: int, group, *, recorder: Callable
                     net.load_state({"params": momentum.look_ahead(w)})  # the next round starts there
         log.rounds.append([loss_sum, examples, row[rank], began_wall, time.time()])
         log.payloads.append(rec.to_payload())
-    # Read the partition to its end (the counts took every minibatch; what is left is the stream's end):
-    # Spark does not reuse a Python worker whose task left input unread, so the next epoch's stage would
-    # start fresh workers that import everything and build the network again.
-    for _ in minibatches:
-        pass
     return log

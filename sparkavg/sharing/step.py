@@ -205,6 +205,17 @@ def apply_received(state: SharingState, inbox: Iterable[Payload], params) -> int
     return received
 
 
+def _encode_masked(state: SharingState, update, velocity, phase: PhaseHook, adapt: bool):
+    """The ``"encode"`` phase of a step: :func:`_encode`, and the velocity
+    cleared where the message sent the entry (momentum masking)."""
+    with phase("encode"):
+        sent = sent_entries(state, update) if velocity is not None else None
+        message, entries = _encode(state, update, adapt=adapt)
+        if sent is not None:
+            velocity[sent] = 0.0
+    return message, entries
+
+
 def sharing_step(state: SharingState, update, params, publish: Callable[[bytes], None], inbox: Inbox,
                  phase: Optional[PhaseHook] = None, always_publish: bool = False, velocity=None) -> int:
     """One full sharing iteration of one worker.
@@ -256,11 +267,7 @@ def sharing_step(state: SharingState, update, params, publish: Callable[[bytes],
         malformed peer message (as :func:`apply_message`).
     """
     phase = phase or _untimed
-    with phase("encode"):
-        sent = sent_entries(state, update) if velocity is not None else None
-        message, entries = _encode(state, update)
-        if sent is not None:
-            velocity[sent] = 0.0
+    message, entries = _encode_masked(state, update, velocity, phase, adapt=True)
     if message is not None or always_publish:
         with phase("send"):
             publish(b"" if message is None else message_bytes(message))
@@ -297,11 +304,7 @@ def tree_step(state: SharingState, update, publish: Callable[[bytes], None], pha
         Entries this worker sent.
     """
     phase = phase or _untimed
-    with phase("encode"):
-        sent = sent_entries(state, update) if velocity is not None else None
-        message, entries = _encode(state, update, adapt=False)
-        if sent is not None:
-            velocity[sent] = 0.0
+    message, entries = _encode_masked(state, update, velocity, phase, adapt=False)
     with phase("send"):
         publish(b"" if message is None else message_bytes(message))
     return entries

@@ -41,7 +41,7 @@ import numpy as np
 from ..data.validation import DataSpec
 from .data import (STORAGE_LEVEL, check_columns, describe_data, feature_columns, frame_failures, frame_files,
                    is_dataframe, minibatch_frame, placement_for)
-from .sources import EpochDeal, FilesDeal, MinibatchSource, SharedFiles, blocks_deal
+from .sources import EpochDeal, FilesDeal, MinibatchSource, SharedFiles, blocks_deal, read_to_end
 from .cancel import watching
 from .errors import executor_errors
 from .executor.adapters import examples_adapter, round_adapter
@@ -105,8 +105,8 @@ class ConnectDeal(EpochDeal):
 
     def barrier(self, r, task, what) -> list:
         """One ``mapInArrow(..., barrier=True)`` stage, a task per worker; all results."""
-        with executor_errors(what):
-            table = self._round_frame(r, task, barrier=True).toArrow()
+        with executor_errors(what):  # read to the end, as a classic barrier task: Spark reuses the worker
+            table = self._round_frame(r, read_to_end(task), barrier=True).toArrow()
         return results_from_table(table)
 
 

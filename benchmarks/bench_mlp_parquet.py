@@ -13,6 +13,13 @@ between epochs).  Baseline, same run: one 2-thread process training the
 same network from numpy at batch 32 (the same examples per update) for the
 same epochs.  Test accuracy of both on the 10,000 test images.
 
+Two bounds of the same run say what any data-parallel fit on this machine
+could reach: the **ceiling**, two single-thread processes at once, each
+fitting its half at 16 per step for the same epochs (the workers' compute
+with nothing else: no Spark, no averaging), and the **cold start**, what
+the session's first Python job costs more than the same job again (Spark
+starting its Python workers; the fit is the session's first Python job).
+
 The network is DL4J's MnistMLP (784-500-100-10 leaky ReLU,
 Nesterov(lr=0.05, momentum=0.9), L2 1e-4), ``bench_parity.build("mlp")``.
 
@@ -47,6 +54,51 @@ def write_parquet(folder: str, x, y) -> str:
     for i, start in enumerate(range(0, len(y), len(y) // 4)):  # 4 files, as a writer of 4 tasks leaves
         pq.write_table(table.slice(start, len(y) // 4), os.path.join(path, f"part-{i}.parquet"))
     return path
+
+
+def ceiling_worker(data_dir, half: int, epochs: int, seed: int) -> float:
+    """One of the ceiling's two processes: its half of the training set, 1 thread, 16 per step."""
+    import numpy as np
+    from bench_parity import build
+
+    from sparkavg.data import mnist
+    from sparkavg.data.batching import minibatches
+    from sparkavg.threads import limit_threads
+
+    x, y = mnist.load_mnist(data_dir, "train")
+    x = x.reshape(len(x), -1).astype(np.float32)[half::2]
+    y = y[half::2]
+    net = build("mlp", seed)
+    with limit_threads(1):
+        t = time.perf_counter()
+        for epoch in range(epochs):
+            for xb, yb in minibatches(x, y, 16, shuffle=True, seed=seed + epoch):
+                net.fit_batch(xb, yb)
+        return time.perf_counter() - t
+
+
+def ceiling(data_dir, epochs: int, seed: int) -> float:
+    """Seconds of the slower of two single-thread processes fitting half each, at once."""
+    import json
+    import subprocess
+
+    code = ("import json, sys; sys.path[:0] = {paths!r}; from bench_mlp_parquet import ceiling_worker; "
+            "print(json.dumps(ceiling_worker({d!r}, {h}, {e}, {s})))")
+    procs = [subprocess.Popen([sys.executable, "-c", code.format(paths=[HERE, os.path.join(HERE, "..", "examples")],
+                                                                  d=data_dir, h=h, e=epochs, s=seed)],
+                              stdout=subprocess.PIPE, text=True) for h in (0, 1)]
+    return max(json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs)
+
+
+def cold_start(spark, df) -> float:
+    """What a fresh session's first Python job costs more than the same job again."""
+    def job():
+        t = time.perf_counter()
+        df.mapInArrow(lambda batches: (b.slice(0, 0) for b in batches), df.schema).count()
+        return time.perf_counter() - t
+
+    first = job()
+    return first - job()
 
 
 def main(argv=None) -> int:
@@ -90,6 +142,13 @@ def main(argv=None) -> int:
             acc = evaluate_local(trainer.network, xt, yt).accuracy()
         finally:
             trainer.close()
+        spark.stop()
+        ceiling_s = ceiling(args.data_dir, args.epochs, args.seed)
+        spark = (SparkSession.builder.master("local[2]").appName("bench_mlp_parquet_cold")
+                 .config("spark.driver.memory", "4g").config("spark.ui.enabled", "false").getOrCreate())
+        df = spark.read.parquet(os.path.join(tmp, "train.parquet")).cache()
+        df.count()
+        cold_s = cold_start(spark, df)
     spark.stop()
     rest = fit_s - sum(epochs_s)
     print(f"averaging at the defaults from Parquet: fit {fit_s:.2f} s = epochs {sum(epochs_s):.2f} s "
@@ -97,11 +156,15 @@ def main(argv=None) -> int:
           f"(preparation, planning, starting); accuracy {acc:.4f}", flush=True)
     print(f"whole fit: {local_s / fit_s:.2f}x one process; epochs alone {local_s / sum(epochs_s):.2f}x; "
           f"accuracy {100 * (acc - local_acc):+.2f} points", flush=True)
+    print(f"bounds: two single-thread processes at once {ceiling_s:.2f} s ({local_s / ceiling_s:.2f}x one process: "
+          f"the ceiling of any 2-worker fit here); a session's first Python job {cold_s:.2f} s more than again",
+          flush=True)
     emit({"bench": "mlp_parquet", "epochs": args.epochs, "seed": args.seed, "load": os.getloadavg()[0],
           "local": {"seconds": local_s, "accuracy": local_acc},
           "averaging": {"fit_seconds": fit_s, "epoch_seconds": epochs_s, "other_seconds": rest,
                         "averaging_frequency": frequencies, "accuracy": acc},
-          "whole_fit_speedup": local_s / fit_s}, args.out)
+          "whole_fit_speedup": local_s / fit_s,
+          "ceiling": {"seconds": ceiling_s, "speedup": local_s / ceiling_s}, "cold_start_seconds": cold_s}, args.out)
     return 0
 
 

@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 
 from sparkavg import ops
-from sparkavg.transport import CollectiveGroup, FrameRejectedError, KeyAgreement, PeerLostError, PeerStalledError
+from sparkavg.transport import (CollectiveGroup, FrameRejectedError, KeyAgreement, PeerLostError, PeerStalledError,
+                                TransportError)
 from sparkavg.transport.links import HEADER, HELLO, TAG_BYTES, Kind, tcp_pair_keys
 from sparkavg.transport.reduction import Schedule, partners
 from sparkavg.transport.summation import in_order, ordered_sum, total_weight
@@ -575,6 +576,39 @@ def test_a_peer_that_stalls_is_named_within_the_stall_timeout(mesh, world):
         exc, seconds = value
         assert (exc.rank, exc.address, exc.reason) == (2, groups[2].address, "stalled"), (r, exc)
         assert stall - 0.5 <= seconds < stall + 1.0
+
+
+def test_a_group_closed_during_a_round_raises_there_and_its_partners_name_it(mesh):
+    world = 5  # rank 4 folds into rank 0, which waits for it
+    groups = mesh(world, stall_timeout=10.0)
+    release = threading.Event()
+
+    def a_round(r):
+        if r == 4:
+            release.wait(WAIT)  # not in the round yet
+            return None
+        try:
+            groups[r].allreduce_weighted(np.ones(50, np.float32), 1.0)
+        except TransportError as exc:
+            return exc
+        finally:
+            if r == 0:
+                release.set()
+        raise AssertionError(f"rank {r} finished a round rank 0 closed")
+
+    def close_rank_0_in_its_round():
+        deadline = time.monotonic() + WAIT
+        while groups[0]._round is None and time.monotonic() < deadline:  # poll until it waits in the round
+            time.sleep(0.005)
+        groups[0].close()
+
+    closer = threading.Thread(target=close_rank_0_in_its_round, daemon=True)
+    closer.start()
+    results = _values(_on_threads(a_round, world))
+    closer.join(WAIT)
+    assert type(results[0]) is TransportError and "closed during round 0" in str(results[0])
+    for r in (1, 2, 3):
+        assert isinstance(results[r], PeerLostError) and (results[r].rank, results[r].reason) == (0, "closed"), r
 
 
 # ------------------------------------------------------------ processes

@@ -34,23 +34,27 @@ first and each level takes ``W^(1/d)`` results: ``d W^(1/d) S / B``::
 
 **Parameter averaging, rounds inside one barrier stage**
 (:func:`averaging_in_stage_epoch`, path ``"in_stage"``, the default): one
-stage per epoch, whose ranks meet once (Spark's ``allGather``), connect a
-TCP full mesh (each rank dials or accepts ``W - 1`` peers: key agreement
-and handshake, ``connect_s`` each) and then all-reduce ``A`` bytes every
-``F`` minibatches (``A``: params, updater state, buffers and, under the
-moment correction, the first moment's square).  The all-reduce is
-:mod:`sparkavg.transport.collective`'s: a full mesh, not a ring -- a
-direct reduce-scatter (chunk ``j`` of every rank to its owner ``j``) then a
-direct all-gather, so each rank sends and receives ``2 (W - 1) / W`` of
-``A`` (bandwidth-optimal, as a ring) in **2 steps whatever ``W``** (a
-ring: ``2 (W - 1)``; a tree: ``2 log2 W``); what grows with ``W`` is the
-per-peer work of each step (a frame to and from each of ``W - 1`` peers,
-two threads per connection): ``peer_s`` per peer per round.  A round also
-pays ``stage_round_s`` whatever ``W`` (copying, scaling and merging ``A``
-on every rank -- the driver's merge, done by each rank)::
+stage per epoch, whose ranks meet once (Spark's ``allGather``), connect to
+their partners (key agreement and handshake, ``connect_s`` each) and then
+all-reduce ``A`` bytes every ``F`` minibatches (``A``: params, updater
+state, buffers and, under the moment correction, the first moment's
+square).  The all-reduce is :mod:`sparkavg.transport.collective`'s
+(issue 37): recursive halving and doubling over ``P = 2^floor(log2 W)``
+ranks, the ranks ``>= P`` folded in first and served last.  A rank has
+``log2 P`` partners (``+ 1`` with a fold, ``k = log2 P + [W > P]``),
+sends and receives ``2 (P - 1) / P`` of ``A`` (bandwidth-optimal, as a
+ring; a fold's vector more) in ``2 log2 P`` steps (``+ 2``; a ring: ``2
+(W - 1)``); each step is a frame to and from one partner, two threads per
+connection: ``peer_s`` per partner per round.  A round also pays
+``stage_round_s`` whatever ``W`` (copying, scaling and merging ``A`` on
+every rank -- the driver's merge, done by each rank)::
 
-    round = stage_round_s + (W - 1) peer_s + 2 (W - 1) / W * A / B + 2 l
-    epoch = launch_s + meeting_s + (W - 1) connect_s + 2 S / B + R round + M step
+    round = stage_round_s + k peer_s + (2 (P - 1) / P + [W > P]) A / B + (2 log2 P + 2 [W > P]) l
+    epoch = launch_s + meeting_s + k connect_s + 2 S / B + R round + M step
+
+(Before issue 37 a full mesh: ``W - 1`` peers and connections, 2 steps;
+the calibration below still fits ``peer_s`` and ``connect_s`` over ``W -
+1``, as the runs in ``results/`` measured the mesh.)
 
 ``launch_s`` is the stage's fixed cost per epoch before its tasks meet and
 after they end (the deal's shuffle stage, the barrier stage's launch, the
@@ -238,11 +242,16 @@ def averaging_epoch(workers: int, w: Workload, link: Link, o: Overheads, frequen
 
 def allreduce_s(workers: int, nbytes: float, link: Link) -> float:
     """Seconds of the bytes and latency of one all-reduce of ``nbytes`` per
-    rank (:mod:`sparkavg.transport.collective`): ``2 (W - 1) / W`` of them
-    each way on every rank's link, :data:`ALLREDUCE_STEPS` latencies."""
+    rank (:mod:`sparkavg.transport.collective`: recursive halving and
+    doubling over ``P = 2^floor(log2 W)`` ranks): ``2 (P - 1) / P`` of them
+    each way on a rank's link and ``2 log2 P`` latencies, and where ``W >
+    P`` the fold's vector in and out and 2 latencies more."""
     if workers <= 1:
         return 0.0
-    return 2 * (workers - 1) / workers * nbytes / link.bytes_per_s + ALLREDUCE_STEPS * link.latency_s
+    p = 1 << (int(workers).bit_length() - 1)
+    fold = 1 if workers > p else 0
+    steps = 2 * (p.bit_length() - 1) + 2 * fold
+    return (2 * (p - 1) / p + fold) * nbytes / link.bytes_per_s + steps * link.latency_s
 
 
 def two_level(workers: int, nbytes: float, link: Link) -> tuple:
@@ -258,23 +267,30 @@ def two_level(workers: int, nbytes: float, link: Link) -> tuple:
 
 
 def averaging_in_stage_epoch(workers: int, w: Workload, link: Link, o: Overheads, frequency=None,
-                             epoch: int = STEADY_EPOCH, topology: str = "mesh") -> Dict[str, float]:
+                             epoch: int = STEADY_EPOCH, topology: str = "halving") -> Dict[str, float]:
     """Seconds of one averaging epoch with its rounds inside one barrier
     stage (the module docstring) and its parts; ``frequency`` None: "auto";
-    ``topology`` "mesh" (collective.py's) or "two_level" (:func:`two_level`)."""
+    ``topology`` "two_level" prices :func:`two_level`, any other value
+    collective.py's recursive halving and doubling (the scenarios pass
+    "mesh", their name for it from before issue 37): ``log2 P`` peers per
+    round and connections per rank, one more to fold the ranks ``>= P``."""
     per_worker = math.ceil(w.examples / (workers * w.batch))
+    p = 1 << (max(1, int(workers)).bit_length() - 1)
+    fold = 1 if workers > p else 0
     if topology == "two_level" and workers > 1:
         peers, wire = two_level(workers, w.allreduced, link)
+        connections = peers
     else:
-        peers, wire = workers - 1, allreduce_s(workers, w.allreduced, link)
+        peers = connections = (p.bit_length() - 1) + fold
+        wire = allreduce_s(workers, w.allreduced, link)
     overhead = o.stage_round_s + peers * o.peer_s + wire
     f = frequency if frequency is not None else auto_frequency(overhead, w.step_s, per_worker, workers, epoch)
     rounds = math.ceil(per_worker / f)
     compute = per_worker * w.step_s
-    stage = o.launch_s + o.meeting_s + peers * o.connect_s + 2 * w.state_bytes / link.bytes_per_s
+    stage = o.launch_s + o.meeting_s + connections * o.connect_s + 2 * w.state_bytes / link.bytes_per_s
     total = stage + rounds * overhead + compute
     return {"seconds": total, "rounds": rounds, "frequency": f, "compute_s": compute, "round_overhead_s": overhead,
-            "stage_s": stage, "bytes_per_rank": rounds * 4 * (workers - 1) / workers * w.allreduced,
+            "stage_s": stage, "bytes_per_rank": rounds * 2 * (2 * (p - 1) / p + fold) * w.allreduced,
             "driver_bytes": 2 * w.state_bytes}
 
 

@@ -2,14 +2,14 @@
 sockets on 127.0.0.1: ranks as threads and as spawned processes.
 
 The reference is the job path's own arithmetic: each worker's
-``RoundResult`` of ``ops.scale``-d vectors, the driver's reduce with
-``combine_results`` in partition order, and ``merge_sums``'s division.
+``RoundResult`` of ``ops.scale``-d vectors, the driver's sum of them with
+``combine_results`` in the one order (``summation.in_order``, as the
+deals sum), and ``merge_sums``'s division.
 
 Worker functions live at module level so spawned children can import them.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import multiprocessing
 import os
@@ -23,8 +23,11 @@ import numpy as np
 import pytest
 
 from sparkavg import ops
-from sparkavg.transport import CollectiveGroup, FrameRejectedError, KeyAgreement, PeerLostError, PeerStalledError
+from sparkavg.transport import (CollectiveGroup, FrameRejectedError, KeyAgreement, PeerLostError, PeerStalledError,
+                                TransportError)
 from sparkavg.transport.links import HEADER, HELLO, TAG_BYTES, Kind, tcp_pair_keys
+from sparkavg.transport.reduction import Schedule, partners
+from sparkavg.transport.summation import in_order, ordered_sum, total_weight
 
 CTX = multiprocessing.get_context("spawn")
 WAIT = 60.0  # bound on any single wait on another thread or process
@@ -82,9 +85,9 @@ def mesh():
 
 def _job_sums(vectors_by_rank, weights):
     """The driver's sum: workers' ``RoundResult``s of ``ops.scale``-d copies
-    of ``(params, updater, buffers)`` (none for weight 0), reduced with
-    ``combine_results`` in partition order; None when no worker trained."""
-    from sparkavg.spark.errors import failure_aware
+    of ``(params, updater, buffers)`` (none for weight 0), summed with
+    ``combine_results`` as the deals do (``summation.in_order``); None when
+    no worker trained."""
     from sparkavg.spark.executor.averaging import RoundResult, combine_results
 
     results = []
@@ -96,7 +99,7 @@ def _job_sums(vectors_by_rank, weights):
         for v in (params, state, buffers):
             ops.scale(v, w)
         results.append(RoundResult(w, params, state, buffers, 0.0, 1, 1, 0, [], [], [], None))
-    return functools.reduce(failure_aware(combine_results), results, None)
+    return in_order([(w, x) for w, x in enumerate(results) if x is not None], int, len(results), combine_results)
 
 
 def _job_path(vectors_by_rank, weights):
@@ -121,7 +124,7 @@ def _same_bits(a, b) -> bool:
 SIZES = {"odd": (7, 3, 1001), "tiny": (1, 0, 2), "mixed": (33, 65, 0)}
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 6])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("sizes", list(SIZES))
 def test_the_average_is_bit_identical_to_the_job_path(mesh, world, dtype, sizes):
@@ -147,7 +150,7 @@ def test_the_average_is_bit_identical_to_the_job_path(mesh, world, dtype, sizes)
             for name, a, b in zip(("params", "updater", "buffers"), got, expected):
                 assert _same_bits(a, b), f"rank {r}, round {round_no}: {name} differs from the job path"
     for g in groups:
-        assert g.stats()["rounds"] == 3 and g.stats()["connections"] == world - 1
+        assert g.stats()["rounds"] == 3 and g.stats()["connections"] == len(partners(g.rank, world))
         # the same connections served every round
         assert {p: link.sock.getsockname() for p, link in g.links.items()} == ports[g.rank]
 
@@ -204,19 +207,61 @@ def test_a_real_network_round_is_bit_identical_to_the_job_path(mesh):
         assert _same_bits(mine["updater"], driver.state["updater"])
 
 
-@pytest.mark.parametrize("world", [2, 3, 5])
-def test_each_rank_sends_two_w_minus_one_over_w_of_the_vector(mesh, world):
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+@pytest.mark.parametrize("weighing", ["examples", "uniform", "fractional"])
+@pytest.mark.parametrize("average", [True, False])
+def test_the_all_reduce_sums_in_the_one_order(mesh, world, weighing, average):
+    """Every rank ends with ``ordered_sum`` of the weighted vectors, bit for
+    bit: non-powers of two (a fold), missing ranks (weight 0), vectors of
+    odd lengths cut in pieces smaller than each of them."""
+    groups = mesh(world, piece_bytes=24)  # 6 float32s a piece
+    rng = np.random.default_rng(1000 + world)
+    sizes = (13, 1, 0, 29)
+    for round_no in range(2):
+        vectors = [[rng.standard_normal(n).astype(np.float32) for n in sizes] for _ in range(world)]
+        if weighing == "uniform":  # DL4J's unweighted mean
+            weights = [1.0] * world
+        else:
+            weights = [float(w) for w in rng.integers(0, 5, size=world)]  # some 0: missing
+            weights[(round_no * 3) % world] = 7.0
+            if weighing == "fractional":
+                weights = [w * 0.37 for w in weights]
+        total = total_weight(weights)
+        expected = []
+        for k in range(len(sizes)):
+            scaled = [ops.scale(v[k].copy(), w) if w else None for v, w in zip(vectors, weights)]
+            out = ordered_sum(scaled)
+            if average and 1.0 / total != 1.0:
+                ops.scale(out, 1.0 / total)
+            expected.append(out)
+
+        def rank_round(r):
+            mine = [v.copy() for v in vectors[r]]
+            return groups[r].allreduce_weighted(mine, weights[r], average=average)
+
+        for r, (got, got_total) in enumerate(_values(_on_threads(rank_round, world))):
+            assert got_total == total, (r, got_total, total)
+            for k, (a, b) in enumerate(zip(got, expected)):
+                assert _same_bits(a, b), f"world {world}, rank {r}, round {round_no}: vector {k} differs"
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 5, 8])
+def test_each_rank_sends_two_p_minus_one_over_p_of_the_vector_and_a_fold_one_more(mesh, world):
     groups = mesh(world, piece_bytes=1024)
     n = 10_007
-    bounds = [n * j // world for j in range(world + 1)]
-    chunk = [bounds[j + 1] - bounds[j] for j in range(world)]
+    p = 1 << (world.bit_length() - 1)
     _values(_on_threads(lambda r: groups[r].allreduce_weighted(np.ones(n, np.float32), 1.0), world))
     for r, g in enumerate(groups):
-        stats = g.stats()
-        # its chunk of every other rank's, then its reduced chunk to each of them
-        assert stats["payload_sent"] == 4 * (sum(chunk) - chunk[r] + (world - 1) * chunk[r])
-        assert stats["payload_received"] == stats["payload_sent"]
-    assert sum(g.stats()["payload_sent"] for g in groups) == 4 * 2 * (world - 1) * n
+        stats, plan = g.stats(), Schedule(r, world, n)
+        assert stats["connections"] == len(partners(r, world)) <= (p.bit_length() - 1) + 1
+        if plan.extra:  # its vector in, the result out
+            assert stats["payload_sent"] == stats["payload_received"] == 4 * n
+            continue
+        halves = sum(hi - lo for lo, hi in plan.send) + sum(hi - lo for lo, hi in plan.keep)
+        assert abs(halves - 2 * (p - 1) / p * n) <= 2 * (p.bit_length() - 1)  # the halves of an odd n
+        fold = n if plan.fold is not None else 0
+        assert stats["payload_sent"] == stats["payload_received"] == 4 * (halves + fold)
+    assert sum(g.stats()["payload_sent"] for g in groups) == sum(g.stats()["payload_received"] for g in groups)
 
 
 def test_zero_weights_contribute_nothing_and_all_zero_leaves_the_vectors(mesh):
@@ -264,7 +309,7 @@ def test_ranks_that_join_while_they_train_average_as_connected_ones(mesh):
             g.join_in_background(gather.for_rank(r))
         assert time.perf_counter() - began < 0.3
         results = _values(_on_threads(lambda r: joined[r].allreduce_weighted(vectors[r].copy(), r + 1.0), world))
-        assert all(len(g.links) == world - 1 for g in joined)
+        assert all(len(g.links) == len(partners(g.rank, world)) for g in joined)
         with pytest.raises(RuntimeError, match="already joining or connected"):
             joined[0].join_in_background(gather.for_rank(0))
     finally:
@@ -482,8 +527,9 @@ def _round_without_rank_2(group, rank):
     raise AssertionError(f"rank {rank} finished a round without rank 2")
 
 
-def test_a_peer_that_closes_mid_round_is_named(mesh):
-    world, stall = 3, 10.0
+@pytest.mark.parametrize("world", [3, 5, 8])
+def test_a_peer_that_closes_mid_round_is_named(mesh, world):
+    stall = 10.0
     groups = mesh(world, stall_timeout=stall)
     _values(_on_threads(lambda r: groups[r].allreduce_weighted(np.ones(50, np.float32), 1.0), world))
 
@@ -493,16 +539,19 @@ def test_a_peer_that_closes_mid_round_is_named(mesh):
             return None
         return _round_without_rank_2(groups[r], r)
 
-    for r, value in enumerate(_values(_on_threads(second_round, world))[:2]):
-        exc, seconds = value
-        assert (exc.rank, exc.address, exc.reason) == (2, groups[2].address, "closed"), exc
+    for r, value in enumerate(_values(_on_threads(second_round, world))):
+        if r == 2:
+            continue
+        exc, seconds = value  # a partner of rank 2 sees it close; the others hear it from their partners
+        assert (exc.rank, exc.address, exc.reason) == (2, groups[2].address, "closed"), (r, exc)
         assert seconds < stall + 1.0
         with pytest.raises(PeerLostError):  # the group stays failed
             groups[r].allreduce_weighted(np.ones(50, np.float32), 1.0)
 
 
-def test_a_peer_that_stalls_is_named_within_the_stall_timeout(mesh):
-    world, stall = 3, 1.0
+@pytest.mark.parametrize("world", [3, 5, 8])
+def test_a_peer_that_stalls_is_named_within_the_stall_timeout(mesh, world):
+    stall = 1.0
     groups = mesh(world, stall_timeout=stall)
     release, survivors = threading.Event(), []
 
@@ -514,12 +563,52 @@ def test_a_peer_that_stalls_is_named_within_the_stall_timeout(mesh):
             return _round_without_rank_2(groups[r], r)
         finally:
             survivors.append(r)
-            if len(survivors) == 2:
+            if len(survivors) == world - 1:
                 release.set()
 
-    for exc, seconds in _values(_on_threads(stalled_round, world))[:2]:
-        assert (exc.rank, exc.address, exc.reason) == (2, groups[2].address, "stalled"), exc
-        assert stall <= seconds < stall + 1.0
+    for r, value in enumerate(_values(_on_threads(stalled_round, world))):
+        if r == 2:
+            continue
+        # ranks not connected to rank 2 wait on partners that wait on it: their ALIVE frames keep those
+        # links from stalling, so every survivor names rank 2, which only its partners saw stall.  The
+        # first partner to see it (the stall timeout after its own round began) tells the others: a rank
+        # that began its round a little later hears it that much sooner on its own clock.
+        exc, seconds = value
+        assert (exc.rank, exc.address, exc.reason) == (2, groups[2].address, "stalled"), (r, exc)
+        assert stall - 0.5 <= seconds < stall + 1.0
+
+
+def test_a_group_closed_during_a_round_raises_there_and_its_partners_name_it(mesh):
+    world = 5  # rank 4 folds into rank 0, which waits for it
+    groups = mesh(world, stall_timeout=10.0)
+    release = threading.Event()
+
+    def a_round(r):
+        if r == 4:
+            release.wait(WAIT)  # not in the round yet
+            return None
+        try:
+            groups[r].allreduce_weighted(np.ones(50, np.float32), 1.0)
+        except TransportError as exc:
+            return exc
+        finally:
+            if r == 0:
+                release.set()
+        raise AssertionError(f"rank {r} finished a round rank 0 closed")
+
+    def close_rank_0_in_its_round():
+        deadline = time.monotonic() + WAIT
+        while groups[0]._round is None and time.monotonic() < deadline:  # poll until it waits in the round
+            time.sleep(0.005)
+        groups[0].close()
+
+    closer = threading.Thread(target=close_rank_0_in_its_round, daemon=True)
+    closer.start()
+    results = _values(_on_threads(a_round, world))
+    closer.join(WAIT)
+    assert type(results[0]) is TransportError and "closed during round 0" in str(results[0])
+    for r in (1, 2, 3):
+        assert isinstance(results[r], PeerLostError) and (results[r].rank, results[r].reason) == (0, "closed"), r
 
 
 # ------------------------------------------------------------ processes
@@ -591,7 +680,8 @@ def test_ranks_in_processes_average_bit_identically_over_rounds():
         expected, total = _job_path([_vectors(r, round_no) for r in range(world)], weights)
         for rank, _, (number, got_total, digest, connections) in got:
             if number == round_no:
-                assert (got_total, digest, connections) == (total, _digest(expected), world - 1), rank
+                assert (got_total, digest, connections) == (total, _digest(expected), len(partners(rank, world))), \
+                    rank
 
 
 def test_a_killed_process_is_named_by_the_survivors_within_the_stall_timeout():

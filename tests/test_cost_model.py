@@ -7,7 +7,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
-from cost_model import (ALLREDUCE_STEPS, Link, Overheads, Workload, averaging_epoch,  # noqa: E402
+from cost_model import (Link, Overheads, Workload, allreduce_s, averaging_epoch,  # noqa: E402
                         averaging_in_stage_epoch, auto_frequency, calibrate, calibrate_phases, epoch, merged_bytes,
                         mesh_sends, sharing_epoch, tree_depth, tree_epoch)
 
@@ -37,17 +37,32 @@ def test_auto_frequency_is_capped_by_the_convergence_bound_of_the_epoch():
     assert auto_frequency(10.0, 0.01, per_worker=235, workers=256, epoch=1) == 30
 
 
-def test_in_stage_rounds_send_two_w_minus_one_over_w_of_the_vector_in_two_steps():
+def test_in_stage_rounds_send_two_p_minus_one_over_p_of_the_vector_in_two_log2_p_steps():
     link = Link(1e9, 1e-3)
     w = Workload(examples=8192, batch=32, step_s=0.04, state_bytes=5.2e6, message_bytes=0.0, round_bytes=6.9e6)
-    for n in (2, 16, 256):
+    for n, log2p in ((2, 1), (16, 4), (256, 8)):  # powers of two: no fold
         e = averaging_in_stage_epoch(n, w, link, Overheads(), frequency=4)
-        assert e["round_overhead_s"] == pytest.approx(2 * (n - 1) / n * 6.9e6 / 125e6 + ALLREDUCE_STEPS * 1e-3)
+        assert e["round_overhead_s"] == pytest.approx(2 * (n - 1) / n * 6.9e6 / 125e6 + 2 * log2p * 1e-3)
+    # 6 ranks: P = 4, ranks 4 and 5 folded into 0 and 1, whose links carry their vector in and the result out
+    assert allreduce_s(6, 6.9e6, link) == pytest.approx((1.5 + 1) * 6.9e6 / 125e6 + (4 + 2) * 1e-3)
     o = Overheads(stage_round_s=0.01, peer_s=0.002, launch_s=0.5, meeting_s=1.0, connect_s=0.003)
     e = averaging_in_stage_epoch(8, w, Link(1e12, 0.0), o, frequency=4)
-    assert e["rounds"] == 8 and e["round_overhead_s"] == pytest.approx(0.01 + 7 * 0.002 + 1.75 * 6.9e6 / 1.25e11)
-    assert e["stage_s"] == pytest.approx(0.5 + 1.0 + 7 * 0.003 + 2 * 5.2e6 / 1.25e11)
+    assert e["rounds"] == 8 and e["round_overhead_s"] == pytest.approx(0.01 + 3 * 0.002 + 1.75 * 6.9e6 / 1.25e11)
+    assert e["stage_s"] == pytest.approx(0.5 + 1.0 + 3 * 0.003 + 2 * 5.2e6 / 1.25e11)
     assert e["seconds"] == pytest.approx(e["stage_s"] + 8 * e["round_overhead_s"] + 32 * 0.04)
+    e = averaging_in_stage_epoch(12, w, Link(1e12, 0.0), o, frequency=4)  # 3 partners + the fold
+    assert e["round_overhead_s"] == pytest.approx(0.01 + 4 * 0.002 + (1.75 + 1) * 6.9e6 / 1.25e11)
+    assert e["stage_s"] == pytest.approx(0.5 + 1.0 + 4 * 0.003 + 2 * 5.2e6 / 1.25e11)
+
+
+def _mesh_era(workers, w, link, o, frequency):
+    """An in-stage epoch as the runs in ``results/`` measured it, over the full mesh before issue 37 (``W - 1``
+    peers and connections; at powers of two its bytes are the halving's), which the calibration still fits."""
+    per = math.ceil(w.examples / (workers * w.batch))
+    rounds = math.ceil(per / frequency)
+    overhead = o.stage_round_s + (workers - 1) * o.peer_s + allreduce_s(workers, w.allreduced, link)
+    stage = o.launch_s + o.meeting_s + (workers - 1) * o.connect_s + 2 * w.state_bytes / link.bytes_per_s
+    return {"seconds": stage + rounds * overhead + per * w.step_s, "rounds": rounds, "round_overhead_s": overhead}
 
 
 def test_in_stage_calibration_recovers_its_round_and_stage_costs():
@@ -56,7 +71,7 @@ def test_in_stage_calibration_recovers_its_round_and_stage_costs():
     w = Workload(examples=8192, batch=32, step_s=0.04, state_bytes=5.2e6, message_bytes=0.0, round_bytes=6.9e6)
     results = []
     for hosts in (2, 4, 8):
-        e = averaging_in_stage_epoch(hosts, w, link, truth, frequency=8)
+        e = _mesh_era(hosts, w, link, truth, frequency=8)
         per = math.ceil(w.examples / (hosts * w.batch))
         busy = per * w.step_s / e["rounds"]
         meeting = truth.meeting_s + (hosts - 1) * truth.connect_s
@@ -75,7 +90,12 @@ def test_in_stage_calibration_recovers_its_round_and_stage_costs():
     got = cal["averaging_in_stage"]["overheads"]
     for name in ("stage_round_s", "peer_s", "launch_s", "meeting_s", "connect_s"):
         assert got[name] == pytest.approx(getattr(truth, name), rel=1e-6), name
-    assert cal["averaging_in_stage"]["max_abs_error"] < 1e-6
+    # the model (recursive halving) at the mesh's points: 2 ranks alike; beyond, less by the peers it no longer pays
+    for point in cal["averaging_in_stage"]["points"]:
+        n = point["workers"]
+        saved = (n - 1 - math.log2(n)) * (truth.peer_s * averaging_in_stage_epoch(n, w, link, truth, frequency=8)
+                                          ["rounds"] + truth.connect_s)
+        assert point["model_s"] == pytest.approx(point["measured_s"] - saved, rel=1e-9, abs=1e-9), n
     assert cal["averaging"]["overheads"]["round_s"] == pytest.approx(0.5, rel=1e-6)
 
 
@@ -193,16 +213,16 @@ def test_direct_peer_costs_are_the_slopes_over_the_peers():
         parse_scenario("x:meeting=1")
 
 
-def test_a_two_level_mesh_has_fewer_peers_for_about_the_same_bytes():
+def test_recursive_halving_has_fewer_peers_than_a_two_level_mesh_for_the_same_bytes():
     from cost_model import two_level
 
     link = Link(1e9, 0.0)
     peers, wire = two_level(256, 6.9e6, link)
     assert peers == 30  # 15 in its group of 16, 15 groups besides its own
-    flat = averaging_in_stage_epoch(256, W, link, Overheads(peer_s=1e-3), frequency=8)
+    halving = averaging_in_stage_epoch(256, W, link, Overheads(peer_s=1e-3), frequency=8)
     two = averaging_in_stage_epoch(256, W, link, Overheads(peer_s=1e-3), frequency=8, topology="two_level")
-    assert wire < 1.1 * 2 * 6.9e6 / 125e6
-    assert two["round_overhead_s"] < flat["round_overhead_s"] - 0.2
+    assert wire < 1.1 * 2 * 6.9e6 / 125e6 and allreduce_s(256, 6.9e6, link) <= wire
+    assert halving["round_overhead_s"] == pytest.approx(two["round_overhead_s"] - (30 - 8) * 1e-3, abs=2e-3)
 
 
 def test_one_run_of_the_model_takes_instage_and_topologies_files_together(tmp_path):
@@ -219,7 +239,7 @@ def test_one_run_of_the_model_takes_instage_and_topologies_files_together(tmp_pa
     files = []
     for hosts in (2, 4, 8):
         per = math.ceil(w.examples / (hosts * w.batch))
-        e = averaging_in_stage_epoch(hosts, w, Link(1e9), instage_o, frequency=8)
+        e = _mesh_era(hosts, w, Link(1e9), instage_o, frequency=8)
         busy = per * w.step_s / e["rounds"]
         timeline = [{"epoch": 0, "round": r, "seconds": busy + e["round_overhead_s"],
                      "tasks": [{"fit": busy, "minibatches": 8,
@@ -253,8 +273,11 @@ def test_one_run_of_the_model_takes_instage_and_topologies_files_together(tmp_pa
     assert set(cal) == {"averaging", "averaging_in_stage", "sharing_plain", "sharing_tree"}
     assert cal["averaging_in_stage"]["overheads"]["peer_s"] == pytest.approx(0.004, rel=1e-6)
     assert cal["sharing_tree"]["overheads"]["hop_s"] == pytest.approx(0.006, rel=1e-6)
-    # TREE within 1%: its links' latency per hop is in the epoch, and the phase fit puts it in the stage
-    assert all(c["max_abs_error"] < (1e-2 if s == "sharing_tree" else 1e-6) for s, c in cal.items())
+    # TREE within 1%: its links' latency per hop is in the epoch, and the phase fit puts it in the stage; the
+    # in-stage runs are the mesh's, which the model (recursive halving since issue 37) matches at 2 ranks only
+    assert all(c["max_abs_error"] < (1e-2 if s == "sharing_tree" else 1e-6) for s, c in cal.items()
+               if s != "averaging_in_stage")
+    assert abs(cal["averaging_in_stage"]["points"][0]["error"]) < 1e-6
     assert cal["averaging_in_stage"]["points"][0]["workers"] == 2 and out["workload"]["step_s"] == pytest.approx(w.step_s)
     by = out["predictions"]["10gbit"]
     assert {"averaging_one_round", "averaging_tree", "sharing_tree_staleness1"} <= set(by)

@@ -50,3 +50,47 @@ def test_a_barrier_round_that_reads_only_its_minibatches_keeps_its_python_worker
     assert len(pids) == 2
     sc.parallelize(range(2), 2).map(lambda _: os.getpid()).collect()  # the next job: after it, exited workers are gone
     assert [_alive(pid) for pid in pids] == [True, True], "a barrier task's Python worker exited: not reused"
+
+
+# ------------------------------------------------------------ a round's results, summed in the all-reduce's order
+def _worker_vector(w: int):
+    import numpy as np
+
+    return np.random.default_rng(100 + w).standard_normal(37).astype(np.float32) * np.float32(10.0 ** (w % 5))
+
+
+def _round_result_of_shard(items):
+    """A round task: worker ``w``'s shard is ``[w]``, or empty (a worker without examples returns nothing)."""
+    from sparkavg.spark.executor.averaging import RoundResult
+    import numpy as np
+
+    for w in (w for shard in items for w in shard):
+        yield RoundResult(0.25 * (w + 1), _worker_vector(w), None, np.zeros(0, np.float32), 1.0, 1, 1, 1, [], [],
+                          [[w, 1, 0.0, 0.0]], None)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("world, depth", [(3, 2), (6, 2), (9, 2), (17, 3)])
+def test_a_jobs_results_are_summed_in_the_all_reduces_order(sc, world, depth):
+    """Shared files' results (summed on the executors first beyond ``scale + W / scale`` of them) give
+    ``ordered_sum``'s bits, the all-reduce's: workers without a result are missing, not zeros."""
+    from sparkavg import ops
+    from sparkavg.spark.executor.averaging import combine_results
+    from sparkavg.transport.summation import ordered_sum, total_weight
+
+    missing = {1, world - 2}
+    shards = [[] if w in missing else [w] for w in range(world)]
+    source = SharedFiles(sizes=[1] * world, seam=ClassicSpark(sc), paths=list(range(world)))
+    deal = FilesDeal([[[i] for i in range(world)]], source)
+    deal.shards = lambda r: shards
+    got = deal.aggregate(0, _round_result_of_shard, combine_results, depth, "a test round")
+    weights = [0.0 if w in missing else 0.25 * (w + 1) for w in range(world)]
+    expected = ordered_sum([None if w in missing else _worker_vector(w) for w in range(world)])
+    assert got.params.tobytes() == expected.tobytes()
+    assert got.weight == total_weight(weights) and got.examples == world - len(missing)
+    if world - len(missing) > 2:  # the order matters for these values: a left-to-right sum differs
+        chained = _worker_vector(0)
+        for w in range(2, world):
+            if w not in missing:
+                ops.accumulate(chained, _worker_vector(w))
+        assert chained.tobytes() != expected.tobytes()

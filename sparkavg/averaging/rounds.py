@@ -7,9 +7,10 @@ Round ``r``: every rank fits its ``counts[r][rank]`` minibatches, scales its
 parameters, updater state, buffers (and the square of its first moment
 where the moment correction runs) by its weight (its examples, or 1 under
 DL4J's unweighted mean; 0 without examples) and the ranks sum them with an
-all-reduce that adds each element in rank order
-(``allreduce_weighted(average=False)``: the job path's driver, summing its
-results in partition order, bit for bit).  Then every rank merges the sums
+all-reduce that adds each element in one fixed order
+(``allreduce_weighted(average=False)``; the job path's deal sums its
+workers' results in the same order,
+:func:`~sparkavg.transport.summation.ordered_sum`: bit for bit).  Then every rank merges the sums
 as the driver would (:func:`~.merge.merge_sums`, the same function: moment
 correction, block momentum, frozen ranges, the iteration advanced by the
 round's longest shard) and starts the next round from that state.  With

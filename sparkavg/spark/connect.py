@@ -41,7 +41,7 @@ import numpy as np
 from ..data.validation import DataSpec
 from .data import (STORAGE_LEVEL, check_columns, describe_data, feature_columns, frame_failures, frame_files,
                    is_dataframe, minibatch_frame, placement_for)
-from .sources import EpochDeal, FilesDeal, MinibatchSource, SharedFiles, blocks_deal, read_to_end
+from .sources import EpochDeal, FilesDeal, MinibatchSource, SharedFiles, blocks_deal, in_order, read_to_end, tagged
 from .cancel import watching
 from .errors import executor_errors
 from .executor.adapters import examples_adapter, round_adapter
@@ -95,13 +95,13 @@ def _unpersist(frame, blocking: bool = False) -> None:
 
 class ConnectDeal(EpochDeal):
     """A deal on a Connect session: a round is one ``mapInArrow`` job
-    (``_round_frame``), its results Arrow rows combined on the driver."""
+    (``_round_frame``: partition ``w`` is worker ``w``'s), its results Arrow rows combined on the driver."""
 
     def aggregate(self, r, task, combine, depth, what):
         """``depth`` is the classic treeAggregate's: unused."""
         with executor_errors(what):
-            table = self._round_frame(r, task, barrier=False).toArrow()
-        return functools.reduce(combine, results_from_table(table), None)
+            table = self._round_frame(r, tagged(task), barrier=False).toArrow()
+        return in_order(results_from_table(table), int, self.workers, combine)
 
     def barrier(self, r, task, what) -> list:
         """One ``mapInArrow(..., barrier=True)`` stage, a task per worker; all results."""

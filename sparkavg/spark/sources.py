@@ -3,7 +3,8 @@
 A fit prepares its data once into a :class:`MinibatchSource`; every epoch
 the runner asks it for the epoch's deal (:meth:`MinibatchSource.plan`, an
 :class:`EpochDeal`) and runs each round through the deal (``aggregate``,
-or ``barrier``: one barrier stage).  Shared files: :class:`SharedFiles`,
+or ``barrier``: one barrier stage; ``aggregate`` sums in the all-reduce's
+order).  Shared files: :class:`SharedFiles`,
 ``connect.ConnectFiles``; Spark blocks: :class:`SparkBlocks` (a local
 checkpoint, prepared again when lost), ``connect.ConnectBlocks``; streamed:
 ``streaming.StreamedSource`` (nothing kept).  A source runs its jobs
@@ -12,7 +13,6 @@ minibatches live.
 """
 from __future__ import annotations
 
-import functools
 import logging
 import re
 from dataclasses import dataclass, field
@@ -21,11 +21,13 @@ from typing import Callable, ClassVar, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..data.storage import SharedLocation
+from ..transport.summation import in_order, level_steps, node_sum
 from .deal import MAX_SHARD_LABEL_SKEW, deal_epoch, local_shards, shard_label_skew
 from .errors import executor_errors
+from .executor.context import task_partition
 
 __all__ = ["MinibatchSource", "EpochDeal", "SharedFiles", "SparkBlocks", "LINEAGE_REASON", "lost_checkpoint_blocks",
-           "read_to_end"]
+           "read_to_end", "tagged"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +53,7 @@ class EpochDeal:
         raise NotImplementedError
 
     def aggregate(self, r: int, task: Callable, combine: Callable, depth: int, what: str):
-        """Run ``task`` over each worker's shard of round ``r``; its results combined."""
+        """Run ``task`` over each worker's shard of round ``r``; its results summed in the all-reduce's order."""
         raise NotImplementedError
 
     def drop(self) -> None:
@@ -133,6 +135,11 @@ def read_to_end(task: Callable) -> Callable:
     return run
 
 
+def tagged(task: Callable) -> Callable:
+    """``task`` whose results come as ``(partition, result)``, to be summed in the workers' order."""
+    return lambda items: ((task_partition(), value) for value in task(items))
+
+
 class ClassicDeal(EpochDeal):
     """A deal on a classic session, whose barrier rounds recover from a failed attempt."""
 
@@ -170,9 +177,12 @@ class FilesDeal(ClassicDeal):
         return [[self.source.paths[i] for i in shard] for shard in self.rounds[r]]
 
     def aggregate(self, r, task, combine, depth, what):
-        with executor_errors(what):
-            rdd = self.source.seam.parallelize(self.shards(r)).mapPartitions(task)
-            return rdd.treeAggregate(None, combine, combine, depth=depth)
+        with executor_errors(what):  # partition w is worker w's; the tree's lower levels summed on the executors
+            rdd = self.source.seam.parallelize(self.shards(r)).mapPartitions(tagged(task))
+            steps, below = level_steps(self.workers, depth, combine)  # as treeAggregate of depth would
+            for child, node, count in steps:
+                rdd = rdd.map(child).groupByKey(count, partitionFunc=int).map(node)
+            return node_sum(dict(rdd.collect()), self.workers, below, add=combine)
 
     def _barrier(self, r, task, what):
         return self.source.seam.parallelize(self.shards(r)).barrier().mapPartitions(task).collect()
@@ -298,8 +308,8 @@ class BlocksDeal(ClassicDeal):
 
     def aggregate(self, r, task, combine, depth, what):
         with executor_errors(what):
-            parts = self._on_blocks(what, lambda: self.source.seam.run_job(self.rdd, task, self.shards(r)))
-            return functools.reduce(combine, parts, None)
+            parts = self._on_blocks(what, lambda: self.source.seam.run_job(self.rdd, tagged(task), self.shards(r)))
+            return in_order(parts, lambda partition: partition - r * self.workers, self.workers, combine)
 
     def _barrier(self, r, task, what):
         # Blocks lost before the barrier stage started (its shuffle's map stage): nothing ran yet.

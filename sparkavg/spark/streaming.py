@@ -38,7 +38,6 @@ says so):
 """
 from __future__ import annotations
 
-import functools
 import logging
 import shutil
 from dataclasses import dataclass, field, replace
@@ -50,7 +49,7 @@ from ..data.validation import DataSpec
 from .data import check_columns, feature_columns, files_root, is_dataframe, require_arrow
 from .deal import deal
 from .errors import executor_errors, raise_failures
-from .sources import EpochDeal, MinibatchSource
+from .sources import EpochDeal, MinibatchSource, in_order, tagged
 
 __all__ = ["STORAGE_DECISION", "MEMORY_SHARE", "StorageChoice", "storage_choice", "prepared_bytes_per_example",
            "feature_value_bytes", "StreamedSource", "StreamDeal", "prepare_stream", "prepare_source"]
@@ -276,10 +275,10 @@ class StreamDeal(EpochDeal):
         frame = data.frame.mapInArrow(make_stream_round(task, data.spec, data.batch_size, data.features_col,
                                                         data.label_col, rows), RESULT_SCHEMA)
         with executor_errors(what):
-            out = data.seam.run_job(frame.rdd, _result_rows, sorted(rows))
-        results = [decode_value(text, blobs) for text, blobs in out]
-        raise_failures(results, what)
-        return functools.reduce(combine, results) if results else None
+            out = data.seam.run_job(frame.rdd, tagged(_result_rows), sorted(rows))
+        results = [(p, decode_value(text, blobs)) for p, (text, blobs) in out]
+        raise_failures([value for _, value in results], what)
+        return in_order(results, self.parts[r].index, self.workers, combine)  # partition p is worker w's: parts[r][w]
 
 
 def _result_rows(rows):

@@ -8,8 +8,10 @@ sums every iteration's messages on the way (``TREE``: :class:`TreeGroup`).
 No pickle anywhere: payloads are opaque bytes.  Its sizes and timers are
 the library's (:mod:`.limits`): a cluster operator sets only the port and
 the network mask, on :class:`~sparkavg.spark.GradientSharing`.  :class:`CollectiveGroup` is
-a full mesh of authenticated TCP connections whose weighted all-reduce
-averages parameters with the driver's arithmetic (:mod:`.collective`).
+a weighted all-reduce by recursive halving and doubling over authenticated
+TCP connections to ``log2 W`` partners that averages parameters with the
+driver's arithmetic (:mod:`.collective`; the one summation order:
+:mod:`.summation`).
 
 Examples
 --------

@@ -3,28 +3,32 @@
 The ranks of a Spark barrier stage (or any W processes) form a
 :class:`CollectiveGroup`: each listens on a TCP port, the caller exchanges
 the table of addresses and X25519 public keys (Spark's ``allGather``), and
-every pair of ranks connects once (:mod:`.links`: per-direction keys,
-sequence-bound HMAC-SHA256 tags).  The connections serve every round of the
-stage.
+each rank connects once to its partners only (:mod:`.links`: per-direction
+keys, sequence-bound HMAC-SHA256 tags).  The connections serve every round
+of the stage.
 
-Topology: a full mesh, not a ring.  Bit-identity with the driver's sum needs
-each element summed in rank order, ``((w_0 v_0 + w_1 v_1) + w_2 v_2) + ...``;
-a ring's reduce-scatter adds chunk ``j`` in the cyclic order ``j+1, j+2, ...``
-and could only keep rank order by passing every chunk along the whole ring
-(a full vector per link).  In the mesh every rank sends chunk ``j`` of its
-weighted vector straight to its owner ``j`` (reduce-scatter), the owner adds
-the W contributions in rank order, scales by ``1 / sum(w)`` and sends the
-reduced chunk to every other rank (all-gather): each rank sends and receives
-``2 (W - 1) / W`` of the vector, as in a ring, in two steps instead of
-``2 (W - 1)``.  ``W (W - 1) / 2`` connections are few at the sizes of a Spark
-job.
+Topology: recursive halving and doubling (Rabenseifner's all-reduce;
+Thakur, Rabenseifner and Gropp 2005), :mod:`.reduction`.  With ``P =
+2^floor(log2 W)``, rank ``r < P`` connects to ``r ^ 1, r ^ 2, ..., r ^
+P/2`` and, for ``r < W - P``, to ``r + P``, which it folds in first and
+serves the result last: at most ``log2 P + 1`` connections per rank, two
+threads each.  A round halves the segment each rank reduces over ``log2
+P`` steps (a reduce-scatter) and doubles it back (an all-gather): every
+rank sends and receives ``2 (P - 1) / P`` of the vector (one vector more
+across a fold), as in a ring, in ``2 log2 P`` steps (``+ 2`` with a fold)
+instead of a ring's ``2 (W - 1)``.
+
+Bit-identity with the driver's sum: the halving adds each element in one
+fixed tree -- the fold ``v_i + v_{i+P}``, then pairs at distance 1, 2, 4,
+... (:mod:`.summation`) -- and the job path's driver sums its workers'
+results with :func:`~.summation.ordered_sum`, the same tree; each rank
+scales its part by ``1 / sum(w)`` (summed in the same order) before the
+all-gather.
 
 Every transfer is cut in pieces of at most ``piece_bytes``: a rank holds one
-piece per connection while it waits for its turn in the rank order (TCP's
-flow control holds the rest), and a reduced piece is sent on as soon as it
-is final, so the two phases overlap.  Each connection has a sending and a
-receiving thread (the hashing and the copies release the GIL), so W - 1
-peers proceed at once.
+piece per connection while it waits for its own data to reach the level it
+adds to (TCP's flow control holds the rest), and a reduced piece goes on to
+the next step as soon as it is final, so the steps overlap.
 
 Examples
 --------
@@ -59,8 +63,9 @@ from .. import ops
 from .address import select_address
 from .errors import FrameRejectedError, PeerLostError, PeerStalledError, TransportError
 from .keys import KeyAgreement
+from .limits import COLLECTIVE_ALIVE_FRACTION
 from .links import Link, LinkClosed, accept_hello, dial, tcp_pair_keys
-from .reduction import DTYPES, Layout, Round, Stop
+from .reduction import DTYPES, Layout, Round, Stop, partners
 
 __all__ = ["PIECE_BYTES", "CollectiveGroup"]
 
@@ -97,8 +102,9 @@ def _as_arrays(vectors):
 
 
 class CollectiveGroup:
-    """One rank of a TCP full mesh that averages vectors weighted by the
-    examples each rank trained (the module docstring).
+    """One rank of a TCP all-reduce by recursive halving and doubling that
+    averages vectors weighted by the examples each rank trained (the
+    module docstring).
 
     Parameters
     ----------
@@ -148,7 +154,6 @@ class CollectiveGroup:
         self._closed = False
         self._threads: list[threading.Thread] = []
         self._queues: list[queue.SimpleQueue] = []
-        self._acc = None
         self._joining = None  # join_in_background's thread until the first all-reduce has waited for it
         self.joined_in = None  # seconds join_in_background took to connect (None: not joined so)
         self._join_error = None
@@ -181,7 +186,8 @@ class CollectiveGroup:
         return table
 
     def connect(self, entries) -> None:
-        """Connect to every other rank, once per stage.
+        """Connect to this rank's partners (:func:`~.reduction.partners`),
+        once per stage.
 
         Parameters
         ----------
@@ -194,30 +200,32 @@ class CollectiveGroup:
         ValueError
             The entries are not one per rank with this rank's public key.
         PeerLostError
-            ``reason="connect"``: a rank did not connect within the stall
+            ``reason="connect"``: a partner did not connect within the stall
             timeout (the first such rank).
         FrameRejectedError
-            A lower rank's handshake answer did not verify.
+            A lower partner's handshake answer did not verify.
         """
         if self.links or self._closed:
             raise RuntimeError(f"rank {self.rank}: the group is already connected or closed")
         table = self._table(entries)
         address_of = {r: (h, p) for r, (h, p, _) in table.items()}
-        keys = tcp_pair_keys(self.agreement, {r: pub for r, (_, _, pub) in table.items()})
+        mine = partners(self.rank, self.world)
+        keys = tcp_pair_keys(self.agreement, {r: table[r][2] for r in mine})
         deadline = time.monotonic() + self.stall_timeout
         began = time.perf_counter()
         accepted: dict[int, Link] = {}
-        accepter = threading.Thread(target=self._accept, args=(keys, address_of, deadline, accepted),
+        higher = {r for r in mine if r > self.rank}
+        accepter = threading.Thread(target=self._accept, args=(keys, address_of, deadline, accepted, higher),
                                     name=f"sparkavg-collective-accept-{self.rank}", daemon=True)
         accepter.start()
         links = {}
         try:
-            for peer in range(self.rank):
+            for peer in (r for r in mine if r < self.rank):
                 links[peer] = dial(self.rank, peer, address_of[peer], keys[peer], self.agreement.context, deadline,
                                    stall_timeout=self.stall_timeout)
             accepter.join(max(0.0, deadline - time.monotonic()) + 1.0)
             links.update(accepted)
-            missing = [r for r in range(self.world) if r != self.rank and r not in links]
+            missing = [r for r in mine if r not in links]
             if missing:
                 r = missing[0]
                 raise PeerLostError(f"rank {self.rank}: rank {r} at {address_of[r][0]}:{address_of[r][1]} did not "
@@ -282,8 +290,8 @@ class CollectiveGroup:
         if self._join_error is not None:
             raise self._join_error
 
-    def _accept(self, keys, address_of, deadline, accepted) -> None:
-        expected = set(range(self.rank + 1, self.world))
+    def _accept(self, keys, address_of, deadline, accepted, expected) -> None:
+        expected = set(expected)
         while expected:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -325,6 +333,11 @@ class CollectiveGroup:
                 rnd.read_from(link, buffer)
             except (Stop, LinkClosed):
                 pass
+            except PeerLostError as exc:
+                # A partner that closed without a notice may have aborted for a rank it could not name
+                # to this one (its notice dropped behind a piece this rank held): a notice may still
+                # come through another partner.
+                rnd.fail(exc, weak=exc.reason == "closed" and exc.reported_by is None)
             except BaseException as exc:  # raised in the caller's thread
                 rnd.fail(exc)
             finally:
@@ -340,7 +353,8 @@ class CollectiveGroup:
             rank, (host, port), reason = self.rank, self.address, "failed"
         notice = {"rank": rank, "host": host, "port": port, "reason": reason, "message": str(exc)[:1000],
                   "by": self.rank}
-        for link in self.links.values():
+        # Links whose sender is between frames first: a partner may hear of the loss only from this rank.
+        for link in sorted(self.links.values(), key=lambda link: link.sending()):
             link.abort(notice)
 
     # ------------------------------------------------------------ the all-reduce
@@ -350,8 +364,9 @@ class CollectiveGroup:
 
         The arithmetic is the job path's, bit for bit: every rank scales its
         vectors by its weight (:func:`sparkavg.ops.scale`), the weighted
-        vectors are summed left to right in rank order with
-        :func:`sparkavg.ops.accumulate` (ranks of weight 0 skipped, as a
+        vectors are summed in the one order of
+        :func:`~sparkavg.transport.summation.ordered_sum` with
+        :func:`sparkavg.ops.accumulate` (ranks of weight 0 missing, as a
         worker without examples returns nothing), the weights likewise, and
         the sum is scaled by ``1.0 / total_weight`` (skipped when that is
         1.0).
@@ -379,8 +394,9 @@ class CollectiveGroup:
         Raises
         ------
         PeerLostError
-            A peer closed its connection or stalled (naming its rank and
-            address); the group is then unusable.
+            A rank closed its connection or stalled (naming its rank and
+            address, also where a partner reports it); the group is then
+            unusable.
         FrameRejectedError
             A frame failed its tag or was not the one expected.
         ValueError, TypeError
@@ -400,21 +416,19 @@ class CollectiveGroup:
         if weight:
             for a in arrays:
                 ops.scale(a, weight)
-        layout = Layout(arrays, names, self.world, self.piece_bytes)
+        layout = Layout(arrays, names, self.piece_bytes)
         number, self.rounds = self.rounds, self.rounds + 1
         if self.world == 1:
             if average and weight and 1.0 / weight != 1.0:
                 for a in arrays:
                     ops.scale(a, 1.0 / weight)
             return vectors, weight
-        own = layout.bounds[self.rank + 1] - layout.bounds[self.rank]
-        if self._acc is None or self._acc.dtype != layout.dtype or self._acc.size < own:
-            self._acc = np.empty(own, dtype=layout.dtype)
-        rnd = self._round = Round(self.rank, number, layout, weight, self._acc, on_fail=self._abort, average=average)
+        rnd = self._round = Round(self.rank, self.world, number, layout, weight, self._abort, average=average,
+                                  alive_every=COLLECTIVE_ALIVE_FRACTION * self.stall_timeout)
         for q in self._queues:
             q.put(rnd)
         try:
-            rnd.contribute_own()
+            rnd.own_part()
         except Stop:
             pass
         except BaseException as exc:
@@ -429,7 +443,8 @@ class CollectiveGroup:
         return vectors, rnd.total
 
     def stats(self) -> dict:
-        """Counters: ``rounds``, ``connections`` (made by :meth:`connect`),
+        """Counters: ``rounds``, ``connections`` (made by :meth:`connect`:
+        the partners),
         ``bytes_sent``/``bytes_received`` (frames) and
         ``payload_sent``/``payload_received`` (vector bytes)."""
         links = self.links.values()

@@ -1,7 +1,8 @@
 """Authenticated TCP links between the ranks of a collective group.
 
-One connection per pair of ranks, made once per stage (epoch) and reused by
-every round; the higher rank dials the lower one.
+One connection per pair of partners (:func:`~.reduction.partners`), made
+once per stage (epoch) and reused by every round; the higher rank dials the
+lower one.
 
 Keys.  The pair's X25519 key of :mod:`~sparkavg.transport.keys` (bound to the
 stage attempt, both ranks and both public keys) is expanded once more for TCP,
@@ -26,7 +27,7 @@ peer may still come.
 Frames (network byte order)::
 
     offset size field
-    0      1    kind      ROUND=1, DATA=2, ABORT=3
+    0      1    kind      ROUND=1, DATA=2, ABORT=3, ALIVE=4
     1      1    phase     DATA: 1 reduce-scatter, 2 all-gather; else 0
     2      2    reserved  0
     4      4    round     the round's number
@@ -42,7 +43,8 @@ memory), then the tag, then the other fields; any failure is a
 :class:`~sparkavg.transport.errors.FrameRejectedError` naming the peer.  An
 ABORT frame carries a JSON notice (which rank was lost and why) that a rank
 sends its other peers when a round fails, before it shuts its connections.
-Nothing is ever unpickled.
+An ALIVE frame (no payload) says the sender is in the round but waits on
+its other partners; the receiver skips it.  Nothing is ever unpickled.
 """
 from __future__ import annotations
 
@@ -90,6 +92,7 @@ class Kind(enum.IntEnum):
     ROUND = 1  # a round's announcement: weight and layout
     DATA = 2  # a piece of a vector
     ABORT = 3  # a failure notice, the last frame of a link
+    ALIVE = 4  # the sender waits on its other partners: the link has not stalled
 
 
 class LinkClosed(TransportError):
@@ -244,6 +247,7 @@ class Link:
         self._send_lock = threading.Lock()
         self.closed = False
         self.bytes_sent = self.bytes_received = self.payload_sent = self.payload_received = 0
+        self.last_sent = time.monotonic()  # when the last frame was written (ALIVE frames keep it recent)
         sock.settimeout(self.stall_timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # announcements are small
 
@@ -291,6 +295,7 @@ class Link:
         self._send_seq += 1
         parts = [memoryview(header), data, memoryview(mac.digest())]
         self.bytes_sent += sum(p.nbytes for p in parts)
+        self.last_sent = time.monotonic()
         parts = [p for p in parts if p.nbytes]
         while parts:  # sendmsg may take part of the parts
             sent = self.sock.sendmsg(parts)
@@ -301,18 +306,25 @@ class Link:
                 else:
                     parts[0], sent = parts[0][sent:], 0
 
+    def sending(self) -> bool:
+        """Whether a frame is being written now."""
+        return self._send_lock.locked()
+
     def abort(self, notice: dict | None) -> None:
         """Stop using the link: send ``notice`` (JSON) as an ABORT frame when
-        the sender finishes its frame within :data:`NOTICE_WAIT`, then shut
-        the connection, waking this rank's threads blocked on it."""
+        the sender finishes its frame within :data:`NOTICE_WAIT` and the
+        socket takes the notice at once, then shut the connection, waking
+        this rank's threads blocked on it."""
         if self.closed:
             return
         self.closed = True  # this rank's threads now stop at their next call
         if notice is not None and self._send_lock.acquire(timeout=NOTICE_WAIT):
             try:
+                # Never wait on a peer that takes nothing (a stalled one): its notice is dropped.
+                self.sock.settimeout(0.0)
                 self._write(Kind.ABORT, 0, json.dumps(notice).encode()[:MAX_NOTICE], 0, 0)
             except (OSError, socket.timeout):
-                pass  # the peer is gone too
+                pass  # the peer is gone too, or takes nothing
             finally:
                 self._send_lock.release()
         self._shutdown()
@@ -368,31 +380,38 @@ class Link:
         LinkClosed
             This rank closed the link.
         """
-        head = bytearray(HEADER.size)
-        self._read_into(memoryview(head))
-        got_kind, got_phase, _, got_round, got_offset, got_length = HEADER.unpack(head)
-        target = None if into is None else memoryview(into).cast("B")
-        want = target.nbytes if target is not None else length
-        if got_kind == Kind.ABORT:
-            if got_length > MAX_NOTICE:
-                raise self._reject("length", f"a notice of {got_length} bytes, at most {MAX_NOTICE} expected")
-            target = None
-        elif got_length != want:
-            raise self._reject("length", f"expected {want} payload bytes ({Kind(kind).name}, round {round_no}, "
-                                         f"offset {offset}), got {got_length}")
-        if target is None:
-            body = bytearray(got_length)
-            target = memoryview(body)
-        self._read_into(target)
-        tag = bytearray(TAG_BYTES)
-        self._read_into(memoryview(tag))
-        mac = self._recv_mac.copy()
-        mac.update(_SEQ.pack(self._recv_seq) + bytes(head))
-        mac.update(target)
-        if not hmac.compare_digest(mac.digest(), bytes(tag)):
-            raise self._reject("tag", f"its tag does not verify as frame {self._recv_seq} of this direction "
-                                      "(altered, forged, replayed or out of order)")
-        self._recv_seq += 1
+        while True:  # ALIVE frames are skipped
+            head = bytearray(HEADER.size)
+            self._read_into(memoryview(head))
+            got_kind, got_phase, _, got_round, got_offset, got_length = HEADER.unpack(head)
+            target = None if into is None else memoryview(into).cast("B")
+            want = target.nbytes if target is not None else length
+            if got_kind == Kind.ABORT:
+                if got_length > MAX_NOTICE:
+                    raise self._reject("length", f"a notice of {got_length} bytes, at most {MAX_NOTICE} expected")
+                target = None
+            elif got_kind == Kind.ALIVE:
+                if got_length:
+                    raise self._reject("length", f"an ALIVE frame of {got_length} bytes, 0 expected")
+                target = None
+            elif got_length != want:
+                raise self._reject("length", f"expected {want} payload bytes ({Kind(kind).name}, round {round_no}, "
+                                             f"offset {offset}), got {got_length}")
+            if target is None:
+                body = bytearray(got_length)
+                target = memoryview(body)
+            self._read_into(target)
+            tag = bytearray(TAG_BYTES)
+            self._read_into(memoryview(tag))
+            mac = self._recv_mac.copy()
+            mac.update(_SEQ.pack(self._recv_seq) + bytes(head))
+            mac.update(target)
+            if not hmac.compare_digest(mac.digest(), bytes(tag)):
+                raise self._reject("tag", f"its tag does not verify as frame {self._recv_seq} of this direction "
+                                          "(altered, forged, replayed or out of order)")
+            self._recv_seq += 1
+            if got_kind != Kind.ALIVE:
+                break
         if got_kind == Kind.ABORT:
             raise self._notice_error(bytes(target))
         for reason, expected, got in (("kind", int(kind), got_kind), ("round", round_no & 0xFFFFFFFF, got_round),

@@ -43,8 +43,8 @@ class RoundResult(Record):
 
 @failure_aware
 def combine_results(a, b):
-    """Sum two round results in place (``a`` is reused): the treeAggregate
-    combiner.  A :class:`TaskFailure` wins over any result."""
+    """Sum two round results in place (``a`` is reused): a deal's ``aggregate`` adds
+    them so in the all-reduce's order.  A :class:`TaskFailure` wins over any result."""
     ops.accumulate(a.params, b.params)
     if a.state is not None and b.state is not None:
         ops.accumulate(a.state, b.state)

@@ -3,10 +3,10 @@
 Rounds of ``averaging_frequency`` minibatches per worker, run one of two
 ways (decision ``averaging_path``, :mod:`..policies.path`): a Spark job per
 round -- the shipped ``(iteration, params, updater state)`` is fitted by
-every worker on its own shard, the weighted sums come back through
-``treeAggregate`` and the driver merges them -- or all of an epoch's
-rounds inside one barrier stage, whose ranks sum the same weighted state
-with an all-reduce and each merge it as the driver would
+every worker on its own shard, the weighted sums come back summed in the
+all-reduce's order (the deal's ``aggregate``) and the driver merges them --
+or all of an epoch's rounds inside one barrier stage, whose ranks sum the
+same weighted state with an all-reduce and each merge it as the driver would
 (:mod:`sparkavg.averaging`; :mod:`..executor.instage`); the driver then gets
 rank 0's final state and every round's statistics.  The rules of an epoch
 are policies (:mod:`sparkavg.spark.policies`) chosen by the master's preset:
@@ -52,7 +52,7 @@ logger = logging.getLogger(__name__)
 PROBE_MINIBATCHES = 4
 #: Probe rounds before the first epoch (the first also warms the workers' cached networks up).
 PROBE_ROUNDS = 2
-#: ``treeAggregate`` depth of a round's results.
+#: Depth of the tree a round's results are summed in (``treeAggregate``'s, in the all-reduce's order).
 AGGREGATION_DEPTH = 2
 
 

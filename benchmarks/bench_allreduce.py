@@ -169,6 +169,7 @@ def main(argv=None) -> dict:
         sizes = {name: sizes[name] for name in args.vectors}
     report = {"benchmark": "allreduce", "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                                                     "load_1min": os.getloadavg()[0]},
+              "collective": "halving",  # the all-reduce measured (before issue 37's halving: "mesh")
               "rounds": args.rounds, "warmup": args.warmup, "baseline": baselines(sizes, args.worlds, args.repeats)}
     for world in args.worlds:
         report[f"w{world}"] = run_world(world, sizes, args.rounds, args.warmup)

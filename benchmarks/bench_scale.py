@@ -381,7 +381,8 @@ def main(argv=None):
               "load_before": load, "examples": args.limit_train, "epochs": args.epochs, "batch_size_per_worker": BATCH,
               "runs": args.runs, "rate": args.rate or "unshaped", "model": "LeNet (431,080 params, Adam)",
               "spark_conf": args.spark_conf,
-              "threshold": f"AdaptiveThreshold(initial={THRESHOLD})"}
+              "threshold": f"AdaptiveThreshold(initial={THRESHOLD})",
+              "collective": "halving"}  # the in-stage all-reduce measured (before issue 37's halving: "mesh")
     result.update(run(args))
     result["load_after"] = os.getloadavg()
     return emit(result, args.out)

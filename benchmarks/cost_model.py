@@ -53,8 +53,9 @@ every rank -- the driver's merge, done by each rank)::
     epoch = launch_s + meeting_s + k connect_s + 2 S / B + R round + M step
 
 (Before issue 37 a full mesh: ``W - 1`` peers and connections, 2 steps;
-the calibration below still fits ``peer_s`` and ``connect_s`` over ``W -
-1``, as the runs in ``results/`` measured the mesh.)
+the calibration fits ``peer_s`` and ``connect_s`` over each run's own
+:func:`partners`: ``W - 1`` for result files without a ``collective``
+field, which measured the mesh.)
 
 ``launch_s`` is the stage's fixed cost per epoch before its tasks meet and
 after they end (the deal's shuffle stage, the barrier stage's launch, the
@@ -240,6 +241,19 @@ def averaging_epoch(workers: int, w: Workload, link: Link, o: Overheads, frequen
                                       else w.state_bytes + math.ceil(workers ** (1.0 / depth)) * w.state_bytes)}
 
 
+def partners(workers: int, collective: str = "halving") -> int:
+    """A rank's peers in one all-reduce round (and its connections): ``log2
+    P`` (``+ 1`` folding the ranks ``>= P``) for the recursive halving of
+    issue 37; ``W - 1`` for the full mesh before it (``collective="mesh"``:
+    result files without a ``collective`` field measured the mesh)."""
+    if workers <= 1:
+        return 0
+    if collective == "mesh":
+        return workers - 1
+    p = 1 << (int(workers).bit_length() - 1)
+    return (p.bit_length() - 1) + (1 if workers > p else 0)
+
+
 def allreduce_s(workers: int, nbytes: float, link: Link) -> float:
     """Seconds of the bytes and latency of one all-reduce of ``nbytes`` per
     rank (:mod:`sparkavg.transport.collective`: recursive halving and
@@ -281,7 +295,7 @@ def averaging_in_stage_epoch(workers: int, w: Workload, link: Link, o: Overheads
         peers, wire = two_level(workers, w.allreduced, link)
         connections = peers
     else:
-        peers = connections = (p.bit_length() - 1) + fold
+        peers = connections = partners(workers)
         wire = allreduce_s(workers, w.allreduced, link)
     overhead = o.stage_round_s + peers * o.peer_s + wire
     f = frequency if frequency is not None else auto_frequency(overhead, w.step_s, per_worker, workers, epoch)
@@ -456,6 +470,7 @@ def measured_points(results: Sequence[dict], unshaped_gbit: float = 10.0) -> Dic
                 p["frequency"] = f["averaging_frequency"][-1]
                 p["rounds"] = f["rounds"][-1]
             if s == "averaging_in_stage":
+                p["collective"] = r.get("collective", "mesh")
                 p.update(in_stage_rounds(f))
                 p["step_s"] = p["iteration_s"]  # the round waits for its slowest worker
                 p["round_bytes"] = f.get("round_bytes") or f["state_bytes"]
@@ -495,13 +510,13 @@ def fit_overheads(strategy: str, points: List[dict], link: Link, apply_s: float 
     in both) and fits its stage and relay costs; the in-stage path fits its
     per-round and per-epoch parts apart (the module docstring)."""
     if strategy == "averaging_in_stage":
-        rows = [[1.0, p["workers"] - 1.0] for p in points]
+        rows = [[1.0, float(partners(p["workers"], p.get("collective", "mesh")))] for p in points]
         rt = [max(1e-6, p["round_overhead_s"] - allreduce_s(p["workers"], _workload(p).allreduced,
                                                             _point_link(p, link))) for p in points]
         (stage_round_s, peer_s), (meeting_s, connect_s) = _lstsq(rows, rt), _lstsq(rows, [max(1e-6, p["meeting_s"])
                                                                                           for p in points])
         rest = [max(1e-6, p["outside_rounds_s"] - 2 * p["state_bytes"] / _point_link(p, link).bytes_per_s
-                    - meeting_s - (p["workers"] - 1) * connect_s) for p in points]
+                    - meeting_s - partners(p["workers"], p.get("collective", "mesh")) * connect_s) for p in points]
         launch_s = _lstsq([[1.0] for _ in points], rest)[0]
         return Overheads(stage_round_s=stage_round_s, peer_s=peer_s, launch_s=launch_s, meeting_s=meeting_s,
                          connect_s=connect_s)
@@ -662,16 +677,19 @@ def predict(calibrated: dict, w: Workload, workers: Sequence[int], rates_bits: S
 def direct_peer_costs(report: dict) -> Dict[str, float]:
     """``peer_s`` and ``connect_s`` at full speed, measured directly by
     bench_allreduce.py (``--worlds 2 4 8 16``): least squares of one rank's
-    CPU seconds of ``connect`` over ``[1, W - 1]`` and of a round of
-    ``lenet_round`` over ``[1, W - 1, bytes sent]``."""
+    CPU seconds of ``connect`` over ``[1, k]`` and of a round of
+    ``lenet_round`` over ``[1, k, bytes sent]``, ``k`` its :func:`partners`
+    (the report's ``collective``)."""
     import numpy as np
 
     worlds = sorted(int(k[1:]) for k in report if k.startswith("w") and k[1:].isdigit())
     if len(worlds) < 3:
         raise ValueError(f"Expect bench_allreduce.py runs of at least 3 worlds, got {worlds}")
-    connect = np.linalg.lstsq(np.array([[1.0, w - 1.0] for w in worlds]),
+    collective = report.get("collective", "mesh")
+    connect = np.linalg.lstsq(np.array([[1.0, float(partners(w, collective))] for w in worlds]),
                               np.array([report[f"w{w}"]["connect_cpu_ms_per_rank"] for w in worlds]), rcond=None)[0]
-    rows = [[1.0, w - 1.0, report[f"w{w}"]["lenet_round"]["payload_bytes_per_rank"]] for w in worlds]
+    rows = [[1.0, float(partners(w, collective)), report[f"w{w}"]["lenet_round"]["payload_bytes_per_rank"]]
+            for w in worlds]
     cpu = [report[f"w{w}"]["lenet_round"]["cpu_ms_per_rank"] for w in worlds]
     x = _lstsq(rows, cpu)
     return {"connect_s": max(0.0, float(connect[1])) / 1e3, "peer_s": x[1] / 1e3, "fixed_s": x[0] / 1e3,

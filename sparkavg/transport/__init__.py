@@ -42,7 +42,8 @@ One epoch of the gradient-sharing master inside a Spark barrier task::
 from .address import ENV_VAR, local_ipv4_addresses, select_address
 from .collective import CollectiveGroup
 from .endpoint import ReliableEndpoint, prompt_io_thread
-from .errors import EndpointClosedError, FrameRejectedError, PeerLostError, PeerStalledError, TransportError
+from .errors import (EndpointClosedError, FrameRejectedError, PeerLostError, PeerStalledError, RendezvousError,
+                     TransportError)
 from .faults import FaultInjection
 from .group import PeerGroup, Topology, named_peers, tree_neighbours, wait_for_peers
 from .joining import JoiningGroup, gather_peers
@@ -62,6 +63,7 @@ __all__ = [
     "PeerLostError",
     "PeerStalledError",
     "RejectReason",
+    "RendezvousError",
     "ReliableEndpoint",
     "Topology",
     "TransportError",

@@ -117,6 +117,11 @@ def test_the_path_is_a_recorded_decision_in_the_users_words():
     assert AveragingPath(enabled=False).decide(None, 4, 2, {}, 100, 4)[0] == JOBS  # preset "dl4j"
     with pytest.raises(ValueError, match="averaging_path"):
         path.decide(None, 2, 2, {}, 100, 4, forced="ring")
+    # before a meeting is measured: allGather's one-second poll (Connect), or the driver's rendezvous (classic)
+    measured = {JOBS: 0.05, IN_STAGE: 0.01}
+    assert path.decide(None, 4, 2, measured, rounds=10, frequency=4, iteration=0.002)[0] == JOBS
+    value, why = path.decide(None, 4, 2, measured, rounds=10, frequency=4, iteration=0.002, at_driver=True)
+    assert value == IN_STAGE and "rendezvous" in why
 
 
 def test_a_short_epoch_does_not_pay_the_stages_meeting_and_a_long_first_round_hides_it():
@@ -132,7 +137,7 @@ def test_a_short_epoch_does_not_pay_the_stages_meeting_and_a_long_first_round_hi
 
 
 @pytest.mark.slow
-def test_a_long_local_fit_averages_inside_one_stage_a_short_one_and_dl4j_per_job(sc):
+def test_a_long_local_fit_averages_inside_one_stage_a_short_one_too_and_dl4j_per_job(sc):
     x, y = blobs(240, seed=15)
     rdd = sc.parallelize(_pairs(x, y), 2)
     long = ParameterAveraging(batch_size_per_worker=2, averaging_frequency=1, workers=2)  # 60 rounds
@@ -142,8 +147,9 @@ def test_a_long_local_fit_averages_inside_one_stage_a_short_one_and_dl4j_per_job
     assert trainer._runner._meeting is not None and trainer._runner._meeting > 0  # measured by the ranks
     short = SparkTrainer(sc, small_net(seed=16), ParameterAveraging(batch_size_per_worker=4, workers=2))
     short.fit(sc.parallelize(_pairs(x[:40], y[:40]), 2), epochs=1)
-    assert short.history[0]["averaging_path"] == JOBS
-    assert "would save" in [d for d in short.stats.decisions if d["name"] == "averaging_path"][0]["reason"]
+    # the ranks meet at the driver's rendezvous (assumed 20 ms, not allGather's second): even 5 rounds pay for it
+    assert short.history[0]["averaging_path"] == IN_STAGE
+    assert "rendezvous" in [d for d in short.stats.decisions if d["name"] == "averaging_path"][0]["reason"]
     dl4j = SparkTrainer(sc, small_net(seed=16), ParameterAveraging.dl4j(batch_size_per_worker=2,
                                                                       averaging_frequency=1, workers=2))
     dl4j.fit(rdd, epochs=1)

@@ -140,7 +140,8 @@ class AveragingRunner(EpochRunner):
         path, why = self.path.decide(no_barrier, slots, workers, self._overheads, rounds, frequency,
                                      iteration=None if self._costs is None else self._costs.iteration,
                                      meeting=self._meeting,
-                                     forced=hooks.averaging_path if hooks is not None else None)
+                                     forced=hooks.averaging_path if hooks is not None else None,
+                                     at_driver=self.seam.meets_at_driver)
         record(stats, self.path.name, path, why, epoch)
         self.in_stage = path == IN_STAGE
 

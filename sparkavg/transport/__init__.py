@@ -9,7 +9,9 @@ No pickle anywhere: payloads are opaque bytes.  Its sizes and timers are
 the library's (:mod:`.limits`): a cluster operator sets only the port and
 the network mask, on :class:`~sparkavg.spark.GradientSharing`.  :class:`CollectiveGroup` is
 a full mesh of authenticated TCP connections whose weighted all-reduce
-averages parameters with the driver's arithmetic (:mod:`.collective`).
+averages parameters with the driver's arithmetic (:mod:`.collective`); its
+ranks meet at a :class:`~.rendezvous.RendezvousServer` on the driver
+(classic sessions) or through ``allGather``.
 
 Examples
 --------

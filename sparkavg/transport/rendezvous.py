@@ -295,7 +295,7 @@ class RendezvousServer:
         try:
             self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self._listener.bind((host, 0))
-            self._listener.listen(min(self.world, 4096))
+            self._listener.listen(socket.SOMAXCONN)  # every rank may dial at once
             self._listener.setblocking(False)
         except OSError as exc:
             self._listener.close()
@@ -332,7 +332,7 @@ class RendezvousServer:
             self._wake_w.send(b"x")
         except OSError:
             pass
-        self._thread.join(5.0)
+        self._thread.join(5.0)  # wakes at once; an answer still being sent ends on its own timeout, closing all
         self._wake_w.close()
 
     # ------------------------------------------------------------ the thread

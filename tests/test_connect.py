@@ -210,7 +210,8 @@ def test_test_hooks_are_read_once_per_fit_not_per_epoch(connect, monkeypatch):
 
     assert sorted(reads) == sorted([hooks.KILL_MARKER, hooks.STALL_RANK, hooks.HOLD_MARKER, hooks.SLOW_WORKER,
                                     hooks.UDP_LOSS, hooks.STALL_TIMEOUT, hooks.RETRANSMIT_TIMEOUT,
-                                    hooks.STAGE_ATTEMPTS, hooks.KILL_ROUND, hooks.AVERAGING_PATH])  # each once
+                                    hooks.STAGE_ATTEMPTS, hooks.KILL_ROUND, hooks.AVERAGING_PATH,
+                                    hooks.MEETING])  # each once
 
 
 def test_executor_errors_on_connect_come_back_as_themselves(connect):

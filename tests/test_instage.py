@@ -1,5 +1,6 @@
 """Parameter averaging with an epoch's rounds inside one barrier stage
 (issue 37): the same parameters as a Spark job per round, bit for bit; the
+ranks of a classic session meet at the driver's rendezvous, at once; the
 decision that picks the path; a lost task reruns the epoch; a silent rank
 is named within the stall timeout."""
 import threading
@@ -10,8 +11,8 @@ import pytest
 
 from sparkavg.nn import SGD, Dense, FineTuning, Network, Output
 from sparkavg.spark import DataOptions, ParameterAveraging, SparkTrainer
-from sparkavg.spark.executor.hooks import (AVERAGING_PATH, KILL_MARKER, KILL_ROUND, SLOW_WORKER, STAGE_ATTEMPTS,
-                                           STALL_RANK, STALL_TIMEOUT)
+from sparkavg.spark.executor.hooks import (ALL_GATHER, AVERAGING_PATH, KILL_MARKER, KILL_ROUND, MEETING, SLOW_WORKER,
+                                           STAGE_ATTEMPTS, STALL_RANK, STALL_TIMEOUT)
 from sparkavg.spark.policies.block_momentum import BlockMomentum
 from sparkavg.spark.policies.path import IN_STAGE, JOBS, AveragingPath
 from sparkavg.stats import Phase
@@ -34,11 +35,11 @@ def _frozen_net(seed):
                    updater=SGD(lr=0.05), seed=seed, fine_tuning=FineTuning(frozen=["0"]))
 
 
-def _fit(sc, rdd, make, master, path, momentum=False):
+def _fit(sc, rdd, make, master, path, momentum=False, properties=None):
     trainer = SparkTrainer(sc, make(), master)
     if momentum:  # block momentum at this small frequency (the runner lives on the driver)
         trainer._runner.block_momentum = BlockMomentum(min_frequency=1)
-    with job_properties(sc, {AVERAGING_PATH: path}):
+    with job_properties(sc, {AVERAGING_PATH: path, **(properties or {})}):
         trainer.fit(rdd, epochs=2)
     return trainer
 
@@ -93,6 +94,18 @@ def test_rounds_inside_one_stage_give_the_job_paths_parameters_bit_for_bit(sc, c
         assert frozen and all(net.params[a:b].tobytes() == start.params[a:b].tobytes() for a, b in frozen)
 
 
+def test_ranks_meet_at_the_drivers_rendezvous_at_once_and_train_as_they_do_through_allgather(sc):
+    x, y = blobs(70, seed=13)
+    rdd = sc.parallelize(_pairs(x, y), 2)
+    master = ParameterAveraging(batch_size_per_worker=4, averaging_frequency=3, workers=2)
+    gathered = _fit(sc, rdd, lambda: small_net(seed=3), master, IN_STAGE, properties={MEETING: ALL_GATHER})
+    met = _fit(sc, rdd, lambda: small_net(seed=3), master, IN_STAGE)
+    assert _state_bytes(met.network) == _state_bytes(gathered.network), "the meetings' states differ"
+    assert met.network.iteration == gathered.network.iteration
+    # the last stage's meeting (the slowest rank's answer and connections): no one-second poll
+    assert met._runner._meeting is not None and met._runner._meeting < 0.5
+
+
 def test_the_path_is_a_recorded_decision_in_the_users_words():
     path = AveragingPath()
     value, why = path.decide(None, 2, 2, {}, rounds=100, frequency=4)
@@ -104,6 +117,11 @@ def test_the_path_is_a_recorded_decision_in_the_users_words():
     assert AveragingPath(enabled=False).decide(None, 4, 2, {}, 100, 4)[0] == JOBS  # preset "dl4j"
     with pytest.raises(ValueError, match="averaging_path"):
         path.decide(None, 2, 2, {}, 100, 4, forced="ring")
+    # before a meeting is measured: allGather's one-second poll (Connect), or the driver's rendezvous (classic)
+    measured = {JOBS: 0.05, IN_STAGE: 0.01}
+    assert path.decide(None, 4, 2, measured, rounds=10, frequency=4, iteration=0.002)[0] == JOBS
+    value, why = path.decide(None, 4, 2, measured, rounds=10, frequency=4, iteration=0.002, at_driver=True)
+    assert value == IN_STAGE and "rendezvous" in why
 
 
 def test_a_short_epoch_does_not_pay_the_stages_meeting_and_a_long_first_round_hides_it():
@@ -119,7 +137,7 @@ def test_a_short_epoch_does_not_pay_the_stages_meeting_and_a_long_first_round_hi
 
 
 @pytest.mark.slow
-def test_a_long_local_fit_averages_inside_one_stage_a_short_one_and_dl4j_per_job(sc):
+def test_a_long_local_fit_averages_inside_one_stage_a_short_one_too_and_dl4j_per_job(sc):
     x, y = blobs(240, seed=15)
     rdd = sc.parallelize(_pairs(x, y), 2)
     long = ParameterAveraging(batch_size_per_worker=2, averaging_frequency=1, workers=2)  # 60 rounds
@@ -129,8 +147,9 @@ def test_a_long_local_fit_averages_inside_one_stage_a_short_one_and_dl4j_per_job
     assert trainer._runner._meeting is not None and trainer._runner._meeting > 0  # measured by the ranks
     short = SparkTrainer(sc, small_net(seed=16), ParameterAveraging(batch_size_per_worker=4, workers=2))
     short.fit(sc.parallelize(_pairs(x[:40], y[:40]), 2), epochs=1)
-    assert short.history[0]["averaging_path"] == JOBS
-    assert "would save" in [d for d in short.stats.decisions if d["name"] == "averaging_path"][0]["reason"]
+    # the ranks meet at the driver's rendezvous (assumed 50 ms, not allGather's second): even 5 rounds pay for it
+    assert short.history[0]["averaging_path"] == IN_STAGE
+    assert "rendezvous" in [d for d in short.stats.decisions if d["name"] == "averaging_path"][0]["reason"]
     dl4j = SparkTrainer(sc, small_net(seed=16), ParameterAveraging.dl4j(batch_size_per_worker=2,
                                                                       averaging_frequency=1, workers=2))
     dl4j.fit(rdd, epochs=1)

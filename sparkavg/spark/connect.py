@@ -28,6 +28,7 @@ in :mod:`sparkavg.spark.executor.adapters` feed them.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import ipaddress
 import logging
@@ -186,8 +187,8 @@ def _loopback_or_here(host: str) -> bool:
 class ConnectSpark:
     """A Spark Connect session: DataFrame jobs only (see the module docstring)."""
 
-    #: Streaming (:mod:`.streaming`) runs on classic sessions only.
-    streams = False
+    #: Streaming (:mod:`.streaming`) and a barrier stage's meeting at the driver run on classic sessions only.
+    streams = meets_at_driver = False
 
     def __init__(self, spark):
         self._spark = spark
@@ -318,6 +319,10 @@ class ConnectSpark:
         with executor_errors("dealing the epoch's minibatches"):
             dealt.count()
         return dealt
+
+    def meeting(self, world: int, timeout: float):
+        """None: the ranks meet through ``allGather`` (the executors may not reach the client)."""
+        return contextlib.nullcontext()
 
     def barrier_tasks(self, jobs) -> dict:
         """Nothing: a Connect client cannot see Spark's tasks."""

@@ -11,6 +11,7 @@ flavour.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Callable, Optional
@@ -19,7 +20,8 @@ from ..data.validation import DataSpec
 from .cancel import watching
 from .data import STORAGE_LEVEL, as_example_rdd, check_rdd, feature_rows, is_dataframe, placement_for, prepare
 from .errors import executor_errors
-from .executor.hooks import TestHooks
+from ..transport.rendezvous import RendezvousServer
+from .executor.hooks import ALL_GATHER, TestHooks
 from .executor.inference import predict_rows
 
 __all__ = ["ClassicSpark", "seam_for"]
@@ -30,8 +32,8 @@ logger = logging.getLogger(__name__)
 class ClassicSpark:
     """A classic session: SparkContext, broadcast + treeAggregate, barrier RDDs."""
 
-    #: Whether a fit's data may be streamed on this flavour (:mod:`.streaming`).
-    streams = True
+    #: Whether a fit's data may be streamed (:mod:`.streaming`) and a barrier stage's ranks meet at the driver.
+    streams = meets_at_driver = True
 
     def __init__(self, sc):
         self._sc = sc
@@ -85,6 +87,16 @@ class ClassicSpark:
         rdd = as_example_rdd(data, features_col, label_col)
         location = placement_for(options, self.local)
         return prepare(self, rdd, spec, batch_size, location, STORAGE_LEVEL, options.feature_dtype)
+
+    def meeting(self, world: int, timeout: float):
+        """A context manager around a barrier stage: where its ``world`` ranks meet.  The driver's rendezvous
+        (:class:`~..transport.rendezvous.RendezvousServer`, waiting ``timeout`` s for missing ranks) at
+        ``spark.driver.host``, the address executors reach the driver at; None (``allGather``) under the tests' hook."""
+        if (self.test_hooks() or TestHooks()).meeting == ALL_GATHER:
+            return contextlib.nullcontext()
+        host = self.conf("spark.driver.host")
+        bind = self.conf("spark.driver.bindAddress") or host
+        return RendezvousServer(world, host=bind, advertise=host, timeout=timeout)
 
     # ------------------------------------------------- jobs (for the sources)
     def parallelize(self, items: list):

@@ -11,7 +11,9 @@ the network mask, on :class:`~sparkavg.spark.GradientSharing`.  :class:`Collecti
 a weighted all-reduce by recursive halving and doubling over authenticated
 TCP connections to ``log2 W`` partners that averages parameters with the
 driver's arithmetic (:mod:`.collective`; the one summation order:
-:mod:`.summation`).
+:mod:`.summation`); its ranks meet at a
+:class:`~.rendezvous.RendezvousServer` on the driver (classic sessions)
+or through ``allGather``.
 
 Examples
 --------
@@ -44,7 +46,8 @@ One epoch of the gradient-sharing master inside a Spark barrier task::
 from .address import ENV_VAR, local_ipv4_addresses, select_address
 from .collective import CollectiveGroup
 from .endpoint import ReliableEndpoint, prompt_io_thread
-from .errors import EndpointClosedError, FrameRejectedError, PeerLostError, PeerStalledError, TransportError
+from .errors import (EndpointClosedError, FrameRejectedError, PeerLostError, PeerStalledError, RendezvousError,
+                     TransportError)
 from .faults import FaultInjection
 from .group import PeerGroup, Topology, named_peers, tree_neighbours, wait_for_peers
 from .joining import JoiningGroup, gather_peers
@@ -64,6 +67,7 @@ __all__ = [
     "PeerLostError",
     "PeerStalledError",
     "RejectReason",
+    "RendezvousError",
     "ReliableEndpoint",
     "Topology",
     "TransportError",

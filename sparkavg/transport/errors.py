@@ -5,7 +5,8 @@ every one of them pickles with its extra fields (``__reduce__``).
 """
 from __future__ import annotations
 
-__all__ = ["EndpointClosedError", "FrameRejectedError", "PeerLostError", "PeerStalledError", "TransportError"]
+__all__ = ["EndpointClosedError", "FrameRejectedError", "PeerLostError", "PeerStalledError", "RendezvousError",
+           "TransportError"]
 
 
 class TransportError(RuntimeError):
@@ -102,3 +103,32 @@ class FrameRejectedError(TransportError):
 
     def __reduce__(self):
         return (type(self), (self.args[0], self.rank, self.address, self.reason))
+
+
+class RendezvousError(TransportError):
+    """A rank's registration at the driver's rendezvous
+    (:mod:`~sparkavg.transport.rendezvous`) failed on the rank's side: the
+    rendezvous could not be reached, refused the registration, or answered
+    with something that does not verify.  (Ranks missing at its timeout are
+    a :class:`PeerStalledError` naming them.)
+
+    Parameters
+    ----------
+    message : str
+        Human-readable description; it names the rendezvous's address.
+    address : (str, int) or None
+        The rendezvous's ``(host, port)``.
+    reason : str
+        ``"unreachable"`` (no connection within the stall timeout),
+        ``"closed"`` (the connection broke or no answer came in time),
+        ``"refused"`` (the rendezvous refused the registration, saying why)
+        or ``"rejected"`` (its answer did not verify, or was not the one
+        expected).
+    """
+
+    def __init__(self, message: str, address=None, reason: str = "unreachable"):
+        super().__init__(message)
+        self.address, self.reason = _address(address), str(reason)
+
+    def __reduce__(self):
+        return (type(self), (self.args[0], self.address, self.reason))

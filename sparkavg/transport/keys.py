@@ -5,7 +5,8 @@ endpoints' ``job_id``):
 
 1. Each rank ``i`` makes a fresh X25519 key pair ``(a_i, A_i = X25519(a_i, 9))``
    (:mod:`~sparkavg.transport.x25519`) and publishes ``A_i`` with its address
-   (Spark's ``allGather``).  Only public keys cross any wire.
+   (Spark's ``allGather``, or the driver's :mod:`~sparkavg.transport.rendezvous`).
+   Only public keys cross any wire.
 2. For each peer ``j``, both ``i`` and ``j`` compute the same shared secret
    ``s = X25519(a_i, A_j) = X25519(a_j, A_i)`` (an all-zero ``s``, a peer key of
    small order, is refused) and from it the pair's key::
@@ -25,9 +26,10 @@ endpoints' ``job_id``):
 A passive observer of the broadcast, the task and the ``allGather`` sees
 ``A_i`` only; computing ``K_ij`` needs ``a_i`` or ``a_j`` (the X25519
 Diffie-Hellman problem).  An active attacker who can replace the public
-keys in Spark's own channels (the driver relays ``allGather``) can still
-sit in the middle: that is what Spark's own authentication
-(``spark.authenticate``) and encryption protect.
+keys in Spark's own channels (the driver relays ``allGather``; the
+rendezvous's secret travels in the task closure) can still sit in the
+middle: that is what Spark's own authentication (``spark.authenticate``)
+and encryption protect.
 """
 from __future__ import annotations
 

@@ -25,7 +25,8 @@ from .protocol import MAX_UDP_PAYLOAD, OVERHEAD_BYTES
 __all__ = ["MAX_DATAGRAM_BYTES", "MAX_MESSAGE_BYTES", "RETRANSMIT_TIMEOUT", "ADAPTIVE_RETRANSMIT",
            "MIN_RETRANSMIT_TIMEOUT", "STALL_TIMEOUT", "SEND_WINDOW_BYTES", "SEND_WINDOW_MESSAGES",
            "RECV_WINDOW_MESSAGES", "MAX_REASSEMBLY_BYTES", "MAX_INBOX_BYTES", "SOCKET_BUFFER_BYTES", "TREE_FANOUT",
-           "COLLECTIVE_ALIVE_FRACTION", "endpoint_limits"]
+           "COLLECTIVE_ALIVE_FRACTION", "RENDEZVOUS_FRAME_BYTES",
+           "RENDEZVOUS_ANSWER_GRACE", "endpoint_limits"]
 
 _MiB = 1 << 20
 
@@ -69,6 +70,13 @@ MAX_REASSEMBLY_BYTES = 8 * _MiB
 MAX_INBOX_BYTES = 64 * _MiB
 #: Requested SO_RCVBUF / SO_SNDBUF (the kernel caps it at ``net.core.rmem_max`` / ``wmem_max``).
 SOCKET_BUFFER_BYTES = 4 * _MiB
+
+#: Largest registration at the driver's rendezvous (:mod:`.rendezvous`), JSON bytes: an entry of a
+#: collective group is ~150; an answer carries the world's entries, at most this many bytes each.
+RENDEZVOUS_FRAME_BYTES = 4096
+#: Seconds a registered rank waits for the rendezvous's answer beyond the stall timeout (the rendezvous
+#: answers, or names the missing ranks, within the stall timeout of the first registration).
+RENDEZVOUS_ANSWER_GRACE = 1.0
 
 _INTS = ("max_datagram_bytes", "max_message_bytes", "send_window_bytes", "send_window_messages",
          "recv_window_messages", "max_reassembly_bytes", "max_inbox_bytes", "socket_buffer_bytes")

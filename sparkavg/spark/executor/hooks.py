@@ -6,8 +6,9 @@ The driver reads the job-local properties ``sparkavg.test.kill_marker``,
 ``sparkavg.test.udp_loss`` (drop, duplicate and reorder this fraction of
 datagrams), ``sparkavg.test.stall_timeout``,
 ``sparkavg.test.retransmit_timeout``, ``sparkavg.test.stage_attempts``,
-``sparkavg.test.kill_round`` and ``sparkavg.test.averaging_path`` once per job (:meth:`TestHooks.from_properties`) and ships the result with
-the task; a production task gets ``None`` and runs no hook code at all.
+``sparkavg.test.kill_round``, ``sparkavg.test.averaging_path`` and ``sparkavg.test.meeting`` once per job
+(:meth:`TestHooks.from_properties`) and ships the result with the task; a production task gets ``None``
+and runs no hook code at all.
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from typing import Callable, Optional
 from ...transport import FaultInjection
 
 __all__ = ["TestHooks", "KILL_MARKER", "STALL_RANK", "HOLD_MARKER", "SLOW_WORKER", "UDP_LOSS", "STALL_TIMEOUT",
-           "RETRANSMIT_TIMEOUT", "STAGE_ATTEMPTS", "KILL_ROUND", "AVERAGING_PATH", "transport_limits", "stage_attempts", "MAX_STAGE_ATTEMPTS"]
+           "RETRANSMIT_TIMEOUT", "STAGE_ATTEMPTS", "KILL_ROUND", "AVERAGING_PATH", "MEETING", "ALL_GATHER",
+           "transport_limits", "stage_attempts", "MAX_STAGE_ATTEMPTS"]
 
 KILL_MARKER = "sparkavg.test.kill_marker"
 STALL_RANK = "sparkavg.test.stall_rank"
@@ -37,6 +39,8 @@ STAGE_ATTEMPTS = "sparkavg.test.stage_attempts"
 KILL_ROUND = "sparkavg.test.kill_round"
 #: ``"in_stage"`` or ``"jobs"``: averaging's rounds so, whatever the decision ``averaging_path`` would be.
 AVERAGING_PATH = "sparkavg.test.averaging_path"
+#: ``"allGather"``: in-stage averaging's ranks meet through Spark's, not the driver's rendezvous (seam ``meeting``).
+MEETING, ALL_GATHER = "sparkavg.test.meeting", "allGather"
 #: Spark never retries a failed barrier stage, so the driver does: a lost worker restarts the epoch
 #: from its starting state, up to this many attempts in all.
 MAX_STAGE_ATTEMPTS = 3
@@ -48,31 +52,31 @@ class TestHooks:
     """Plain values telling a task to die or hang (as crashed or stuck executors do)."""
 
     __test__ = False  # not a pytest test class
-    __slots__ = ("kill_marker", "stall_rank", "hold_marker", "slow_worker", "numbers", "averaging_path")
+    __slots__ = ("kill_marker", "stall_rank", "hold_marker", "slow_worker", "numbers", "averaging_path", "meeting")
 
     def __init__(self, kill_marker: Optional[str] = None, stall_rank: Optional[int] = None,
                  hold_marker: Optional[str] = None, slow_worker: Optional[str] = None, numbers=None,
-                 averaging_path: Optional[str] = None):
+                 averaging_path: Optional[str] = None, meeting: Optional[str] = None):
         self.kill_marker, self.stall_rank, self.hold_marker = kill_marker, stall_rank, hold_marker
-        self.slow_worker, self.averaging_path = slow_worker, averaging_path
+        self.slow_worker, self.averaging_path, self.meeting = slow_worker, averaging_path, meeting
         self.numbers = dict(numbers or {})  # udp_loss, stall_timeout, retransmit_timeout, stage_attempts, kill_round
 
     def __reduce__(self):
         return (TestHooks, (self.kill_marker, self.stall_rank, self.hold_marker, self.slow_worker, self.numbers,
-                            self.averaging_path))
+                            self.averaging_path, self.meeting))
 
     @classmethod
     def from_properties(cls, get: Callable[[str], Optional[str]]) -> Optional["TestHooks"]:
         marker, stall, hold, slow = get(KILL_MARKER), get(STALL_RANK), get(HOLD_MARKER), get(SLOW_WORKER)
-        numbers, path = {}, get(AVERAGING_PATH)
+        numbers, path, meeting = {}, get(AVERAGING_PATH), get(MEETING)
         for name, key in _NUMBERS.items():  # each property read once
             value = get(key)
             if value:
                 numbers[name] = float(value)
-        if not marker and stall is None and not hold and not slow and not numbers and not path:
+        if not marker and stall is None and not hold and not slow and not numbers and not path and not meeting:
             return None
         return cls(marker or None, int(stall) if stall is not None else None, hold or None, slow or None, numbers,
-                   path or None)
+                   path or None, meeting or None)
 
     def minibatch_delay(self, partition: int) -> float:
         """Seconds the averaging task of ``partition`` sleeps after each minibatch (0: none)."""

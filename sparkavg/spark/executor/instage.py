@@ -1,8 +1,7 @@
-"""Executor side of parameter averaging with an epoch's rounds inside one
-barrier stage: the ranks meet once through ``allGather`` and connect a TCP
-mesh (:class:`~sparkavg.transport.CollectiveGroup`: X25519 keys, no key
-shipped) in the background while they train round 1 of
-:func:`sparkavg.averaging.rounds.run_rounds`.  Rank 0
+"""Executor side of parameter averaging with an epoch's rounds inside one barrier stage: the ranks meet once
+(the seam's ``meeting``: the driver's rendezvous, :mod:`sparkavg.transport.rendezvous`, or ``allGather`` on
+Connect) and connect a TCP mesh (:class:`~sparkavg.transport.CollectiveGroup`: X25519 keys, no key shipped)
+in the background while they train round 1 of :func:`sparkavg.averaging.rounds.run_rounds`.  Rank 0
 returns the epoch's final state; every rank its rounds' statistics."""
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ import numpy as np
 from ...averaging.rounds import run_rounds
 from ...configurable import register
 from ...stats import Phase, PhaseRecorder, task_lane
-from ...transport import CollectiveGroup, KeyAgreement, PeerLostError, select_address
+from ...transport import CollectiveGroup, KeyAgreement, PeerLostError, RendezvousError, select_address
 from ...transport.limits import STALL_TIMEOUT
 from ..errors import register_error, task_failure_guard
 from ..policies.block_momentum import BlockMomentum
@@ -25,6 +24,7 @@ from .minibatches import minibatch_sources, prefetched
 __all__ = ["StageResult", "make_stage_task"]
 
 register_error(PeerLostError)
+register_error(RendezvousError)
 
 
 @register("result")
@@ -34,21 +34,22 @@ class StageResult(Record):
     other ranks, None without), the ``iterations`` the epoch advanced, and
     :class:`~sparkavg.averaging.rounds.EpochLog`'s ``rounds``, ``stats``
     (its payloads) and ``speeds``; ``devices`` as a round result's;
-    ``meeting`` the seconds the rank's ``allGather`` and connections took
-    (they run while round 1 trains)."""
+    ``meeting`` the seconds the rank's meeting (the rendezvous or
+    ``allGather``) and connections took (they run while round 1 trains)."""
 
     __slots__ = ("rank", "params", "state", "buffers", "delta", "iterations", "rounds", "stats", "devices",
                  "speeds", "meeting")
 
 
 def make_stage_task(config_json: str, shipped, counts, *, save_updater: bool, uniform: bool, moment_spread: bool,
-                    momentum, prefetch: int, device: str = "auto", hooks=None):
+                    momentum, prefetch: int, device: str = "auto", hooks=None, meeting=None):
     """Executor function for ``barrier().mapPartitions``: rank ``partitionId``
     runs its minibatches of every round (``counts[r][w]`` each).
 
     ``shipped.value`` is the round state (``network_state``; ``params`` the
     block momentum look-ahead when on, then also ``model``, ``W``, and
-    ``delta``); ``momentum`` ``(mu, block_lr, nesterov)`` or None.
+    ``delta``); ``momentum`` ``(mu, block_lr, nesterov)`` or None; ``meeting``
+    the seam's: a :class:`~sparkavg.transport.rendezvous.Rendezvous`, or None (``allGather``).
     """
 
     def run(items) -> Iterator:
@@ -58,7 +59,7 @@ def make_stage_task(config_json: str, shipped, counts, *, save_updater: bool, un
             hooks.on_task_start()
         ctx = BarrierTaskContext.get()
         rank = ctx.partitionId()
-        # Every error fails the task: returned as a result, it would leave the peers waiting in allGather.
+        # Every error fails the task: returned as a result, it would leave the peers waiting at their meeting.
         with task_failure_guard(None, **{"worker rank": rank}):
             result = _stage(items, ctx, rank)
         yield result
@@ -84,10 +85,12 @@ def make_stage_task(config_json: str, shipped, counts, *, save_updater: bool, un
         # A fresh key pair per stage attempt: a rank of a failed attempt cannot join this one.
         agreement = KeyAgreement(rank, (ctx.stageId() << 16) | (ctx.attemptNumber() & 0xFFFF))
         group = CollectiveGroup(agreement, len(infos), host=select_address(fallback=spark_host), stall_timeout=stall)
+        # The rendezvous keys entries by the attempt's context: a retried stage's never mix with a stale attempt's.
+        gather = ctx.allGather if meeting is None else meeting.gatherer(rank, len(infos), agreement.context, stall)
         made = [rec]  # round 0's recorder holds the task's start
         try:
-            # The ranks meet once, while round 1 trains: allGather answers on a one-second poll.
-            group.join_in_background(ctx.allGather)
+            # The ranks meet once, while round 1 trains (allGather would answer on a one-second poll).
+            group.join_in_background(gather)
             log = run_rounds(net, prefetched(minibatch_sources(items), prefetch), counts, rank, group,
                              recorder=lambda: made.pop() if made else PhaseRecorder(lane), copy=host_copy,
                              losses=LossSum, check=check_finite, save_updater=save_updater, uniform=uniform,

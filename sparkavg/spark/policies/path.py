@@ -13,7 +13,7 @@ from typing import Mapping, Optional, Tuple
 
 from . import Policy
 
-__all__ = ["AveragingPath", "IN_STAGE", "JOBS", "JOB_ROUND_S", "STAGE_ROUND_S", "MEETING_S"]
+__all__ = ["AveragingPath", "IN_STAGE", "JOBS", "JOB_ROUND_S", "STAGE_ROUND_S", "MEETING_S", "RENDEZVOUS_MEETING_S"]
 
 IN_STAGE, JOBS = "in_stage", "jobs"
 
@@ -21,21 +21,23 @@ IN_STAGE, JOBS = "in_stage", "jobs"
 JOB_ROUND_S = 0.05
 #: Overhead of a round inside the stage before one is measured (s): one all-reduce of a small model.
 STAGE_ROUND_S = 0.01
-#: What the stage's meeting costs before one is measured (s): ``allGather`` answers on a one-second poll.
-MEETING_S = 1.0
+#: What the stage's meeting costs before one is measured (s): through ``allGather`` (Connect), which answers on a
+#: one-second poll; at the driver's rendezvous (classic sessions), measured on ``local[2]`` (issue 37): 7-14 ms
+#: for a small net, 46-61 ms for MnistMLP (its connections made while round 1 trains, at load 2-5).
+MEETING_S, RENDEZVOUS_MEETING_S = 1.0, 0.05
 
 
 class AveragingPath(Policy):
     """Decision ``averaging_path`` (preset ``"dl4j"``: always ``"jobs"``).
 
-    An epoch inside one stage pays its ranks' meeting once (``allGather``
-    and the connections, run while round 1 trains: what is left of it after
-    round 1's ``F`` minibatches) and saves, every round, a job's overhead
-    less an all-reduce's: it runs inside the stage when ``rounds * (job -
-    stage) > max(0, meeting - F * iteration)``, each figure the last
-    measured (before a measurement, :data:`JOB_ROUND_S`,
-    :data:`STAGE_ROUND_S`, :data:`MEETING_S`).  Barrier mode needs every
-    worker at once, and no dynamic allocation.
+    An epoch inside one stage pays its ranks' meeting once (the rendezvous
+    or ``allGather``, and the connections, run while round 1 trains: what is
+    left of it after round 1's ``F`` minibatches) and saves, every round, a
+    job's overhead less an all-reduce's: it runs inside the stage when
+    ``rounds * (job - stage) > max(0, meeting - F * iteration)``, each figure
+    the last measured (before a measurement, :data:`JOB_ROUND_S`,
+    :data:`STAGE_ROUND_S`, :data:`RENDEZVOUS_MEETING_S` or :data:`MEETING_S`).
+    Barrier mode needs every worker at once, and no dynamic allocation.
     """
 
     name = "averaging_path"
@@ -45,7 +47,7 @@ class AveragingPath(Policy):
 
     def decide(self, no_barrier: Optional[str], slots: Optional[int], workers: int, overheads: Mapping[str, float],
                rounds: int, frequency: int, iteration: Optional[float] = None, meeting: Optional[float] = None,
-               forced: Optional[str] = None) -> Tuple[str, str]:
+               forced: Optional[str] = None, at_driver: bool = False) -> Tuple[str, str]:
         """``(path, reason)``.
 
         Parameters
@@ -64,6 +66,8 @@ class AveragingPath(Policy):
             Seconds the last stage's meeting took, measured.
         forced : str, optional
             The tests' hook.
+        at_driver : bool, default False
+            The seam's ``meets_at_driver``: the meeting's figure before one is measured.
         """
         if forced is not None:
             if forced not in (IN_STAGE, JOBS):
@@ -79,12 +83,13 @@ class AveragingPath(Policy):
         job, stage = overheads.get(JOBS), overheads.get(IN_STAGE)
         j = JOB_ROUND_S if job is None else job
         st = STAGE_ROUND_S if stage is None else stage
-        m = MEETING_S if meeting is None else meeting
+        prior, how = (RENDEZVOUS_MEETING_S, "the driver's rendezvous") if at_driver else (MEETING_S, "allGather")
+        m = prior if meeting is None else meeting
         hidden = frequency * (iteration or 0.0)
         saved, paid = rounds * (j - st), max(0.0, m - hidden)
         costs = (f"a Spark job per round {j * 1e3:.1f} ms of overhead ({'measured' if job is not None else 'assumed'}), "
                  f"a round inside one stage {st * 1e3:.1f} ms ({'measured' if stage is not None else 'assumed'}), "
-                 f"the stage's meeting {m:.2f} s ({'measured' if meeting is not None else 'assumed'})"
+                 f"the stage's meeting {m:.2f} s ({'measured' if meeting is not None else 'assumed'}, {how})"
                  + (f" less round 1's {hidden:.2f} s of training" if hidden else ""))
         if saved <= paid:
             return JOBS, (f"{rounds} round(s) this epoch would save {saved:.2f} s inside one stage and pay "

@@ -42,6 +42,7 @@ from ..policies.moments import MomentCorrection
 from ..policies.path import IN_STAGE, JOBS, STAGE_ROUND_S, AveragingPath
 from ..policies.shares import WorkerShares
 from ...data.storage import prefetch_depth
+from ...transport.limits import STALL_TIMEOUT
 from .base import EpochRunner, Merged, network_state, runs
 
 __all__ = ["AveragingRunner", "PROBE_MINIBATCHES", "PROBE_ROUNDS", "AGGREGATION_DEPTH"]
@@ -139,7 +140,8 @@ class AveragingRunner(EpochRunner):
         path, why = self.path.decide(no_barrier, slots, workers, self._overheads, rounds, frequency,
                                      iteration=None if self._costs is None else self._costs.iteration,
                                      meeting=self._meeting,
-                                     forced=hooks.averaging_path if hooks is not None else None)
+                                     forced=hooks.averaging_path if hooks is not None else None,
+                                     at_driver=self.seam.meets_at_driver)
         record(stats, self.path.name, path, why, epoch)
         self.in_stage = path == IN_STAGE
 
@@ -227,12 +229,16 @@ class AveragingRunner(EpochRunner):
             return self._run_round(plan, r, config_json, shipped, f"averaging round {r + 1} of epoch {epoch + 1}")
         m, bm, hooks = self.master, self.block_momentum, self.seam.test_hooks()
         self._counts = plan.counts
-        task = make_stage_task(config_json, shipped, plan.counts, save_updater=m.save_updater, uniform=self.uniform,
-                               moment_spread=self.moments.on, prefetch=prefetch_depth(m.data), device=m.device.value,
-                               momentum=(bm.momentum, bm.block_lr, bm.nesterov) if bm.on else None, hooks=hooks)
-        self._launched = (time.time(), time.perf_counter())
-        return self.run_barrier(plan, 0, task, f"averaging epoch {epoch + 1} ({len(plan.counts)} rounds in one "
-                                               f"barrier stage)", stats, hooks)
+        stall = float((hooks.numbers if hooks is not None else {}).get("stall_timeout", STALL_TIMEOUT))
+        # Where the ranks meet (the seam's choice), for every attempt of the stage; ended with it, failed or not.
+        with self.seam.meeting(plan.workers, stall) as meeting:
+            task = make_stage_task(config_json, shipped, plan.counts, save_updater=m.save_updater, uniform=self.uniform,
+                                   moment_spread=self.moments.on, prefetch=prefetch_depth(m.data), device=m.device.value,
+                                   momentum=(bm.momentum, bm.block_lr, bm.nesterov) if bm.on else None, hooks=hooks,
+                                   meeting=meeting)
+            self._launched = (time.time(), time.perf_counter())
+            return self.run_barrier(plan, 0, task, f"averaging epoch {epoch + 1} ({len(plan.counts)} rounds in one "
+                                                   f"barrier stage)", stats, hooks)
 
     def merge(self, network, result, epoch, r, stats) -> Merged:
         if self.in_stage:

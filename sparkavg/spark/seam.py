@@ -89,9 +89,8 @@ class ClassicSpark:
         return prepare(self, rdd, spec, batch_size, location, STORAGE_LEVEL, options.feature_dtype)
 
     def meeting(self, world: int, timeout: float):
-        """A context manager around a barrier stage: where its ``world`` ranks meet.  The driver's rendezvous
-        (:class:`~..transport.rendezvous.RendezvousServer`, waiting ``timeout`` s for missing ranks) at
-        ``spark.driver.host``, the address executors reach the driver at; None (``allGather``) under the tests' hook."""
+        """Where a barrier stage's ``world`` ranks meet: the driver's :class:`~..transport.rendezvous.RendezvousServer`
+        at ``spark.driver.host`` (executors reach the driver there), or None (``allGather``) under the tests' hook."""
         if (self.test_hooks() or TestHooks()).meeting == ALL_GATHER:
             return contextlib.nullcontext()
         host = self.conf("spark.driver.host")

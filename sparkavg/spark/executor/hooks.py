@@ -1,14 +1,10 @@
 """Fault-injection hooks for the tests, off in production.
 
-The driver reads the job-local properties ``sparkavg.test.kill_marker``,
-``sparkavg.test.stall_rank``, ``sparkavg.test.hold_marker``,
-``sparkavg.test.slow_worker`` and the gradient-sharing transport's
-``sparkavg.test.udp_loss`` (drop, duplicate and reorder this fraction of
-datagrams), ``sparkavg.test.stall_timeout``,
-``sparkavg.test.retransmit_timeout``, ``sparkavg.test.stage_attempts``,
-``sparkavg.test.kill_round``, ``sparkavg.test.averaging_path`` and ``sparkavg.test.meeting`` once per job
-(:meth:`TestHooks.from_properties`) and ships the result with the task; a production task gets ``None``
-and runs no hook code at all.
+The driver reads the job-local properties named below (``sparkavg.test.*``;
+``udp_loss``: drop, duplicate and reorder this fraction of the sharing
+transport's datagrams) once per job (:meth:`TestHooks.from_properties`) and
+ships the result with the task; a production task gets ``None`` and runs
+no hook code at all.
 """
 from __future__ import annotations
 

@@ -21,9 +21,8 @@ IN_STAGE, JOBS = "in_stage", "jobs"
 JOB_ROUND_S = 0.05
 #: Overhead of a round inside the stage before one is measured (s): one all-reduce of a small model.
 STAGE_ROUND_S = 0.01
-#: What the stage's meeting costs before one is measured (s): through ``allGather`` (Connect), which answers on a
-#: one-second poll; at the driver's rendezvous (classic sessions), measured on ``local[2]`` (issue 37): 7-14 ms
-#: for a small net, 46-61 ms for MnistMLP (its connections made while round 1 trains, at load 2-5).
+#: What the stage's meeting costs before one is measured (s): ``allGather`` (Connect) answers on a one-second poll;
+#: the driver's rendezvous (classic sessions) as measured for MnistMLP (benchmarks/RESULTS.md, issue 37).
 MEETING_S, RENDEZVOUS_MEETING_S = 1.0, 0.05
 
 

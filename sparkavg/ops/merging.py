@@ -24,14 +24,22 @@ bitmap, or merged -- and returns their sum; :func:`decode` of
 :mod:`sparkavg.ops.encoding` adds one into a target (``c_i`` times
 ``float32(τ)``, as float32 products); merging is exact integer arithmetic,
 so merging a tree's messages level by level gives the same words as
-merging them all at once.  Numpy (a CuPy target is written on its device);
-:mod:`sparkavg.ops.reference_merging` is the entry-by-entry oracle.
+merging them all at once.  Where the routing rule takes the extension
+(numpy, ``sparkavg_ext`` built, no ``SPARKAVG_PURE_NUMPY``), sums of
+sparse messages are pairwise merges of their ascending lists
+(``sparkavg_ext._merging.merge_sorted``, checked as it reads) and a merged
+message is added into a float32 target by ``add_counts``; a bitmap, a dense
+merge or a message the kernels refuse takes the numpy path (sorting the
+entries, ``bincount``), which gives the same words -- or names the fault.
+A CuPy target is written on its device; :mod:`sparkavg.ops.reference_merging`
+is the entry-by-entry oracle.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .. import backend
+from . import _cython
 from ._checks import BITMAP_FLAG, HEADER_WORDS, SPARSE_FLAG, bitmap_length, bits_float
 
 __all__ = ["MERGED_FLAG", "MERGED_HEADER_WORDS", "merge_messages", "merged_parts", "decode_merged",
@@ -59,18 +67,10 @@ def _counts_bytes(width: int, size: int) -> int:
     return -(-size * width // 4) * 4  # padded to whole words
 
 
-def merged_parts(message, n: int):
-    """Check a merged message for N = ``n`` and return ``(tau, sent, indices,
-    counts)``: ``indices`` None for a dense message (``counts`` then has N
-    entries), int64 counts.
-
-    Raises
-    ------
-    ValueError
-        A header that is not a merged message's for ``n``, or a body of the
-        wrong length, indices out of order or range, a zero count.
-    """
-    words = _words(message)
+def _layout(words: np.ndarray, n: int):
+    """A merged message's header checked for N = ``n``: ``(tau, sent,
+    indices, counts)`` as views of its words (``indices`` None when dense;
+    counts int8 or int16), the entries themselves not checked."""
     if words.size < MERGED_HEADER_WORDS or int(words[3]) != MERGED_FLAG:
         raise ValueError(f"Expect a merged message ({MERGED_HEADER_WORDS}-word header, flag {MERGED_FLAG} in "
                          f"word 3), got {words.size} words" + (f" with flag {int(words[3])}" if words.size > 3 else ""))
@@ -89,14 +89,30 @@ def merged_parts(message, n: int):
         if count != n or body.size * 4 != _counts_bytes(width, n):
             raise ValueError(f"Dense merged message for N = {n} must have count N and {_counts_bytes(width, n) // 4} "
                              f"body words, got count {count} and {body.size}")
-        counts = body.view(np.uint8)[:n * width].view(f"<i{width}").astype(np.int64)
-        return tau, sent, None, counts
+        return tau, sent, None, body.view(np.uint8)[:n * width].view(f"<i{width}")
     if count < 0 or body.size * 4 != count * 4 + _counts_bytes(width, count):
         raise ValueError(f"Sparse merged message with count {count} (width {width}) must have "
                          f"{count + _counts_bytes(width, count) // 4} body words, got {body.size}")
-    indices = body[:count].astype(np.int64)
-    counts = body[count:].view(np.uint8)[:count * width].view(f"<i{width}").astype(np.int64)
-    if count and (indices[0] < 0 or indices[-1] >= n or np.any(np.diff(indices) <= 0)):
+    return tau, sent, body[:count], body[count:].view(np.uint8)[:count * width].view(f"<i{width}")
+
+
+def merged_parts(message, n: int):
+    """Check a merged message for N = ``n`` and return ``(tau, sent, indices,
+    counts)``: ``indices`` None for a dense message (``counts`` then has N
+    entries), int64 counts.
+
+    Raises
+    ------
+    ValueError
+        A header that is not a merged message's for ``n``, or a body of the
+        wrong length, indices out of order or range, a zero count.
+    """
+    tau, sent, indices, counts = _layout(_words(message), n)
+    counts = counts.astype(np.int64)
+    if indices is None:
+        return tau, sent, None, counts
+    indices = indices.astype(np.int64)
+    if indices.size and (indices[0] < 0 or indices[-1] >= n or np.any(np.diff(indices) <= 0)):
         raise ValueError(f"Expect merged indices ascending in [0, {n}), got {indices[:8].tolist()}...")
     if np.any(counts == 0):
         raise ValueError("Expect no zero count in a sparse merged message")
@@ -203,6 +219,10 @@ def merge_messages(messages, n: int):
         if words.size < HEADER_WORDS or int(words[1]) != n:
             raise ValueError(f"Expect a message for N = {n} (header word 1), got {words[:HEADER_WORDS].tolist()}")
         return words
+    if _cython.merging_kernels():
+        merged = _merge_sorted(present, n)
+        if merged is not None:
+            return merged
     first_bits, sent, all_indices, all_counts = None, 0, [], []
     for words in present:
         bits, indices, counts, entries = _entries(words, n)
@@ -226,11 +246,61 @@ def merge_messages(messages, n: int):
     return merged_message(unique[keep], summed[keep].astype(np.int64), n, first_bits, sent)
 
 
+def _sorted_entries(words: np.ndarray, n: int):
+    """``(tau bits, indices, counts, entries carried)`` of a sparse or sparse
+    merged message as the kernels read it -- int32 indices and int8/16/32
+    counts, not checked here (the kernel checks them as it reads) -- or None
+    for a bitmap, a dense merged message or a header that is not right for
+    N = ``n`` (the numpy path then merges, or names the fault)."""
+    if words.size < MERGED_HEADER_WORDS - 3 or int(words[1]) != n:
+        return None
+    word0, bits, flag = int(words[0]), int(words[2]), int(words[3])
+    if flag == SPARSE_FLAG:
+        if not 0 <= word0 <= words.size - HEADER_WORDS:
+            return None
+        body = words[HEADER_WORDS:HEADER_WORDS + word0]
+        return bits, np.abs(body) - 1, (body >> 31) | 1, word0  # signed 1-based -> index, ±1
+    if flag != MERGED_FLAG:
+        return None
+    try:
+        _, sent, indices, counts = _layout(words, n)
+    except ValueError:
+        return None
+    return (bits, indices, counts, sent) if indices is not None else None
+
+
+def _merge_sorted(present: list, n: int):
+    """:func:`merge_messages` of two or more messages through the kernels
+    (pairwise merges of ascending lists), or None when one of them is not
+    for this path (:func:`_sorted_entries`), their τ differ or an entry is
+    bad: the numpy path then gives the same words, or the error."""
+    parts = [_sorted_entries(words, n) for words in present]
+    if any(p is None for p in parts) or any(p[0] != parts[0][0] for p in parts):
+        return None
+    _, indices, counts, sent = parts[0]
+    for _, more, more_counts, entries in parts[1:]:
+        merged = _cython.merge_sorted(indices, counts, more, more_counts, n)
+        if merged is None:
+            return None
+        indices, counts = merged
+        sent += entries
+    return merged_message(indices, counts, n, parts[0][0], sent)
+
+
 def decode_merged(message, target):
     """Add a merged message into ``target`` (float32 or float64, numpy or
     CuPy) in place: ``target[i] += float(c_i) * float(τ)`` in the target's
     dtype.  Checked before the target is touched; returns ``target``."""
     xp = backend.get_array_module(target)
+    if xp is np and target.dtype == np.float32 and _cython.merging_kernels():
+        tau, _, indices, counts = _layout(_words(message), int(target.size))
+        if indices is None:
+            _cython.add_dense_counts(counts, tau, target)
+            return target
+        if _cython.add_counts(indices, counts, tau, target) < 0:
+            return target
+        merged_parts(message, int(target.size))  # a bad entry, the target untouched: named there
+        raise AssertionError("the kernel refused an entry merged_parts accepts")  # pragma: no cover
     tau, _, indices, counts = merged_parts(message, int(target.size))
     if indices is None:
         indices = np.flatnonzero(counts)  # only touched entries change: adding 0 would turn -0.0 into +0.0

@@ -1,8 +1,7 @@
-"""Threshold messages summed on their way through a tree (SparCML, Renggli
-et al. 2019): the merged wire format.
+"""Threshold messages summed on their way between ranks (``Topology.TREE``;
+SparCML, Renggli et al. 2019): the merged wire format.
 
-Every message a tree merges was encoded at the same τ (the tree's ranks
-share it), so the sum of any number of them is ``c_i τ`` per index with a
+Every message the ranks merge was encoded at the same τ (they share it), so the sum of any number of them is ``c_i τ`` per index with a
 small integer ``c_i`` (a rank sends at most one ``±τ`` per index and
 iteration).  A merged message carries those counts, int32 words,
 little-endian::
@@ -23,8 +22,8 @@ what the ranks' shared τ adapts to.
 bitmap, or merged -- and returns their sum; :func:`decode` of
 :mod:`sparkavg.ops.encoding` adds one into a target (``c_i`` times
 ``float32(τ)``, as float32 products); merging is exact integer arithmetic,
-so merging a tree's messages level by level gives the same words as
-merging them all at once.  Where the routing rule takes the extension
+so merging messages in any grouping (level by level, exchange by
+exchange) gives the same words as merging them all at once.  Where the routing rule takes the extension
 (numpy, ``sparkavg_ext`` built, no ``SPARKAVG_PURE_NUMPY``), sums of
 sparse messages are pairwise merges of their ascending lists
 (``sparkavg_ext._merging.merge_sorted``, checked as it reads) and a merged

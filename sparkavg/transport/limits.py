@@ -24,14 +24,10 @@ from .protocol import MAX_UDP_PAYLOAD, OVERHEAD_BYTES
 
 __all__ = ["MAX_DATAGRAM_BYTES", "MAX_MESSAGE_BYTES", "RETRANSMIT_TIMEOUT", "ADAPTIVE_RETRANSMIT",
            "MIN_RETRANSMIT_TIMEOUT", "STALL_TIMEOUT", "SEND_WINDOW_BYTES", "SEND_WINDOW_MESSAGES",
-           "RECV_WINDOW_MESSAGES", "MAX_REASSEMBLY_BYTES", "MAX_INBOX_BYTES", "SOCKET_BUFFER_BYTES", "TREE_FANOUT",
+           "RECV_WINDOW_MESSAGES", "MAX_REASSEMBLY_BYTES", "MAX_INBOX_BYTES", "SOCKET_BUFFER_BYTES",
            "endpoint_limits"]
 
 _MiB = 1 << 20
-
-#: Children per rank of Topology.TREE: a relay receives two subtrees' merges and one total per
-#: iteration, and the sums take log2(W) hops each way (benchmarks/RESULTS.md, "Sums through a tree").
-TREE_FANOUT = 2
 
 #: Bound on a whole datagram (44-byte header + chunk + 32-byte tag); received datagrams above it are
 #: rejected as ``oversized``.  DL4J uses 64 KB chunks; 60000 stays under the IPv4 UDP limit of 65507.

@@ -193,30 +193,29 @@ def test_behind_waits_for_the_total_not_just_a_publication():
     the total; the partner too."""
     eps = _endpoints(2)
     try:
-        root, leaf = TreeGroup(0, 2, eps[0], nested), TreeGroup(1, 2, eps[1], nested)
-        root.publish(b"0:0")
-        assert root.behind(1) == [1]  # rank 1's part of iteration 0 has not come
-        assert leaf.behind(1) == [1]  # its own: not published yet
-        leaf.publish(b"1:0")
-        assert leaf.behind(1) == [0]  # rank 0's part has not been received yet
+        low, high = TreeGroup(0, 2, eps[0], nested), TreeGroup(1, 2, eps[1], nested)
+        low.publish(b"0:0")
+        assert low.behind(1) == [1]  # rank 1's part of iteration 0 has not come
+        assert high.behind(1) == [1]  # its own: not published yet
+        high.publish(b"1:0")
         deadline = time.monotonic() + WAIT
         got = []
-        while root.behind(1) and time.monotonic() < deadline:
-            got += root.poll(0.05, numbered=True)
+        while low.behind(1) and time.monotonic() < deadline:
+            got += low.poll(0.05, numbered=True)
         assert got == [(0, 0, b"(0:0,1:0)")]
-        while leaf.behind(1) and time.monotonic() < deadline:
-            got += leaf.poll(0.05, numbered=True)
+        while high.behind(1) and time.monotonic() < deadline:
+            got += high.poll(0.05, numbered=True)
         assert got[-1] == (0, 0, b"(0:0,1:0)")
         with pytest.raises(ValueError, match="Expect the endpoint of rank 1"):
             TreeGroup(1, 2, eps[0], nested)
         with pytest.raises(TypeError, match="merge"):
             TreeGroup(0, 2, eps[0], None)
-        done = threading.Thread(target=leaf.finish, args=(WAIT,), daemon=True)
+        done = threading.Thread(target=high.finish, args=(WAIT,), daemon=True)
         done.start()
-        root.finish(WAIT)
+        low.finish(WAIT)
         done.join(WAIT)
         with pytest.raises(TransportError, match="after finish"):
-            root.publish(b"late")
+            low.publish(b"late")
     finally:
         for ep in eps:
             ep.close()

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import struct
+import threading
 import time
 from typing import Callable, Optional
 
@@ -114,13 +115,16 @@ class TreeGroup:
         rank's partners (:func:`exchange_partners`).
     merge : callable(list of bytes) -> bytes
         The sum of two payloads (the part of the lower ranks first), as
-        bytes.  Called on this rank's thread, inside :meth:`publish`,
-        :meth:`poll` and :meth:`finish`.
+        bytes.  Called on the endpoint's I/O thread as a partner's part
+        arrives (:meth:`ReliableEndpoint.deliver_to`: an exchange takes no
+        thread switch, and goes on while the training thread computes), or
+        inside :meth:`publish`; it must raise nothing but ValueError for a
+        bad payload (raised again in the training thread).
 
     Notes
     -----
-    Not thread-safe: one thread (the training loop) calls it; its
-    exchanges run while it polls, so poll regularly.  :meth:`poll` returns
+    One thread (the training loop) calls the methods; the group's lock
+    keeps it and the I/O thread apart.  :meth:`poll` returns
     ``(TOTAL_ORIGIN, payload)`` -- or ``(TOTAL_ORIGIN, iteration, payload)``
     when ``numbered`` -- in iteration order.
     """
@@ -158,16 +162,23 @@ class TreeGroup:
         self._counts = dict(published=0, delivered=0, merged=0, forwarded=0, duplicates_dropped=0, malformed=0)
         #: Thread CPU seconds spent in ``merge``.
         self.merge_seconds = 0.0
+        self._cv = threading.Condition()
+        self._deferred: list = []              # (rank, frame) the I/O thread found no window for
+        self._error: Optional[BaseException] = None
+        endpoint.deliver_to(self._on_message)
 
     # ------------------------------------------------------------------ public API
     def publish(self, payload) -> None:
         """This rank's message of its next iteration (may be empty)."""
-        if self._finished:
-            raise TransportError("TreeGroup.publish after finish(): use a new group per epoch")
-        self._own[self._published] = payload
-        self._published += 1
-        self._counts["published"] += 1
-        self._advance()
+        with self._cv:
+            if self._finished:
+                raise TransportError("TreeGroup.publish after finish(): use a new group per epoch")
+            self._raise_error()
+            self._own[self._published] = payload
+            self._published += 1
+            self._counts["published"] += 1
+            self._advance()
+        self._send_deferred()
 
     def poll(self, timeout: float = 0.0, numbered: bool = False) -> list:
         """The totals that are due, in iteration order, each once (waiting up
@@ -181,14 +192,16 @@ class TreeGroup:
         (or fewer than the group's iterations, when it has ended) have been
         handed out: those whose messages the missing part carries; empty
         when none."""
-        end = count if self._total_end is None else min(count, self._total_end)
-        return [] if self._delivered >= end else (self._waiting_on() or [self.rank])  # own: not published yet
+        with self._cv:
+            end = count if self._total_end is None else min(count, self._total_end)
+            return [] if self._delivered >= end else (self._waiting_on() or [self.rank])  # own: not published yet
 
     def incomplete(self) -> list[int]:
         """As :meth:`behind` for every iteration of the group."""
-        if self._total_end is not None and self._delivered >= self._total_end:
-            return []
-        return self._waiting_on() or [self.rank]
+        with self._cv:
+            if self._total_end is not None and self._delivered >= self._total_end:
+                return []
+            return self._waiting_on() or [self.rank]
 
     def finish(self, stall_timeout: float, numbered: bool = False) -> list:
         """End this rank's publication; wait for every total of the group and
@@ -200,14 +213,15 @@ class TreeGroup:
         PeerStalledError
             Naming the ranks waited for when ``stall_timeout`` passes first.
         """
-        if self._finished:
-            raise TransportError("TreeGroup.finish called twice")
-        self._finished = True
-        self._own_end = self._published
+        with self._cv:
+            if self._finished:
+                raise TransportError("TreeGroup.finish called twice")
+            self._finished = True
+            self._own_end = self._published
+            self._advance()
         deadline = time.monotonic() + stall_timeout
         out: list = []
-        self._advance()
-        self._hand_out(out)
+        self._receive(None, out)
         while self.incomplete():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -230,17 +244,43 @@ class TreeGroup:
         """Counters: ``published``, ``delivered`` (totals handed out),
         ``merged`` (merges of two payloads), ``forwarded`` (totals sent to an
         extra), ``duplicates_dropped``, ``malformed``."""
-        return dict(self._counts)
+        with self._cv:
+            return dict(self._counts)
 
     # ------------------------------------------------------------------ internals
     def _receive(self, timeout: Optional[float], out: list) -> None:
-        first = self.endpoint.receive(timeout) if timeout else None
-        if first is not None:
-            self._accept(*first)
-        for src, frame in self.endpoint.poll():
-            self._accept(src, frame)
-        self._advance()
-        self._hand_out(out)
+        """Send what the I/O thread left, wait up to ``timeout`` for any frame
+        when no total is due, and hand out the totals that are."""
+        self._send_deferred()
+        with self._cv:
+            self._raise_error()
+            if timeout and self._delivered not in self._totals:
+                self._cv.wait(timeout)  # every frame the I/O thread takes wakes it
+                self._raise_error()
+            self._hand_out(out)
+
+    def _on_message(self, src: int, frame) -> None:
+        """The endpoint's handler: a frame, on the I/O thread."""
+        with self._cv:
+            try:
+                if self._error is None:
+                    self._accept(src, frame)
+                    self._advance()
+            except BaseException as exc:  # raised again in the training thread
+                self._error = exc
+            self._cv.notify_all()
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _send_deferred(self) -> None:
+        """Send the frames the I/O thread had no window for (blocking, outside the lock)."""
+        while self._deferred:
+            with self._cv:
+                deferred, self._deferred = self._deferred, []
+            for rank, frame in deferred:
+                self.endpoint.send(rank, frame)
 
     def _hand_out(self, out: list) -> None:
         while self._delivered in self._totals:
@@ -250,7 +290,10 @@ class TreeGroup:
 
     def _send(self, rank: int, kind: int, iteration: int, exchange: int, part, live: bool) -> None:
         header = _FRAME.pack(kind, self.rank, iteration, exchange, live)
-        self.endpoint.send(rank, header + part if part else header)
+        frame = header + part if part else header
+        # Never blocking: the lock is held, and the I/O thread must not wait for the acks it reads.
+        if self._deferred or not self.endpoint.send(rank, frame, block=False):
+            self._deferred.append((rank, frame))
 
     def _send_part(self, i: int, state: _Iteration) -> None:
         """On entering exchange ``state.exchange``: this rank's part to that exchange's partner."""
@@ -378,7 +421,8 @@ class TreeGroup:
         return contributors(partner, self.world_size, state.exchange)
 
     def _stalled(self, what: str) -> PeerStalledError:
-        ranks = self._waiting_on() or [self.rank]
+        with self._cv:
+            ranks = self._waiting_on() or [self.rank]
         peers = self.endpoint.peers
         pending = self.endpoint.pending()
         hint = f"; unacked messages to partners {pending}" if pending else ""

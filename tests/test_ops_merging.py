@@ -266,4 +266,23 @@ def test_the_kernels_run_where_the_routing_rule_says(path, monkeypatch):
     sparse = ops.threshold_encode(r, TAU)
     with through(path):
         ops.decode(ops.merge_messages([sparse, sparse], n), np.zeros(n, np.float32))
-    assert calls == ([] if path == "numpy" else ["merge_sorted", "add_counts"])
+    assert calls == ([] if path == "numpy" else ["merge_pair", "add_counts"])
+
+
+@PATHS
+def test_sparse_sums_that_turn_dense_or_wide_equal_the_reference(path):
+    with through(path):
+        n = 64
+        a, b = np.zeros(n, np.float32), np.zeros(n, np.float32)
+        a[:10], b[20:30] = TAU, -TAU
+        present = [ops.threshold_encode(a, TAU, limit=16), ops.threshold_encode(b, TAU, limit=16)]
+        dense = ops.merge_messages(present, n)
+        assert int(dense[4]) >> 8 == 1  # 20 entries of 5 bytes > 64 dense bytes
+        assert np.array_equal(dense, reference_merging.merge_messages(present, n))
+        n = 1000
+        r = np.zeros(n, np.float32)
+        r[[3, 700]] = [TAU, -TAU]
+        many = [ops.threshold_encode(r.copy(), TAU) for _ in range(200)]
+        wide = ops.merge_messages(many, n)
+        assert int(wide[4]) == 2 and int(wide[0]) == 2  # sparse, counts of 16 bits (+-200)
+        assert np.array_equal(wide, reference_merging.merge_messages(many, n))

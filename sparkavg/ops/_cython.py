@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 #: The merged format's kernels (:mod:`sparkavg.ops.merging`): integer lists, not float32 operations of the
 #: routing rule; :mod:`~sparkavg.ops.merging` takes them where the rule would take this backend.
-MERGING = ("merge_sorted", "add_counts", "add_dense_counts")
+MERGING = ("merge_pair", "add_counts", "add_dense_counts")
 
 __all__ = ["error", "direct_conv", "merging_kernels", *OPERATIONS, *MERGING]
 
@@ -236,8 +236,8 @@ def merging_kernels() -> bool:
     return error is None and not backend.pure_numpy()
 
 
-def merge_sorted(ia, ca, ib, cb, n):
-    return _merging.merge_sorted(ia, ca, ib, cb, n)
+def merge_pair(a, b, n):
+    return _merging.merge_pair(a, b, n)
 
 
 def add_counts(indices, counts, tau, target):

@@ -25,11 +25,12 @@ bitmap, or merged -- and returns their sum; :func:`decode` of
 so merging messages in any grouping (level by level, exchange by
 exchange) gives the same words as merging them all at once.  Where the routing rule takes the extension
 (numpy, ``sparkavg_ext`` built, no ``SPARKAVG_PURE_NUMPY``), sums of
-sparse messages are pairwise merges of their ascending lists
-(``sparkavg_ext._merging.merge_sorted``, checked as it reads) and a merged
-message is added into a float32 target by ``add_counts``; a bitmap, a dense
-merge or a message the kernels refuse takes the numpy path (sorting the
-entries, ``bincount``), which gives the same words -- or names the fault.
+sparse messages are pairwise merges of their ascending lists, one kernel
+call each (``sparkavg_ext._merging.merge_pair``: headers, checks, merge and
+packing), and a merged message is added into a float32 target by
+``add_counts``; a bitmap, a dense merge or a message the kernels refuse
+takes the numpy path (sorting the entries, ``bincount``), which gives the
+same words -- or names the fault.
 A CuPy target is written on its device; :mod:`sparkavg.ops.reference_merging`
 is the entry-by-entry oracle.
 """
@@ -218,9 +219,13 @@ def merge_messages(messages, n: int):
         if words.size < HEADER_WORDS or int(words[1]) != n:
             raise ValueError(f"Expect a message for N = {n} (header word 1), got {words[:HEADER_WORDS].tolist()}")
         return words
-    if _cython.merging_kernels():
-        merged = _merge_sorted(present, n)
-        if merged is not None:
+    if _cython.merging_kernels():  # pairwise, in one kernel call each; None: the numpy path's case
+        merged = present[0]
+        for more in present[1:]:
+            merged = _cython.merge_pair(merged, more, n)
+            if merged is None:
+                break
+        else:
             return merged
     first_bits, sent, all_indices, all_counts = None, 0, [], []
     for words in present:
@@ -243,47 +248,6 @@ def merge_messages(messages, n: int):
         unique = np.arange(n)
     keep = summed != 0
     return merged_message(unique[keep], summed[keep].astype(np.int64), n, first_bits, sent)
-
-
-def _sorted_entries(words: np.ndarray, n: int):
-    """``(tau bits, indices, counts, entries carried)`` of a sparse or sparse
-    merged message as the kernels read it -- int32 indices and int8/16/32
-    counts, not checked here (the kernel checks them as it reads) -- or None
-    for a bitmap, a dense merged message or a header that is not right for
-    N = ``n`` (the numpy path then merges, or names the fault)."""
-    if words.size < MERGED_HEADER_WORDS - 3 or int(words[1]) != n:
-        return None
-    word0, bits, flag = int(words[0]), int(words[2]), int(words[3])
-    if flag == SPARSE_FLAG:
-        if not 0 <= word0 <= words.size - HEADER_WORDS:
-            return None
-        body = words[HEADER_WORDS:HEADER_WORDS + word0]
-        return bits, np.abs(body) - 1, (body >> 31) | 1, word0  # signed 1-based -> index, ±1
-    if flag != MERGED_FLAG:
-        return None
-    try:
-        _, sent, indices, counts = _layout(words, n)
-    except ValueError:
-        return None
-    return (bits, indices, counts, sent) if indices is not None else None
-
-
-def _merge_sorted(present: list, n: int):
-    """:func:`merge_messages` of two or more messages through the kernels
-    (pairwise merges of ascending lists), or None when one of them is not
-    for this path (:func:`_sorted_entries`), their τ differ or an entry is
-    bad: the numpy path then gives the same words, or the error."""
-    parts = [_sorted_entries(words, n) for words in present]
-    if any(p is None for p in parts) or any(p[0] != parts[0][0] for p in parts):
-        return None
-    _, indices, counts, sent = parts[0]
-    for _, more, more_counts, entries in parts[1:]:
-        merged = _cython.merge_sorted(indices, counts, more, more_counts, n)
-        if merged is None:
-            return None
-        indices, counts = merged
-        sent += entries
-    return merged_message(indices, counts, n, parts[0][0], sent)
 
 
 def decode_merged(message, target):

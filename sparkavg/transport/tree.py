@@ -255,20 +255,26 @@ class TreeGroup:
         with self._cv:
             self._raise_error()
             if timeout and self._delivered not in self._totals:
-                self._cv.wait(timeout)  # every frame the I/O thread takes wakes it
+                self._cv.wait(timeout)  # the I/O thread wakes it for a total, the end, a DONE or an error
                 self._raise_error()
             self._hand_out(out)
+
+    def _progress(self) -> tuple:
+        """What the training thread waits for: a total, the group's end, a partner's DONE, an error."""
+        return len(self._totals), self._total_end, len(self._done), self._error
 
     def _on_message(self, src: int, frame) -> None:
         """The endpoint's handler: a frame, on the I/O thread."""
         with self._cv:
+            before = self._progress()
             try:
                 if self._error is None:
                     self._accept(src, frame)
                     self._advance()
             except BaseException as exc:  # raised again in the training thread
                 self._error = exc
-            self._cv.notify_all()
+            if self._progress() != before:  # not once per exchange: a wake is a thread switch
+                self._cv.notify_all()
 
     def _raise_error(self) -> None:
         if self._error is not None:

@@ -174,7 +174,7 @@ class TreeGroup:
             if self._finished:
                 raise TransportError("TreeGroup.publish after finish(): use a new group per epoch")
             self._raise_error()
-            self._own[self._published] = payload
+            self._own[self._published] = bytes(payload)
             self._published += 1
             self._counts["published"] += 1
             self._advance()
@@ -182,7 +182,7 @@ class TreeGroup:
 
     def poll(self, timeout: float = 0.0, numbered: bool = False) -> list:
         """The totals that are due, in iteration order, each once (waiting up
-        to ``timeout`` seconds for the first datagram when none is)."""
+        to ``timeout`` seconds for what the I/O thread completes when none is)."""
         out: list = []
         self._receive(timeout if timeout > 0 else None, out)
         return out if numbered else [(origin, payload) for origin, _, payload in out]

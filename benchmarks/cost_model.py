@@ -74,13 +74,24 @@ fan-out 8, a relay with ``k`` neighbours forwards every message to the
 ``k - 1`` others: ``k + (W - 1)(k - 1)`` sends, so the busiest rank sends
 about ``8 (W - 1)`` messages -- MESH bounds a rank's peers, not its bytes.
 
-**TREE** (issue 38, :func:`tree_epoch`): the messages are summed up a binary
-tree and the total comes back down; every rank applies one message per
-iteration.  With ``staleness=0`` the sums sit on the iteration's critical
-path: ``step + 2 D hop_s + bytes / B`` with ``D`` the tree's depth
-(:func:`tree_depth`), ``hop_s`` the calibrated CPU of one hop (receiving,
-merging, forwarding), and the bytes of the deepest path: up, the merged
-message of ``2^j - 1`` ranks at hop ``j``; down, the total, ``D`` times.
+**TREE** (issue 38, :func:`tree_epoch`): the messages are summed by
+recursive doubling (:class:`sparkavg.transport.TreeGroup`): the ``P``
+lowest ranks (``P`` the largest power of two <= ``W``) exchange their parts
+with rank ``r XOR 2^j`` for ``j < log2 P`` and merge, so all end with the
+total; each other rank sends its message to a core rank first and gets the
+total back; every rank applies one message per iteration.  With
+``staleness=0`` the sums sit on the iteration's critical path:
+``step + E hop_s + bytes / B`` with ``E`` the exchanges
+(:func:`doubling_exchanges`: ``log2 P``, plus 2 when ``W > P``), ``hop_s``
+the calibrated cost of one exchange (receiving, authenticating, merging,
+sending: its latency, a rank's CPU and its wake-ups), and the bytes of the
+exchanges: at exchange ``j`` the merge of ``2^j W / P`` ranks' messages.
+The binary tree it replaced (up a tree of fan-out 2, the total back down:
+``step + 2 D hop_s + bytes / B``, ``D`` its depth, :func:`tree_depth`; up,
+the merge of ``2^j - 1`` ranks at hop ``j``, down the total ``D`` times) is
+:func:`binary_tree_epoch`, predicted with TREE's calibrated costs as
+``sharing_binary_tree``: what the same hop costs give on the other schedule
+(the result files before issue 38's change measured it).
 A merge of ``k`` ranks' messages (each a fraction ``d`` of the ``N``
 parameters) carries ``N (1 - (1 - d)^k)`` indices of 5 bytes (index and
 int8 count) or, when smaller, ``N`` bytes dense (:func:`merged_bytes`;
@@ -92,7 +103,7 @@ for the result files that measured it.  Both sharing models also pay
 
 **Calibration**: the jobs path and sharing fit their overheads to the
 measured epochs (relative least squares, non-negative; TREE fits
-``stage_s`` and ``hop_s`` on ``[1, 2 D M]``).  The in-stage path
+``stage_s`` and ``hop_s`` on ``[1, E M]``).  The in-stage path
 fits its parts apart: the per-round part on ``[1, W - 1]`` to the median
 over the last epoch's rounds of the round's wall time minus its slowest
 worker's fit and data time (less the modelled bytes and latency); the
@@ -102,7 +113,7 @@ meeting and connections on ``[1, W - 1]`` to the ranks' wait before round
 B``); its step is the slowest worker's per minibatch.  ``--phases``
 calibrates PLAIN and TREE from the ranks' own phase timings instead
 (:func:`calibrate_phases`: the loop's time per iteration beyond the step
-on ``[1, x]``, ``x`` = ``(W - 1) q`` received messages or ``2 D`` hops;
+on ``[1, x]``, ``x`` = ``(W - 1) q`` received messages or ``E`` exchanges;
 ``stage_s`` the epoch's rest).  Each point's link is its run's
 (``--rate``; unshaped: ``--calibration-gbit``).
 ``--host-speedup k`` divides the step and every calibrated CPU cost by
@@ -133,12 +144,13 @@ from dataclasses import asdict, dataclass, replace
 from typing import Dict, List, Optional, Sequence
 
 __all__ = ["Workload", "Link", "Overheads", "averaging_epoch", "averaging_in_stage_epoch", "sharing_epoch",
-           "auto_frequency", "mesh_sends", "tree_depth", "merged_bytes", "tree_epoch", "calibrate",
+           "auto_frequency", "mesh_sends", "tree_depth", "merged_bytes", "tree_epoch", "doubling_exchanges",
+           "binary_tree_epoch", "calibrate",
            "calibrate_phases", "predict", "predict_scenario", "direct_peer_costs", "STRATEGIES", "ALLREDUCE_STEPS"]
 
 STRATEGIES = ("averaging", "averaging_in_stage", "sharing_plain", "sharing_mesh", "sharing_tree")
 MESH_FANOUT = 8
-TREE_FANOUT = 2  # sparkavg.transport.limits.TREE_FANOUT
+TREE_FANOUT = 2  # the binary tree's, before issue 38's recursive doubling
 MERGED_HEADER_BYTES = 28
 #: Sequential network steps of one all-reduce of :mod:`sparkavg.transport.collective` (reduce-scatter,
 #: all-gather; a full mesh, so not ``2 (W - 1)`` as a ring's).
@@ -355,11 +367,49 @@ def merged_bytes(ranks: int, w: Workload) -> float:
     return MERGED_HEADER_BYTES + min(5 * filled, w.params)
 
 
+def doubling_exchanges(workers: int) -> int:
+    """Exchanges on one iteration's critical path by recursive doubling:
+    ``log2 P`` (``P`` the largest power of two <= ``W``), plus the extras'
+    message in and the total out when ``W > P``."""
+    if workers <= 1:
+        return 0
+    core = 1 << (workers.bit_length() - 1)
+    return core.bit_length() - 1 + (2 if workers > core else 0)
+
+
 def tree_epoch(workers: int, w: Workload, link: Link, o: Overheads, staleness: int = 0) -> Dict[str, float]:
-    """Seconds of one TREE sharing epoch and its parts.  At ``staleness``
-    ``s`` the sums of iteration ``k`` must be back before step ``k + s + 1``:
-    an iteration takes ``max(step + 2 hop_s, (step + chain + bytes) / (s + 1))``
-    (a rank's own share of the hops, or the chain spread over ``s + 1`` steps)."""
+    """Seconds of one TREE sharing epoch (recursive doubling) and its parts.
+    At ``staleness`` ``s`` the sums of iteration ``k`` must be back before
+    step ``k + s + 1``: an iteration takes ``max(step + E hop_s, (step +
+    chain + bytes) / (s + 1))`` (a rank takes part in every exchange: its
+    own share is the chain -- an upper bound, the exchanges' latency taken
+    as its CPU -- or the chain spread over ``s + 1`` steps)."""
+    iterations = math.ceil(w.examples / (workers * w.batch))
+    core = 1 << (max(1, workers).bit_length() - 1)
+    steps = core.bit_length() - 1
+    exchanges = doubling_exchanges(workers)
+    extras = workers > core
+    # exchange j carries the merge of a block of 2^j core ranks and their extras
+    parts = [merged_bytes(min(workers, round(2 ** j * workers / core)), w) for j in range(steps)]
+    total = merged_bytes(workers, w)
+    inward, outward = (merged_bytes(1, w), total) if extras else (0.0, 0.0)
+    network = (inward + sum(parts) + outward) / link.bytes_per_s + exchanges * link.latency_s
+    chain = exchanges * o.hop_s
+    step = w.step_s + o.sync_s
+    per_iteration = max(step + chain, (step + chain + network) / (staleness + 1))
+    sent = sum(parts)
+    return {"seconds": o.stage_s + workers * o.join_s + iterations * per_iteration, "iterations": iterations,
+            "cpu_s": w.step_s + chain, "network_s": network, "exchanges": exchanges,
+            "bound": "cpu" if chain >= network else "network", "messages_applied_per_iteration": 1,
+            # a core rank with an extra: its parts both ways, the extra's message in and the total out
+            "bytes_per_rank_max": iterations * (2 * sent + inward + outward),
+            "bytes_per_rank_mean": iterations * 2 * sent}
+
+
+def binary_tree_epoch(workers: int, w: Workload, link: Link, o: Overheads, staleness: int = 0) -> Dict[str, float]:
+    """Seconds of one epoch of the binary tree TREE was before issue 38
+    (sums up a tree of fan-out 2, the total back down) with the same
+    overheads: ``max(step + 2 hop_s, (step + 2 D hop_s + bytes) / (s + 1))``."""
     iterations = math.ceil(w.examples / (workers * w.batch))
     depth = tree_depth(workers)
     total = merged_bytes(workers, w)
@@ -530,8 +580,8 @@ def fit_overheads(strategy: str, points: List[dict], link: Link, apply_s: float 
             targets.append(p["seconds"] - base["seconds"])
         elif strategy == "sharing_tree":
             base = tree_epoch(p["workers"], w, lk, Overheads())
-            # seconds = base + stage_s + iterations * 2 D hop_s
-            rows.append([1.0, base["iterations"] * 2 * base["depth"]])
+            # seconds = base + stage_s + iterations * E hop_s
+            rows.append([1.0, base["iterations"] * base["exchanges"]])
             targets.append(p["seconds"] - base["seconds"])
         else:
             topology = strategy.split("_")[1]
@@ -607,7 +657,7 @@ def calibrate_phases(results: Sequence[dict], link: Link) -> dict:
     iteration, ``bench_scale.py``'s ``per_rank_iteration``) is fitted as
     ``sync_s + x cost`` with ``x`` the peer messages a rank receives
     (PLAIN: ``(W - 1) q``, ``cost`` = ``apply_s``) or the hops of the sums
-    (TREE: ``2 D``, ``cost`` = ``hop_s``); ``stage_s`` is the mean of what
+    (TREE: ``E``, the exchanges, ``cost`` = ``hop_s``); ``stage_s`` is the mean of what
     the epoch took beyond its iterations.  The per-epoch and per-iteration
     costs are then measured apart rather than told apart by a fit of three
     epoch times, which a loaded machine's noise defeats."""
@@ -621,7 +671,7 @@ def calibrate_phases(results: Sequence[dict], link: Link) -> dict:
         for p in pts:
             w = _workload(p)
             x = ((p["workers"] - 1) * w.messages_per_step if s == "sharing_plain"
-                 else 2 * tree_depth(p["workers"]))
+                 else doubling_exchanges(p["workers"]))
             rows.append([1.0, x])
             targets.append(p["loop_extra_s"])
             iterations = math.ceil(p["examples"] / (p["workers"] * p["batch"]))
@@ -651,9 +701,10 @@ def predict(calibrated: dict, w: Workload, workers: Sequence[int], rates_bits: S
     for rate in rates_bits:
         link = Link(rate, latency_s)
         # averaging_one_round: the jobs path at one round per epoch (the issue-26 model's frequency)
-        for s in STRATEGIES + ("averaging_tree", "averaging_one_round", "sharing_tree_staleness1"):
+        for s in STRATEGIES + ("averaging_tree", "averaging_one_round", "sharing_tree_staleness1",
+                               "sharing_binary_tree"):
             key = {"averaging_tree": "averaging", "averaging_one_round": "averaging",
-                   "sharing_tree_staleness1": "sharing_tree"}.get(s, s)
+                   "sharing_tree_staleness1": "sharing_tree", "sharing_binary_tree": "sharing_tree"}.get(s, s)
             if key not in calibrated:
                 continue
             o = Overheads(**calibrated[key]["overheads"])
@@ -665,6 +716,8 @@ def predict(calibrated: dict, w: Workload, workers: Sequence[int], rates_bits: S
                     e = averaging_epoch(n, wl, link, o, frequency=math.ceil(wl.examples / (n * wl.batch)))
                 elif s == "sharing_tree_staleness1":
                     e = tree_epoch(n, wl, link, o, staleness=1)
+                elif s == "sharing_binary_tree":  # the schedule before issue 38, at TREE's calibrated costs
+                    e = binary_tree_epoch(n, wl, link, o)
                 else:
                     e = epoch(s, n, wl, link, o)
                 eps = wl.examples / e["seconds"]

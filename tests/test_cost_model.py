@@ -9,7 +9,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 from cost_model import (Link, Overheads, Workload, allreduce_s, averaging_epoch,  # noqa: E402
                         averaging_in_stage_epoch, auto_frequency, calibrate, calibrate_phases, epoch, merged_bytes,
-                        mesh_sends, sharing_epoch, tree_depth, tree_epoch)
+                        mesh_sends, sharing_epoch, tree_depth, tree_epoch, doubling_exchanges, binary_tree_epoch)
 
 W = Workload(examples=8192, batch=32, step_s=0.04, state_bytes=5.2e6, message_bytes=33e3)
 FAST = Link(1e12, 0.0)
@@ -145,6 +145,17 @@ def test_tree_depth_and_merges_that_fill_in_then_go_dense():
     assert sizes[0] == pytest.approx(28 + 5 * 431080 * (1 - (1 - 0.89 * 21.7e3 / 4 / 431080) ** 2))
 
 
+def test_doubling_takes_half_the_binary_trees_hops_and_beats_it_at_the_same_costs():
+    assert [doubling_exchanges(w) for w in (1, 2, 3, 4, 7, 8, 9, 64, 256)] == [0, 1, 3, 2, 4, 3, 5, 6, 8]
+    w = Workload(examples=64 * 7500, batch=32, step_s=0.007, state_bytes=5.2e6, message_bytes=4.1e3,
+                 messages_per_step=0.97, params=431080)
+    o = Overheads(stage_s=0.4, sync_s=0.0015, hop_s=0.0012)
+    for workers in (8, 16, 64, 256):
+        doubling, tree = tree_epoch(workers, w, Link(10e9), o), binary_tree_epoch(workers, w, Link(10e9), o)
+        assert doubling["seconds"] < tree["seconds"] and doubling["network_s"] < tree["network_s"]
+        assert doubling["exchanges"] == tree["depth"]  # powers of two: half the tree's 2 D hops
+
+
 def test_tree_applies_one_message_and_its_hops_cost_what_was_calibrated():
     w = Workload(examples=8192, batch=32, step_s=0.04, state_bytes=5.2e6, message_bytes=33e3, params=431080)
     truth = Overheads(stage_s=2.0, hop_s=0.003)
@@ -152,7 +163,7 @@ def test_tree_applies_one_message_and_its_hops_cost_what_was_calibrated():
     for hosts in (2, 4, 8):
         e = tree_epoch(hosts, w, FAST, truth)
         assert e["messages_applied_per_iteration"] == 1
-        hops = 2 * tree_depth(hosts) * 0.003
+        hops = doubling_exchanges(hosts) * 0.003
         assert e["seconds"] == pytest.approx(2.0 + e["iterations"] * (0.04 + hops), rel=1e-4)  # bytes: ~0
         per = e["iterations"]
         plain_s = sharing_epoch(hosts, w, FAST, Overheads(stage_s=2.0, apply_s=0.002), "plain")["seconds"]
@@ -182,7 +193,7 @@ def test_phase_calibration_separates_the_epoch_from_its_iterations():
         per = math.ceil(w.examples / (hosts * w.batch))
         fits = {}
         for name, o, extra in (("sharing_plain", plain_o, 0.007 + 0.005 * (hosts - 1)),
-                               ("sharing_tree", tree_o, 0.007 + 0.006 * 2 * tree_depth(hosts))):
+                               ("sharing_tree", tree_o, 0.007 + 0.006 * doubling_exchanges(hosts))):
             e = epoch(name, hosts, w, FAST, o)
             fits[name] = {"epoch_seconds": [e["seconds"]], "examples": [w.examples], "state_bytes": w.state_bytes,
                           "fit_phase": {"mean": w.step_s}, "num_params": w.params,
@@ -253,7 +264,7 @@ def test_one_run_of_the_model_takes_instage_and_topologies_files_together(tmp_pa
         topologies = {}
         for name, o, extra in (("sharing_plain", Overheads(stage_s=3.0, sync_s=0.007, apply_s=0.005),
                                 0.007 + 0.005 * (hosts - 1)),
-                               ("sharing_tree", tree_o, 0.007 + 0.006 * 2 * tree_depth(hosts))):
+                               ("sharing_tree", tree_o, 0.007 + 0.006 * doubling_exchanges(hosts))):
             topologies[name] = {
                 "epoch_seconds": [epoch(name, hosts, w, Link(1e12), o)["seconds"]], "examples": [w.examples],
                 "state_bytes": w.state_bytes, "fit_phase": {"mean": w.step_s}, "num_params": w.params,

@@ -3,6 +3,8 @@ threshold messages at one τ, held to the entry-by-entry reference, to the
 sum of the messages decoded one by one, and merged level by level."""
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -150,3 +152,137 @@ def test_merge_names_what_is_wrong():
     with pytest.raises(ValueError, match="N = 32"):
         ops.decode(merged, target)
     assert not target.any()
+
+
+# ------------------------------------------------- the kernels (sparkavg_ext._merging) and the numpy path
+PATHS = pytest.mark.parametrize("path", ["kernels", "numpy"])
+
+
+@contextlib.contextmanager
+def through(path):
+    """Merging through the kernels or the numpy path (``SPARKAVG_PURE_NUMPY``, the routing rule's switch)."""
+    if path == "kernels" and not ops.have_extension():
+        pytest.skip("sparkavg_ext is not built")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPARKAVG_PURE_NUMPY", "1" if path == "numpy" else "0")
+        yield
+
+
+@st.composite
+def sparse_rank_messages(draw):
+    """Sparse messages of 2..9 ranks on a vector long enough that their sums stay sparse (the kernels'
+    path), at one τ; some ranks' sends overlap, with either sign."""
+    n = draw(st.integers(200, 3000))
+    out = []
+    for _ in range(draw(st.integers(2, 9))):
+        residual = np.zeros(n, np.float32)
+        hot = draw(st.lists(st.integers(0, 39), max_size=30, unique=True))  # a shared range: sums and cancels
+        cold = draw(st.lists(st.integers(0, n - 1), max_size=20, unique=True))
+        for i in hot + cold:
+            residual[i] = draw(st.sampled_from([-1.5, 1.5])) * TAU
+        out.append(ops.threshold_encode(residual, TAU))
+    return n, [m for m in out if m is not None]
+
+
+@PATHS
+@given(sparse_rank_messages(), st.data())
+def test_sparse_sums_equal_the_reference_on_either_path(path, case, data):
+    n, present = case
+    if len(present) < 2:
+        return
+    with through(path):
+        _sums_equal_the_reference(n, present, data)
+
+
+def _sums_equal_the_reference(n, present, data):
+    merged = ops.merge_messages(present, n)
+    assert np.array_equal(merged, reference_merging.merge_messages(present, n))
+    cut = data.draw(st.integers(1, len(present) - 1))
+    left, right = ops.merge_messages(present[:cut], n), ops.merge_messages(present[cut:], n)
+    assert np.array_equal(ops.merge_messages([left, right], n), merged)  # merged messages merged again
+    start = np.linspace(-1, 1, n, dtype=np.float32)
+    fast, slow = start.copy(), start.copy()
+    ops.decode(merged, fast)
+    reference_merging.decode_merged(merged, slow)
+    assert np.array_equal(fast.view(np.uint32), slow.view(np.uint32))
+
+
+@PATHS
+def test_messages_off_the_kernels_path_merge_as_the_reference_does(path):
+    """A sparse message whose indices are out of order or repeat (not what the encoder sends, but a valid
+    message), a bitmap and a dense merge: the same words as the reference on either path."""
+    with through(path):
+        _off_the_kernels_path()
+
+
+def _off_the_kernels_path():
+    n, tau_bits = 64, int(np.float32(TAU).view(np.int32))
+    unordered = np.array([3, n, tau_bits, 0, 9, -2, 9], np.int32)  # +9 twice, -2 between
+    r = np.zeros(n, np.float32)
+    r[[1, 8, 20]] = TAU
+    sparse = ops.threshold_encode(r.copy(), TAU)
+    bitmap = ops.bitmap_encode(r.copy(), TAU)
+    dense = ops.merge_messages([ops.bitmap_encode(np.full(n, TAU, np.float32), TAU) for _ in range(3)], n)
+    for present in ([unordered, sparse], [sparse, bitmap], [dense, sparse], [unordered, dense, bitmap]):
+        assert np.array_equal(ops.merge_messages(present, n), reference_merging.merge_messages(present, n))
+
+
+@PATHS
+def test_a_bad_merged_entry_is_named_and_the_target_untouched(path):
+    with through(path):
+        _bad_entries()
+
+
+def _bad_entries():
+    n = 300
+    r = np.zeros(n, np.float32)
+    r[[5, 50, 150]] = TAU
+    merged = ops.merge_messages([ops.threshold_encode(r.copy(), TAU), ops.threshold_encode(r.copy(), TAU)], n)
+    assert int(merged[0]) == 3 and int(merged[4]) == 1  # sparse, width 1
+    descending = merged.copy()
+    descending[[7, 8]] = descending[[8, 7]]
+    zero = merged.copy()
+    zero[10] = 0  # the three int8 counts are the low bytes of word 10
+    for bad, match in ((descending, "ascending"), (zero, "zero count")):
+        target = np.zeros(n, np.float32)
+        with pytest.raises(ValueError, match=match):
+            ops.decode(bad, target)
+        assert not target.any()
+        with pytest.raises(ValueError, match=match):
+            ops.merge_messages([bad, merged], n)
+
+
+@PATHS
+def test_the_kernels_run_where_the_routing_rule_says(path, monkeypatch):
+    from sparkavg.ops import _cython
+
+    calls = []
+    for name in _cython.MERGING:
+        original = getattr(_cython, name)
+        monkeypatch.setattr(_cython, name, lambda *a, _f=original, _n=name: calls.append(_n) or _f(*a))
+    n = 300
+    r = np.zeros(n, np.float32)
+    r[[5, 50, 150]] = TAU
+    sparse = ops.threshold_encode(r, TAU)
+    with through(path):
+        ops.decode(ops.merge_messages([sparse, sparse], n), np.zeros(n, np.float32))
+    assert calls == ([] if path == "numpy" else ["merge_pair", "add_counts"])
+
+
+@PATHS
+def test_sparse_sums_that_turn_dense_or_wide_equal_the_reference(path):
+    with through(path):
+        n = 64
+        a, b = np.zeros(n, np.float32), np.zeros(n, np.float32)
+        a[:10], b[20:30] = TAU, -TAU
+        present = [ops.threshold_encode(a, TAU, limit=16), ops.threshold_encode(b, TAU, limit=16)]
+        dense = ops.merge_messages(present, n)
+        assert int(dense[4]) >> 8 == 1  # 20 entries of 5 bytes > 64 dense bytes
+        assert np.array_equal(dense, reference_merging.merge_messages(present, n))
+        n = 1000
+        r = np.zeros(n, np.float32)
+        r[[3, 700]] = [TAU, -TAU]
+        many = [ops.threshold_encode(r.copy(), TAU) for _ in range(200)]
+        wide = ops.merge_messages(many, n)
+        assert int(wide[4]) == 2 and int(wide[0]) == 2  # sparse, counts of 16 bits (+-200)
+        assert np.array_equal(wide, reference_merging.merge_messages(many, n))

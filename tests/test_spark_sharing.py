@@ -275,7 +275,7 @@ def test_sharing_resumes_from_the_last_epoch_checkpoint(sc, tmp_path):
 
 
 def test_tree_topology_trains_and_every_rank_applies_one_sum_per_iteration(sc):
-    """Topology.TREE on local[2]: each iteration's two messages are summed at the root and sent back, every
+    """Topology.TREE on local[2]: each iteration's two messages are exchanged and summed on both ranks, every
     rank applies that one total, so replicas agree bit for bit; the ranks share τ; lost datagrams change
     nothing but the retransmissions."""
     rdd, x, y = _rdd(sc, 400, seed=41)

@@ -269,6 +269,43 @@ def test_send_blocks_while_the_window_is_full_and_resumes(pair):
     assert b.stats()["rejected_buffer_full"] >= 2
 
 
+@pytest.mark.parametrize("pair", [BACKPRESSURE], indirect=True)
+def test_a_send_that_may_not_block_says_so_when_the_window_is_full(pair):
+    a, b = pair
+    b.close()  # nothing is acknowledged: two messages fill the window
+    assert a.send(1, b"0", block=False) is True and a.send(1, b"1", block=False) is True
+    began = time.monotonic()
+    assert a.send(1, b"2", block=False) is False and time.monotonic() - began < 0.5 * WAIT
+    assert a.pending() == {1: 2}
+
+
+def test_a_handler_takes_every_message_on_the_io_thread(pair):
+    """deliver_to: messages already waiting first, then each as it arrives, on the I/O thread; receive and
+    poll then find nothing."""
+    a, b = pair
+    a.send(1, b"early")
+    deadline = time.monotonic() + WAIT
+    while not b.buffer_usage()["inbox_messages"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    got, threads, cv = [], set(), threading.Condition()
+
+    def handler(src, payload):
+        with cv:
+            got.append((src, bytes(payload)))
+            threads.add(threading.current_thread().name)
+            cv.notify_all()
+
+    b.deliver_to(handler)
+    for m in (b"one", b"two"):
+        a.send(1, m)
+    with cv:
+        assert cv.wait_for(lambda: len(got) == 3, timeout=WAIT), got
+    assert got == [(0, b"early"), (0, b"one"), (0, b"two")] and threads == {"sparkavg-udp-1"}
+    assert b.poll() == [] and b.receive(0.01) is None
+    with pytest.raises(TypeError, match="handler"):
+        b.deliver_to(None)
+
+
 def test_misuse_gets_errors_that_say_what_was_expected(pair):
     a, b = pair
     with pytest.raises(ValueError, match=r"Expect a peer rank in \[1\], got 9"):

@@ -1,5 +1,5 @@
-"""TreeGroup: every iteration's messages summed up a tree of ranks and the sum
-sent down, every rank on its own thread and real UDP socket in this process."""
+"""TreeGroup: every iteration's messages summed by recursive doubling, every
+rank on its own thread and real UDP socket in this process."""
 from __future__ import annotations
 
 import secrets
@@ -12,8 +12,7 @@ import pytest
 from sparkavg import ops
 from sparkavg.sharing import apply_received, message_bytes
 from sparkavg.transport import (FaultInjection, PeerStalledError, ReliableEndpoint, TransportError, TreeGroup,
-                                subtree, tree_neighbours)
-from sparkavg.transport.limits import TREE_FANOUT
+                                contributors, exchange_partners)
 
 WAIT = 20.0
 KEY = secrets.token_bytes(32)
@@ -29,20 +28,27 @@ def _endpoints(world, **limits):
 
 
 def nested(parts):
-    """A merge that keeps its parts' order: ``(own,child,child)``, so a total shows the tree it came through."""
+    """A merge that keeps its parts' order: ``(lower,higher)``, so a total shows the exchanges it came through."""
     present = [p for p in parts if p]
     return b"(" + b",".join(present) + b")"
 
 
-def expected_nesting(rank, world, iteration, published):
-    """What ``nested`` makes of the subtree of ``rank`` at ``iteration`` (None when it sent nothing)."""
-    children = tree_neighbours(rank, world, TREE_FANOUT)[1 if rank else 0:]
-    own = f"{rank}:{iteration}".encode() if iteration < published[rank] else None
-    parts = [own] + [expected_nesting(c, world, iteration, published) for c in children]
-    present = [p for p in parts if p]
-    if not present:
-        return None
-    return present[0] if len(present) == 1 else b"(" + b",".join(present) + b")"
+def _combined(lower, higher):
+    present = [p for p in (lower, higher) if p]
+    return None if not present else present[0] if len(present) == 1 else b"(" + b",".join(present) + b")"
+
+
+def expected_nesting(world, iteration, published):
+    """What ``nested`` makes of iteration ``iteration`` by recursive doubling (None when no rank sent)."""
+    core = 1 << (world.bit_length() - 1)
+    own = [f"{r}:{iteration}".encode() if iteration < published[r] else None for r in range(world)]
+    parts = [_combined(own[r], own[r + core] if r + core < world else None) for r in range(core)]
+    step = 1
+    while step < core:
+        parts = [_combined(parts[r & ~step], parts[r | step]) for r in range(core)]
+        step <<= 1
+    assert len(set(parts)) == 1  # every core rank holds the same total
+    return parts[0]
 
 
 def run_ranks(eps, published, body, dead=(), finish_timeout=WAIT, merge=nested):
@@ -72,8 +78,8 @@ def run_ranks(eps, published, body, dead=(), finish_timeout=WAIT, merge=nested):
 @pytest.mark.parametrize("world", range(1, 10))
 def test_every_rank_gets_each_iterations_sum_once_in_order(world):
     """W = 1..9, ranks publishing different numbers of iterations: every rank is handed one total per
-    iteration of the group, in order, made by merging own-then-children at every relay -- the same bytes on
-    every rank."""
+    iteration of the group, in order, made by merging the lower ranks' part first at every exchange -- the
+    same bytes on every rank."""
     published = [4 + (r % 3) for r in range(world)]
     eps = _endpoints(world)
 
@@ -90,7 +96,7 @@ def test_every_rank_gets_each_iterations_sum_once_in_order(world):
         for ep in eps:
             ep.close()
     iterations = max(published)
-    expected = [(0, i, expected_nesting(0, world, i, published)) for i in range(iterations)]
+    expected = [(0, i, expected_nesting(world, i, published) or b"") for i in range(iterations)]
     for rank in range(world):
         assert not isinstance(results[rank], Exception), f"rank {rank}: {results[rank]!r}"
         got, stats = results[rank]
@@ -148,9 +154,22 @@ def test_replicas_applying_the_sums_agree_bit_for_bit_with_loss():
     assert np.array_equal(oracle.view(np.uint32), replicas[0].view(np.uint32))
 
 
-def test_a_lost_subtree_is_named_by_the_ranks_waiting_for_it():
-    """Rank 1 dies before it publishes: the root waits for rank 1's subtree and names it; every other rank
-    names its parent, through which the total would come."""
+def test_partners_and_contributors():
+    """7 ranks: the core 0..3 exchanges with rank XOR 1, then XOR 2; extras 4, 5, 6 pair with 0, 1, 2."""
+    assert [exchange_partners(r, 7) for r in range(7)] == [
+        (4, [1, 2]), (5, [0, 3]), (6, [3, 0]), (None, [2, 1]), (0, []), (1, []), (2, [])]
+    assert exchange_partners(0, 1) == (None, []) and exchange_partners(1, 2) == (None, [0])
+    assert contributors(1, 7, 0) == [1, 5] and contributors(3, 7, 1) == [2, 3, 6] and contributors(0, 7, 2) == list(
+        range(7))
+    assert contributors(5, 7, 1) == [5]
+    with pytest.raises(ValueError, match="rank=7"):
+        exchange_partners(7, 7)
+
+
+def test_a_lost_rank_is_named_by_the_ranks_waiting_for_its_part():
+    """Rank 1 of 7 dies before it publishes: rank 0 waits for the part of rank 1's block (1 and its extra 5);
+    ranks 2 and 3 wait in the second exchange for the block of ranks 0, 1 and their extras (0 never got
+    its first part); the extras 4 and 5 wait for their core ranks' totals; 6 for rank 2's."""
     world = 7
     eps = _endpoints(world)
     eps[1].close()
@@ -164,43 +183,39 @@ def test_a_lost_subtree_is_named_by_the_ranks_waiting_for_it():
     finally:
         for ep in eps:
             ep.close()
-    assert subtree(1, world) == [1, 3, 4]
-    root = results[0]
-    assert isinstance(root, PeerStalledError) and root.ranks == (1, 3, 4), repr(root)
-    for child in (3, 4):
-        assert isinstance(results[child], PeerStalledError) and results[child].ranks == (1,), repr(results[child])
-    for rank, parent in ((2, 0), (5, 2), (6, 2)):
-        assert isinstance(results[rank], PeerStalledError) and results[rank].ranks == (parent,), repr(results[rank])
+    expected = {0: (1, 5), 2: (0, 1, 4, 5), 3: (0, 1, 4, 5), 4: (0,), 5: (1,), 6: (2,)}
+    for rank, ranks in expected.items():
+        assert isinstance(results[rank], PeerStalledError) and results[rank].ranks == ranks, (rank, results[rank])
 
 
 def test_behind_waits_for_the_total_not_just_a_publication():
-    """A bounded-staleness wait: the root of one rank has its total at once; a rank of two is behind its
-    child until the child's part came, then has it."""
+    """A bounded-staleness wait: a rank of two is behind its partner until the partner's part came, then has
+    the total; the partner too."""
     eps = _endpoints(2)
     try:
-        root, leaf = TreeGroup(0, 2, eps[0], nested), TreeGroup(1, 2, eps[1], nested)
-        root.publish(b"0:0")
-        assert root.behind(1) == [1]  # rank 1's part of iteration 0 has not come
-        leaf.publish(b"1:0")
-        assert leaf.behind(1) == [0]  # its total comes from the root
+        low, high = TreeGroup(0, 2, eps[0], nested), TreeGroup(1, 2, eps[1], nested)
+        low.publish(b"0:0")
+        assert low.behind(1) == [1]  # rank 1's part of iteration 0 has not come
+        assert high.behind(1) == [1]  # its own: not published yet
+        high.publish(b"1:0")
         deadline = time.monotonic() + WAIT
         got = []
-        while root.behind(1) and time.monotonic() < deadline:
-            got += root.poll(0.05, numbered=True)
+        while low.behind(1) and time.monotonic() < deadline:
+            got += low.poll(0.05, numbered=True)
         assert got == [(0, 0, b"(0:0,1:0)")]
-        while leaf.behind(1) and time.monotonic() < deadline:
-            got += leaf.poll(0.05, numbered=True)
+        while high.behind(1) and time.monotonic() < deadline:
+            got += high.poll(0.05, numbered=True)
         assert got[-1] == (0, 0, b"(0:0,1:0)")
         with pytest.raises(ValueError, match="Expect the endpoint of rank 1"):
             TreeGroup(1, 2, eps[0], nested)
         with pytest.raises(TypeError, match="merge"):
             TreeGroup(0, 2, eps[0], None)
-        done = threading.Thread(target=leaf.finish, args=(WAIT,), daemon=True)
+        done = threading.Thread(target=high.finish, args=(WAIT,), daemon=True)
         done.start()
-        root.finish(WAIT)
+        low.finish(WAIT)
         done.join(WAIT)
         with pytest.raises(TransportError, match="after finish"):
-            root.publish(b"late")
+            low.publish(b"late")
     finally:
         for ep in eps:
             ep.close()

@@ -24,7 +24,7 @@ Kernels:
   :func:`encode` / :func:`decode` with :class:`EncodingState`, and
   :func:`encoded_count`, :func:`encoded_nbytes`, :func:`default_limit`;
   :func:`merge_messages`, the sum of messages at one τ in the merged
-  format a tree of ranks relays (:mod:`sparkavg.ops.merging`; ``decode``
+  format the ranks of ``Topology.TREE`` exchange (:mod:`sparkavg.ops.merging`; ``decode``
   reads it).
 - Convolution and pooling on NHWC arrays: :func:`im2col` / :func:`col2im`,
   the direct stride-1 convolution :func:`conv2d_forward` /

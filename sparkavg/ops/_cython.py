@@ -16,13 +16,18 @@ import os
 
 import numpy as np
 
+from .. import backend
 from . import reference_conv
 from ._checks import clip_bound
 from ._kernels import OPERATIONS
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["error", "direct_conv", *OPERATIONS]
+#: The merged format's kernels (:mod:`sparkavg.ops.merging`): integer lists, not float32 operations of the
+#: routing rule; :mod:`~sparkavg.ops.merging` takes them where the rule would take this backend.
+MERGING = ("merge_pair", "add_counts", "add_dense_counts")
+
+__all__ = ["error", "direct_conv", "merging_kernels", *OPERATIONS, *MERGING]
 
 #: The ImportError when ``sparkavg_ext`` is not built, else None.
 error: Exception | None = None
@@ -42,10 +47,10 @@ _spin_default = not ({"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & set(os.environ))
 if _spin_default:
     os.environ["GOMP_SPINCOUNT"] = GOMP_SPINCOUNT
 try:
-    from sparkavg_ext import _conv, _elementwise, _norm, _sequence, _threshold
+    from sparkavg_ext import _conv, _elementwise, _merging, _norm, _sequence, _threshold
     direct_conv = bool(_conv.DIRECT_CONV)
 except ImportError as exc:  # not built: everything takes the numpy reference
-    _conv = _elementwise = _norm = _sequence = _threshold = None
+    _conv = _elementwise = _merging = _norm = _sequence = _threshold = None
     error = exc
     logger.warning(
         "sparkavg_ext is not built (%s); numpy float32 arrays take the slow numpy "
@@ -222,3 +227,22 @@ def gru_backward_step(a, hn, h_prev, dh, dz, dz_rec):
 
 def scatter_add_rows(index, rows, out):
     _sequence.scatter_add_rows(index, rows, out)
+
+
+# --------------------------------------------------------------------- merging
+def merging_kernels() -> bool:
+    """Whether :mod:`sparkavg.ops.merging` runs these kernels: the extension is
+    built and ``SPARKAVG_PURE_NUMPY`` is not set (the routing rule's test)."""
+    return error is None and not backend.pure_numpy()
+
+
+def merge_pair(a, b, n):
+    return _merging.merge_pair(a, b, n)
+
+
+def add_counts(indices, counts, tau, target):
+    return _merging.add_counts(indices, counts, float(tau), target)
+
+
+def add_dense_counts(counts, tau, target):
+    return _merging.add_dense_counts(counts, float(tau), target)

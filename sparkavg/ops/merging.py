@@ -1,8 +1,7 @@
-"""Threshold messages summed on their way through a tree (SparCML, Renggli
-et al. 2019): the merged wire format.
+"""Threshold messages summed on their way between ranks (``Topology.TREE``;
+SparCML, Renggli et al. 2019): the merged wire format.
 
-Every message a tree merges was encoded at the same τ (the tree's ranks
-share it), so the sum of any number of them is ``c_i τ`` per index with a
+Every message the ranks merge was encoded at the same τ (they share it), so the sum of any number of them is ``c_i τ`` per index with a
 small integer ``c_i`` (a rank sends at most one ``±τ`` per index and
 iteration).  A merged message carries those counts, int32 words,
 little-endian::
@@ -23,15 +22,24 @@ what the ranks' shared τ adapts to.
 bitmap, or merged -- and returns their sum; :func:`decode` of
 :mod:`sparkavg.ops.encoding` adds one into a target (``c_i`` times
 ``float32(τ)``, as float32 products); merging is exact integer arithmetic,
-so merging a tree's messages level by level gives the same words as
-merging them all at once.  Numpy (a CuPy target is written on its device);
-:mod:`sparkavg.ops.reference_merging` is the entry-by-entry oracle.
+so merging messages in any grouping (level by level, exchange by
+exchange) gives the same words as merging them all at once.  Where the routing rule takes the extension
+(numpy, ``sparkavg_ext`` built, no ``SPARKAVG_PURE_NUMPY``), sums of
+sparse messages are pairwise merges of their ascending lists, one kernel
+call each (``sparkavg_ext._merging.merge_pair``: headers, checks, merge and
+packing), and a merged message is added into a float32 target by
+``add_counts``; a bitmap, a dense merge or a message the kernels refuse
+takes the numpy path (sorting the entries, ``bincount``), which gives the
+same words -- or names the fault.
+A CuPy target is written on its device; :mod:`sparkavg.ops.reference_merging`
+is the entry-by-entry oracle.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .. import backend
+from . import _cython
 from ._checks import BITMAP_FLAG, HEADER_WORDS, SPARSE_FLAG, bitmap_length, bits_float
 
 __all__ = ["MERGED_FLAG", "MERGED_HEADER_WORDS", "merge_messages", "merged_parts", "decode_merged",
@@ -59,18 +67,10 @@ def _counts_bytes(width: int, size: int) -> int:
     return -(-size * width // 4) * 4  # padded to whole words
 
 
-def merged_parts(message, n: int):
-    """Check a merged message for N = ``n`` and return ``(tau, sent, indices,
-    counts)``: ``indices`` None for a dense message (``counts`` then has N
-    entries), int64 counts.
-
-    Raises
-    ------
-    ValueError
-        A header that is not a merged message's for ``n``, or a body of the
-        wrong length, indices out of order or range, a zero count.
-    """
-    words = _words(message)
+def _layout(words: np.ndarray, n: int):
+    """A merged message's header checked for N = ``n``: ``(tau, sent,
+    indices, counts)`` as views of its words (``indices`` None when dense;
+    counts int8 or int16), the entries themselves not checked."""
     if words.size < MERGED_HEADER_WORDS or int(words[3]) != MERGED_FLAG:
         raise ValueError(f"Expect a merged message ({MERGED_HEADER_WORDS}-word header, flag {MERGED_FLAG} in "
                          f"word 3), got {words.size} words" + (f" with flag {int(words[3])}" if words.size > 3 else ""))
@@ -89,14 +89,30 @@ def merged_parts(message, n: int):
         if count != n or body.size * 4 != _counts_bytes(width, n):
             raise ValueError(f"Dense merged message for N = {n} must have count N and {_counts_bytes(width, n) // 4} "
                              f"body words, got count {count} and {body.size}")
-        counts = body.view(np.uint8)[:n * width].view(f"<i{width}").astype(np.int64)
-        return tau, sent, None, counts
+        return tau, sent, None, body.view(np.uint8)[:n * width].view(f"<i{width}")
     if count < 0 or body.size * 4 != count * 4 + _counts_bytes(width, count):
         raise ValueError(f"Sparse merged message with count {count} (width {width}) must have "
                          f"{count + _counts_bytes(width, count) // 4} body words, got {body.size}")
-    indices = body[:count].astype(np.int64)
-    counts = body[count:].view(np.uint8)[:count * width].view(f"<i{width}").astype(np.int64)
-    if count and (indices[0] < 0 or indices[-1] >= n or np.any(np.diff(indices) <= 0)):
+    return tau, sent, body[:count], body[count:].view(np.uint8)[:count * width].view(f"<i{width}")
+
+
+def merged_parts(message, n: int):
+    """Check a merged message for N = ``n`` and return ``(tau, sent, indices,
+    counts)``: ``indices`` None for a dense message (``counts`` then has N
+    entries), int64 counts.
+
+    Raises
+    ------
+    ValueError
+        A header that is not a merged message's for ``n``, or a body of the
+        wrong length, indices out of order or range, a zero count.
+    """
+    tau, sent, indices, counts = _layout(_words(message), n)
+    counts = counts.astype(np.int64)
+    if indices is None:
+        return tau, sent, None, counts
+    indices = indices.astype(np.int64)
+    if indices.size and (indices[0] < 0 or indices[-1] >= n or np.any(np.diff(indices) <= 0)):
         raise ValueError(f"Expect merged indices ascending in [0, {n}), got {indices[:8].tolist()}...")
     if np.any(counts == 0):
         raise ValueError("Expect no zero count in a sparse merged message")
@@ -203,6 +219,14 @@ def merge_messages(messages, n: int):
         if words.size < HEADER_WORDS or int(words[1]) != n:
             raise ValueError(f"Expect a message for N = {n} (header word 1), got {words[:HEADER_WORDS].tolist()}")
         return words
+    if _cython.merging_kernels():  # pairwise, in one kernel call each; None: the numpy path's case
+        merged = present[0]
+        for more in present[1:]:
+            merged = _cython.merge_pair(merged, more, n)
+            if merged is None:
+                break
+        else:
+            return merged
     first_bits, sent, all_indices, all_counts = None, 0, [], []
     for words in present:
         bits, indices, counts, entries = _entries(words, n)
@@ -231,6 +255,15 @@ def decode_merged(message, target):
     CuPy) in place: ``target[i] += float(c_i) * float(τ)`` in the target's
     dtype.  Checked before the target is touched; returns ``target``."""
     xp = backend.get_array_module(target)
+    if xp is np and target.dtype == np.float32 and _cython.merging_kernels():
+        tau, _, indices, counts = _layout(_words(message), int(target.size))
+        if indices is None:
+            _cython.add_dense_counts(counts, tau, target)
+            return target
+        if _cython.add_counts(indices, counts, tau, target) < 0:
+            return target
+        merged_parts(message, int(target.size))  # a bad entry, the target untouched: named there
+        raise AssertionError("the kernel refused an entry merged_parts accepts")  # pragma: no cover
     tau, _, indices, counts = merged_parts(message, int(target.size))
     if indices is None:
         indices = np.flatnonzero(counts)  # only touched entries change: adding 0 would turn -0.0 into +0.0

@@ -280,7 +280,7 @@ def sharing_step(state: SharingState, update, params, publish: Callable[[bytes],
 
 # ------------------------------------------------------------------ a tree's ranks (Topology.TREE)
 def merge_payloads(payloads, n: int) -> bytes:
-    """A relay's merge: the sum of its subtree's payloads (any format, one τ)
+    """A rank's merge of ``Topology.TREE``: the sum of payloads (any format, one τ)
     as wire bytes, ``b""`` when all are empty (:func:`sparkavg.ops.merge_messages`)."""
     merged = ops.merge_messages(payloads, n)
     return b"" if merged is None else message_bytes(merged)

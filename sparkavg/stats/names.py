@@ -149,7 +149,7 @@ class CounterName(_StatName):
     DATAGRAMS_FORGED = "datagrams_forged"
     #: Dropped as a repeat of a delivered message (part of rejected).
     DATAGRAMS_REPLAYED = "datagrams_replayed"
-    #: Thread CPU seconds a tree's relays spent summing messages (Topology.TREE).
+    #: Thread CPU seconds a rank spent summing messages (Topology.TREE).
     MERGE_SECONDS = "merge_seconds"
     #: Spark stages started again after a failure.
     STAGE_RESTARTS = "stage_restarts"

@@ -3,8 +3,8 @@
 Authenticated (HMAC-SHA256 per datagram, under a key each pair of ranks
 agrees by X25519 -- :mod:`.keys`; nothing secret is shipped), chunked, acked
 and retransmitted messages between ranks (:class:`ReliableEndpoint`), and an
-all-to-all exchange over it (``PLAIN``: :class:`PeerGroup`), or a tree that
-sums every iteration's messages on the way (``TREE``: :class:`TreeGroup`).
+all-to-all exchange over it (``PLAIN``: :class:`PeerGroup`), or sums of
+every iteration's messages by recursive doubling (``TREE``: :class:`TreeGroup`).
 No pickle anywhere: payloads are opaque bytes.  Its sizes and timers are
 the library's (:mod:`.limits`): a cluster operator sets only the port and
 the network mask, on :class:`~sparkavg.spark.GradientSharing`.  :class:`CollectiveGroup` is
@@ -53,7 +53,7 @@ from .group import PeerGroup, Topology, named_peers, tree_neighbours, wait_for_p
 from .joining import JoiningGroup, gather_peers
 from .keys import KeyAgreement
 from .protocol import RejectReason
-from .tree import TreeGroup, subtree
+from .tree import TreeGroup, contributors, exchange_partners
 
 __all__ = [
     "CollectiveGroup",
@@ -72,12 +72,13 @@ __all__ = [
     "Topology",
     "TransportError",
     "TreeGroup",
+    "contributors",
+    "exchange_partners",
     "gather_peers",
     "local_ipv4_addresses",
     "named_peers",
     "prompt_io_thread",
     "select_address",
-    "subtree",
     "tree_neighbours",
     "wait_for_peers",
 ]

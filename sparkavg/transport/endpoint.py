@@ -15,7 +15,9 @@ chunks unacked after the (adaptive) timeout. Buffers are bounded on both
 sides: a per-peer send window (``send`` blocks, then raises), a per-peer
 receive window of sequence numbers, a per-peer reassembly budget and an
 inbox budget (excess is dropped and counted; senders retransmit later).
-A background thread reads the socket, acks, and fires retransmissions.
+A background thread reads the socket, acks, and fires retransmissions; it
+hands delivered messages to a handler instead, when one is set
+(:meth:`ReliableEndpoint.deliver_to`: a relay reacts without a thread switch).
 """
 from __future__ import annotations
 
@@ -130,6 +132,7 @@ class ReliableEndpoint:
         self._peers: dict[int, PeerState] = {}
         self._inbox: collections.deque = collections.deque()
         self._inbox_bytes = 0
+        self._handler = None  # deliver_to's: takes every delivered message on the I/O thread
         self._early: list = []  # datagrams from ranks not yet known (authentic) or whose key is not (yet)
         self._early_bytes = 0
         self._timers: list = []           # heap of (deadline, rank, seq, chunk, sends)
@@ -253,10 +256,11 @@ class ReliableEndpoint:
                 self._send_owed_acks()
             self._cv.notify_all()
 
-    def send(self, rank: int, payload) -> None:
+    def send(self, rank: int, payload, block: bool = True) -> bool:
         """Send one message to ``rank``; return once it is handed to the socket.
 
-        Blocks while the peer's send window is full.
+        Blocks while the peer's send window is full (unless ``block`` is
+        False: then returns False at once, nothing sent).
 
         Parameters
         ----------
@@ -264,6 +268,15 @@ class ReliableEndpoint:
             A rank in the peer table.
         payload : bytes-like
             At most ``limits.max_message_bytes`` bytes (may be empty).
+        block : bool, default True
+            False on the I/O thread (a :meth:`deliver_to` handler), which
+            must never wait for the acks it reads itself.
+
+        Returns
+        -------
+        bool
+            True once sent; False only when ``block`` is False and the
+            window is full.
 
         Raises
         ------
@@ -293,6 +306,8 @@ class ReliableEndpoint:
                     raise self._stalled_error([peer], now, "send")
                 if peer.has_room(n):
                     break
+                if not block:
+                    return False
                 if deadline is None:
                     deadline = now + cfg.stall_timeout
                 elif now >= deadline:
@@ -314,6 +329,27 @@ class ReliableEndpoint:
             self._stats["messages_sent"] += 1
             self._stats["payload_bytes_sent"] += n
             self._wake_if_sleeping_past(deadline)
+        return True
+
+    def deliver_to(self, handler) -> None:
+        """Hand every delivered message to ``handler(src_rank, payload)`` on
+        the I/O thread, at the end of the turn that completed it, instead of
+        keeping it for :meth:`receive` / :meth:`poll` (which then find
+        nothing); messages already waiting go first.
+
+        What reacts to a message then runs without waking another thread
+        (a relay's hop: ``TreeGroup``'s exchanges).  The handler runs outside
+        the endpoint's lock and may call :meth:`send` with ``block=False``
+        only (the I/O thread must never wait for the acks it reads); it must
+        not raise (an exception ends the I/O thread: every call then raises
+        :class:`EndpointClosedError`).
+        """
+        if not callable(handler):
+            raise TypeError(f"Expect a handler callable(src_rank, payload), got {handler!r}")
+        with self._cv:
+            self._check_open()
+            self._handler = handler
+        self._wake()  # messages already delivered are handed over on the next turn
 
     def receive(self, timeout: float | None = None) -> tuple[int, bytes] | None:
         """Return the next delivered message as ``(src_rank, payload)``.
@@ -563,6 +599,14 @@ class ReliableEndpoint:
             self._fire_timers(now)
             if notify:
                 self._cv.notify_all()
+            handler, delivered = self._handler, None
+            if handler is not None and self._inbox:
+                delivered = list(self._inbox)
+                self._inbox.clear()
+                self._inbox_bytes = 0
+        if delivered:
+            for src, payload in delivered:  # outside the lock: the handler sends
+                handler(src, payload)
         return True
 
     def _decode(self, data: bytes):

@@ -4,9 +4,10 @@ A :class:`PeerGroup` is one barrier stage's (one epoch's) exchange: every rank
 publishes its messages, polls the others', and calls :meth:`PeerGroup.finish`
 once at the end: ``PLAIN`` (DL4J's name), each message straight to every
 other rank (W - 1 sends).  The other topology, ``TREE``, sums the messages
-on their way (:class:`~sparkavg.transport.tree.TreeGroup`); DL4J's ``MESH``
-relay tree, which forwarded every message unmerged, is gone (issue 38: the
-tree that merges beat it on 8 hosts and applies one message per rank).
+on their way (:class:`~sparkavg.transport.tree.TreeGroup`, by recursive
+doubling); DL4J's ``MESH`` relay tree, which forwarded every message
+unmerged, is gone (issue 38: summing beat it on 8 hosts and applies one
+message per rank).
 
 Group frame inside each endpoint message (network byte order)::
 
@@ -82,8 +83,8 @@ class Topology(enum.Enum):
 
     #: Every rank sends to every other rank and applies the W - 1 it receives.
     PLAIN = "plain"
-    #: A tree that sums each iteration's messages on the way up and sends the sum down
-    #: (:class:`~sparkavg.transport.tree.TreeGroup`): one message per rank and iteration.
+    #: Each iteration's messages summed on the way, every rank its own tree of merges (recursive doubling,
+    #: :class:`~sparkavg.transport.tree.TreeGroup`): one message per rank and iteration.
     TREE = "tree"
 
 

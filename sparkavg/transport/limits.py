@@ -24,15 +24,11 @@ from .protocol import MAX_UDP_PAYLOAD, OVERHEAD_BYTES
 
 __all__ = ["MAX_DATAGRAM_BYTES", "MAX_MESSAGE_BYTES", "RETRANSMIT_TIMEOUT", "ADAPTIVE_RETRANSMIT",
            "MIN_RETRANSMIT_TIMEOUT", "STALL_TIMEOUT", "SEND_WINDOW_BYTES", "SEND_WINDOW_MESSAGES",
-           "RECV_WINDOW_MESSAGES", "MAX_REASSEMBLY_BYTES", "MAX_INBOX_BYTES", "SOCKET_BUFFER_BYTES", "TREE_FANOUT",
+           "RECV_WINDOW_MESSAGES", "MAX_REASSEMBLY_BYTES", "MAX_INBOX_BYTES", "SOCKET_BUFFER_BYTES",
            "COLLECTIVE_ALIVE_FRACTION", "RENDEZVOUS_FRAME_BYTES",
            "RENDEZVOUS_ANSWER_GRACE", "endpoint_limits"]
 
 _MiB = 1 << 20
-
-#: Children per rank of Topology.TREE: a relay receives two subtrees' merges and one total per
-#: iteration, and the sums take log2(W) hops each way (benchmarks/RESULTS.md, "Sums through a tree").
-TREE_FANOUT = 2
 
 #: A rank of the TCP all-reduce (:mod:`.reduction`) that waits on its other partners sends a partner an ALIVE
 #: frame after this fraction of the stall timeout without a frame: only the link to a rank that stopped

@@ -12,7 +12,7 @@ to the order of float additions).  With ``staleness=0`` (the default) a
 replica applies its peers' messages of iteration k just before its step
 k + 1, in (iteration, rank) order: a run is reproducible, whatever the
 arrival times.  With ``Topology.TREE`` (decided on the driver) a rank
-publishes every iteration's message into a tree that sums them on the way
+publishes every iteration's message into sums by recursive doubling
 and applies one total per iteration, the same on every rank in the same
 order (:class:`~sparkavg.transport.TreeGroup`), at the group's τ.
 """

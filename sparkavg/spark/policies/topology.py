@@ -2,7 +2,7 @@
 
 ``PLAIN`` (all-to-all) up to :data:`TREE_ABOVE` workers: every rank sends its
 message to every other rank, one hop.  Above it ``TREE``: the messages are
-summed on their way through a tree (:class:`~sparkavg.transport.TreeGroup`),
+summed on their way by recursive doubling (:class:`~sparkavg.transport.TreeGroup`),
 and every rank receives, decodes and applies one message per iteration
 instead of ``W - 1`` -- what stops all-to-all from scaling.  Where the
 crossing lies is measured and predicted in benchmarks/RESULTS.md ("Sums

@@ -27,6 +27,8 @@ from sparkavg.transport import (CollectiveGroup, FrameRejectedError, KeyAgreemen
                                 TransportError)
 from sparkavg.transport.links import HEADER, HELLO, TAG_BYTES, Kind, tcp_pair_keys
 from sparkavg.transport.reduction import Schedule, partners
+
+from .ranks import on_threads
 from sparkavg.transport.summation import in_order, ordered_sum, total_weight
 
 CTX = multiprocessing.get_context("spawn")
@@ -42,21 +44,8 @@ def _groups(world, context=CONTEXT, **kw):
 
 def _on_threads(fn, world):
     """``fn(rank)`` on one thread per rank; ``[(value, error)]`` by rank."""
-    out = [(None, None)] * world
-
-    def run(rank):
-        try:
-            out[rank] = (fn(rank), None)
-        except BaseException as exc:
-            out[rank] = (None, exc)
-
-    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(WAIT)
-    assert not any(t.is_alive() for t in threads), "a rank did not return"
-    return out
+    out = on_threads(fn, range(world), WAIT)
+    return [out[r] for r in range(world)]
 
 
 def _values(results):

@@ -21,26 +21,13 @@ from sparkavg.transport.errors import RendezvousError
 from sparkavg.transport.limits import RENDEZVOUS_FRAME_BYTES
 from sparkavg.transport.rendezvous import Rendezvous, RendezvousServer
 
+from .ranks import on_threads
+
 WAIT = 30.0  # bound on any single wait on another thread
 
 
 def _on_threads(fn, ranks):
-    """``fn(rank)`` on one thread per rank; ``{rank: (value, error)}``."""
-    out = {}
-
-    def run(rank):
-        try:
-            out[rank] = (fn(rank), None)
-        except BaseException as exc:
-            out[rank] = (None, exc)
-
-    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in ranks]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(WAIT)
-    assert not any(t.is_alive() for t in threads), "a rank did not return"
-    return out
+    return on_threads(fn, ranks, WAIT)
 
 
 def _entry(rank, context):

@@ -219,3 +219,23 @@ def test_bad_arguments_are_named():
         RendezvousServer(2, host="127.0.0.1", timeout=0)
     with pytest.raises(OSError, match="spark.driver.host"):
         RendezvousServer(2, host="198.51.100.254")  # TEST-NET-2: not an address of this machine
+
+
+@pytest.mark.parametrize("reason, permanent", [("unreachable", True), ("closed", False), ("refused", False)])
+def test_a_rendezvous_out_of_reach_ends_the_fit_at_once_and_other_failures_retry(reason, permanent):
+    """An executor's RendezvousError reaches the driver as itself, with its reason (the executor's marked
+    text, as Spark carries it); one no rank could reach is not retried: another attempt of the stage would
+    wait the same stall timeout for the same address."""
+    import sparkavg.spark.executor.instage  # noqa: F401  (registers RendezvousError, as the averaging runner does)
+    from sparkavg.spark.errors import executor_errors, is_permanent, task_failure_guard
+
+    with pytest.raises(RendezvousError) as marked:
+        with task_failure_guard(None, **{"worker rank": 1}):
+            raise RendezvousError("rank 1: no connection to the rendezvous at 10.0.0.1:4242", ("10.0.0.1", 4242),
+                                  reason)
+    with pytest.raises(RendezvousError) as rebuilt:
+        with executor_errors("averaging epoch 1"):
+            raise RuntimeError(f"org.apache.spark.api.python.PythonException: {marked.value}")
+    assert rebuilt.value.reason == reason and rebuilt.value.address == ("10.0.0.1", 4242)
+    assert "10.0.0.1:4242" in str(rebuilt.value) and "worker rank 1" in str(rebuilt.value)
+    assert is_permanent(rebuilt.value) is permanent

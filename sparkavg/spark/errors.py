@@ -32,6 +32,7 @@ from ..data.validation import DataValidationError
 from ..data.transforms import TransformError
 from ..nn.schedules import ScheduleError
 from ..references import UnresolvedReference, UntrustedReference
+from ..transport.errors import RendezvousError
 
 __all__ = [
     "WorkerFailure",
@@ -83,8 +84,8 @@ def register_error(cls) -> type:
 
 
 def is_permanent(exc: BaseException) -> bool:
-    """Whether retrying the task cannot help (data, configuration, divergence)."""
-    return isinstance(exc, _PERMANENT)
+    """Whether retrying the task cannot help (data, configuration, divergence, a rendezvous out of reach)."""
+    return isinstance(exc, _PERMANENT) or isinstance(exc, RendezvousError) and exc.reason == "unreachable"
 
 
 class TaskFailure:

@@ -59,6 +59,9 @@ CASES = {
     "frozen": (lambda: _frozen_net(seed=9), {}, False),
     # Spark blocks: a barrier over the deal's shuffled partitions; DL4J's unweighted mean
     "blocks-dl4j": (lambda: small_net(seed=11), {"placement": "spark", "preset": "dl4j"}, False),
+    # a seeded transform on Spark blocks: a minibatch draws the same numbers on both paths (worker w, not partition)
+    "blocks-transform": (lambda: small_net(seed=12),
+                         {"placement": "spark", "transform": "tests.data_transforms:random_flip"}, False),
 }
 
 
@@ -69,7 +72,8 @@ def test_rounds_inside_one_stage_give_the_job_paths_parameters_bit_for_bit(sc, c
     rdd = sc.parallelize(_pairs(x, y), 2)
     preset = options.get("preset", "sparkavg")
     master = ParameterAveraging(batch_size_per_worker=4, averaging_frequency=3, workers=2, preset=preset,
-                                data=DataOptions(placement=options.get("placement", "auto")))
+                                data=DataOptions(placement=options.get("placement", "auto"),
+                                                 transform=options.get("transform")))
     jobs = _fit(sc, rdd, make, master, JOBS, momentum)
     stage = _fit(sc, rdd, make, master, IN_STAGE, momentum)
     # two workers: treeAggregate's driver reduce sums the two results in partition order, the all-reduce in rank order
@@ -145,9 +149,11 @@ def test_a_long_local_fit_averages_inside_one_stage_a_short_one_too_and_dl4j_per
     trainer.fit(rdd, epochs=2)
     assert [h["averaging_path"] for h in trainer.history] == [IN_STAGE, IN_STAGE]
     assert trainer._runner._meeting is not None and trainer._runner._meeting > 0  # measured by the ranks
-    short = SparkTrainer(sc, small_net(seed=16), ParameterAveraging(batch_size_per_worker=4, workers=2))
+    short = SparkTrainer(sc, small_net(seed=16), ParameterAveraging(batch_size_per_worker=4, averaging_frequency=1,
+                                                                    workers=2))
     short.fit(sc.parallelize(_pairs(x[:40], y[:40]), 2), epochs=1)
     # the ranks meet at the driver's rendezvous (assumed 50 ms, not allGather's second): even 5 rounds pay for it
+    # (a fixed frequency: no probe, so the figures are the rule's priors, whatever the machine's load)
     assert short.history[0]["averaging_path"] == IN_STAGE
     assert "rendezvous" in [d for d in short.stats.decisions if d["name"] == "averaging_path"][0]["reason"]
     dl4j = SparkTrainer(sc, small_net(seed=16), ParameterAveraging.dl4j(batch_size_per_worker=2,

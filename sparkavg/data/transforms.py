@@ -21,8 +21,11 @@ epoch ``e`` of a fit with master seed ``s``, gets
 ``numpy.random.default_rng([s, e, i, w, k])``.  The deal of an epoch is
 seeded too (``seed + epoch``), so two runs with the same seed -- and a run
 resumed from a checkpoint -- transform the same minibatch the same way; a
-retried task draws the same numbers again.  ``w`` is the task's Spark
-partition (in a Spark-block averaging plan ``round * workers + worker``).
+retried task draws the same numbers again.  ``w`` is the worker's index,
+whichever path runs the round: a rank inside a stage, and in a job per
+round its task's Spark partition modulo the plan's workers (a Spark-block
+plan numbers them ``round * workers + worker``), so averaging's two paths
+transform alike.
 
 Compact minibatches and the input encoding (``DataOptions(feature_dtype=,
 scale=, normalize=)``): features kept in a compact dtype (uint8 ...; by
@@ -165,16 +168,17 @@ def encode_inputs(x, encoding: Optional[dict]) -> dict:
     return {k: _encode_array(v, encoding) for k, v in x.items()}
 
 
-def transform_plan(options, seed: int, epoch: int, iteration: int) -> Optional[dict]:
+def transform_plan(options, seed: int, epoch: int, iteration: int, workers: int = 1) -> Optional[dict]:
     """What a round's tasks need to transform their minibatches (shipped
     with the round's state; plain values): the transform and the input
-    encoding (:func:`input_encoding`), or None with neither."""
+    encoding (:func:`input_encoding`), or None with neither; ``workers``
+    the plan's (a task's worker is its partition modulo them)."""
     reference = getattr(options, "transform", None)
     encoding = input_encoding(options)
     if reference is None and encoding is None:
         return None
     return {"name": reference, "seed": int(seed), "epoch": int(epoch), "iteration": int(iteration),
-            "encoding": encoding}
+            "encoding": encoding, "workers": max(1, int(workers))}
 
 
 def _seed_word(value: int) -> int:
@@ -202,7 +206,8 @@ def transformed(minibatches: Iterable, plan: Optional[dict], worker: Optional[in
         return
     name = plan["name"]
     fn = resolve_transform(name)
-    head = [_seed_word(plan[k]) for k in ("seed", "epoch", "iteration")] + [_seed_word(worker or 0)]
+    head = [_seed_word(plan[k]) for k in ("seed", "epoch", "iteration")] + [
+        _seed_word((worker or 0) % plan.get("workers", 1 << 62))]
     for k, (x, y) in enumerate(minibatches):
         x, weights = split_weights(x)  # the rows' weights pass a transform untouched
         alone = next(iter(x)) if len(x) == 1 else None  # a one-input model's transform takes and gives its array

@@ -303,7 +303,7 @@ class EpochRunner(abc.ABC):
                 t_round = time.perf_counter()
                 with stats.timed(Phase.BROADCAST, epoch=epoch, round=r):
                     value = self.shipped(network, epoch)
-                    transform = transform_plan(m.data, m.seed, epoch, network.iteration)
+                    transform = transform_plan(m.data, m.seed, epoch, network.iteration, workers)
                     if transform is not None:  # the executors' minibatch transform (data/transforms.py)
                         value["transform"] = transform
                     shipped = self.seam.ship(value)

@@ -152,6 +152,27 @@ def test_the_missing_ranks_are_named_within_the_timeout():
     assert late.value.reason == "refused"
 
 
+def test_a_failed_attempts_waiting_ranks_are_answered_at_once_and_the_next_attempt_meets():
+    """The driver saw the stage attempt fail (``abandon``, run_barrier's hook): its ranks still waiting are
+    answered now, naming the missing ones, not at the timeout -- they hold the task slots the next attempt needs."""
+    server = RendezvousServer(2, host="127.0.0.1", timeout=WAIT)
+    with server as meet:
+        waiting = threading.Thread(target=lambda: out.update(
+            _on_threads(lambda r: meet.gatherer(r, 2, 0x10000)(_entry(r, 0x10000)), [0])), daemon=True)
+        out: dict = {}
+        began = time.perf_counter()
+        waiting.start()
+        time.sleep(0.3)  # rank 0 registered; rank 1 died before it could
+        server.abandon(RuntimeError("the Python worker crashed"))
+        waiting.join(WAIT)
+        took = time.perf_counter() - began
+        error = out[0][1]
+        assert isinstance(error, PeerStalledError) and error.ranks == (1,) and "failed" in str(error)
+        assert took < 5.0, took
+        again = _on_threads(lambda r: meet.gatherer(r, 2, 0x20000)(_entry(r, 0x20000)), [0, 1])
+    assert [json.loads(t)["rank"] for t in again[1][0]] == [0, 1] and again[0][1] is None
+
+
 def test_an_unreachable_rendezvous_is_named_by_its_address_within_the_timeout():
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))

@@ -240,12 +240,13 @@ def gather(rendezvous: Rendezvous, text: str, *, rank: int, world: int, context:
 class _Attempt:
     """The registrations of one stage attempt so far."""
 
-    __slots__ = ("ranks", "began", "deadline", "closed")
+    __slots__ = ("ranks", "began", "deadline", "closed", "failed")
 
     def __init__(self, now: float, timeout: float):
         self.ranks: dict = {}  # rank -> (socket, nonce, entry)
         self.began, self.deadline = now, now + timeout
         self.closed: Optional[str] = None  # why a later registration is refused: met, or timed out
+        self.failed = False  # the driver saw the attempt fail (abandon)
 
 
 class _Connection:
@@ -304,7 +305,7 @@ class RendezvousServer:
         self.rendezvous = Rendezvous(advertise or host, self._listener.getsockname()[1], self._secret)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
-        self._stopping = False
+        self._stopping = self._abandoning = False
         self._attempts: dict = {}
         self._connections: dict = {}
         self._thread = threading.Thread(target=self._serve, name=f"sparkavg-rendezvous-{self.rendezvous.port}",
@@ -321,6 +322,19 @@ class RendezvousServer:
 
     def __exit__(self, *exc):
         self.close()
+
+    def abandon(self, error=None) -> None:
+        """The stage attempt in flight failed (the driver saw it; ``error``
+        its error): answer every rank still waiting now, as the timeout would,
+        so that none holds its task slot until then -- the next attempt needs
+        them -- and let later attempts register as usual.  Returns None (the
+        hook :meth:`~sparkavg.spark.runners.base.EpochRunner.run_barrier`
+        calls on every failed attempt)."""
+        self._abandoning = True
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
 
     def close(self) -> None:
         """Stop serving: every connection and the listener closed (a rank
@@ -351,6 +365,11 @@ class RendezvousServer:
                         self._accept(sel)
                     elif key.data != "wake":
                         self._read(sel, key.data)
+                if self._abandoning:  # every attempt still open ends now
+                    self._abandoning = False
+                    for attempt in self._attempts.values():
+                        if attempt.closed is None:
+                            attempt.deadline, attempt.failed = time.monotonic(), True
                 self._expire(sel, time.monotonic())
         except Exception:  # a bug: the ranks then fail on their own timeouts, naming this address
             logger.exception("the ranks' rendezvous at %s stopped", _where(self.address))
@@ -458,8 +477,9 @@ class RendezvousServer:
             if attempt.closed is not None or attempt.deadline > now:
                 continue
             missing = [r for r in range(self.world) if r not in attempt.ranks]
-            error = (f"ranks {missing} of {self.world} did not register within {self.timeout:g} s of the first "
-                     f"registration of stage attempt {context:#x}")
+            error = (f"ranks {missing} of {self.world} had not registered when stage attempt {context:#x} failed"
+                     if attempt.failed else f"ranks {missing} of {self.world} did not register within "
+                     f"{self.timeout:g} s of the first registration of stage attempt {context:#x}")
             logger.warning("the ranks' rendezvous at %s: %s", _where(self.address), error)
             for r, (sock, nonce, _) in attempt.ranks.items():
                 self._send(sock, {"context": context, "rank": r, "nonce": nonce, "missing": missing, "error": error})

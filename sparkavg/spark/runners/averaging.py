@@ -230,15 +230,16 @@ class AveragingRunner(EpochRunner):
         m, bm, hooks = self.master, self.block_momentum, self.seam.test_hooks()
         self._counts = plan.counts
         stall = float((hooks.numbers if hooks is not None else {}).get("stall_timeout", STALL_TIMEOUT))
-        # Where the ranks meet (the seam's choice), for every attempt of the stage; ended with it, failed or not.
-        with self.seam.meeting(plan.workers, stall) as meeting:
+        # Where the ranks meet (the seam's), every attempt of the stage; a failed one's waiting ranks answered at once.
+        server = self.seam.meeting(plan.workers, stall)
+        with server as meeting:
             task = make_stage_task(config_json, shipped, plan.counts, save_updater=m.save_updater, uniform=self.uniform,
                                    moment_spread=self.moments.on, prefetch=prefetch_depth(m.data), device=m.device.value,
                                    momentum=(bm.momentum, bm.block_lr, bm.nesterov) if bm.on else None, hooks=hooks,
                                    meeting=meeting)
             self._launched = (time.time(), time.perf_counter())
-            return self.run_barrier(plan, 0, task, f"averaging epoch {epoch + 1} ({len(plan.counts)} rounds in one "
-                                                   f"barrier stage)", stats, hooks)
+            what = f"averaging epoch {epoch + 1} ({len(plan.counts)} rounds in one barrier stage)"
+            return self.run_barrier(plan, 0, task, what, stats, hooks, swap=getattr(server, "abandon", None))
 
     def merge(self, network, result, epoch, r, stats) -> Merged:
         if self.in_stage:

@@ -233,8 +233,8 @@ class EpochRunner(abc.ABC):
     def run_barrier(self, plan: EpochDeal, r: int, task, what: str, stats, hooks, swap=None):
         """``plan.barrier(r, task, what)``, run again from the same start when it failed with an error
         retrying can fix (counter ``stage_restarts``; Spark never retries a barrier stage), up to
-        :func:`~..executor.hooks.stage_attempts`; ``swap(error)`` may answer an error with the task to run
-        instead (None: not its error)."""
+        :func:`~..executor.hooks.stage_attempts`; ``swap(error)``, told of every failed attempt, may answer
+        with the task to run instead (None: not its error)."""
         attempts, attempt = stage_attempts(hooks), 1
         while True:
             try:

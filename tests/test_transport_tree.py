@@ -14,6 +14,8 @@ from sparkavg.sharing import apply_received, message_bytes
 from sparkavg.transport import (FaultInjection, PeerStalledError, ReliableEndpoint, TransportError, TreeGroup,
                                 contributors, exchange_partners)
 
+from .ranks import on_threads
+
 WAIT = 20.0
 KEY = secrets.token_bytes(32)
 
@@ -66,12 +68,7 @@ def run_ranks(eps, published, body, dead=(), finish_timeout=WAIT, merge=nested):
         except Exception as exc:
             results[rank] = exc
 
-    threads = [threading.Thread(target=main, args=(r,), daemon=True) for r in range(world) if r not in dead]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(WAIT * 3)
-    assert not any(t.is_alive() for t in threads), "a rank hung"
+    on_threads(main, [r for r in range(world) if r not in dead], WAIT * 3)
     return results
 
 

@@ -6,8 +6,7 @@ once at the end: ``PLAIN`` (DL4J's name), each message straight to every
 other rank (W - 1 sends).  The other topology, ``TREE``, sums the messages
 on their way (:class:`~sparkavg.transport.tree.TreeGroup`, by recursive
 doubling); DL4J's ``MESH`` relay tree, which forwarded every message
-unmerged, is gone (issue 38: summing beat it on 8 hosts and applies one
-message per rank).
+unmerged, is gone (summing applies one message per rank and iteration).
 
 Group frame inside each endpoint message (network byte order)::
 

@@ -22,7 +22,7 @@ JOB_ROUND_S = 0.05
 #: Overhead of a round inside the stage before one is measured (s): one all-reduce of a small model.
 STAGE_ROUND_S = 0.01
 #: What the stage's meeting costs before one is measured (s): ``allGather`` (Connect) answers on a one-second poll;
-#: the driver's rendezvous (classic sessions) as measured for MnistMLP (benchmarks/RESULTS.md, issue 37).
+#: the driver's rendezvous (classic sessions) answers once every rank has registered (benchmarks/RESULTS.md).
 MEETING_S, RENDEZVOUS_MEETING_S = 1.0, 0.05
 
 

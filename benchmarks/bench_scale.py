@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import socket
 import subprocess
@@ -246,8 +247,9 @@ def run(args) -> dict:
     fits = RUNS[args.runs]
     slow_host = f"worker{args.hosts - 1}"
     started = time.monotonic()
+    period = int(round(args.cpu_period_ms * 1000))
     result = {"hosts": args.hosts, "cpu_per_host": args.cpu, "slow_host": slow_host, "slow_cpu": args.cpu / 2,
-              "fits": {}}
+              "cpu_period_us": max(period, math.ceil(1000 / args.cpu)), "fits": {}}
     with SimulatedCluster(workers=args.hosts, cores_per_worker=1, memory="1g", rate=args.rate) as cluster:
         install_counters(cluster)
         conf = {**cluster.spark_conf(), "spark.executor.memory": "600m", "spark.ui.enabled": "false",
@@ -265,7 +267,8 @@ def run(args) -> dict:
             spec = event["spec"]
             if event["event"] == "ready":
                 for name in worker_names:
-                    cluster.limit_cpu(name, args.cpu / 2 if spec.get("slow") and name == slow_host else args.cpu)
+                    cluster.limit_cpu(name, args.cpu / 2 if spec.get("slow") and name == slow_host else args.cpu,
+                                      period)
                 seen["before"] = read_counters(cluster)
             elif event["event"] == "fitted":
                 seen["wire"] = _delta(read_counters(cluster), seen["before"])
@@ -345,6 +348,9 @@ def main(argv=None):
     p.add_argument("--hosts", type=int, default=8)
     p.add_argument("--runs", choices=sorted(RUNS), default="scale")
     p.add_argument("--cpu", type=float, default=0.2, help="cores per worker host (its cgroup quota)")
+    p.add_argument("--cpu-period-ms", type=float, default=10.0,
+                   help="the quota's period (a throttled host waits up to (1 - cpu) x period for its next quota: "
+                        "cost_model.py tells the harness's share from two periods)")
     p.add_argument("--rate", default=None, help="tc rate of every link (default: unshaped)")
     p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--limit-train", type=int, default=8192)

@@ -140,7 +140,7 @@ import json
 import math
 import statistics
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Dict, List, Optional, Sequence
 
 __all__ = ["Workload", "Link", "Overheads", "averaging_epoch", "averaging_in_stage_epoch", "sharing_epoch",
@@ -157,6 +157,8 @@ MERGED_HEADER_BYTES = 28
 ALLREDUCE_STEPS = 2
 #: The epoch (0-based) predictions are for: the calibrated runs' last (the first also runs probe rounds).
 STEADY_EPOCH = 1
+#: The cgroup quota period of result files that do not say theirs (tests/harness/cpu.py's default).
+HARNESS_PERIOD_US = 10_000
 
 
 @dataclass(frozen=True)
@@ -207,9 +209,16 @@ class Overheads:
     launch_s: float = 0.0    # averaging in-stage: per epoch (the deal's shuffle, the stage's tasks' start, the result)
     meeting_s: float = 0.0   # averaging in-stage: per epoch, the ranks' allGather meeting (Spark polls once a second)
     connect_s: float = 0.0   # averaging in-stage: per epoch per peer (TCP connection, key agreement, handshake)
+    #: The simulated hosts' share of each cost: seconds more per second of the cgroup quota's period
+    #: (:func:`_periodic`); the fields above are the costs at a period of 0, a host with no quota.
+    per_period: dict = field(default_factory=dict, compare=False)
 
     #: Costs that are a Spark meeting's latency rather than CPU (kept by ``--host-speedup``).
-    NOT_CPU = ("meeting_s",)
+    NOT_CPU = ("meeting_s", "per_period")
+
+    def at_period(self, period_s: float) -> "Overheads":
+        """The costs on simulated hosts whose quota period is ``period_s``."""
+        return replace(self, per_period={}, **{n: getattr(self, n) + v * period_s for n, v in self.per_period.items()})
 
 
 def auto_frequency(round_overhead_s: float, step_s: float, per_worker: int, workers: int = 1,
@@ -439,7 +448,7 @@ def epoch(strategy: str, workers: int, w: Workload, link: Link, o: Overheads, **
 # -- calibration ------------------------------------------------------------------------------
 
 def _lstsq(rows: List[List[float]], targets: List[float]) -> List[float]:
-    """Non-negative least squares for 1-2 unknowns (enumerates the active sets)."""
+    """Non-negative least squares for a few unknowns (enumerates the active sets)."""
     import itertools
 
     import numpy as np
@@ -458,6 +467,21 @@ def _lstsq(rows: List[List[float]], targets: List[float]) -> List[float]:
             if err < best_err:
                 best, best_err = full, err
     return [float(v) for v in best]
+
+
+def _periodic(rows: List[List[float]], targets: List[float], points: Sequence[dict]) -> tuple:
+    """``_lstsq`` of ``rows`` -- and, where the points were measured at two
+    or more quota periods ``T`` of the simulated hosts, of each column
+    times ``T`` too: (the coefficients at ``T = 0``, their slopes per
+    second of period; zeros with one period).  A throttled host waits for
+    its next quota (tests/harness/cpu.py), so a latency-bound cost grows
+    with the period; the costs a host of that speed has with no quota are
+    the intercepts."""
+    n = len(rows[0])
+    if len({round(p["period_s"], 6) for p in points}) < 2:
+        return _lstsq(rows, targets), [0.0] * n
+    x = _lstsq([row + [v * p["period_s"] for v in row] for row, p in zip(rows, points)], targets)
+    return x[:n], x[n:]
 
 
 _RATE_UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
@@ -515,7 +539,7 @@ def measured_points(results: Sequence[dict], unshaped_gbit: float = 10.0) -> Dic
             f = fits[name]
             p = {"workers": r["hosts"], "seconds": f["epoch_seconds"][-1], "examples": f["examples"][-1],
                  "step_s": step, "state_bytes": f["state_bytes"], "batch": r["batch_size_per_worker"],
-                 "link_bits_per_s": link.bits_per_s}
+                 "link_bits_per_s": link.bits_per_s, "period_s": r.get("cpu_period_us", HARNESS_PERIOD_US) / 1e6}
             if s.startswith("averaging"):
                 p["frequency"] = f["averaging_frequency"][-1]
                 p["rounds"] = f["rounds"][-1]
@@ -563,13 +587,17 @@ def fit_overheads(strategy: str, points: List[dict], link: Link, apply_s: float 
         rows = [[1.0, float(partners(p["workers"], p.get("collective", "mesh")))] for p in points]
         rt = [max(1e-6, p["round_overhead_s"] - allreduce_s(p["workers"], _workload(p).allreduced,
                                                             _point_link(p, link))) for p in points]
-        (stage_round_s, peer_s), (meeting_s, connect_s) = _lstsq(rows, rt), _lstsq(rows, [max(1e-6, p["meeting_s"])
-                                                                                          for p in points])
+        (stage_round_s, peer_s), round_slopes = _periodic(rows, rt, points)
+        (meeting_s, connect_s), meeting_slopes = _periodic(rows, [max(1e-6, p["meeting_s"]) for p in points], points)
         rest = [max(1e-6, p["outside_rounds_s"] - 2 * p["state_bytes"] / _point_link(p, link).bytes_per_s
-                    - meeting_s - partners(p["workers"], p.get("collective", "mesh")) * connect_s) for p in points]
-        launch_s = _lstsq([[1.0] for _ in points], rest)[0]
+                    - (meeting_s + meeting_slopes[0] * p["period_s"])
+                    - partners(p["workers"], p.get("collective", "mesh")) * (connect_s + meeting_slopes[1] * p["period_s"]))
+                for p in points]
+        (launch_s,), launch_slopes = _periodic([[1.0] for _ in points], rest, points)
+        slopes = dict(zip(("stage_round_s", "peer_s", "meeting_s", "connect_s", "launch_s"),
+                          round_slopes + meeting_slopes + launch_slopes))
         return Overheads(stage_round_s=stage_round_s, peer_s=peer_s, launch_s=launch_s, meeting_s=meeting_s,
-                         connect_s=connect_s)
+                         connect_s=connect_s, per_period={k: v for k, v in slopes.items() if v})
     rows, targets = [], []
     for p in points:
         w, lk = _workload(p), _point_link(p, link)
@@ -606,7 +634,8 @@ def fit_overheads(strategy: str, points: List[dict], link: Link, apply_s: float 
 
 
 def model_seconds(strategy: str, p: dict, link: Link, o: Overheads) -> float:
-    w, lk = _workload(p), _point_link(p, link)
+    """The model's seconds at a measured point (on its hosts' quota period)."""
+    w, lk, o = _workload(p), _point_link(p, link), o.at_period(p.get("period_s", 0.0))
     if strategy == "averaging":
         return averaging_epoch(p["workers"], w, lk, o, frequency=p["frequency"])["seconds"]
     if strategy == "averaging_in_stage":
@@ -638,7 +667,7 @@ def calibrate(results: Sequence[dict], link: Link) -> dict:
             if s == "averaging_in_stage":
                 errors[-1].update(measured_round_overhead_s=p["round_overhead_s"],
                                   model_round_overhead_s=averaging_in_stage_epoch(
-                                      p["workers"], _workload(p), _point_link(p, link), o,
+                                      p["workers"], _workload(p), _point_link(p, link), o.at_period(p["period_s"]),
                                       frequency=p["frequency"])["round_overhead_s"],
                                   measured_outside_rounds_s=p["outside_rounds_s"], measured_meeting_s=p["meeting_s"])
             rest = pts[:i] + pts[i + 1:]
@@ -676,13 +705,15 @@ def calibrate_phases(results: Sequence[dict], link: Link) -> dict:
             targets.append(p["loop_extra_s"])
             iterations = math.ceil(p["examples"] / (p["workers"] * p["batch"]))
             rests.append(p["seconds"] - iterations * (w.step_s + p["loop_extra_s"]))
-        sync, cost = _lstsq(rows, targets)
+        (sync, cost), slopes = _periodic(rows, targets, pts)
         stage = max(0.0, sum(rests) / len(rests))
-        o = (Overheads(stage_s=stage, sync_s=sync, apply_s=cost) if s == "sharing_plain"
-             else Overheads(stage_s=stage, sync_s=sync, hop_s=cost))
-        errors = [{"workers": p["workers"], "measured_s": p["seconds"], "model_s": model_seconds(s, p, link, o),
-                   "error": model_seconds(s, p, link, o) / p["seconds"] - 1,
-                   "measured_loop_extra_s": p["loop_extra_s"], "model_loop_extra_s": sync + cost * row[1]}
+        name = "apply_s" if s == "sharing_plain" else "hop_s"
+        o = Overheads(stage_s=stage, sync_s=sync, **{name: cost},
+                      per_period={k: v for k, v in zip(("sync_s", name), slopes) if v})
+        errors = [{"workers": p["workers"], "period_s": p["period_s"], "measured_s": p["seconds"],
+                   "model_s": model_seconds(s, p, link, o), "error": model_seconds(s, p, link, o) / p["seconds"] - 1,
+                   "measured_loop_extra_s": p["loop_extra_s"],
+                   "model_loop_extra_s": sync + cost * row[1] + p["period_s"] * (slopes[0] + slopes[1] * row[1])}
                   for p, row in zip(pts, rows)]
         out[s] = {"overheads": asdict(o), "points": errors, "leave_one_out": [],
                   "max_abs_error": max(abs(e["error"]) for e in errors)}

@@ -209,6 +209,38 @@ def test_phase_calibration_separates_the_epoch_from_its_iterations():
     assert all(c["max_abs_error"] < 1e-3 for c in cal.values())
 
 
+def test_two_quota_periods_tell_the_harness_share_of_a_hop_from_the_host_own():
+    """Runs at two cgroup quota periods T: the loop beyond the step is (sync + T a) + x (hop + T b); the
+    calibration returns sync and hop at T = 0 (a host with no quota, what predictions use) and a, b as the
+    harness's share, and the model at each measured point uses its own period."""
+    w = Workload(examples=8192, batch=32, step_s=0.04, state_bytes=5.2e6, message_bytes=33e3, params=431080)
+    sync, hop, a, b = 0.002, 0.0015, 0.3, 0.6  # b: 6 ms more per exchange at a 10 ms period
+    results = []
+    for period_us in (5000, 10000):
+        for hosts in (2, 4, 8):
+            t = period_us / 1e6
+            o = Overheads(stage_s=2.0, sync_s=sync + a * t, hop_s=hop + b * t)
+            e = epoch("sharing_tree", hosts, w, FAST, o)
+            extra = o.sync_s + o.hop_s * doubling_exchanges(hosts)
+            fit = {"epoch_seconds": [e["seconds"]], "examples": [w.examples], "state_bytes": w.state_bytes,
+                   "fit_phase": {"mean": w.step_s}, "num_params": w.params,
+                   "per_rank_iteration": {"wait_s": extra, "apply_s": 0.0, "encode_s": 0.0, "send_s": 0.0,
+                                          "bytes_sent": 1.0, "bytes_received": 1.0},
+                   "sparkavg": {"bytes_sent": 1.0, "messages_sent": 1, "messages_received": 1}}
+            results.append({"hosts": hosts, "batch_size_per_worker": w.batch, "cpu_period_us": period_us,
+                            "fits": {"sharing_plain": fit, "sharing_tree": fit}})
+    tree = calibrate_phases(results, FAST)["sharing_tree"]
+    assert tree["overheads"]["hop_s"] == pytest.approx(hop, rel=1e-6)
+    assert tree["overheads"]["sync_s"] == pytest.approx(sync, rel=1e-6)
+    assert tree["overheads"]["per_period"] == pytest.approx({"sync_s": a, "hop_s": b}, rel=1e-6)
+    assert tree["max_abs_error"] < 1e-4
+    assert Overheads(hop_s=hop, per_period={"hop_s": b}).at_period(0.01).hop_s == pytest.approx(hop + 10 * b / 1000)
+    # one period: no slopes, the fit as before
+    one = calibrate_phases([r for r in results if r["cpu_period_us"] == 10000], FAST)["sharing_tree"]
+    assert one["overheads"]["per_period"] == {}
+    assert one["overheads"]["hop_s"] == pytest.approx(hop + b * 0.01, rel=1e-6)
+
+
 def test_direct_peer_costs_are_the_slopes_over_the_peers():
     from cost_model import direct_peer_costs, parse_scenario
 

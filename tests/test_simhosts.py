@@ -300,3 +300,10 @@ def test_a_hosts_cpu_quota_caps_all_its_processes(sim_cluster_factory):
     assert cluster.cpu_limits()["worker1"] is None
     with pytest.raises(ValueError, match="Expect a host's CPU limit as a number of cores > 0"):
         cluster.limit_cpu("worker0", 0)
+    # A shorter period keeps the share exact: 0.2 core in 1 ms quotas of 5 ms, 0.1 core's period lengthened to 10 ms.
+    assert cluster.limit_cpu("worker0", 0.2, period_us=5000) == 5000
+    assert cluster.limit_cpu("worker1", 0.1, period_us=5000) == 10_000
+    used = float(cluster.exec("worker0", [sys.executable, "-c", BUSY], timeout=30, check=True).stdout)
+    assert 0 < used <= 1.5 * 0.2 * 1.25, used
+    with pytest.raises(ValueError, match="quota period"):
+        cluster.limit_cpu("worker0", 0.2, period_us=500)

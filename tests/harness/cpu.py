@@ -5,25 +5,36 @@ a fixed share of the machine's cores, as a real host's processes share its
 own cores.
 
 A quota of ``cores`` (e.g. ``0.25``) lets the host's processes run
-``cores * period`` microseconds of CPU per ``period`` (10 ms) in all,
-however many of them there are: a host's speed is then well defined on a
-small machine that many hosts share, and one host can be made exactly half
-as fast as the others.
+``cores * period`` microseconds of CPU per ``period`` (10 ms unless
+told) in all, however many of them there are: a host's speed is then well
+defined on a small machine that many hosts share, and one host can be made
+exactly half as fast as the others.
+
+The period is also what a throttled host waits: a process that used its
+quota sleeps until the next period, so anything latency-bound on a host
+(an exchange of small messages, a wake-up per datagram) costs up to
+``(1 - cores) * period`` more than on a real host of that speed.  A shorter
+period bounds that (``period_us``; the kernel's floor is a 1 ms quota, so a
+share of ``cores`` gets a period of at least ``1000 / cores`` µs), and the
+benchmarks measure at two periods to tell the harness's share of a cost
+from the host's (``bench_scale.py --cpu-period-ms``).
 """
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import time
 from pathlib import Path
 from typing import List, Optional
 
-__all__ = ["HostCgroup", "cgroup_root", "PERIOD_US", "reap_stale_cgroups"]
+__all__ = ["HostCgroup", "cgroup_root", "PERIOD_US", "MIN_QUOTA_US", "reap_stale_cgroups"]
 
 logger = logging.getLogger(__name__)
 
 PERIOD_US = 10_000  # 10 ms: short enough that a host throttled to a small share still runs every few ms
+MIN_QUOTA_US = 1000  # the kernel's floor for a cgroup's quota
 _V1 = Path("/sys/fs/cgroup/cpu")
 _V2 = Path("/sys/fs/cgroup")
 _STALE_RE = re.compile(r"^sparkavg-(\d+)-[0-9a-f]+-")
@@ -68,17 +79,25 @@ class HostCgroup:
         with open(self.procs_file, "w") as fh:
             fh.write(str(os.getpid()))
 
-    def limit(self, cores: Optional[float]) -> None:
-        """At most ``cores`` cores for the host's processes together (None: no limit)."""
+    def limit(self, cores: Optional[float], period_us: int = PERIOD_US) -> int:
+        """At most ``cores`` cores for the host's processes together (None: no
+        limit), in quotas of ``period_us`` -- lengthened where the share's
+        quota would fall under the kernel's 1 ms floor, so the share stays
+        exact.  Returns the period set (µs)."""
         if cores is not None and not (isinstance(cores, (int, float)) and cores > 0):
             raise ValueError(f"Expect a host's CPU limit as a number of cores > 0 (or None), got {cores!r}")
-        quota = -1 if cores is None else max(1000, int(round(cores * PERIOD_US)))
+        if not (isinstance(period_us, int) and 1000 <= period_us <= 1_000_000):
+            raise ValueError(f"Expect a quota period in µs within [1000, 1000000] (the kernel's bounds), "
+                             f"got {period_us!r}")
+        period = period_us if cores is None else max(period_us, math.ceil(MIN_QUOTA_US / cores))
+        quota = -1 if cores is None else int(round(cores * period))
         if self.v1:
-            (self.path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+            (self.path / "cpu.cfs_period_us").write_text(str(period))
             (self.path / "cpu.cfs_quota_us").write_text(str(quota))
         else:
-            (self.path / "cpu.max").write_text(f"{'max' if quota < 0 else quota} {PERIOD_US}")
+            (self.path / "cpu.max").write_text(f"{'max' if quota < 0 else quota} {period}")
         self.cores = cores
+        return period
 
     def pids(self) -> List[int]:
         try:

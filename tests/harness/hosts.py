@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import IO, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import netns, processes, safety
-from .cpu import HostCgroup, cgroup_root, reap_stale_cgroups
+from .cpu import PERIOD_US, HostCgroup, cgroup_root, reap_stale_cgroups
 from .netns import HostLink
 
 __all__ = ["SimulatedCluster", "SimulatedHost"]
@@ -516,14 +516,16 @@ class SimulatedCluster:
         of each host's ``eth0`` (``/sys/class/net/eth0/statistics``)."""
         return {name: self._link(name).interface_bytes() for name in self._links}
 
-    def limit_cpu(self, host: HostRef, cores: Optional[float]) -> None:
+    def limit_cpu(self, host: HostRef, cores: Optional[float], period_us: int = PERIOD_US) -> int:
         """Limit ``host``'s processes together to ``cores`` cores (None: no
-        limit), now, through its cpu cgroup."""
+        limit), now, through its cpu cgroup, in quotas of ``period_us``
+        (:meth:`~.cpu.HostCgroup.limit`); returns the period set."""
         link = self._link(host)
         if link.name not in self._cgroups:
             raise RuntimeError("Expect a writable cgroup cpu controller to limit a host's CPU, found none")
-        self._cgroups[link.name].limit(cores)
+        period = self._cgroups[link.name].limit(cores, period_us)
         self._cpus[link.name] = cores
+        return period
 
     def cpu_limits(self) -> Dict[str, Optional[float]]:
         """Each host's CPU limit in cores (None: unlimited)."""

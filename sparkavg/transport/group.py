@@ -39,6 +39,9 @@ _MSG, _END, _DONE = 1, 2, 3
 #: The DONE frame's kind, shared with :class:`~.tree.TreeGroup` (``PeerGroup.leave``'s protocol).
 DONE_KIND = _DONE
 _POLL_SLICE = 0.05   # finish() wakes this often to check its deadline
+#: Seconds a rank that has every neighbour's DONE keeps retransmitting its own until acked before it closes
+#: (at least; four retransmit timeouts when longer).  Paid in full only when a neighbour left before acking it.
+LEAVE_GRACE = 1.0
 
 
 def named_peers(ranks, peers: dict) -> str:
@@ -145,8 +148,12 @@ def leave_neighbours(rank: int, endpoint: ReliableEndpoint, neighbours, done, st
                      receive: Callable[[float], None]) -> None:
     """Send every neighbour DONE, ``receive(seconds)`` until each one's DONE
     is in ``done`` (raising :class:`PeerStalledError` naming those missing
-    after ``stall_timeout``), then flush briefly: our DONEs reach every
-    neighbour unless their acks were lost (``PeerGroup``'s and ``TreeGroup``'s ``leave``)."""
+    after ``stall_timeout``), then flush for up to :data:`LEAVE_GRACE`
+    seconds (or four retransmit timeouts, if longer): a neighbour still
+    waiting in its own ``leave`` gets our DONE unless every retransmission
+    of it was lost -- it would otherwise wait its whole stall timeout and
+    fail the stage -- and the flush ends at the first ack; it runs out only
+    when the neighbour had left before acking (``PeerGroup``'s and ``TreeGroup``'s ``leave``)."""
     deadline = time.monotonic() + stall_timeout
     frame = _FRAME.pack(_DONE, rank, 0)
     for r in neighbours:
@@ -161,7 +168,9 @@ def leave_neighbours(rank: int, endpoint: ReliableEndpoint, neighbours, done, st
             raise PeerStalledError(f"rank {rank}: neighbour {named_peers(waiting, peers)} did not finish "
                                    f"within {stall_timeout:g} s", waiting, [peers.get(r) for r in waiting])
         receive(min(remaining, _POLL_SLICE))
-    grace = min(max(0.0, deadline - time.monotonic()), 2 * endpoint.limits.retransmit_timeout)
+    # Not a couple of retransmit timeouts alone: a small one (the tests' 0.05 s) leaves room for one retransmission
+    # at most, and a lost DONE then costs the last neighbour its stall timeout (and the stage a restart).
+    grace = min(max(0.0, deadline - time.monotonic()), max(LEAVE_GRACE, 4 * endpoint.limits.retransmit_timeout))
     try:
         endpoint.flush(grace)
     except PeerStalledError:

@@ -127,6 +127,42 @@ def round_timeline(stats) -> list:
     return out
 
 
+def exchange_chain(stats, exchanges: int) -> dict:
+    """Gradient sharing's waits, told apart.  A rank waits (phase ``wait``)
+    from publishing iteration ``k``'s message until it holds what it
+    applies before step ``k + 1``; the rank that published last waits only
+    for the exchanges after it (its partners' parts are ready: theirs hold
+    only earlier ranks'), so its wait is the chain of ``exchanges``
+    exchanges alone (``chain_s``; per exchange ``hop_s``), and the rest of
+    the mean wait (``lockstep_s``) is waiting for the slower ranks' steps.
+    Per epoch, not per iteration: a rank's first wait (its peers' addresses
+    come from the meeting while it trains its first step), and its last two
+    (``finish``, ``leave``): ``epoch_waits_s``, per rank and epoch.  From
+    the last epoch; its ``i``-th loop wait of every rank is iteration
+    ``i``; the lanes' clocks are the simulated hosts' one kernel clock."""
+    from sparkavg.stats import DRIVER_LANE
+
+    last = max((e.epoch for e in stats.events if e.epoch is not None), default=None)
+    lanes: dict = {}
+    for e in stats.events:
+        if e.phase == "wait" and e.epoch == last and e.lane != DRIVER_LANE:
+            lanes.setdefault(e.lane, []).append(e)
+    ordered = [sorted(v, key=lambda e: e.start) for v in lanes.values()]
+    waits = [w[1:-2] for w in ordered]
+    n = min((len(w) for w in waits), default=0)
+    if len(waits) < 2 or n == 0:
+        return {}
+    chains, means = [], []
+    for i in range(n):
+        row = [w[i] for w in waits]
+        chains.append(max(row, key=lambda e: e.start).duration)
+        means.append(sum(e.duration for e in row) / len(row))
+    chain, mean = sum(chains) / n, sum(means) / n
+    epoch_waits = sum(w[0].duration + w[-1].duration + w[-2].duration for w in ordered) / len(ordered)
+    return {"iterations": n, "loop_wait_s": mean, "chain_s": chain, "lockstep_s": mean - chain,
+            "exchanges": exchanges, "hop_s": chain / max(exchanges, 1), "epoch_waits_s": epoch_waits}
+
+
 # -- the driver program (inside the cluster's driver host) -----------------------------------
 
 def job(args) -> None:
@@ -137,6 +173,7 @@ def job(args) -> None:
     from sparkavg.nn.zoo import lenet
     from sparkavg.spark import (AdaptiveThreshold, GradientSharing, ParameterAveraging, SparkTrainer, Topology)
     from sparkavg.spark.executor.hooks import AVERAGING_PATH
+    from cost_model import doubling_exchanges
 
     spark = job_session(args.conf, "bench-scale")
     hosts = args.hosts
@@ -182,7 +219,9 @@ def job(args) -> None:
                                          + (net.num_params if any(d["name"] == "moment_correction" and d["value"]
                                                                   for d in stats.decisions) else 0))),
                  "lane_hosts": sorted({lane.split("/")[0] for lane in stats.lanes if "/" in lane}),
-                 "round_timeline": round_timeline(stats), "driver_timeline": driver_timeline(stats)})
+                 "round_timeline": round_timeline(stats), "driver_timeline": driver_timeline(stats),
+                 **({"exchange_chain": exchange_chain(stats, doubling_exchanges(hosts) if spec.get("topology") == "tree"
+                                                      else 1)} if spec["master"] == "sharing" else {})})
     finally:
         spark.stop()
 
@@ -236,6 +275,7 @@ def summarise(done: dict, wire: dict, worker_names) -> dict:
             "encode_s": (phases.get("encode") or {}).get("total", 0.0) / its,
             "send_s": (phases.get("send") or {}).get("total", 0.0) / its}
         out["iterations"] = c.get("iterations", 0.0)
+        out["exchange_chain"] = done.get("exchange_chain")
     return out
 
 

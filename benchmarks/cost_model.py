@@ -561,7 +561,11 @@ def measured_points(results: Sequence[dict], unshaped_gbit: float = 10.0) -> Dic
                 if per:  # sparkavg's own counters: every datagram sent and received, per rank and iteration
                     p["bytes_per_iteration"] = per["bytes_sent"] + per["bytes_received"]
                     # the ranks' loop beyond the step, per iteration (their own phase timings)
-                    p["loop_extra_s"] = per["wait_s"] + per["apply_s"] + per["encode_s"] + per["send_s"]
+                    chain = f.get("exchange_chain") or {}
+                    # the loop's waits alone where measured apart (bench_scale.exchange_chain): a rank's first
+                    # wait of an epoch (the meeting) and its finish and leave are the epoch's, not an iteration's
+                    wait = chain.get("loop_wait_s", per["wait_s"])
+                    p["loop_extra_s"] = wait + per["apply_s"] + per["encode_s"] + per["send_s"]
             points[s].append(p)
     for s in points:
         points[s].sort(key=lambda p: p["workers"])

@@ -149,7 +149,7 @@ def test_divergence_recovery_restores_and_lowers_the_learning_rate(sc):
 
 
 def test_on_divergence_is_raise_recover_or_a_recover_policy():
-    from sparkavg.spark.divergence import divergence_policy
+    from sparkavg.fitting.divergence import divergence_policy
 
     assert divergence_policy("raise") is None
     assert divergence_policy("recover") == Recover() == Recover(max_recoveries=3, lr_factor=0.5)

@@ -9,7 +9,7 @@ from sparkavg.nn import Adam
 from sparkavg.nn.schedules import CosineSchedule, ExponentialSchedule, MapSchedule, PolySchedule, ScheduleError, \
     StepSchedule
 from sparkavg.spark import DataOptions, GradientSharing, ParameterAveraging, SparkTrainer
-from sparkavg.spark.divergence import Recover
+from sparkavg.spark import Recover
 
 from .nets import blobs, fit_replicas, small_net, straight_and_resumed
 

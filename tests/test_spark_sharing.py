@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from sparkavg.spark import GradientSharing, ParameterAveraging, SparkTrainer
-from sparkavg.spark.executor.hooks import (KILL_MARKER, RETRANSMIT_TIMEOUT, STAGE_ATTEMPTS, STALL_RANK, STALL_TIMEOUT,
-                                           UDP_LOSS)
+from sparkavg.spark.executor.hooks import (ALL_GATHER, KILL_MARKER, MEETING, RETRANSMIT_TIMEOUT, STAGE_ATTEMPTS,
+                                           STALL_RANK, STALL_TIMEOUT, UDP_LOSS)
 from sparkavg.spark.masters import AdaptiveThreshold, Topology
 from sparkavg.transport import local_ipv4_addresses
 
@@ -28,6 +28,33 @@ def _named_host(error, rank: int, executor: str) -> str:
 def _rdd(sc, n, seed, parts=2):
     x, y = blobs(n, seed=seed)
     return sc.parallelize(list(zip(x, y.tolist())), parts), x, y
+
+
+def _first_waits(trainer) -> list:
+    """Each rank's first wait of every epoch: for the first total, which needs the peers' addresses."""
+    firsts = {}
+    for e in sorted((e for e in trainer.stats.events if e.phase == "wait" and e.lane != "driver"),
+                    key=lambda e: e.start):
+        firsts.setdefault((e.lane, e.epoch), e.duration)
+    return list(firsts.values())
+
+
+def test_the_ranks_meet_at_the_drivers_rendezvous_and_train_as_through_allgather(sc):
+    """Classic sessions: the ranks learn their peers from the driver's rendezvous (the seam's meeting), not
+    allGather's one-second poll, so the first total of an epoch does not wait for it; at staleness 0 the
+    replicas end bit for bit as with allGather (the tests' hook forces it)."""
+    rdd, x, y = _rdd(sc, 200, seed=51)
+    fits = {}
+    for name, properties in (("rendezvous", {}), ("allGather", {MEETING: ALL_GATHER})):
+        trainer = SparkTrainer(sc, small_net(seed=52), GradientSharing(threshold=1e-3, batch_size_per_worker=10,
+                                                                      workers=2, topology=Topology.TREE))
+        with job_properties(sc, properties):
+            trainer.fit(rdd, epochs=2)
+        fits[name] = trainer
+    met, gathered = fits["rendezvous"], fits["allGather"]
+    assert np.array_equal(met.network.state["params"], gathered.network.state["params"])
+    assert max(_first_waits(gathered)) > 0.5  # allGather answers on its one-second poll
+    assert max(_first_waits(met)) < 0.5, _first_waits(met)
 
 
 def test_sharing_learns_and_replicas_agree(sc):

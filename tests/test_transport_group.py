@@ -274,7 +274,7 @@ def test_a_joining_group_trains_before_it_knows_its_peers_and_delivers_everythin
 
     def rank_main(rank):
         try:
-            group = JoiningGroup(gather, eps[rank], KeyAgreement(rank, 9), world, Topology.PLAIN, WAIT)
+            group = JoiningGroup(gather.allGather, eps[rank], KeyAgreement(rank, 9), world, Topology.PLAIN, WAIT)
             for i in range(3):
                 group.publish(f"{rank}:{i}".encode())  # maybe before the peers are known: held
             got[rank] = sorted(p for _, p in group.finish(WAIT)) + sorted(p for _, p in group.poll(0))

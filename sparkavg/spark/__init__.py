@@ -31,7 +31,7 @@ _EXPORTS = {
     "DivergenceError": ".errors",
     "executor_errors": ".errors",
     "CheckpointError": ".checkpoint",
-    "Recover": ".divergence",
+    "Recover": "..fitting.divergence",
     "EarlyStopping": "..fitting.early_stopping",
 }
 

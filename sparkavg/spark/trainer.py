@@ -26,7 +26,7 @@ from ..listeners.base import EventDispatcher
 from ..listeners.progress import progress_listeners
 from . import checkpoint as ckpt_io
 from .data import is_dataframe, resolve_features
-from .divergence import divergence_policy
+from ..fitting.divergence import divergence_policy
 from .errors import DivergenceError, TrainingCancelled, raise_failures
 from .executor.inference import add_scores, make_evaluator, make_predict_fn, make_scorer, merge_evaluations
 from .masters import ParameterAveraging

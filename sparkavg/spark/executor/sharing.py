@@ -2,8 +2,8 @@
 
 The algorithm (residual, threshold, encode, apply) is
 :mod:`sparkavg.sharing`; this module only connects it to a Spark barrier
-task: it builds the UDP endpoint, learns its peers (``allGather``, while it
-already trains: :mod:`.peers`), runs :func:`~sparkavg.sharing.sharing_step`
+task: it builds the UDP endpoint, learns its peers (the seam's meeting,
+while it already trains: :class:`~sparkavg.transport.JoiningGroup`), runs :func:`~sparkavg.sharing.sharing_step`
 each iteration with its phases recorded (its ``phase`` hook), flushes, leaves
 together with its peers (:meth:`~sparkavg.transport.PeerGroup.leave`) and
 returns its replica.  Every replica applies
@@ -165,7 +165,7 @@ class SharingResult(Record):
 
 
 def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: int, device: str = "auto",
-                      hooks=None):
+                      hooks=None, meeting=None):
     """Executor function for ``rdd.barrier().mapPartitions``.
 
     ``shipped.value`` is ``{"state": network_state(...) (iteration and named vectors),
@@ -173,8 +173,9 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
     masked, "local_view": whether gradients are taken at the worker's own view}``
     (decided on the driver: :mod:`sparkavg.spark.policies.sharing`);
     ``master`` is the (frozen, plain) :class:`GradientSharing`.  No key is
-    shipped: the ranks agree a key per pair when they meet
-    (:class:`~sparkavg.transport.KeyAgreement`, :mod:`.peers`).
+    shipped: the ranks agree a key per pair when they meet -- the seam's
+    ``meeting``: a :class:`~sparkavg.transport.rendezvous.Rendezvous`, or None
+    (``allGather``) -- (:class:`~sparkavg.transport.KeyAgreement`).
 
     ``device`` is the master's ``device`` as a plain str (``"auto"``,
     ``"gpu"``, ``"cpu"``; :mod:`.device`).  On a GPU parameters, residual and
@@ -253,8 +254,10 @@ def make_sharing_task(config_json: str, shipped, master, *, epoch: int, job_id: 
                                     limits=transport_limits(hooks, master.seed, rank, epoch))
         stall_timeout = endpoint.limits.stall_timeout
         try:
-            # The peers' addresses come in a thread (Spark's allGather polls once a second): train meanwhile.
-            group = JoiningGroup(ctx, endpoint, agreement, world, topology, stall_timeout,
+            # The peers' addresses come in a thread: train meanwhile.
+            gather = ctx.allGather if meeting is None else meeting.gatherer(rank, world, agreement.context,
+                                                                             stall_timeout)
+            group = JoiningGroup(gather, endpoint, agreement, world, topology, stall_timeout,
                                  merge=(lambda parts: merge_payloads(parts, n)) if tree else None)
 
             def apply(payloads) -> None:

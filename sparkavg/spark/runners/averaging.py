@@ -42,7 +42,6 @@ from ..policies.moments import MomentCorrection
 from ..policies.path import IN_STAGE, JOBS, STAGE_ROUND_S, AveragingPath
 from ..policies.shares import WorkerShares
 from ...data.storage import prefetch_depth
-from ...transport.limits import STALL_TIMEOUT
 from .base import EpochRunner, Merged, network_state, runs
 
 __all__ = ["AveragingRunner", "PROBE_MINIBATCHES", "PROBE_ROUNDS", "AGGREGATION_DEPTH"]
@@ -229,9 +228,8 @@ class AveragingRunner(EpochRunner):
             return self._run_round(plan, r, config_json, shipped, f"averaging round {r + 1} of epoch {epoch + 1}")
         m, bm, hooks = self.master, self.block_momentum, self.seam.test_hooks()
         self._counts = plan.counts
-        stall = float((hooks.numbers if hooks is not None else {}).get("stall_timeout", STALL_TIMEOUT))
         # Where the ranks meet (the seam's), every attempt of the stage; a failed one's waiting ranks answered at once.
-        server = self.seam.meeting(plan.workers, stall)
+        server = self.seam.meeting(plan.workers, self.stall_timeout(hooks))
         with server as meeting:
             task = make_stage_task(config_json, shipped, plan.counts, save_updater=m.save_updater, uniform=self.uniform,
                                    moment_spread=self.moments.on, prefetch=prefetch_depth(m.data), device=m.device.value,

@@ -254,6 +254,11 @@ class EpochRunner(abc.ABC):
                                str(exc).splitlines()[0][:300])
                 attempt += 1
 
+    @staticmethod
+    def stall_timeout(hooks) -> float:
+        """Seconds a rank waits for a silent peer (the tests' hook may shorten it)."""
+        return float((hooks.numbers if hooks else {}).get("stall_timeout", STALL_TIMEOUT))
+
     def name_lost_ranks(self, exc, last: bool, plan, hooks) -> None:
         """Add to ``exc`` the ranks lost in a failed epoch and their hosts (Spark's); raise it at once when
         Spark cannot run the epoch's barrier stage again: fewer task slots than ranks without the hosts
@@ -268,7 +273,7 @@ class EpochRunner(abc.ABC):
                           if r in tasks)
         if named:
             exc.args = (f"{named} lost: {exc.args[0] if exc.args else exc}",) + exc.args[1:]
-        deadline = time.monotonic() + float((hooks.numbers if hooks else {}).get("stall_timeout", STALL_TIMEOUT))
+        deadline = time.monotonic() + self.stall_timeout(hooks)
         while not last and (slots := self.seam.barrier_slots(gone)) is not None and slots < workers:
             if time.monotonic() > deadline:
                 exc.args = (f"{exc.args[0]}; not run again: Spark has {slots} task slot(s) for the epoch's {workers} "

@@ -97,9 +97,10 @@ parameters) carries ``N (1 - (1 - d)^k)`` indices of 5 bytes (index and
 int8 count) or, when smaller, ``N`` bytes dense (:func:`merged_bytes`;
 independent indices: an upper bound, gradients overlap more).  MESH is no
 longer the library's (a saved "mesh" loads as TREE); ``sharing_mesh`` stays
-for the result files that measured it.  Both sharing models also pay
-``sync_s`` per iteration whatever ``W`` (the lock-step wait, encode, send;
-0 unless calibrated from phase timings).
+for the result files that measured it.  Both sharing models also pay,
+per iteration, ``sync_s`` whatever ``W`` (encode, send) and the lock-step
+wait for the slowest of ``W`` ranks' steps, ``lockstep_s log2 W``
+(:func:`sync`; both 0 unless calibrated from phase timings).
 
 **Calibration**: the jobs path and sharing fit their overheads to the
 measured epochs (relative least squares, non-negative; TREE fits
@@ -140,7 +141,7 @@ import json
 import math
 import statistics
 import sys
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Dict, List, Optional, Sequence
 
 __all__ = ["Workload", "Link", "Overheads", "averaging_epoch", "averaging_in_stage_epoch", "sharing_epoch",
@@ -157,8 +158,6 @@ MERGED_HEADER_BYTES = 28
 ALLREDUCE_STEPS = 2
 #: The epoch (0-based) predictions are for: the calibrated runs' last (the first also runs probe rounds).
 STEADY_EPOCH = 1
-#: The cgroup quota period of result files that do not say theirs (tests/harness/cpu.py's default).
-HARNESS_PERIOD_US = 10_000
 
 
 @dataclass(frozen=True)
@@ -203,22 +202,16 @@ class Overheads:
     apply_s: float = 0.0     # sharing: CPU per received message applied
     relay_s: float = 0.0     # sharing MESH: CPU per message a relay forwards
     hop_s: float = 0.0       # sharing TREE: CPU of one hop of the sums (up or down) per iteration
-    sync_s: float = 0.0      # sharing: per iteration whatever the world size (the lock-step wait, encode, send)
+    sync_s: float = 0.0      # sharing: per iteration whatever the world size (encode, send, the wait's rest)
+    lockstep_s: float = 0.0  # sharing: per iteration, waiting for the slowest of W steps: lockstep_s x log2 W
     stage_round_s: float = 0.0  # averaging in-stage: per round, fixed (copies, scaling, every rank's merge)
     peer_s: float = 0.0      # averaging in-stage: per round per peer (a frame each way per step, its threads)
     launch_s: float = 0.0    # averaging in-stage: per epoch (the deal's shuffle, the stage's tasks' start, the result)
     meeting_s: float = 0.0   # averaging in-stage: per epoch, the ranks' allGather meeting (Spark polls once a second)
     connect_s: float = 0.0   # averaging in-stage: per epoch per peer (TCP connection, key agreement, handshake)
-    #: The simulated hosts' share of each cost: seconds more per second of the cgroup quota's period
-    #: (:func:`_periodic`); the fields above are the costs at a period of 0, a host with no quota.
-    per_period: dict = field(default_factory=dict, compare=False)
 
     #: Costs that are a Spark meeting's latency rather than CPU (kept by ``--host-speedup``).
-    NOT_CPU = ("meeting_s", "per_period")
-
-    def at_period(self, period_s: float) -> "Overheads":
-        """The costs on simulated hosts whose quota period is ``period_s``."""
-        return replace(self, per_period={}, **{n: getattr(self, n) + v * period_s for n, v in self.per_period.items()})
+    NOT_CPU = ("meeting_s",)
 
 
 def auto_frequency(round_overhead_s: float, step_s: float, per_worker: int, workers: int = 1,
@@ -341,6 +334,13 @@ def mesh_sends(workers: int, fanout: int = MESH_FANOUT) -> int:
     return degree + (workers - 1) * (degree - 1)
 
 
+def sync(workers: int, o: Overheads) -> float:
+    """Sharing's per-iteration cost beyond the step and the messages: ``sync_s`` and the lock-step wait for
+    the slowest of ``W`` ranks' steps, ``lockstep_s log2 W`` (the expected maximum of ``W`` steps grows no
+    faster for any spread with a tail lighter than exponential: a bound, not a fit of the tail)."""
+    return o.sync_s + o.lockstep_s * math.log2(max(1, workers))
+
+
 def sharing_epoch(workers: int, w: Workload, link: Link, o: Overheads, topology: str = "plain") -> Dict[str, float]:
     """Seconds of one PLAIN or MESH sharing epoch and its parts (``topology`` "plain" or "mesh"; TREE:
     :func:`tree_epoch`)."""
@@ -348,7 +348,7 @@ def sharing_epoch(workers: int, w: Workload, link: Link, o: Overheads, topology:
     received = (workers - 1) * w.messages_per_step
     sent = received if topology == "plain" else mesh_sends(workers) * w.messages_per_step
     relayed = 0.0 if topology == "plain" else max(0.0, sent - w.messages_per_step)
-    cpu = w.step_s + o.sync_s + received * o.apply_s + relayed * o.relay_s
+    cpu = w.step_s + sync(workers, o) + received * o.apply_s + relayed * o.relay_s
     out_s = sent * w.message_bytes / link.bytes_per_s
     in_s = received * w.message_bytes / link.bytes_per_s
     per_iteration = max(cpu, out_s, in_s)
@@ -404,7 +404,7 @@ def tree_epoch(workers: int, w: Workload, link: Link, o: Overheads, staleness: i
     inward, outward = (merged_bytes(1, w), total) if extras else (0.0, 0.0)
     network = (inward + sum(parts) + outward) / link.bytes_per_s + exchanges * link.latency_s
     chain = exchanges * o.hop_s
-    step = w.step_s + o.sync_s
+    step = w.step_s + sync(workers, o)
     per_iteration = max(step + chain, (step + chain + network) / (staleness + 1))
     sent = sum(parts)
     return {"seconds": o.stage_s + workers * o.join_s + iterations * per_iteration, "iterations": iterations,
@@ -425,7 +425,7 @@ def binary_tree_epoch(workers: int, w: Workload, link: Link, o: Overheads, stale
     up = sum(merged_bytes(min(workers, 2 ** j - 1), w) for j in range(1, depth + 1))
     network = (up + depth * total) / link.bytes_per_s + 2 * depth * link.latency_s
     chain = 2 * depth * o.hop_s
-    step = w.step_s + o.sync_s
+    step = w.step_s + sync(workers, o)
     per_iteration = max(step + 2 * o.hop_s, (step + chain + network) / (staleness + 1))
     # a relay: its children's merges and the total in, its merge and the total to each child out
     relay = 2 * (TREE_FANOUT + 1) * total if workers > 2 else 2 * total  # an upper bound
@@ -467,21 +467,6 @@ def _lstsq(rows: List[List[float]], targets: List[float]) -> List[float]:
             if err < best_err:
                 best, best_err = full, err
     return [float(v) for v in best]
-
-
-def _periodic(rows: List[List[float]], targets: List[float], points: Sequence[dict]) -> tuple:
-    """``_lstsq`` of ``rows`` -- and, where the points were measured at two
-    or more quota periods ``T`` of the simulated hosts, of each column
-    times ``T`` too: (the coefficients at ``T = 0``, their slopes per
-    second of period; zeros with one period).  A throttled host waits for
-    its next quota (tests/harness/cpu.py), so a latency-bound cost grows
-    with the period; the costs a host of that speed has with no quota are
-    the intercepts."""
-    n = len(rows[0])
-    if len({round(p["period_s"], 6) for p in points}) < 2:
-        return _lstsq(rows, targets), [0.0] * n
-    x = _lstsq([row + [v * p["period_s"] for v in row] for row, p in zip(rows, points)], targets)
-    return x[:n], x[n:]
 
 
 _RATE_UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
@@ -539,7 +524,7 @@ def measured_points(results: Sequence[dict], unshaped_gbit: float = 10.0) -> Dic
             f = fits[name]
             p = {"workers": r["hosts"], "seconds": f["epoch_seconds"][-1], "examples": f["examples"][-1],
                  "step_s": step, "state_bytes": f["state_bytes"], "batch": r["batch_size_per_worker"],
-                 "link_bits_per_s": link.bits_per_s, "period_s": r.get("cpu_period_us", HARNESS_PERIOD_US) / 1e6}
+                 "link_bits_per_s": link.bits_per_s}
             if s.startswith("averaging"):
                 p["frequency"] = f["averaging_frequency"][-1]
                 p["rounds"] = f["rounds"][-1]
@@ -566,6 +551,8 @@ def measured_points(results: Sequence[dict], unshaped_gbit: float = 10.0) -> Dic
                     # wait of an epoch (the meeting) and its finish and leave are the epoch's, not an iteration's
                     wait = chain.get("loop_wait_s", per["wait_s"])
                     p["loop_extra_s"] = wait + per["apply_s"] + per["encode_s"] + per["send_s"]
+                    if "chain_s" in chain:  # the loop's wait told apart: the exchanges, the slower ranks' steps
+                        p["chain_s"], p["lockstep_s"] = chain["chain_s"], chain["lockstep_s"]
             points[s].append(p)
     for s in points:
         points[s].sort(key=lambda p: p["workers"])
@@ -591,17 +578,13 @@ def fit_overheads(strategy: str, points: List[dict], link: Link, apply_s: float 
         rows = [[1.0, float(partners(p["workers"], p.get("collective", "mesh")))] for p in points]
         rt = [max(1e-6, p["round_overhead_s"] - allreduce_s(p["workers"], _workload(p).allreduced,
                                                             _point_link(p, link))) for p in points]
-        (stage_round_s, peer_s), round_slopes = _periodic(rows, rt, points)
-        (meeting_s, connect_s), meeting_slopes = _periodic(rows, [max(1e-6, p["meeting_s"]) for p in points], points)
+        (stage_round_s, peer_s), (meeting_s, connect_s) = _lstsq(rows, rt), _lstsq(rows, [max(1e-6, p["meeting_s"])
+                                                                                          for p in points])
         rest = [max(1e-6, p["outside_rounds_s"] - 2 * p["state_bytes"] / _point_link(p, link).bytes_per_s
-                    - (meeting_s + meeting_slopes[0] * p["period_s"])
-                    - partners(p["workers"], p.get("collective", "mesh")) * (connect_s + meeting_slopes[1] * p["period_s"]))
-                for p in points]
-        (launch_s,), launch_slopes = _periodic([[1.0] for _ in points], rest, points)
-        slopes = dict(zip(("stage_round_s", "peer_s", "meeting_s", "connect_s", "launch_s"),
-                          round_slopes + meeting_slopes + launch_slopes))
+                    - meeting_s - partners(p["workers"], p.get("collective", "mesh")) * connect_s) for p in points]
+        launch_s = _lstsq([[1.0] for _ in points], rest)[0]
         return Overheads(stage_round_s=stage_round_s, peer_s=peer_s, launch_s=launch_s, meeting_s=meeting_s,
-                         connect_s=connect_s, per_period={k: v for k, v in slopes.items() if v})
+                         connect_s=connect_s)
     rows, targets = [], []
     for p in points:
         w, lk = _workload(p), _point_link(p, link)
@@ -638,8 +621,7 @@ def fit_overheads(strategy: str, points: List[dict], link: Link, apply_s: float 
 
 
 def model_seconds(strategy: str, p: dict, link: Link, o: Overheads) -> float:
-    """The model's seconds at a measured point (on its hosts' quota period)."""
-    w, lk, o = _workload(p), _point_link(p, link), o.at_period(p.get("period_s", 0.0))
+    w, lk = _workload(p), _point_link(p, link)
     if strategy == "averaging":
         return averaging_epoch(p["workers"], w, lk, o, frequency=p["frequency"])["seconds"]
     if strategy == "averaging_in_stage":
@@ -671,7 +653,7 @@ def calibrate(results: Sequence[dict], link: Link) -> dict:
             if s == "averaging_in_stage":
                 errors[-1].update(measured_round_overhead_s=p["round_overhead_s"],
                                   model_round_overhead_s=averaging_in_stage_epoch(
-                                      p["workers"], _workload(p), _point_link(p, link), o.at_period(p["period_s"]),
+                                      p["workers"], _workload(p), _point_link(p, link), o,
                                       frequency=p["frequency"])["round_overhead_s"],
                                   measured_outside_rounds_s=p["outside_rounds_s"], measured_meeting_s=p["meeting_s"])
             rest = pts[:i] + pts[i + 1:]
@@ -687,38 +669,44 @@ def calibrate_phases(results: Sequence[dict], link: Link) -> dict:
     """Sharing's overheads from the ranks' own phase timings instead of epoch
     seconds alone: per iteration, the loop's time beyond the step (the
     ``wait``, ``apply``, ``encode`` and ``send`` phases per rank and
-    iteration, ``bench_scale.py``'s ``per_rank_iteration``) is fitted as
-    ``sync_s + x cost`` with ``x`` the peer messages a rank receives
-    (PLAIN: ``(W - 1) q``, ``cost`` = ``apply_s``) or the hops of the sums
-    (TREE: ``E``, the exchanges, ``cost`` = ``hop_s``); ``stage_s`` is the mean of what
-    the epoch took beyond its iterations.  The per-epoch and per-iteration
-    costs are then measured apart rather than told apart by a fit of three
-    epoch times, which a loaded machine's noise defeats."""
+    iteration, ``bench_scale.py``'s ``per_rank_iteration``; its waits alone,
+    not the epoch's meeting, finish and leave, where ``exchange_chain``
+    measured them) is ``sync_s + lockstep_s log2 W + x cost`` with ``x``
+    the peer messages a rank receives (PLAIN: ``(W - 1) q``, ``cost`` =
+    ``apply_s``) or the exchanges of the sums (TREE: ``E``, ``cost`` =
+    ``hop_s``).  Where ``exchange_chain`` told the waits apart, the lock-step
+    wait and TREE's exchanges are measured, not fitted: ``lockstep_s`` from
+    the waits for the slower ranks' steps, ``hop_s`` from the chain of
+    exchanges the last rank to publish waits for; else (older files) the
+    loop is fitted as ``sync_s + x cost``.  ``stage_s`` is the mean of what
+    the epoch took beyond its iterations."""
     points = measured_points(results, link.bits_per_s / 1e9)
     out = {}
     for s in ("sharing_plain", "sharing_tree"):
         pts = [p for p in points.get(s, []) if "loop_extra_s" in p]
         if len(pts) < 2:
             continue
-        rows, targets, rests = [], [], []
-        for p in pts:
-            w = _workload(p)
-            x = ((p["workers"] - 1) * w.messages_per_step if s == "sharing_plain"
-                 else doubling_exchanges(p["workers"]))
-            rows.append([1.0, x])
-            targets.append(p["loop_extra_s"])
-            iterations = math.ceil(p["examples"] / (p["workers"] * p["batch"]))
-            rests.append(p["seconds"] - iterations * (w.step_s + p["loop_extra_s"]))
-        (sync, cost), slopes = _periodic(rows, targets, pts)
-        stage = max(0.0, sum(rests) / len(rests))
-        name = "apply_s" if s == "sharing_plain" else "hop_s"
-        o = Overheads(stage_s=stage, sync_s=sync, **{name: cost},
-                      per_period={k: v for k, v in zip(("sync_s", name), slopes) if v})
-        errors = [{"workers": p["workers"], "period_s": p["period_s"], "measured_s": p["seconds"],
-                   "model_s": model_seconds(s, p, link, o), "error": model_seconds(s, p, link, o) / p["seconds"] - 1,
+        xs = [float((p["workers"] - 1) * _workload(p).messages_per_step if s == "sharing_plain"
+                    else doubling_exchanges(p["workers"])) for p in pts]
+        chained = all("lockstep_s" in p for p in pts)
+        lockstep = _lstsq([[math.log2(p["workers"])] for p in pts], [p["lockstep_s"] for p in pts])[0] \
+            if chained else 0.0
+        rest = [p["loop_extra_s"] - (p["lockstep_s"] if chained else 0.0) for p in pts]
+        if chained and s == "sharing_tree":  # the exchanges measured: the chain over E
+            cost = _lstsq([[x] for x in xs], [p["chain_s"] for p in pts])[0]
+            sync = max(0.0, sum(r - cost * x for r, x in zip(rest, xs)) / len(pts))
+        else:
+            sync, cost = _lstsq([[1.0, x] for x in xs], rest)
+        rests = [p["seconds"] - math.ceil(p["examples"] / (p["workers"] * p["batch"])) * (_workload(p).step_s
+                                                                                           + p["loop_extra_s"])
+                 for p in pts]
+        o = Overheads(stage_s=max(0.0, sum(rests) / len(rests)), sync_s=sync, lockstep_s=lockstep,
+                      **{"apply_s" if s == "sharing_plain" else "hop_s": cost})
+        errors = [{"workers": p["workers"], "measured_s": p["seconds"], "model_s": model_seconds(s, p, link, o),
+                   "error": model_seconds(s, p, link, o) / p["seconds"] - 1,
                    "measured_loop_extra_s": p["loop_extra_s"],
-                   "model_loop_extra_s": sync + cost * row[1] + p["period_s"] * (slopes[0] + slopes[1] * row[1])}
-                  for p, row in zip(pts, rows)]
+                   "model_loop_extra_s": sync + lockstep * math.log2(p["workers"]) + cost * x}
+                  for p, x in zip(pts, xs)]
         out[s] = {"overheads": asdict(o), "points": errors, "leave_one_out": [],
                   "max_abs_error": max(abs(e["error"]) for e in errors)}
     return out

@@ -209,36 +209,34 @@ def test_phase_calibration_separates_the_epoch_from_its_iterations():
     assert all(c["max_abs_error"] < 1e-3 for c in cal.values())
 
 
-def test_two_quota_periods_tell_the_harness_share_of_a_hop_from_the_host_own():
-    """Runs at two cgroup quota periods T: the loop beyond the step is (sync + T a) + x (hop + T b); the
-    calibration returns sync and hop at T = 0 (a host with no quota, what predictions use) and a, b as the
-    harness's share, and the model at each measured point uses its own period."""
+def test_phase_calibration_takes_the_measured_chain_and_lockstep_wait():
+    """Where bench_scale told the loop's wait apart (exchange_chain), TREE's hop is the measured chain of
+    exchanges over E, the lock-step wait's coefficient the measured waits for slower steps over log2 W, and
+    sync_s the rest: known costs come back, and the loop and epochs they give are the measured."""
     w = Workload(examples=8192, batch=32, step_s=0.04, state_bytes=5.2e6, message_bytes=33e3, params=431080)
-    sync, hop, a, b = 0.002, 0.0015, 0.3, 0.6  # b: 6 ms more per exchange at a 10 ms period
+    truth = Overheads(stage_s=2.0, sync_s=0.003, hop_s=0.0006, lockstep_s=0.004)
     results = []
-    for period_us in (5000, 10000):
-        for hosts in (2, 4, 8):
-            t = period_us / 1e6
-            o = Overheads(stage_s=2.0, sync_s=sync + a * t, hop_s=hop + b * t)
-            e = epoch("sharing_tree", hosts, w, FAST, o)
-            extra = o.sync_s + o.hop_s * doubling_exchanges(hosts)
-            fit = {"epoch_seconds": [e["seconds"]], "examples": [w.examples], "state_bytes": w.state_bytes,
-                   "fit_phase": {"mean": w.step_s}, "num_params": w.params,
-                   "per_rank_iteration": {"wait_s": extra, "apply_s": 0.0, "encode_s": 0.0, "send_s": 0.0,
-                                          "bytes_sent": 1.0, "bytes_received": 1.0},
-                   "sparkavg": {"bytes_sent": 1.0, "messages_sent": 1, "messages_received": 1}}
-            results.append({"hosts": hosts, "batch_size_per_worker": w.batch, "cpu_period_us": period_us,
-                            "fits": {"sharing_plain": fit, "sharing_tree": fit}})
+    for hosts in (2, 4, 8):
+        e = epoch("sharing_tree", hosts, w, FAST, truth)
+        chain = truth.hop_s * doubling_exchanges(hosts)
+        lock = truth.lockstep_s * math.log2(hosts)
+        fit = {"epoch_seconds": [e["seconds"]], "examples": [w.examples], "state_bytes": w.state_bytes,
+               "fit_phase": {"mean": w.step_s}, "num_params": w.params,
+               "per_rank_iteration": {"wait_s": 1.0, "apply_s": 0.0, "encode_s": truth.sync_s, "send_s": 0.0,
+                                      "bytes_sent": 1.0, "bytes_received": 1.0},
+               # the loop's own waits, apart from the epoch's (the 1.0 s above counts the meeting, finish, leave)
+               "exchange_chain": {"loop_wait_s": chain + lock, "chain_s": chain, "lockstep_s": lock},
+               "sparkavg": {"bytes_sent": 1.0, "messages_sent": 1, "messages_received": 1}}
+        results.append({"hosts": hosts, "batch_size_per_worker": w.batch,
+                        "fits": {"sharing_plain": fit, "sharing_tree": fit}})
     tree = calibrate_phases(results, FAST)["sharing_tree"]
-    assert tree["overheads"]["hop_s"] == pytest.approx(hop, rel=1e-6)
-    assert tree["overheads"]["sync_s"] == pytest.approx(sync, rel=1e-6)
-    assert tree["overheads"]["per_period"] == pytest.approx({"sync_s": a, "hop_s": b}, rel=1e-6)
-    assert tree["max_abs_error"] < 1e-4
-    assert Overheads(hop_s=hop, per_period={"hop_s": b}).at_period(0.01).hop_s == pytest.approx(hop + 10 * b / 1000)
-    # one period: no slopes, the fit as before
-    one = calibrate_phases([r for r in results if r["cpu_period_us"] == 10000], FAST)["sharing_tree"]
-    assert one["overheads"]["per_period"] == {}
-    assert one["overheads"]["hop_s"] == pytest.approx(hop + b * 0.01, rel=1e-6)
+    for name in ("hop_s", "lockstep_s", "sync_s"):
+        assert tree["overheads"][name] == pytest.approx(getattr(truth, name), rel=1e-6), name
+    assert tree["max_abs_error"] < 1e-3
+    # the lock-step wait grows with the ranks: at 64, log2 64 = 6 times its coefficient
+    at64 = epoch("sharing_tree", 64, w, FAST, truth)
+    per_iteration = (at64["seconds"] - truth.stage_s) / at64["iterations"]
+    assert per_iteration == pytest.approx(w.step_s + 0.003 + 6 * 0.004 + 6 * 0.0006, rel=1e-3)  # + bytes
 
 
 def test_direct_peer_costs_are_the_slopes_over_the_peers():

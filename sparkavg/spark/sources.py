@@ -280,8 +280,9 @@ class BlocksDeal(ClassicDeal):
                     target[source.key_of(i)] = (r * workers + w, pos)
         n = len(rounds) * workers
         self.rdd = (source.rdd.map(lambda kv: (target[kv[0]], kv[1]))
-                    .repartitionAndSortWithinPartitions(n, partitionFunc=lambda key: key[0])
-                    .values().persist(source.rdd.getStorageLevel()))
+                    .repartitionAndSortWithinPartitions(n, partitionFunc=lambda key: key[0]).values())
+        if self.counts is None:  # read once per round; one barrier stage reads its deal once (a retry: the shuffle)
+            self.rdd.persist(source.rdd.getStorageLevel())
         source._epoch_rdds.append(self.rdd)
 
     def drop(self) -> None:

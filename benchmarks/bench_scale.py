@@ -172,6 +172,7 @@ def job(args) -> None:
     from sparkavg.data.mnist import load_mnist
     from sparkavg.nn.zoo import lenet
     from sparkavg.spark import (AdaptiveThreshold, GradientSharing, ParameterAveraging, SparkTrainer, Topology)
+    from sparkavg.averaging.merge import moment_blocks
     from sparkavg.spark.executor.hooks import AVERAGING_PATH
     from cost_model import doubling_exchanges
 
@@ -214,10 +215,12 @@ def job(args) -> None:
                                                                           "moment_correction")],
                  "state_bytes": int(4 * (net.num_params + net.updater_state.size)), "num_params": int(net.num_params),
                  # what a round sums, per worker: params, updater state, buffers and, under the moment
-                 # correction, the first moment's square (the in-stage all-reduce's vector)
+                 # correction, the first moment's sums of squares, one per parameter block (the in-stage
+                 # all-reduce's vector)
                  "round_bytes": int(4 * (net.num_params + net.updater_state.size + net.state["buffers"].size
-                                         + (net.num_params if any(d["name"] == "moment_correction" and d["value"]
-                                                                  for d in stats.decisions) else 0))),
+                                         + (len(moment_blocks(net)) if any(d["name"] == "moment_correction"
+                                                                           and d["value"] for d in stats.decisions)
+                                            else 0))),
                  "lane_hosts": sorted({lane.split("/")[0] for lane in stats.lanes if "/" in lane}),
                  "round_timeline": round_timeline(stats), "driver_timeline": driver_timeline(stats),
                  **({"exchange_chain": exchange_chain(stats, doubling_exchanges(hosts) if spec.get("topology") == "tree"

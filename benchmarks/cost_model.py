@@ -689,9 +689,10 @@ def calibrate_phases(results: Sequence[dict], link: Link) -> dict:
         xs = [float((p["workers"] - 1) * _workload(p).messages_per_step if s == "sharing_plain"
                     else doubling_exchanges(p["workers"])) for p in pts]
         chained = all("lockstep_s" in p for p in pts)
-        lockstep = _lstsq([[math.log2(p["workers"])] for p in pts], [p["lockstep_s"] for p in pts])[0] \
-            if chained else 0.0
-        rest = [p["loop_extra_s"] - (p["lockstep_s"] if chained else 0.0) for p in pts]
+        # the measured waits for slower steps: a part whatever W (into sync_s) and lockstep_s per doubling of W
+        base, lockstep = _lstsq([[1.0, math.log2(p["workers"])] for p in pts], [p["lockstep_s"] for p in pts]) \
+            if chained else (0.0, 0.0)
+        rest = [p["loop_extra_s"] - (p["lockstep_s"] - base if chained else 0.0) for p in pts]
         if chained and s == "sharing_tree":  # the exchanges measured: the chain over E
             cost = _lstsq([[x] for x in xs], [p["chain_s"] for p in pts])[0]
             sync = max(0.0, sum(r - cost * x for r, x in zip(rest, xs)) / len(pts))

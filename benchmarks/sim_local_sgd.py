@@ -82,6 +82,7 @@ def main(argv=None):
 def run(spec, seed, make, x, y, xt, yt, epochs, b, evaluate_local, minibatches):
     """One simulated fit of ``spec``: (test accuracy, seconds).  As Spark's
     rounds, a round ends every ``F`` steps and at the end of every epoch."""
+    from sparkavg.averaging.merge import block_squares, moment_blocks
     from sparkavg.spark.policies.moments import correct_second_moment
 
     t = time.perf_counter()
@@ -98,10 +99,10 @@ def run(spec, seed, make, x, y, xt, yt, epochs, b, evaluate_local, minibatches):
         for name in ("params", "updater", "buffers"):
             if sa[name].size:
                 if name == "updater" and moment is not None:
-                    m_sq = 0.5 * (sa[name][moment].astype(np.float64) ** 2 + sb[name][moment].astype(np.float64) ** 2)
+                    blocks = moment_blocks(replicas[0])
+                    m_sq = 0.5 * (block_squares(sa[name][moment], blocks) + block_squares(sb[name][moment], blocks))
                     state = 0.5 * (sa[name].astype(np.float64) + sb[name])
-                    correct_second_moment(replicas[0].updater, state, m_sq, sent, 2, steps, [
-                        (seg.start, seg.stop) for seg in replicas[0].param_segments])
+                    correct_second_moment(replicas[0].updater, state, m_sq, sent, 2, steps, blocks)
                     sa[name][...] = state
                 else:
                     sa[name][...] = 0.5 * (sa[name] + sb[name])

@@ -81,16 +81,17 @@ def averaged_updater_state(start, replicas, corrected: bool = True):
     :func:`~sparkavg.spark.policies.moments.correct_second_moment`, pooled
     per parameter tensor), or plainly as the ``"dl4j"`` preset averages it
     (``corrected=False``)."""
+    from sparkavg.averaging.merge import block_squares, moment_blocks
     from sparkavg.spark.policies.moments import correct_second_moment
 
     k, n = len(replicas), start.num_params
     state = sum(r.updater_state.astype(np.float64) for r in replicas) / k
     first = start.updater.slot("first_moment", n)
     if corrected and first is not None and k > 1:
-        m_sq = sum(r.updater_state[first].astype(np.float64) ** 2 for r in replicas) / k
+        blocks = moment_blocks(start)
+        m_sq = sum(block_squares(r.updater_state[first], blocks) for r in replicas) / k
         steps = replicas[0].iteration - start.iteration
-        correct_second_moment(start.updater, state, m_sq, start.updater_state.astype(np.float64), k, steps,
-                              [(seg.start, seg.stop) for seg in start.param_segments])
+        correct_second_moment(start.updater, state, m_sq, start.updater_state.astype(np.float64), k, steps, blocks)
     return state
 
 

@@ -310,6 +310,7 @@ def test_averaged_adam_state_corrected_to_the_combined_batch_second_moment():
     ``correct_second_moment`` recovers that process's v from the spread of
     the workers' m, and takes off at most half of what the round added."""
     from sparkavg.nn import SGD, Adam
+    from sparkavg.averaging.merge import block_squares
     from sparkavg.spark.policies.moments import correct_second_moment
 
     rng = np.random.default_rng(0)
@@ -326,8 +327,9 @@ def test_averaged_adam_state_corrected_to_the_combined_batch_second_moment():
         adam.apply(update, ((grads[0] + grads[1]) / 2).astype(np.float32), one, 100 + t)
     state = (workers[0].astype(np.float64) + workers[1]) / 2
     plain = state.copy()
-    m_sq = (workers[0][:n].astype(np.float64) ** 2 + workers[1][:n].astype(np.float64) ** 2) / 2
-    correct_second_moment(adam, state, m_sq, sent.astype(np.float64), 2, steps)
+    whole, halves = [(0, n)], [(0, n // 2), (n // 2, n)]
+    m_sq = (block_squares(workers[0][:n], whole) + block_squares(workers[1][:n], whole)) / 2  # what workers send
+    correct_second_moment(adam, state, m_sq, sent.astype(np.float64), 2, steps, whole)
 
     def added(v):  # what the round wrote into v, summed over the coordinates
         return float((v[n:] - adam.beta2 ** steps * sent[n:]).sum())
@@ -338,21 +340,23 @@ def test_averaged_adam_state_corrected_to_the_combined_batch_second_moment():
     assert (state[n:] >= plain[n:] - 0.5 * (plain[n:] - adam.beta2 ** steps * sent[n:]) - 1e-15).all()
     # per block: a block of pure noise keeps half its round's share, one without spread all of it
     blocks = plain.copy()
-    m_sq_blocks = m_sq.copy()
-    m_sq_blocks[n // 2:] = plain[n // 2:n] ** 2  # no spread in the second block
-    correct_second_moment(adam, blocks, m_sq_blocks, sent.astype(np.float64), 2, steps, [(0, n // 2), (n // 2, n)])
+    m_sq_blocks = (block_squares(workers[0][:n], halves) + block_squares(workers[1][:n], halves)) / 2
+    m_sq_blocks[1] = block_squares(plain[:n], halves)[1]  # no spread in the second block
+    correct_second_moment(adam, blocks, m_sq_blocks, sent.astype(np.float64), 2, steps, halves)
     np.testing.assert_array_equal(blocks[n + n // 2:], plain[n + n // 2:])
     assert (blocks[n:n + n // 2] < plain[n:n + n // 2]).all()
     # a spread far beyond noise (replicas drifted apart): at most 1 - 1/K of the round's share comes off
     capped = plain.copy()
-    correct_second_moment(adam, capped, m_sq + 1.0, sent.astype(np.float64), 2, steps)
+    correct_second_moment(adam, capped, m_sq + n, sent.astype(np.float64), 2, steps, whole)
     np.testing.assert_allclose(added(capped), added(plain) / 2, rtol=1e-6)
     # nothing to correct with one worker, or for an updater without a first moment
     alone = plain.copy()
-    correct_second_moment(adam, alone, m_sq, sent.astype(np.float64), 1, steps)
+    correct_second_moment(adam, alone, m_sq, sent.astype(np.float64), 1, steps, whole)
     np.testing.assert_array_equal(alone, plain)
     assert SGD(lr=0.1).slot("first_moment", n) is None and adam.slot("first_moment", n) == slice(0, n)
     assert adam.slot("second_moment", n) == slice(n, 2 * n)
     sgd_state = plain[:n].copy()
-    correct_second_moment(SGD(lr=0.1), sgd_state, m_sq, sent[:n].astype(np.float64), 2, steps)
+    correct_second_moment(SGD(lr=0.1), sgd_state, m_sq, sent[:n].astype(np.float64), 2, steps, whole)
+    with pytest.raises(ValueError, match="one sum of squared first moments per block"):
+        correct_second_moment(adam, plain.copy(), m_sq, sent.astype(np.float64), 2, steps, halves)
     np.testing.assert_array_equal(sgd_state, plain[:n])

@@ -15,9 +15,11 @@ round equal, so their spread is noise: its variance across workers is ``c
 s^2 / B`` with ``c = (1 - b1) / (1 + b1) (1 - b1^(2 F))`` after ``F`` steps,
 which gives the excess to take off the round's share ``1 - b2^F`` of ``v``.
 With few workers one coordinate's spread is too noisy to use alone, so the
-excess is pooled per block (a parameter tensor): each block keeps the
-fraction ``1 - excess / added`` of what the round added to its ``v``, in
-``[1/K, 1]``.  The updater names its slots through its sub-contract
+excess is pooled per block (a parameter tensor, :func:`moment_blocks`): each
+block keeps the fraction ``1 - excess / added`` of what the round added to
+its ``v``, in ``[1/K, 1]``.  A block's spread is the workers' mean of
+``sum m_w^2`` over it less ``sum m^2`` of their mean, so a worker sends one
+number per block (:func:`block_squares`), not a vector as long as ``m``.  The updater names its slots through its sub-contract
 (:attr:`~sparkavg.nn.updaters.Updater.roles`, ``slots``, ``decays``).
 
 Block momentum (BMUF; Chen & Huo, ICASSP 2016; decided by
@@ -33,10 +35,24 @@ from .. import ops
 from ..backend import get_array_module, to_cpu
 from ..nn.finetune import keep_frozen
 
-__all__ = ["correct_second_moment", "correct_moments", "block_momentum_step", "merge_sums", "start_of"]
+__all__ = ["correct_second_moment", "correct_moments", "moment_blocks", "block_squares", "block_momentum_step",
+           "merge_sums", "start_of"]
 
 
-def correct_second_moment(updater, state, moment_sq, sent, workers: int, steps: int, blocks=None) -> None:
+def moment_blocks(network) -> list:
+    """The ``(start, stop)`` parameter ranges the moment correction pools: the
+    model's declared parameter tensors (one block of all when it declares none)."""
+    segments, n = network.param_segments, network.num_params
+    return [(seg.start, seg.stop) for seg in segments] if segments and segments[-1].stop == n else [(0, n)]
+
+
+def block_squares(m, blocks) -> np.ndarray:
+    """``sum m_i^2`` over each block of ``m`` (float64): what a worker sends for the moment correction."""
+    m = to_cpu(m)
+    return np.array([float(np.dot(m[a:b].astype(np.float64), m[a:b].astype(np.float64))) for a, b in blocks])
+
+
+def correct_second_moment(updater, state, moment_sq, sent, workers: int, steps: int, blocks) -> None:
     """Correct the averaged second moment of ``workers`` workers in ``state`` in place.
 
     Parameters
@@ -45,32 +61,35 @@ def correct_second_moment(updater, state, moment_sq, sent, workers: int, steps: 
         With ``"first_moment"`` and ``"second_moment"`` slots (else nothing happens).
     state : ndarray
         The workers' average state; its second-moment slot is corrected.
-    moment_sq : ndarray (n,)
-        The workers' average of ``m * m`` (same weights).
+    moment_sq : ndarray (len(blocks),)
+        The workers' average (same weights) of :func:`block_squares` of their ``m``.
     sent : ndarray
         The state every worker started the round from.
     workers, steps : int
         Workers averaged (nothing below 2); minibatches each fitted.
-    blocks : list of (start, stop), optional
-        Parameter ranges pooled together (default: all as one block).
+    blocks : list of (start, stop)
+        Parameter ranges pooled together, covering ``0 .. n`` (:func:`moment_blocks`).
     """
-    n = moment_sq.shape[0]
+    n = blocks[-1][1] if blocks else 0
     first, second = updater.slot("first_moment", n), updater.slot("second_moment", n)
     if first is None or second is None or workers < 2 or steps < 1 or n == 0:
         return
+    if len(moment_sq) != len(blocks):
+        raise ValueError(f"Expect one sum of squared first moments per block ({len(blocks)}), got {len(moment_sq)}")
     decays = updater.decays()
     b1, b2 = decays[updater.roles["first_moment"]], decays[updater.roles["second_moment"]]
     xp = get_array_module(state)
     c = (1.0 - b1) / (1.0 + b1) * (1.0 - b1 ** (2 * steps))
     m, v = state[first], state[second]
-    spread = xp.maximum(moment_sq - m * m, 0.0)  # the workers' variance of m (weighted, population)
-    # (1 - 1/K) s^2/B from a population variance of K values: spread * K/(K-1) / c * (1 - 1/K) = spread / c
-    excess = spread * ((1.0 - b2 ** steps) / c)
     added = xp.maximum(v - (b2 ** steps) * sent[second], 0.0)  # what this round wrote into v
-    for start, stop in blocks or [(0, n)]:
+    mean_sq = block_squares(m, blocks)
+    for (start, stop), sq, mean in zip(blocks, np.asarray(to_cpu(moment_sq), dtype=np.float64), mean_sq):
         total = float(added[start:stop].sum())
         if total > 0.0:
-            keep = min(1.0, max(1.0 / workers, 1.0 - float(excess[start:stop].sum()) / total))
+            spread = max(float(sq) - float(mean), 0.0)  # the workers' variance of m over the block (population)
+            # (1 - 1/K) s^2/B from a population variance of K values: spread * K/(K-1) / c * (1 - 1/K) = spread / c
+            excess = spread * ((1.0 - b2 ** steps) / c)
+            keep = min(1.0, max(1.0 / workers, 1.0 - excess / total))
             v[start:stop] -= (1.0 - keep) * added[start:stop]
 
 
@@ -81,10 +100,9 @@ def correct_moments(network, state_sum, moment_sq_sum, weight: float, sent, work
     ``batches``: the minibatches the ``workers`` fitted together."""
     inv = 1.0 / weight
     state = state_sum.astype(np.float64) * inv
-    segments = network.param_segments  # the contract's declared parameter tensors
     correct_second_moment(network.updater, state, moment_sq_sum.astype(np.float64) * inv,
                           np.asarray(sent, dtype=np.float64), workers, max(1, round(batches / workers)),
-                          [(seg.start, seg.stop) for seg in segments] if segments else None)
+                          moment_blocks(network))
     state_sum[...] = state * weight
 
 
@@ -140,8 +158,8 @@ def merge_sums(network, sums: dict, weight: float, iterations: int, *, start: di
     workers, batches : int
         Workers with examples in the round and the minibatches they fitted.
     moment_sq : ndarray, optional
-        ``sum_w weight_w m_w * m_w`` of the first moments: correct the
-        updater state (:func:`correct_moments`).
+        ``sum_w weight_w block_squares(m_w)`` of the first moments, one per
+        block: correct the updater state (:func:`correct_moments`).
     momentum : BlockMomentum, optional
         The running block momentum (its ``step``), when on.
     """

@@ -4,8 +4,8 @@ hands in its network, its minibatches and a connected
 :class:`~sparkavg.transport.CollectiveGroup`).
 
 Round ``r``: every rank fits its ``counts[r][rank]`` minibatches, scales its
-parameters, updater state, buffers (and the square of its first moment
-where the moment correction runs) by its weight (its examples, or 1 under
+parameters, updater state, buffers (and the sums of its first moment's
+squares per parameter block where the moment correction runs) by its weight (its examples, or 1 under
 DL4J's unweighted mean; 0 without examples) and the ranks sum them with an
 all-reduce that adds each element in one fixed order
 (``allreduce_weighted(average=False)``; the job path's deal sums its
@@ -28,7 +28,7 @@ import numpy as np
 from ..data.transforms import transformed
 from ..data.validation import split_weights
 from ..stats import Phase
-from .merge import merge_sums
+from .merge import block_squares, merge_sums, moment_blocks
 
 __all__ = ["run_rounds", "EpochLog"]
 
@@ -69,7 +69,7 @@ def run_rounds(net, minibatches, counts, rank: int, group, *, recorder: Callable
         ``host_copy(vector)``, a ``LossSum()`` and ``check_finite(net, loss_sum, where)`` of the executor.
     save_updater, uniform, moment_spread : bool
         Average the updater state; weight 1 per worker (DL4J); send the first
-        moment's square for the moment correction.
+        moment's sums of squares per block for the moment correction.
     momentum : BlockMomentum, optional
         On: its velocity and ``step`` (the driver's policy object, with its ``delta``).
     model : ndarray, optional
@@ -119,7 +119,8 @@ def run_rounds(net, minibatches, counts, rank: int, group, *, recorder: Callable
         if save_updater and live["updater"].size:
             sums["updater"] = copy(live["updater"])
             if moment_spread:
-                sums["moment_sq"] = np.square(sums["updater"][net.updater.slot("first_moment", n)])
+                first = sums["updater"][net.updater.slot("first_moment", n)]
+                sums["moment_sq"] = block_squares(first, moment_blocks(net)).astype(np.float32)
         sums["buffers"] = copy(live["buffers"])
         if hooks is not None and r == len(counts) - 1:
             hooks.on_epoch_end(rank)

@@ -8,6 +8,7 @@ import numpy as np
 
 from ... import ops
 from ...backend import get_array_module
+from ...averaging.merge import block_squares, moment_blocks
 from ...configurable import register
 from ...data.validation import split_weights
 from ..errors import DivergenceError, failure_aware, task_failure_guard
@@ -31,7 +32,8 @@ class RoundResult(Record):
     its first minibatch's wait to its last step, and from the task's start
     to its result, and the task's start (``time.time()`` on the executor:
     how long after the round's launch it began) -- what the runner's shares
-    by speed are cut from.  ``moment_sq`` holds ``weight * m * m`` of the
+    by speed are cut from.  ``moment_sq`` holds ``weight`` times the
+    sums of ``m * m`` per parameter block (:func:`~sparkavg.averaging.merge.block_squares`) of the
     updater's first moment (:meth:`~sparkavg.nn.updaters.Updater.slot` ``"first_moment"``)
     when the master corrects the averaged state for the workers' gradient
     noise, else None.
@@ -84,8 +86,8 @@ def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: b
     ``device`` is the master's ``device`` as a plain str (``"auto"``,
     ``"gpu"``, ``"cpu"``; :mod:`.device`): the network trains there and
     only the round's result crosses to the host.  ``moment_spread``: also
-    return ``weight * m * m`` of the updater's first moment (the master's
-    ``moment_correction``).
+    return ``weight`` times the sums of ``m * m`` per parameter block of the
+    updater's first moment (the master's ``moment_correction``).
     """
 
     def run(items) -> Iterator:
@@ -138,7 +140,7 @@ def make_round_task(config_json: str, shipped, *, round_no: int, save_updater: b
             updater_state = host_copy(live["updater"])
             if moment_spread:  # ParameterAveraging.corrects_moments, decided on the driver
                 moment = net.updater.slot("first_moment", live["params"].size)
-                moment_sq = np.square(updater_state[moment])
+                moment_sq = block_squares(updater_state[moment], moment_blocks(net)).astype(np.float32)
                 ops.scale(moment_sq, weight)
             ops.scale(updater_state, weight)
         buffers = host_copy(live["buffers"])  # BatchNorm's statistics: averaged like parameters

@@ -29,7 +29,7 @@ from typing import Optional
 import numpy as np
 
 from ... import ops
-from ...averaging.merge import merge_sums, start_of
+from ...averaging.merge import merge_sums, moment_blocks, start_of
 from ...stats import Phase
 from ..errors import raise_failures
 from ..executor.averaging import combine_results, make_round_task
@@ -198,7 +198,7 @@ class AveragingRunner(EpochRunner):
         live = network.state
         state = live["updater"].size if self.master.save_updater else 0
         if state and self.moments.choice(getattr(network, "updater", None), 2, self.master.save_updater)[0]:
-            state += live["params"].size  # the workers' m * m
+            state += len(moment_blocks(network))  # the workers' sums of m * m, one per block
         return 4 * (live["params"].size + state + live["buffers"].size)
 
     def shipped(self, network, epoch):

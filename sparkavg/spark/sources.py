@@ -281,8 +281,8 @@ class BlocksDeal(ClassicDeal):
         n = len(rounds) * workers
         self.rdd = (source.rdd.map(lambda kv: (target[kv[0]], kv[1]))
                     .repartitionAndSortWithinPartitions(n, partitionFunc=lambda key: key[0]).values())
-        if self.counts is None:  # read once per round; one barrier stage reads its deal once (a retry: the shuffle)
-            self.rdd.persist(source.rdd.getStorageLevel())
+        if len(rounds) > 1:  # kept for the rounds' jobs; a deal of one round (a barrier stage's: rounds inside it,
+            self.rdd.persist(source.rdd.getStorageLevel())  # or sharing's epoch) is read once (a retry: the shuffle)
         source._epoch_rdds.append(self.rdd)
 
     def drop(self) -> None:

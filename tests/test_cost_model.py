@@ -324,3 +324,31 @@ def test_one_run_of_the_model_takes_instage_and_topologies_files_together(tmp_pa
     assert {"averaging_one_round", "averaging_tree", "sharing_tree_staleness1"} <= set(by)
     assert out["workload"]["params"] == 431080 and out["workload"]["round_bytes"] == 6.9e6
     assert "hidden" in out["scenarios"]
+
+
+def test_exchange_chain_tells_the_loop_waits_from_the_epochs_own():
+    """bench_scale.exchange_chain on the ranks' wait spans of the last epoch: each rank's first wait (the
+    meeting) and last two (finish, leave) are the epoch's; of every iteration's loop waits, the one of the rank
+    that started waiting last is the chain of exchanges, the rest of the mean the wait for slower steps."""
+    from bench_scale import exchange_chain
+
+    from sparkavg.stats import Phase, TrainingStats
+
+    stats = TrainingStats(workers=2)
+    t0 = stats.origin_perf
+    for lane, late in (("w0/1/p0", 0.0), ("w1/2/p1", 0.004)):  # w1 publishes 4 ms after w0 every iteration
+        stats.record(Phase.WAIT, t0, t0 + 0.5, lane=lane, epoch=1)  # the meeting
+        for i in range(3):
+            start = t0 + 1 + i * 0.1 + late
+            stats.record(Phase.WAIT, start, t0 + 1 + i * 0.1 + 0.006, lane=lane, epoch=1)  # totals at +6 ms
+        stats.record(Phase.WAIT, t0 + 2, t0 + 2.02, lane=lane, epoch=1)  # finish
+        stats.record(Phase.WAIT, t0 + 2.1, t0 + 2.11, lane=lane, epoch=1)  # leave
+        stats.record(Phase.WAIT, t0 - 5, t0 - 4, lane=lane, epoch=0)  # an earlier epoch: not read
+    out = exchange_chain(stats, exchanges=2)
+    assert out["iterations"] == 3
+    assert out["chain_s"] == pytest.approx(0.002, abs=1e-9)  # w1's wait: 6 - 4 ms
+    assert out["loop_wait_s"] == pytest.approx(0.004, abs=1e-9)  # (6 + 2) / 2 ms
+    assert out["lockstep_s"] == pytest.approx(0.002, abs=1e-9)
+    assert out["hop_s"] == pytest.approx(0.001, abs=1e-9)
+    assert out["epoch_waits_s"] == pytest.approx(0.53, abs=1e-9)
+    assert exchange_chain(TrainingStats(workers=2), exchanges=1) == {}

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sparkavg.transport import FaultInjection, PeerStalledError, ReliableEndpoint, select_address, tree_neighbours
+from sparkavg.transport import FaultInjection, PeerStalledError, ReliableEndpoint, select_address
 from sparkavg.transport import address as address_mod
 from sparkavg.transport.limits import endpoint_limits
 from sparkavg.transport.protocol import (ACK_ENTRY, HEADER_BYTES, OVERHEAD_BYTES, TAG_BYTES,
@@ -174,20 +174,6 @@ def test_peer_stalled_error_pickles_with_its_fields():
     back = pickle.loads(pickle.dumps(err))
     assert type(back) is PeerStalledError and str(back) == "rank 3 stalled"
     assert back.ranks == (3,) and back.addresses == (("10.0.0.3", 4000),)
-
-
-def test_tree_neighbours_form_a_tree_with_fanout_8():
-    world = 80
-    edges = {(r, n) for r in range(world) for n in tree_neighbours(r, world, 8)}
-    assert all((n, r) in edges for r, n in edges), "neighbour relation must be symmetric"
-    assert len(edges) == 2 * (world - 1), "a tree on W nodes has W - 1 edges"
-    assert tree_neighbours(0, world, 8) == list(range(1, 9))
-    assert tree_neighbours(1, world, 8) == [0, *range(9, 17)]
-    assert tree_neighbours(79, world, 8) == [9]
-    assert max(len(tree_neighbours(r, world, 8)) for r in range(world)) == 9
-    assert tree_neighbours(0, 1, 8) == []
-    with pytest.raises(ValueError, match="Expect 0 <= rank < world_size"):
-        tree_neighbours(5, 5, 8)
 
 
 def test_select_address_order(monkeypatch):

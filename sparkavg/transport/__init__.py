@@ -49,7 +49,7 @@ from .endpoint import ReliableEndpoint, prompt_io_thread
 from .errors import (EndpointClosedError, FrameRejectedError, PeerLostError, PeerStalledError, RendezvousError,
                      TransportError)
 from .faults import FaultInjection
-from .group import PeerGroup, Topology, named_peers, tree_neighbours, wait_for_peers
+from .group import PeerGroup, Topology, named_peers, wait_for_peers
 from .joining import JoiningGroup, gather_peers
 from .keys import KeyAgreement
 from .protocol import RejectReason
@@ -79,6 +79,5 @@ __all__ = [
     "named_peers",
     "prompt_io_thread",
     "select_address",
-    "tree_neighbours",
     "wait_for_peers",
 ]

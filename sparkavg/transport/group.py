@@ -30,7 +30,7 @@ from typing import Callable
 from .endpoint import ReliableEndpoint
 from .errors import PeerStalledError, TransportError
 
-__all__ = ["PeerGroup", "Topology", "tree_neighbours", "wait_for_peers", "named_peers", "DONE_KIND"]
+__all__ = ["PeerGroup", "Topology", "wait_for_peers", "named_peers", "DONE_KIND"]
 
 logger = logging.getLogger(__name__)
 
@@ -88,27 +88,6 @@ class Topology(enum.Enum):
     #: Each iteration's messages summed on the way, every rank its own tree of merges (recursive doubling,
     #: :class:`~sparkavg.transport.tree.TreeGroup`): one message per rank and iteration.
     TREE = "tree"
-
-
-def tree_neighbours(rank: int, world_size: int, fanout: int) -> list[int]:
-    """Parent and children of ``rank`` in a tree of fan-out ``fanout`` (parent first).
-
-    Parameters
-    ----------
-    rank : int
-        In ``[0, world_size)``.
-    world_size : int
-        Number of ranks, >= 1.
-    fanout : int
-        Children per node, >= 1.
-    """
-    if world_size < 1 or not 0 <= rank < world_size or fanout < 1:
-        raise ValueError(f"Expect 0 <= rank < world_size and fanout >= 1, got rank={rank}, "
-                         f"world_size={world_size}, fanout={fanout}")
-    out = [(rank - 1) // fanout] if rank else []
-    first = rank * fanout + 1
-    out.extend(range(first, min(first + fanout, world_size)))
-    return out
 
 
 class _OriginState:

@@ -279,10 +279,10 @@ class BlocksDeal(ClassicDeal):
                 for pos, i in enumerate(shard):
                     target[source.key_of(i)] = (r * workers + w, pos)
         n = len(rounds) * workers
+        # Not persisted: each (round, worker) partition is read once, by its round's job or barrier stage (a retry
+        # reads the shuffle again); a kept copy cost a pickle pass and the storage memory of the data again.
         self.rdd = (source.rdd.map(lambda kv: (target[kv[0]], kv[1]))
                     .repartitionAndSortWithinPartitions(n, partitionFunc=lambda key: key[0]).values())
-        if len(rounds) > 1:  # kept for the rounds' jobs; a deal of one round (a barrier stage's: rounds inside it,
-            self.rdd.persist(source.rdd.getStorageLevel())  # or sharing's epoch) is read once (a retry: the shuffle)
         source._epoch_rdds.append(self.rdd)
 
     def drop(self) -> None:

@@ -58,9 +58,9 @@ logger = logging.getLogger(__name__)
 
 #: The decision's name in ``trainer.stats.decisions``.
 STORAGE_DECISION = "data_storage"
-#: ``auto`` keeps minibatches in Spark blocks only while twice their size
-#: (the prepared blocks and an epoch's dealt copy, both persisted) is at
-#: most this share of the executors' storage memory.
+#: ``auto`` keeps minibatches in Spark blocks only while their size is at
+#: most this share of the executors' storage memory (files: of the shared
+#: location's free disk).
 MEMORY_SHARE = 0.8
 #: Bytes of a label in a prepared minibatch (an int64 class index; one-hot
 #: and regression rows count ``4 * num_outputs``).
@@ -153,16 +153,16 @@ def storage_choice(seam, data, options, spec: DataSpec, streams_master: bool,
     room = _room(seam, options)
     if isinstance(room, str):
         return StorageChoice(False, f"auto: {room}: minibatches prepared once and kept")
-    capacity, copies, kept, where = room
+    capacity, kept, where = room
     planned = _plan_bytes(data)
-    if planned is not None and copies * planned * _PLAN_SLACK <= MEMORY_SHARE * capacity:
+    if planned is not None and planned * _PLAN_SLACK <= MEMORY_SHARE * capacity:
         return StorageChoice(False, f"auto: Spark's plan puts the source at {_mb(planned)}; even {_PLAN_SLACK}x that "
                                     f"as {kept} fits {where}: kept")
     rows = data.count()
     per_example = prepared_bytes_per_example(spec, max(feature_value_bytes(data, i.column, options.feature_dtype)
                                                        for i in features_col or spec.inputs))
-    need = copies * rows * per_example
-    what = f"{rows:,} examples x {per_example} B = {_mb(rows * per_example)} as {kept} ({_mb(need)}) against {where}"
+    need = rows * per_example
+    what = f"{rows:,} examples x {per_example} B = {_mb(need)} as {kept} against {where}"
     if need <= MEMORY_SHARE * capacity:
         return StorageChoice(False, f"auto: {what}: kept")
     return StorageChoice(True, f"auto: {what} (over {MEMORY_SHARE:.0%}): streamed from the source every epoch "
@@ -170,23 +170,22 @@ def storage_choice(seam, data, options, spec: DataSpec, streams_master: bool,
 
 
 def _room(seam, options):
-    """``(bytes, copies, kept as, where)`` for kept minibatches: the shared
-    location's free disk for files (one copy), else the executors' storage
-    memory for Spark blocks (two: the blocks and an epoch's dealt copy); a
-    str saying why it is not known."""
+    """``(bytes, kept as, where)`` for kept minibatches: the shared
+    location's free disk for files, else the executors' storage memory for
+    Spark blocks (an epoch's deal reads them through a shuffle, not a second
+    kept copy); a str saying why it is not known."""
     root = files_root(options, seam.local)
     if root is not None:
         free = _free_disk(root)
         if free is None:
             return "shared files at a location whose free space is not known"
-        return free, 1, "minibatch files", f"the shared location's {_mb(free)} free"
+        return free, "minibatch files", f"the shared location's {_mb(free)} free"
     try:
         memory, how = seam.storage_memory()
     except Exception as exc:  # noqa: BLE001 -- Spark's status store is internal API: never fail a fit on it
         logger.warning("could not read the executors' storage memory (%s): keeping the minibatches", exc)
         return f"the executors' storage memory could not be read ({type(exc).__name__})"
-    return memory, 2, "Spark blocks, twice while an epoch's dealt copy is persisted", \
-        f"{_mb(memory)} of storage memory on {how}"
+    return memory, "Spark blocks", f"{_mb(memory)} of storage memory on {how}"
 
 
 #: How much larger than Spark's plan statistics prepared minibatches may be

@@ -22,14 +22,11 @@ averaging, runs the probe), the steady epochs' median, and the accuracy.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -71,20 +68,6 @@ spark.stop()
 """
 
 
-def library_at(ref: str, into: str) -> str:
-    """This repository's ``sparkavg/`` at ``ref`` under ``into``, with this tree's compiled ``sparkavg_ext``."""
-    data = subprocess.run(["git", "-C", ROOT, "archive", ref, "sparkavg"], check=True, capture_output=True).stdout
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(into)
-    shutil.copytree(os.path.join(ROOT, "sparkavg_ext"), os.path.join(into, "sparkavg_ext"))
-    return into
-
-
-def commit(ref: str = "HEAD") -> str:
-    return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", ref], check=True, capture_output=True,
-                          text=True).stdout.strip()
-
-
 def fit(library: str, name: str, args) -> dict:
     master, path = PATHS[name]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([library, HERE, os.path.join(ROOT, "examples")]),
@@ -99,7 +82,7 @@ def fit(library: str, name: str, args) -> dict:
 
 def main(argv=None) -> dict:
     sys.path.insert(0, HERE)
-    from report import emit
+    from report import commit, emit, library_at
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--baseline", required=True, help="a git commit whose library alternates with this tree's")

@@ -32,15 +32,12 @@ compiled ``sparkavg_ext``), in the same run::
 from __future__ import annotations
 
 import argparse
-import io
 import multiprocessing
 import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 
@@ -163,24 +160,10 @@ def run_world(root, world, n, entries, iterations, warmup, step_s) -> dict:
                                                   / (iterations + warmup), 3)}
 
 
-def library_at(ref: str, into: str) -> str:
-    """This repository's ``sparkavg/`` at ``ref`` under ``into``, with this tree's compiled ``sparkavg_ext``."""
-    data = subprocess.run(["git", "-C", ROOT, "archive", ref, "sparkavg"], check=True, capture_output=True).stdout
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(into)
-    shutil.copytree(os.path.join(ROOT, "sparkavg_ext"), os.path.join(into, "sparkavg_ext"))
-    return into
-
-
-def commit(ref: str = "HEAD") -> str:
-    return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", ref], check=True, capture_output=True,
-                          text=True).stdout.strip()
-
-
 def main(argv=None) -> dict:
     sys.path.insert(0, ROOT)
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    from report import emit
+    from report import commit, emit, library_at
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4, 8])

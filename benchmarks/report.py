@@ -1,12 +1,34 @@
 """What every benchmark does with its result: print it as JSON, and write
 it to ``--out`` when given (the files in benchmarks/results/); and what
 several share: a comma-separated choice of sections, timing variants in
-alternating blocks."""
+alternating blocks, an earlier commit's library to run beside this tree's."""
 from __future__ import annotations
 
+import io
 import json
+import os
+import shutil
+import subprocess
+import tarfile
 import time
 from typing import Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def library_at(ref: str, into: str) -> str:
+    """This repository's ``sparkavg/`` at ``ref`` under ``into``, with this tree's compiled ``sparkavg_ext``."""
+    data = subprocess.run(["git", "-C", ROOT, "archive", ref, "sparkavg"], check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.extractall(into)
+    shutil.copytree(os.path.join(ROOT, "sparkavg_ext"), os.path.join(into, "sparkavg_ext"))
+    return into
+
+
+def commit(ref: str = "HEAD") -> str:
+    """The short hash of ``ref`` in this repository."""
+    return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", ref], check=True, capture_output=True,
+                          text=True).stdout.strip()
 
 
 def emit(result: dict, out: Optional[str]) -> dict:

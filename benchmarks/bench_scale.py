@@ -393,7 +393,7 @@ def main(argv=None):
     p.add_argument("--cpu", type=float, default=0.2, help="cores per worker host (its cgroup quota)")
     p.add_argument("--cpu-period-ms", type=float, default=10.0,
                    help="the quota's period (a throttled host waits up to (1 - cpu) x period for its next quota: "
-                        "cost_model.py tells the harness's share from two periods)")
+                        "a run at another period shows whether a latency-bound cost is the harness's)")
     p.add_argument("--rate", default=None, help="tc rate of every link (default: unshaped)")
     p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--limit-train", type=int, default=8192)

@@ -48,8 +48,8 @@ def moment_blocks(network) -> list:
 
 def block_squares(m, blocks) -> np.ndarray:
     """``sum m_i^2`` over each block of ``m`` (float64): what a worker sends for the moment correction."""
-    m = to_cpu(m)
-    return np.array([float(np.dot(m[a:b].astype(np.float64), m[a:b].astype(np.float64))) for a, b in blocks])
+    m = np.asarray(to_cpu(m), dtype=np.float64)
+    return np.array([float(m[a:b] @ m[a:b]) for a, b in blocks])
 
 
 def correct_second_moment(updater, state, moment_sq, sent, workers: int, steps: int, blocks) -> None:

@@ -271,7 +271,6 @@ class BlocksDeal(ClassicDeal):
     def shuffle(self) -> None:
         """(Re)build the deal's RDD from the source's blocks (again after :meth:`SparkBlocks.rebuild`)."""
         source, rounds, workers = self.source, self.rounds, self.workers
-        self.drop()
         # (partition, position in shard) per minibatch key; sorting keeps each shard's dealt order.
         target = {}
         for r, shards in enumerate(rounds):
@@ -283,14 +282,6 @@ class BlocksDeal(ClassicDeal):
         # reads the shuffle again); a kept copy cost a pickle pass and the storage memory of the data again.
         self.rdd = (source.rdd.map(lambda kv: (target[kv[0]], kv[1]))
                     .repartitionAndSortWithinPartitions(n, partitionFunc=lambda key: key[0]).values())
-        source._epoch_rdds.append(self.rdd)
-
-    def drop(self) -> None:
-        if self.rdd is not None:
-            self.rdd.unpersist()
-            if self.rdd in self.source._epoch_rdds:
-                self.source._epoch_rdds.remove(self.rdd)
-            self.rdd = None
 
     def _on_blocks(self, what: str, job: Callable):
         """``job()``, once more after blocks lost with an executor were
@@ -332,7 +323,6 @@ class SparkBlocks(MinibatchSource):
     rdd: object = None
     keys: Optional[List[int]] = None
     remake: Optional[Callable[[], "SparkBlocks"]] = field(default=None, repr=False)
-    _epoch_rdds: list = field(default_factory=list, repr=False)
     description: ClassVar[str] = "Spark blocks"
     Deal: ClassVar[type] = BlocksDeal
 
@@ -361,7 +351,6 @@ class SparkBlocks(MinibatchSource):
         old.unpersist()
 
     def release(self) -> None:
-        rdds, self._epoch_rdds = list(self._epoch_rdds) + ([self.rdd] if self.rdd is not None else []), []
-        self.rdd = None
-        for r in rdds:  # blocking: the next fit's blocks find the storage memory free, not being freed
-            r.unpersist(blocking=True)
+        rdd, self.rdd = self.rdd, None
+        if rdd is not None:  # blocking: the next fit's blocks find the storage memory free, not being freed
+            rdd.unpersist(blocking=True)

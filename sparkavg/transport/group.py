@@ -29,6 +29,7 @@ from typing import Callable
 
 from .endpoint import ReliableEndpoint
 from .errors import PeerStalledError, TransportError
+from .limits import LEAVE_GRACE
 
 __all__ = ["PeerGroup", "Topology", "wait_for_peers", "named_peers", "DONE_KIND"]
 
@@ -39,9 +40,6 @@ _MSG, _END, _DONE = 1, 2, 3
 #: The DONE frame's kind, shared with :class:`~.tree.TreeGroup` (``PeerGroup.leave``'s protocol).
 DONE_KIND = _DONE
 _POLL_SLICE = 0.05   # finish() wakes this often to check its deadline
-#: Seconds a rank that has every neighbour's DONE keeps retransmitting its own until acked before it closes
-#: (at least; four retransmit timeouts when longer).  Paid in full only when a neighbour left before acking it.
-LEAVE_GRACE = 1.0
 
 
 def named_peers(ranks, peers: dict) -> str:
@@ -127,7 +125,7 @@ def leave_neighbours(rank: int, endpoint: ReliableEndpoint, neighbours, done, st
                      receive: Callable[[float], None]) -> None:
     """Send every neighbour DONE, ``receive(seconds)`` until each one's DONE
     is in ``done`` (raising :class:`PeerStalledError` naming those missing
-    after ``stall_timeout``), then flush for up to :data:`LEAVE_GRACE`
+    after ``stall_timeout``), then flush for up to :data:`~.limits.LEAVE_GRACE`
     seconds (or four retransmit timeouts, if longer): a neighbour still
     waiting in its own ``leave`` gets our DONE unless every retransmission
     of it was lost -- it would otherwise wait its whole stall timeout and

@@ -23,7 +23,7 @@ from .faults import FaultInjection
 from .protocol import MAX_UDP_PAYLOAD, OVERHEAD_BYTES
 
 __all__ = ["MAX_DATAGRAM_BYTES", "MAX_MESSAGE_BYTES", "RETRANSMIT_TIMEOUT", "ADAPTIVE_RETRANSMIT",
-           "MIN_RETRANSMIT_TIMEOUT", "STALL_TIMEOUT", "SEND_WINDOW_BYTES", "SEND_WINDOW_MESSAGES",
+           "MIN_RETRANSMIT_TIMEOUT", "STALL_TIMEOUT", "LEAVE_GRACE", "SEND_WINDOW_BYTES", "SEND_WINDOW_MESSAGES",
            "RECV_WINDOW_MESSAGES", "MAX_REASSEMBLY_BYTES", "MAX_INBOX_BYTES", "SOCKET_BUFFER_BYTES",
            "COLLECTIVE_ALIVE_FRACTION", "RENDEZVOUS_FRAME_BYTES",
            "RENDEZVOUS_ANSWER_GRACE", "endpoint_limits"]
@@ -52,6 +52,9 @@ MIN_RETRANSMIT_TIMEOUT = 0.05
 #: stalled (lost): ``send`` and ``flush`` raise :class:`~sparkavg.transport.errors.PeerStalledError`
 #: naming it; ``send`` also blocks at most this long for window space.
 STALL_TIMEOUT = 60.0
+#: Seconds a rank that has every neighbour's DONE keeps retransmitting its own until acked before it closes
+#: (at least; four retransmit timeouts when longer).  Paid in full only when a neighbour left before acking it.
+LEAVE_GRACE = 1.0
 #: Unacked payload bytes allowed per peer; ``send`` blocks beyond it (one message larger than the window
 #: may still go when nothing else is outstanding).
 SEND_WINDOW_BYTES = 4 * _MiB

@@ -15,9 +15,9 @@ quota sleeps until the next period, so anything latency-bound on a host
 (an exchange of small messages, a wake-up per datagram) costs up to
 ``(1 - cores) * period`` more than on a real host of that speed.  A shorter
 period bounds that (``period_us``; the kernel's floor is a 1 ms quota, so a
-share of ``cores`` gets a period of at least ``1000 / cores`` µs), and the
-benchmarks measure at two periods to tell the harness's share of a cost
-from the host's (``bench_scale.py --cpu-period-ms``).
+share of ``cores`` gets a period of at least ``1000 / cores`` µs;
+``bench_scale.py --cpu-period-ms`` runs at another period to see whether a
+measured cost is the period's).
 """
 from __future__ import annotations
 

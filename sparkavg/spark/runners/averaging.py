@@ -228,16 +228,14 @@ class AveragingRunner(EpochRunner):
             return self._run_round(plan, r, config_json, shipped, f"averaging round {r + 1} of epoch {epoch + 1}")
         m, bm, hooks = self.master, self.block_momentum, self.seam.test_hooks()
         self._counts = plan.counts
-        # Where the ranks meet (the seam's), every attempt of the stage; a failed one's waiting ranks answered at once.
-        server = self.seam.meeting(plan.workers, self.stall_timeout(hooks))
-        with server as meeting:
-            task = make_stage_task(config_json, shipped, plan.counts, save_updater=m.save_updater, uniform=self.uniform,
+        def make_task(meeting):
+            return make_stage_task(config_json, shipped, plan.counts, save_updater=m.save_updater, uniform=self.uniform,
                                    moment_spread=self.moments.on, prefetch=prefetch_depth(m.data), device=m.device.value,
                                    momentum=(bm.momentum, bm.block_lr, bm.nesterov) if bm.on else None, hooks=hooks,
                                    meeting=meeting)
-            self._launched = (time.time(), time.perf_counter())
-            what = f"averaging epoch {epoch + 1} ({len(plan.counts)} rounds in one barrier stage)"
-            return self.run_barrier(plan, 0, task, what, stats, hooks, swap=getattr(server, "abandon", None))
+        self._launched = (time.time(), time.perf_counter())
+        what = f"averaging epoch {epoch + 1} ({len(plan.counts)} rounds in one barrier stage)"
+        return self.run_barrier(plan, 0, make_task, what, stats, hooks)
 
     def merge(self, network, result, epoch, r, stats) -> Merged:
         if self.in_stage:

@@ -230,29 +230,35 @@ class EpochRunner(abc.ABC):
             if series:
                 events.emit("sharing_progress", {"epoch": epoch + 1, "round": r + 1, "series": series})
 
-    def run_barrier(self, plan: EpochDeal, r: int, task, what: str, stats, hooks, swap=None):
-        """``plan.barrier(r, task, what)``, run again from the same start when it failed with an error
-        retrying can fix (counter ``stage_restarts``; Spark never retries a barrier stage), up to
-        :func:`~..executor.hooks.stage_attempts`; ``swap(error)``, told of every failed attempt, may answer
-        with the task to run instead (None: not its error)."""
+    def run_barrier(self, plan: EpochDeal, r: int, make_task, what: str, stats, hooks, swap=None):
+        """``plan.barrier(r, make_task(meeting), what)`` -- the ranks meet where the seam says
+        (``seam.meeting``, open for every attempt; a failed attempt's waiting ranks are answered at once, so
+        none holds the task slot the next attempt needs) --, run again from the same start when it failed
+        with an error retrying can fix (counter ``stage_restarts``; Spark never retries a barrier stage), up
+        to :func:`~..executor.hooks.stage_attempts`; ``swap(error)`` may answer with another ``make_task``
+        to run instead (None: not its error)."""
         attempts, attempt = stage_attempts(hooks), 1
-        while True:
-            try:
-                return plan.barrier(r, task, what)
-            except Exception as exc:
-                swapped = swap(exc) if swap is not None else None
-                if swapped is not None:
-                    task = swapped
-                    continue
-                if is_permanent(exc):
-                    raise
-                self.name_lost_ranks(exc, attempt >= attempts, plan, hooks)
-                if attempt >= attempts:
-                    raise
-                stats.count("stage_restarts", 1)
-                logger.warning("%s, attempt %d of %d failed (%s); restarting the epoch", what, attempt, attempts,
-                               str(exc).splitlines()[0][:300])
-                attempt += 1
+        server = self.seam.meeting(plan.workers, self.stall_timeout(hooks))
+        with server as meeting:
+            task = make_task(meeting)
+            while True:
+                try:
+                    return plan.barrier(r, task, what)
+                except Exception as exc:
+                    getattr(server, "abandon", lambda _: None)(exc)
+                    swapped = swap(exc) if swap is not None else None
+                    if swapped is not None:
+                        task = swapped(meeting)
+                        continue
+                    if is_permanent(exc):
+                        raise
+                    self.name_lost_ranks(exc, attempt >= attempts, plan, hooks)
+                    if attempt >= attempts:
+                        raise
+                    stats.count("stage_restarts", 1)
+                    logger.warning("%s, attempt %d of %d failed (%s); restarting the epoch", what, attempt, attempts,
+                                   str(exc).splitlines()[0][:300])
+                    attempt += 1
 
     @staticmethod
     def stall_timeout(hooks) -> float:

@@ -167,27 +167,25 @@ class SharingRunner(EpochRunner):
         what = f"gradient-sharing epoch {epoch + 1}"
         self._decide_state(epoch, stats)
         whole = []  # the whole state, shipped after a rank found none kept
-        # Where the ranks meet (the seam's), every attempt of the stage; a failed one's waiting ranks answered at once.
-        server = self.seam.meeting(plan.workers, self.stall_timeout(hooks))
-        with server as meeting:
-            def ship_whole(exc):
-                getattr(server, "abandon", lambda _: None)(exc)
-                if not isinstance(exc, ResidentStateMissing):
-                    return None
-                if whole:
-                    raise exc
-                stats.count("resident_state_misses", 1)
-                logger.warning("%s: %s; running it again with the whole state", what, str(exc).splitlines()[0])
-                whole.append(self.seam.ship({**self._full, "transform": self._sent.get("transform")}))
-                return make_sharing_task(config_json, whole[0], m, epoch=epoch, job_id=self.job_id,
-                                         device=m.device.value, hooks=hooks, meeting=meeting)
-            try:
-                task = make_sharing_task(config_json, shipped, m, epoch=epoch, job_id=self.job_id,
-                                         device=m.device.value, hooks=hooks, meeting=meeting)
-                return self.run_barrier(plan, r, task, what, stats, hooks, ship_whole)
-            finally:
-                for value in whole:
-                    value.destroy()
+
+        def task_of(value):
+            return lambda meeting: make_sharing_task(config_json, value, m, epoch=epoch, job_id=self.job_id,
+                                                     device=m.device.value, hooks=hooks, meeting=meeting)
+
+        def ship_whole(exc):
+            if not isinstance(exc, ResidentStateMissing):
+                return None
+            if whole:
+                raise exc
+            stats.count("resident_state_misses", 1)
+            logger.warning("%s: %s; running it again with the whole state", what, str(exc).splitlines()[0])
+            whole.append(self.seam.ship({**self._full, "transform": self._sent.get("transform")}))
+            return task_of(whole[0])
+        try:
+            return self.run_barrier(plan, r, task_of(shipped), what, stats, hooks, ship_whole)
+        finally:
+            for value in whole:
+                value.destroy()
 
     # ------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict:

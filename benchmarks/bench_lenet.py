@@ -221,16 +221,14 @@ def _torch_step(torch, model, txs, tys, read_loss: bool):
 
 def _gpu_batch(args, cp, torch, batch_size):
     """Both frameworks at one batch size on the device -> result row."""
-    from sparkavg.nn import Adam, lenet
-
     rng = np.random.default_rng(args.seed)
     n_batches = 8
     xs = rng.random((n_batches, batch_size, 1, 28, 28), dtype=np.float32)
     ys = rng.integers(0, 10, size=(n_batches, batch_size))
     dxs, dys = [cp.asarray(x) for x in xs], [cp.asarray(y) for y in ys]
 
-    net = lenet(seed=args.seed, updater=Adam(lr=1e-3)).to_gpu()
-    model = _torch_lenet(torch, args.seed).cuda()
+    net, model = _models(args, torch)
+    net, model = net.to_gpu(), model.cuda()
     txs = [torch.from_numpy(x).cuda() for x in xs]
     tys = [torch.from_numpy(y).cuda() for y in ys]
 
@@ -259,7 +257,7 @@ def main_gpu(args):
     rows = [_gpu_batch(args, cp, torch, b) for b in args.batch_sizes]
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
     result = {
-        "benchmark": "lenet_train_step_gpu",
+        "benchmark": f"{args.model}_train_step_gpu",
         "step": "forward+backward+Adam(lr=1e-3), float32, on the device",
         "timing": "blocks of steps between device synchronisations; median of per-step means",
         "steps": args.steps,

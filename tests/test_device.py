@@ -244,7 +244,7 @@ def _cluster_scenarios(workdir: str) -> None:
         shipped = sc.broadcast(network_state(net, with_updater=True))
         task = make_round_task(net.to_json(), shipped, round_no=1, save_updater=True, uniform=False,
                                collect_stats=False, prefetch=0, device="gpu")
-        minibatches = [(x[:8], y[:8]), (x[8:16], y[8:16])]
+        minibatches = [({"input": x[:8]}, y[:8]), ({"input": x[8:16]}, y[8:16])]  # inputs by name
         results = sc.parallelize(minibatches, 2).mapPartitions(task).collect()
         out["gpu_round"] = {"results": [type(r).__name__ for r in results]}
         try:

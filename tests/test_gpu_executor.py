@@ -8,10 +8,12 @@ and the results match the CPU path.
 """
 from __future__ import annotations
 
+import contextlib
 import numpy as np
 import pytest
 
 from sparkavg import backend
+from sparkavg.data.validation import DEFAULT_INPUT
 from sparkavg.nn import Network
 from sparkavg.sharing import SharingState, apply_message, apply_received, encode_update, message_bytes
 from sparkavg.sharing.thresholds import FixedThreshold
@@ -34,10 +36,27 @@ class Shipped:
         self.value = value
 
 
+@contextlib.contextmanager
+def spark_task(partition: int, gpus=("0",)):
+    """The task context a Spark Python worker sets before running a task
+    (pyspark's worker.py): this partition, and Spark's GPU assignment."""
+    from pyspark import TaskContext
+    from pyspark.resource import ResourceInformation
+
+    resources = {"gpu": ResourceInformation("gpu", list(gpus))} if gpus else {}
+    TaskContext._setTaskContext(None)
+    TaskContext._setTaskContext(TaskContext(partitionId=partition, resources=resources, cpus=1))
+    try:
+        yield TaskContext.get()
+    finally:
+        TaskContext._setTaskContext(None)
+
+
 def _round(device: str, config_json: str, state, minibatches):
     task = make_round_task(config_json, Shipped(state), round_no=1, save_updater=True, uniform=False,
                            collect_stats=True, prefetch=1, device=device)
-    [result] = list(task(iter(minibatches)))
+    with spark_task(0):  # Spark assigned GPU "0"; device="cpu" does not read it
+        [result] = list(task(iter(minibatches)))
     return result
 
 
@@ -46,13 +65,14 @@ def test_averaging_round_on_the_gpu_matches_the_cpu_and_keeps_state_on_the_devic
     net = small_net(seed=31)
     config_json, state = net.to_json(), network_state(net, with_updater=True)
     x, y = blobs(48, seed=32)
-    minibatches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 48, 8)]
+    minibatches = [({DEFAULT_INPUT: x[i:i + 8]}, y[i:i + 8]) for i in range(0, 48, 8)]  # as the data path gives them
 
     on_cpu = _round("cpu", config_json, state, minibatches)
     on_gpu = _round("gpu", config_json, state, minibatches)
 
     assert type(on_gpu).__name__ == "RoundResult", on_gpu  # not a TaskFailure
     assert on_gpu.devices[0]["kind"] == "gpu" and on_gpu.devices[0]["index"] == backend.current_device()
+    assert on_gpu.devices[0]["address"] == "0" and "Spark-assigned GPU" in on_gpu.devices[0]["reason"]
     assert (on_gpu.examples, on_gpu.batches, on_gpu.max_iterations) == (48, 6, 6)
     # The round's result crossed to the host once, into pinned memory.
     for array in (on_gpu.params, on_gpu.state):

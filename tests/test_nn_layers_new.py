@@ -37,19 +37,21 @@ def bound(layer, input_shape, dtype=np.float64, seed=0, noise=0.3):
     return params, grads, buffers
 
 
-def check_gradients(layer, input_shape, n=3, seed=1):
-    """loss = sum(R * forward(x)) in training mode: back-propagated dL/dx and
+def check_gradients(layer, input_shape, n=3, seed=1, training=True):
+    """loss = sum(R * forward(x, training)): back-propagated dL/dx and
     dL/dparams against central differences (buffers restored before each
     forward, since BatchNorm's running statistics move on every one)."""
     params, grads, buffers = bound(layer, input_shape, seed=seed)
+    if not training:  # statistics as a trained layer's, not the initial 0 and 1
+        buffers[:] = np.linspace(0.5, 2.0, buffers.size)
     rng = np.random.default_rng(seed + 1)
     x = rng.standard_normal((n, *_internal_shape(input_shape)))
     saved = buffers.copy()
-    R = rng.standard_normal(layer.forward(x, True).shape)
+    R = rng.standard_normal(layer.forward(x, training).shape)
 
     def loss(xv):
         buffers[...] = saved
-        return float(np.sum(R * layer.forward(xv, True)))
+        return float(np.sum(R * layer.forward(xv, training)))
 
     loss(x)
     dx = layer.backward(R.copy(), need_dx=True).copy()
@@ -104,6 +106,14 @@ def test_gradients_match_central_differences(make, input_shape):
 
 def test_batchnorm_gradient_with_small_batch_and_momentum_zero():
     check_gradients(BatchNorm(momentum=0.0, eps=1e-3), (4,), n=2)
+
+
+@pytest.mark.parametrize("input_shape", [(5,), (3, 4, 5)])
+def test_batchnorm_gradient_in_inference_mode_treats_the_running_statistics_as_constants(input_shape):
+    """A frozen BatchNorm fine-tuned through (forward with training=False):
+    dx = gamma * dy / sqrt(running_var + eps), and gamma's and beta's
+    gradients of the affine map with the running statistics."""
+    check_gradients(BatchNorm(), input_shape, training=False)
 
 
 # ------------------------------------------------------------- BatchNorm

@@ -126,8 +126,12 @@ class BatchNorm(_Affine):
         m = x2.shape[0]
         y = self._buffer("y", x2.shape, x)
         if not training:
-            scale = self.gamma / xp.sqrt(self.running_var + self.eps)
+            # the running statistics are constants here: backward (a frozen
+            # BatchNorm being fine-tuned through) is the per-channel affine map's
+            inv_std = 1.0 / xp.sqrt(self.running_var + self.eps)
+            scale = self.gamma * inv_std
             unchecked("channel_affine", x, x2, scale, self.beta - self.running_mean * scale, y)
+            self._x2, self._mean, self._inv_std, self._frozen = x2, self.running_mean, inv_std, True
             return y.reshape(x.shape)
         mean, var = self._buffer("mean", (c,), x), self._buffer("var", (c,), x)
         unchecked("channel_stats", x, x2, mean, var)
@@ -135,7 +139,7 @@ class BatchNorm(_Affine):
         scale = self.gamma * inv_std
         unchecked("channel_affine", x, x2, scale, self.beta - mean * scale, y)
         # backward reads x itself (a layer never writes into its input), not a centred copy
-        self._x2, self._mean, self._inv_std = x2, mean, inv_std
+        self._x2, self._mean, self._inv_std, self._frozen = x2, mean, inv_std, False
         mom = self.momentum
         self.running_mean *= mom
         self.running_mean += (1.0 - mom) * mean
@@ -154,10 +158,14 @@ class BatchNorm(_Affine):
         if not need_dx:
             return None
         # dx = gamma*inv_std/m * (m*dy - sum(dy) - xhat*sum(dy*xhat)) with xhat = (x - mean)*inv_std,
-        # one blend a*dy + b*(x - mean) + shift per channel, written over dy (ours to overwrite).
+        # one blend a*dy + b*(x - mean) + shift per channel, written over dy (ours to overwrite);
+        # with the running statistics (inference mode) only a*dy is left.
         a = self.gamma * inv_std
-        b = a * inv_std * self.dgamma * (-1.0 / m)
-        unchecked("channel_blend", dy, dy2, x2, mean, a, b, a * self.dbeta * (-1.0 / m), dy2)
+        if self._frozen:
+            b = shift = get_array_module(dy).zeros_like(a)
+        else:
+            b, shift = a * inv_std * self.dgamma * (-1.0 / m), a * self.dbeta * (-1.0 / m)
+        unchecked("channel_blend", dy, dy2, x2, mean, a, b, shift, dy2)
         return dy2.reshape(dy.shape)
 
 

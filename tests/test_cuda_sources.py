@@ -21,7 +21,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkavg.ops import _cuda, _cuda_conv, _cython, cuda_src, reference
+from sparkavg.ops import _cuda, _cuda_conv, _cuda_norm, _cuda_sequence, _cython, cuda_src, reference
+from sparkavg.ops import reference_norm, reference_sequence
 from sparkavg.ops import reference_conv as ref
 
 from .strategies import conv_geometry
@@ -362,8 +363,13 @@ def _kernel_names(module):
     import re
 
     text = inspect.getsource(module)
-    file = "conv" if module is _cuda_conv else "encode"
-    return file, set(re.findall(r'(?:launcher|_ENCODE), "(sparkavg_[a-z0-9_]+)"', text))
+    file = {_cuda_conv: "conv", _cuda: "encode", _cuda_norm: "norm", _cuda_sequence: "rnn"}[module]
+    return file, set(re.findall(r'(?:launcher|_ENCODE|_FILE), "(sparkavg_[a-z0-9_]+)"', text))
+
+
+#: Kernels calling the device's tanh, which the math library builds on
+#: explicit fused multiply-adds (their results are held to a few ulps).
+_LIBRARY_FMA = {"sparkavg_lstm_forward_step"}
 
 
 @pytest.mark.slow
@@ -376,7 +382,7 @@ def test_cuda_text_compiles_to_ptx(tmp_path, file):
     if nvcc is None:
         pytest.skip("nvcc is not installed: the CUDA text is compiled only where the CUDA "
                     "toolkit is (the C build above still runs every kernel body)")
-    launched = {f: names for f, names in map(_kernel_names, (_cuda_conv, _cuda))}[file]
+    launched = {f: names for f, names in map(_kernel_names, (_cuda_conv, _cuda, _cuda_norm, _cuda_sequence))}[file]
     assert launched, f"found no kernel names for {file}.cu in the Python glue"
     for dtype in (np.float32, np.float64):
         for index in (np.int32, np.int64):
@@ -392,7 +398,70 @@ def test_cuda_text_compiles_to_ptx(tmp_path, file):
             text = ptx.read_text()
             for name in launched:
                 assert f".entry {name}(" in text, f"{stem}: no kernel {name}"
-            assert "fma.rn" not in text, f"{stem}: a multiply-add was contracted"
+            for name in launched - _LIBRARY_FMA:
+                body = text.split(f".entry {name}(", 1)[1].split(".entry ", 1)[0]
+                assert "fma.rn" not in body, f"{stem}: a multiply-add was contracted in {name}"
+
+
+# ------------------------------------------------------ BatchNorm's sums
+@some
+@given(st.integers(1, 300), st.integers(1, 40), st.integers(0, 2**31 - 1), dtypes)
+def test_channel_sums_are_the_reference(launcher, m, c, seed, dtype):
+    """Both stages (chunks of rows, then chunk order) give the reference's
+    float64 sums of the same terms, to the last bits of a double."""
+    rng = np.random.default_rng(seed)
+    x = (3.0 + 2.0 * rng.standard_normal((m, c))).astype(dtype)
+    dy = rng.standard_normal((m, c)).astype(dtype)
+    center = rng.standard_normal(c).astype(dtype)
+    tol = dict(rtol=2e-7, atol=1e-7) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-13)
+    mean, var = _cuda_norm._channel_stats(launcher, x)
+    want_mean, want_var = reference_norm.channel_stats(x)
+    assert mean.dtype == var.dtype == dtype
+    np.testing.assert_allclose(mean, want_mean, **tol)
+    np.testing.assert_allclose(var, want_var, **tol)
+    out = (np.full(c, np.nan, dtype), np.full(c, np.nan, dtype))
+    got = _cuda_norm._channel_sums(launcher, dy, x, center, *out)
+    assert got[0] is out[0] and got[1] is out[1]
+    for a, b in zip(got, reference_norm.channel_sums(dy, x, center)):
+        np.testing.assert_allclose(a, b, **tol)
+
+
+def test_channel_sums_split_rows_into_chunks(launcher):
+    """Past the stage-1 target a channel's rows come from several chunks,
+    and the chunk sizes leave no row out or twice."""
+    m, c = 50_000, 3
+    chunks, rows = _cuda_norm._chunks(m, c)
+    assert chunks > 1 and (chunks - 1) * rows < m <= chunks * rows
+    x = np.arange(m * c, dtype=np.float64).reshape(m, c) % 7
+    sums = _cuda_norm._sums(launcher, "sparkavg_channel_partials", (x, x), m, c, flags=(0,))
+    np.testing.assert_array_equal(sums[0], x.sum(axis=0))
+    np.testing.assert_array_equal(sums[1], (x * x).sum(axis=0))
+
+
+# ------------------------------------------------------------ LSTM steps
+@some
+@given(st.integers(1, 9), st.integers(1, 17), st.integers(0, 2**31 - 1), dtypes)
+def test_lstm_steps_are_the_reference(launcher, n, u, seed, dtype):
+    """Forward: the reference's terms in its order (tanh from the C
+    library here, so a few ulps); backward has no transcendental: the
+    same bits."""
+    rng = np.random.default_rng(seed)
+    r = lambda *shape: (2 * rng.standard_normal(shape)).astype(dtype)  # noqa: E731
+    z, rec, c_prev = r(n, 4 * u), r(n, 4 * u), r(n, u)
+    got = [z.copy(), np.empty((n, u), dtype), np.empty((n, u), dtype), np.empty((n, u), dtype)]
+    want = [z.copy(), np.empty((n, u), dtype), np.empty((n, u), dtype), np.empty((n, u), dtype)]
+    _cuda_sequence._lstm_forward_step(launcher, got[0], rec, c_prev, *got[1:])
+    reference_sequence.lstm_forward_step(want[0], rec, c_prev, *want[1:])
+    tol = dict(rtol=1e-6, atol=1e-6) if dtype == np.float32 else dict(rtol=1e-14, atol=1e-14)
+    for what, a, b in zip(("activations", "c", "tanh(c)", "h"), got, want):
+        np.testing.assert_allclose(a, b, err_msg=what, **tol)
+
+    a, tc, dh, dc = want[0], want[2], r(n, u), r(n, u)
+    got_dc, got_dz = dc.copy(), np.full((n, 4 * u), np.nan, dtype)
+    want_dc, want_dz = dc.copy(), np.full((n, 4 * u), np.nan, dtype)
+    _cuda_sequence._lstm_backward_step(launcher, a, c_prev, tc, dh, got_dc, got_dz)
+    reference_sequence.lstm_backward_step(a, c_prev, tc, dh, want_dc, want_dz)
+    assert same_bits(got_dz, want_dz) and same_bits(got_dc, want_dc)
 
 
 def test_device_backend_runs_the_raw_conv_kernels():
@@ -403,3 +472,7 @@ def test_device_backend_runs_the_raw_conv_kernels():
     assert _dispatch.route("cupy", np.float32) == _dispatch.CUDA
     for name in CONV:
         assert getattr(_cuda, name) is getattr(_cuda_conv, name), name
+    for name in ("channel_stats", "channel_sums"):
+        assert getattr(_cuda, name) is getattr(_cuda_norm, name), name
+    for name in ("lstm_forward_step", "lstm_backward_step"):
+        assert getattr(_cuda, name) is getattr(_cuda_sequence, name), name

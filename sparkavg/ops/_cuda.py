@@ -51,13 +51,13 @@ from ._cuda_conv import (  # noqa: F401 -- the raw conv/pool kernels are this ba
 )
 from ._kernels import OPERATIONS
 from .cuda_src import device
-from .reference_norm import (  # noqa: F401 -- CuPy runs the xp-generic normalisation twins
+from ._cuda_norm import (  # noqa: F401 -- raw kernels for the sums, xp twins element-wise
     channel_affine,
     channel_blend,
     channel_stats,
     channel_sums,
 )
-from .reference_sequence import (  # noqa: F401 -- CuPy runs the xp-generic sequence twins
+from ._cuda_sequence import (  # noqa: F401 -- raw LSTM step kernels; the GRU's are the xp twins
     gru_backward_step,
     gru_forward_step,
     lstm_backward_step,

@@ -34,7 +34,7 @@ _PRELUDE = "spk.cuh"
 _INCLUDE = f'#include "{_PRELUDE}"'
 
 #: The kernel files, by the name :func:`source` takes.
-FILES = ("conv", "encode")
+FILES = ("conv", "encode", "norm", "rnn")
 #: C type of the flat index I, by numpy dtype.
 INDEX_TYPES = {np.dtype(np.int32): "int", np.dtype(np.int64): "long long"}
 _ELEMENT_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}

@@ -35,6 +35,7 @@ from typing import NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .. import backend
 from .model import LOSS_KINDS, TARGETS
 
 __all__ = ["LOSSES", "TARGETS", "DEFAULT_ACTIVATION", "Targets", "check_loss", "check_class_weights",
@@ -118,26 +119,29 @@ def _row_weights(weights, n: int, xp, dtype):
 
 def prepare_targets(loss: str, y, n: int, units: int, xp, dtype, weights=None) -> Targets:
     """Check a batch of ``n`` labels for ``loss`` and an output of ``units``;
-    return them as :class:`Targets` on module ``xp`` (one host sync on CuPy
-    for the value checks)."""
+    return them as :class:`Targets` on module ``xp`` (class labels from the
+    host are checked there, before they cross: no device sync)."""
     shape = tuple(getattr(y, "shape", np.shape(y)))
     w = None if weights is None else _row_weights(weights, n, xp, dtype)
     if loss == "nll":
         if shape == (n, units):
             return Targets("dense", xp.asarray(y, dtype=dtype), w)
         if shape == (n,):
-            labels = xp.asarray(y)
+            # checked where they are: host labels before they cross to the device (no sync),
+            # device labels with one sync
+            module = xp if xp is not np and hasattr(y, "__cuda_array_interface__") else np
+            labels = module.asarray(y)
             if labels.dtype.kind == "f":
-                if n and not bool((labels == xp.floor(labels)).all()):  # device -> host sync
+                if n and not bool((labels == module.floor(labels)).all()):
                     raise ValueError("Expect integer class labels, got non-integral floats")
             elif labels.dtype.kind not in "iu":
                 raise ValueError(f"Expect integer class labels, got dtype {labels.dtype}")
-            labels = labels.astype(xp.int64, copy=False)
+            labels = labels.astype(np.int64, copy=False)
             if n:
-                lo, hi = int(labels.min()), int(labels.max())  # device -> host sync
+                lo, hi = (int(v) for v in backend.to_cpu(module.stack([labels.min(), labels.max()])))
                 if lo < 0 or hi >= units:
                     raise ValueError(f"Expect class labels in [0, {units}), got values from {lo} to {hi}")
-            return Targets("index", labels, w)
+            return Targets("index", xp.asarray(labels), w)
     elif shape == (n, units) or (units == 1 and shape == (n,)):
         t = xp.asarray(y, dtype=dtype).reshape(n, units)
         if loss == "bce" and n and not bool(((t >= 0) & (t <= 1)).all()):  # device -> host sync (NaN fails too)

@@ -19,6 +19,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sparkavg import backend
@@ -154,6 +155,39 @@ def test_summary_groups_workers_by_reason_and_lists_addresses():
         summarize_devices([])
 
 
+class _Shipped:
+    """What a task reads from a Spark broadcast: ``.value``."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _chunked_outputs(net, x, batch_size):
+    """What ``predict`` computed before it had a device: the host network over ``x`` chunk by chunk."""
+    return np.concatenate([net.output(x[s:s + batch_size]) for s in range(0, len(x), batch_size)])
+
+
+def test_predict_on_the_cpu_and_auto_without_a_gpu_is_the_host_networks_output():
+    from sparkavg.spark.executor.inference import make_predict_fn
+    from sparkavg.spark.runners.base import network_state
+
+    from .nets import blobs, small_net
+
+    net = small_net(seed=21)
+    x, y = blobs(45, seed=22)
+    net.fit_batch(x, y)
+    shipped = _Shipped(network_state(net, with_updater=False))
+    want = _chunked_outputs(net, x, 16)
+    for device in ("cpu", "auto"):  # auto outside a Spark task: no GPU assigned, the CPU
+        predict = make_predict_fn(net.to_json(), shipped, 16, None, device)()
+        got = predict({"input": x})
+        assert isinstance(got, np.ndarray) and got.shape == (45, 2)
+        np.testing.assert_array_equal(got, want)
+    if not backend.available():
+        with pytest.raises(DeviceError, match="Expect CuPy with a CUDA device for device='gpu'"):
+            make_predict_fn(net.to_json(), shipped, 16, None, "gpu")()
+
+
 # ------------------------------------------------- Spark resource scheduling
 DISCOVERY = '#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1"]}\'\n'
 
@@ -222,6 +256,19 @@ def _cluster_scenarios(workdir: str) -> None:
             batch_size_per_worker=8, averaging_frequency=2, workers=2))
         trainer.fit(sc.parallelize(pairs, 2), epochs=1)
         out["auto_decisions"] = trainer.stats.decisions
+        # Inference runs where training does: auto on the assigned (unusable) GPUs falls back to the CPU ...
+        predicted = np.stack(trainer.predict(sc.parallelize(list(x), 2)).collect())
+        out["auto_predict_error"] = float(np.abs(predicted - trainer.network.output(x)).max())
+        # ... and device='gpu' evaluation fails as training does: a permanent DeviceError on the driver.
+        sc.setJobGroup("gpu-evaluate", "device='gpu' in an evaluation")
+        trainer = SparkTrainer(sc, trainer.network, ParameterAveraging(workers=2, device="gpu"))
+        try:
+            trainer.evaluate(sc.parallelize(pairs, 2))
+            out["gpu_evaluate"] = {"type": None}
+        except Exception as exc:
+            out["gpu_evaluate"] = error(exc)
+        out["gpu_evaluate"]["failed_tasks"] = failed_tasks("gpu-evaluate")
+        sc.setJobGroup("other", "")
 
         trainer = SparkTrainer(sc, small_net(seed=7), GradientSharing(
             batch_size_per_worker=8, workers=2, device="cpu"))
@@ -337,6 +384,17 @@ def test_gpu_in_an_averaging_task_is_a_permanent_error_not_retried(gpu_cluster):
     assert r["type"] == "DeviceError" and r["permanent"]
     assert "Expect a usable GPU for device='gpu' (Spark assigned this task GPU address" in r["message"]
     assert "[averaging round 1: worker " in r["message"]
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_predict_and_evaluate_choose_their_device_as_training_does(gpu_cluster):
+    out, _ = gpu_cluster
+    assert out["auto_predict_error"] < 1e-6  # auto: the CPU, as the fit's tasks
+    r = out["gpu_evaluate"]
+    assert r["type"] == "DeviceError" and r["permanent"], r
+    assert "Expect a usable GPU for device='gpu' (Spark assigned this task GPU address" in r["message"]
+    assert r["failed_tasks"] == 0  # returned as a failure: Spark did not retry the tasks
 
 
 @pytest.mark.spark

@@ -189,3 +189,64 @@ def test_a_spark_assigned_address_becomes_the_current_device():
     assert backend.current_device() == last
     select_device("gpu", {"gpu": ["0"]})
     assert backend.current_device() == 0
+
+
+class _TaskContext:
+    """A Spark task's context as :func:`task_device` reads it: the GPU Spark assigned."""
+
+    def __init__(self, address: str):
+        self._resources = {"gpu": [address]}
+
+    def resources(self):
+        return self._resources
+
+    def partitionId(self):
+        return 0
+
+
+def test_predict_evaluate_and_score_on_the_gpu_match_the_cpu_with_the_network_on_the_device(monkeypatch):
+    import pyspark
+
+    from sparkavg.evaluation import Evaluation
+    from sparkavg.spark.executor.inference import make_evaluator, make_predict_fn, make_scorer
+
+    cp = backend.cupy()
+    net = small_net(seed=33)
+    x, y = blobs(70, seed=34)
+    net.fit_batch(x, y)
+    config_json, shipped = net.to_json(), Shipped(network_state(net, with_updater=False))
+
+    on_cpu = make_predict_fn(config_json, shipped, 32, None, "cpu")()({"input": x})
+    on_gpu = make_predict_fn(config_json, shipped, 32, None, "gpu")()({"input": x})
+    assert isinstance(on_gpu, np.ndarray) and on_gpu.shape == (70, 2)  # outputs cross back to the host
+    np.testing.assert_allclose(on_gpu, on_cpu, rtol=1e-4, atol=1e-6)
+
+    # The task's network is the worker's cached one on the device; each chunk runs there.
+    gpu_net = cached_network(config_json, task_device("gpu"))
+    assert gpu_net.xp is cp and backend.is_gpu_array(gpu_net.params)
+    outputs, run = [], gpu_net.output
+
+    def recorded(features):
+        result = run(features)
+        chunk = features["input"] if isinstance(features, dict) else features
+        outputs.append((type(chunk).__module__.split(".")[0], type(result).__module__.split(".")[0]))
+        return result
+
+    monkeypatch.setattr(gpu_net, "output", recorded)
+    # auto inside a Spark task with an assigned GPU: that GPU, as for training.
+    monkeypatch.setattr(pyspark.TaskContext, "get", staticmethod(lambda: _TaskContext(str(backend.current_device()))))
+    again = make_predict_fn(config_json, shipped, 32, None, "auto")()({"input": x})
+    assert outputs == [("numpy", "cupy")] * 3  # host chunks in, device outputs, each copied back once
+    np.testing.assert_allclose(again, on_gpu, rtol=1e-6)
+
+    batches = [(x[s:s + 32], y[s:s + 32]) for s in range(0, 70, 32)]
+    results = {}
+    for device in ("cpu", "gpu"):
+        [evals] = list(make_evaluator(config_json, shipped, [Evaluation(2)], lambda i, rows: iter(rows), None,
+                                      device)(0, batches))
+        [(loss_sum, n)] = list(make_scorer(config_json, shipped, lambda i, rows: iter(rows), None, device)(0, batches))
+        results[device] = (evals[0], loss_sum, n)
+    (ev_cpu, loss_cpu, n_cpu), (ev_gpu, loss_gpu, n_gpu) = results["cpu"], results["gpu"]
+    assert n_cpu == n_gpu == 70 and ev_gpu.count == 70
+    np.testing.assert_array_equal(ev_gpu.confusion_matrix, ev_cpu.confusion_matrix)
+    np.testing.assert_allclose(loss_gpu, loss_cpu, rtol=1e-4)

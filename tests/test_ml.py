@@ -56,6 +56,7 @@ def test_estimator_in_a_pipeline_fits_transforms_and_round_trips(request, flavou
     fitted = Pipeline(stages=[est]).fit(df)
     model = fitted.stages[-1]
     assert isinstance(model, NetworkModel) and len(model.history) == 2
+    assert model.device == "auto"  # the master's: transform runs where the fit trained
     np.testing.assert_array_equal(start.params, before)  # fit trained a copy
 
     out = fitted.transform(df)
@@ -110,6 +111,24 @@ def test_model_and_estimator_save_load(request, flavour, tmp_path):
     np.testing.assert_array_equal(back.getNetwork().params, est.getNetwork().params)
     with pytest.raises(ValueError, match="Expect a saved sparkavg.ml.estimator.NetworkEstimator"):
         NetworkEstimator.load(path)
+
+
+def test_transform_runs_on_the_models_device(spark):
+    x, y = blobs(40, seed=36)
+    df = _frame(spark, x, y)
+    model = NetworkModel(network=_trained_net(seed=37))
+    assert model.device == "auto"
+    model.device = "cpu"
+    _, _, prob = _outputs(model.transform(df))
+    np.testing.assert_allclose(prob, model.network.output(x), rtol=1e-5, atol=1e-6)
+    # No GPU assigned by Spark here: device='gpu' fails in the task, naming what it expected.
+    model.device = "gpu"
+    with pytest.raises(Exception, match="DeviceError: Expect a GPU assigned to this task by Spark for "
+                                        "device='gpu', got none"):
+        model.transform(df).collect()
+    model.device = "tpu"
+    with pytest.raises(ValueError, match=r"Expect device in \{'auto', 'gpu', 'cpu'\}, got 'tpu'"):
+        model.transform(df)
 
 
 def test_regression_on_ml_vectors_and_bad_rows(spark):

@@ -138,6 +138,18 @@ def test_evaluate_predict_score_match_local(sc):
     np.testing.assert_allclose(plain, expected, rtol=1e-5, atol=1e-6)
 
 
+def test_predict_runs_on_the_masters_device(sc):
+    net, x, _ = trained_small_net()
+    with SparkTrainer(sc, net, ParameterAveraging(workers=2, device="cpu")) as trainer:
+        out = np.stack(trainer.predict(sc.parallelize(list(x), 2)).collect())
+    np.testing.assert_allclose(out, net.output(x), rtol=1e-5, atol=1e-6)
+    # No GPU assigned by Spark here: device='gpu' inference fails in the task, as training would.
+    with SparkTrainer(sc, net, ParameterAveraging(workers=2, device="gpu")) as trainer:
+        with pytest.raises(Exception, match="DeviceError: Expect a GPU assigned to this task by Spark for "
+                                            "device='gpu', got none"):
+            trainer.predict(sc.parallelize(list(x), 2)).collect()
+
+
 @pytest.mark.parametrize("column", ["features", pytest.param("vec", marks=pytest.mark.slow)])
 def test_predict_on_a_dataframe_reads_arrow_batches_in_row_order(sc, column):
     from pyspark.ml.linalg import Vectors

@@ -344,6 +344,7 @@ class NetworkEstimator(Estimator, _NetworkParams, HasLabelCol, HasValidationIndi
             trainer.close()
         model = NetworkModel(network=trainer.network)
         model.input_encoding = input_encoding(master.data)
+        model.device = master.device.value
         model.history = list(trainer.history)
         model.best_epoch = history.best_epoch
         model.stats = trainer.stats
@@ -382,6 +383,10 @@ class NetworkModel(Model, _NetworkParams, MLReadable, MLWritable):
         The features' encoding the network was fitted on (``{"scale",
         "normalize"}`` of the fit's ``DataOptions``), applied by
         ``transform``; saved with the model (JSON).
+    device : {"auto", "gpu", "cpu"}
+        Where ``transform`` runs the network on the executors: the fit's
+        master's ``device`` (``"auto"``: a task's Spark-assigned GPU when
+        it has one, else the CPU); ``"auto"`` when not fitted here (not saved).
     stats : TrainingStats or None
         The fit's statistics (not saved).
     """
@@ -397,6 +402,7 @@ class NetworkModel(Model, _NetworkParams, MLReadable, MLWritable):
         self.history: list = []
         self.best_epoch = None
         self.input_encoding = None
+        self.device = "auto"
         self.stats = None
         self._set(**{k: v for k, v in kwargs.items() if v is not None})
 
@@ -407,6 +413,7 @@ class NetworkModel(Model, _NetworkParams, MLReadable, MLWritable):
         from ..data.validation import DataSpec
         from ..spark.connect import ShippedValue
         from ..spark.data import check_columns, resolve_features
+        from ..spark.executor.device import as_device
         from ..spark.runners.base import network_state
         from .transform import make_transformer
 
@@ -429,7 +436,7 @@ class NetworkModel(Model, _NetworkParams, MLReadable, MLWritable):
         # The parameters travel with the job (JSON + raw float32 bytes in the closure), on both flavours.
         fn = make_transformer(net.to_json(), ShippedValue(network_state(net, with_updater=False)), features,
                               self.getInferenceBatchSize(), out.target, wanted,
-                              self.input_encoding)
+                              self.input_encoding, as_device(self.device))
         return dataset.mapInArrow(fn, schema)
 
     def write(self) -> NetworkWriter:

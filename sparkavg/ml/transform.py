@@ -37,7 +37,7 @@ def vector_column(out: np.ndarray):
 
 
 def make_transformer(config_json: str, shipped, features_col, batch_size: int, target: str,
-                     columns: Mapping[str, str], encoding=None):
+                     columns: Mapping[str, str], encoding=None, device: str = "auto"):
     """The ``mapInArrow`` function of a model's ``transform``.
 
     Parameters
@@ -62,6 +62,9 @@ def make_transformer(config_json: str, shipped, features_col, batch_size: int, t
     encoding : dict, optional
         The model's input encoding (``DataOptions(scale=, normalize=)`` of
         its fit), applied to the features before the network.
+    device : {"auto", "gpu", "cpu"}, default "auto"
+        Where the network runs (the fit's master's ``device``; see
+        :func:`~sparkavg.spark.executor.inference.make_predict_fn`).
     """
     columns = dict(columns)
 
@@ -80,4 +83,4 @@ def make_transformer(config_json: str, shipped, features_col, batch_size: int, t
                 result.append((name, vectors))
         return result
 
-    return predict_arrow(make_predict_fn(config_json, shipped, batch_size, encoding), features_col, appended)
+    return predict_arrow(make_predict_fn(config_json, shipped, batch_size, encoding, device), features_col, appended)

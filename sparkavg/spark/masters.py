@@ -48,7 +48,7 @@ class Placement(str, enum.Enum):
 
 
 class Device(str, enum.Enum):
-    """Where an executor trains."""
+    """Where an executor trains, evaluates and predicts."""
 
     AUTO = "auto"  #: the task's Spark-assigned GPU when it has one and CuPy works, else the CPU (reason logged)
     GPU = "gpu"  #: the task's GPU; an error when Spark assigned none or CuPy cannot use it
@@ -163,7 +163,7 @@ class Master(Configurable):
     data : DataOptions, default DataOptions()
         Where minibatches live between rounds.
     device : Device, default AUTO
-        Where executors train.
+        Where executors train, evaluate and predict.
     seed : int, default 12345
         Seed of the per-epoch minibatch deal (epoch ``e`` uses ``seed + e``,
         so a resumed fit deals exactly as an uninterrupted one), >= 0.

@@ -542,7 +542,8 @@ class SparkTrainer:
         rebatch = rebatch_partition(self.spec, self.eval_batch_size)
         config = self.network.to_json()
         encoding = input_encoding(self.master.data)
-        merged = self._inference("evaluation", lambda s: make_evaluator(config, s, evals, rebatch, encoding),
+        device = self.master.device.value
+        merged = self._inference("evaluation", lambda s: make_evaluator(config, s, evals, rebatch, encoding, device),
                                  merge_evaluations, data)
         if merged is None or merged[0].count == 0:
             raise ValueError("Expect data with at least one example to evaluate, got none")
@@ -553,7 +554,9 @@ class SparkTrainer:
         rebatch = rebatch_partition(self.spec, self.eval_batch_size)
         config = self.network.to_json()
         encoding = input_encoding(self.master.data)
-        result = self._inference("scoring", lambda s: make_scorer(config, s, rebatch, encoding), add_scores, data)
+        device = self.master.device.value
+        result = self._inference("scoring", lambda s: make_scorer(config, s, rebatch, encoding, device), add_scores,
+                                 data)
         if result is None or result[1] == 0:
             raise ValueError("Expect data with at least one example to score, got none")
         return result[0] / result[1]
@@ -565,7 +568,9 @@ class SparkTrainer:
         give ``(key, output)`` (RDDs are unordered, keys say which is which);
         bare feature arrays give outputs in the partition order; a DataFrame
         uses ``features_col``.  Spark Connect (DataFrames only): the input
-        DataFrame with an ``output`` column (``array<float>``).
+        DataFrame with an ``output`` column (``array<float>``).  Tasks run
+        the network where they train (the master's ``device``: with
+        ``"auto"``, a task's Spark-assigned GPU when it has one).
 
         The shipped parameters live as long as the returned RDD (an RDD
         derived from it refers to it): they are released when it is
@@ -578,7 +583,8 @@ class SparkTrainer:
         try:
             result = self.seam.map_features(
                 data, make_predict_fn(self.network.to_json(), shipped, self.eval_batch_size,
-                                      input_encoding(self.master.data)), self._features_for(data))
+                                      input_encoding(self.master.data), self.master.device.value),
+                self._features_for(data))
         except BaseException:
             SparkTrainer._destroy_shipped(shipped)
             raise

@@ -10,6 +10,13 @@ matrix of examples.  Every inference path feeds it matrices:
 - :func:`predict_arrow` -- a DataFrame's Arrow record batches, one matrix
   each, with columns appended (Connect's ``predict`` and
   ``NetworkModel.transform`` on both flavours).
+
+Every path runs where training does (:mod:`.device`): the caller passes
+the master's ``device`` as a plain str and the task's network lives on
+the device :func:`~.device.task_device` chooses -- with ``"auto"``, the
+task's Spark-assigned GPU when it has one.  Features arrive as host
+arrays and cross to the device chunk by chunk; outputs cross back once
+per chunk.
 """
 from __future__ import annotations
 
@@ -18,12 +25,13 @@ from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ...backend import to_cpu
+from ...backend import is_gpu_array, to_cpu
 from ...data.validation import (DataSpec, DataValidationError, check_input_rows, count_examples, row_namer,
                                 split_features, take_examples)
 from ..errors import failure_aware, task_failure_guard
 from .arrow import read_features
 from .context import cached_network, load_state, task_partition
+from .device import AUTO, task_device
 
 __all__ = ["make_evaluator", "make_scorer", "merge_evaluations", "add_scores", "make_predict_fn", "predict_rows",
            "predict_arrow", "list_column"]
@@ -32,8 +40,10 @@ __all__ = ["make_evaluator", "make_scorer", "merge_evaluations", "add_scores", "
 ROWS_PER_CALL = 1024
 
 
-def _net(config_json: str, shipped):
-    net = cached_network(config_json)
+def _net(config_json: str, shipped, device: str):
+    """This task's network on its device (:func:`~.device.task_device` of
+    ``device``) with the shipped parameters (host -> device on a GPU)."""
+    net = cached_network(config_json, task_device(device))
     load_state(net, shipped.value, with_updater=False)
     return net
 
@@ -71,21 +81,25 @@ def _output(net, x, where):
         raise
 
 
-def make_evaluator(config_json: str, shipped, evaluations: list, rebatch_fn, encoding: Optional[dict] = None):
+def make_evaluator(config_json: str, shipped, evaluations: list, rebatch_fn, encoding: Optional[dict] = None,
+                   device: str = AUTO):
     """Executor function: evaluate one partition into fresh copies of the
     given (empty) evaluations; yields one list of evaluations (or a
-    :class:`TaskFailure`).  ``encoding``: the model's input encoding; ``eval_model`` evaluations get the model."""
+    :class:`TaskFailure`).  ``encoding``: the model's input encoding; ``eval_model`` evaluations get the model;
+    ``device``: the master's ``device`` (``"auto"``, ``"gpu"``, ``"cpu"``), where the network runs."""
 
     def run(index, rows):
         failures: list = []
         evals = None
         with task_failure_guard(failures, partition=index):
-            net = _net(config_json, shipped)
+            net = _net(config_json, shipped, device)
             evals = copy.deepcopy(evaluations)
             given_model, first = [hasattr(ev, "eval_model") for ev in evals], 0
             for x, y in rebatch_fn(index, rows):
                 x = _encoded(x, encoding)
                 out = None if all(given_model) else _output(net, x, row_namer(index, first))
+                if is_gpu_array(out):
+                    out = to_cpu(out)  # device -> host sync: once for every evaluation of the batch
                 first += len(y)
                 for ev, model in zip(evals, given_model):
                     ev.eval_model(net, x, y) if model else ev.eval(y, out)
@@ -102,14 +116,15 @@ def merge_evaluations(a, b):
     return a
 
 
-def make_scorer(config_json: str, shipped, rebatch_fn, encoding: Optional[dict] = None):
-    """Executor function: ``(loss_sum, examples)`` of one partition (``encoding``: the model's input encoding)."""
+def make_scorer(config_json: str, shipped, rebatch_fn, encoding: Optional[dict] = None, device: str = AUTO):
+    """Executor function: ``(loss_sum, examples)`` of one partition (``encoding``: the model's input encoding;
+    ``device``: the master's ``device``, where the network runs)."""
 
     def run(index, rows):
         failures: list = []
         total, n = 0.0, 0
         with task_failure_guard(failures, partition=index):
-            net = _net(config_json, shipped)
+            net = _net(config_json, shipped, device)
             for x, y in rebatch_fn(index, rows):
                 x = _encoded(x, encoding)
                 try:
@@ -129,8 +144,8 @@ def add_scores(a, b):
     return a[0] + b[0], a[1] + b[1]
 
 
-def make_predict_fn(config_json: str, shipped, batch_size: int,
-                    encoding: Optional[dict] = None) -> Callable[[], Callable]:
+def make_predict_fn(config_json: str, shipped, batch_size: int, encoding: Optional[dict] = None,
+                    device: str = AUTO) -> Callable[[], Callable]:
     """The network's batch inference, as pyspark's ``predict_batch_udf`` takes it.
 
     Returns ``make_predict``: called once inside a task, it loads the
@@ -141,16 +156,24 @@ def make_predict_fn(config_json: str, shipped, batch_size: int,
     ``encoding`` (``DataOptions(scale=, normalize=)``; None: as it is);
     ``where(i)`` names row ``i`` of ``x`` when the model refuses it.  Plain
     values only: it ships to executors.
+
+    ``device`` is the master's ``device`` as a plain str (``"auto"``,
+    ``"gpu"``, ``"cpu"``; :mod:`.device`), chosen when ``make_predict``
+    runs: on a GPU the network (cached per worker process and device, as
+    for training) stays there, each chunk of ``x`` crosses to it and its
+    outputs cross back in one copy.  ``"gpu"`` without a usable GPU raises
+    :class:`~.device.DeviceError` from ``make_predict``.
     """
 
     def make_predict() -> Callable[[np.ndarray], np.ndarray]:
-        net = _net(config_json, shipped)
+        net = _net(config_json, shipped, device)
 
         def predict(x: dict, where=None) -> np.ndarray:
             n = count_examples(x)
             if n == 0:
                 return np.zeros((0, 1), np.float32)
             x, where = _encoded(x, encoding), where or (lambda i: f"row {i} of the batch")
+            # Each chunk: host -> device in the network's input preparation, one device -> host copy out.
             parts = [np.asarray(to_cpu(_output(net, take_examples(x, s, s + batch_size),
                                                lambda i, s=s: where(s + i)))) for s in range(0, n, batch_size)]
             return (parts[0] if len(parts) == 1 else np.concatenate(parts)).reshape(n, -1)

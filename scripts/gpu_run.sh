@@ -6,7 +6,7 @@
 #   bash scripts/gpu_run.sh [STAGE ...]      (default: build tests lenet kernels)
 #
 # Stages: build (the Cython extension for this Python), tests (every `gpu`
-# test), lenet / resnet / lstm (CuPy step against PyTorch CUDA at batch
+# test), csrc (the CUDA sources as C and, with nvcc, as PTX), lenet / resnet / lstm (CuPy step against PyTorch CUDA at batch
 # 64, 256, 1024), kernels (the GPU kernels against the device copy),
 # torch (TorchModel on CUDA against the plain torch loop), inference
 # (predict on the GPU against the CPU), executor (the executor task
@@ -47,12 +47,14 @@ for stage in "${stages[@]}"; do
             tests/test_gpu_conv.py tests/test_gpu_executor.py tests/test_nn_layers_new.py tests/test_nn_network.py \
             tests/test_nn_recurrent.py tests/test_nn_step.py tests/test_ops_gpu.py tests/test_sharing_algorithm.py \
             tests/test_torch.py ${GPU_TESTS_EXTRA:-} ;;
+    csrc)
+        run 120 $PY -m pytest -q -p no:cacheprovider tests/test_cuda_sources.py ;;
     lenet|resnet|lstm)
         run 150 $PY benchmarks/bench_lenet.py --gpu --model "$stage" --steps "${STEPS:-200}" --out "$OUT/${stage}_gpu.json" ;;
     kernels)
         run 180 $PY benchmarks/bench_kernels.py --gpu --out "$OUT/kernels_gpu.json" ;;
     torch|inference|executor)
-        run 150 $PY benchmarks/bench_gpu.py --sections "$stage" --out "$OUT/${stage}_gpu.json" ;;
+        run 200 $PY "benchmarks/bench_gpu_${stage}.py" --out "$OUT/${stage}_gpu.json" ;;
     *)
         say "unknown stage $stage"; exit 2 ;;
     esac

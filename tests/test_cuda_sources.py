@@ -419,6 +419,11 @@ def test_channel_sums_are_the_reference(launcher, m, c, seed, dtype):
     assert mean.dtype == var.dtype == dtype
     np.testing.assert_allclose(mean, want_mean, **tol)
     np.testing.assert_allclose(var, want_var, **tol)
+    strided = (np.full(2 * c, np.nan, dtype)[::2], np.full(2 * c, np.nan, dtype)[::2])
+    got = _cuda_norm._channel_stats(launcher, x, *strided)  # written through a contiguous copy
+    assert got[0] is strided[0] and got[1] is strided[1]
+    np.testing.assert_allclose(strided[0], want_mean, **tol)
+    np.testing.assert_allclose(strided[1], want_var, **tol)
     out = (np.full(c, np.nan, dtype), np.full(c, np.nan, dtype))
     got = _cuda_norm._channel_sums(launcher, dy, x, center, *out)
     assert got[0] is out[0] and got[1] is out[1]
@@ -433,9 +438,11 @@ def test_channel_sums_split_rows_into_chunks(launcher):
     chunks, rows = _cuda_norm._chunks(m, c)
     assert chunks > 1 and (chunks - 1) * rows < m <= chunks * rows
     x = np.arange(m * c, dtype=np.float64).reshape(m, c) % 7
-    sums = _cuda_norm._sums(launcher, "sparkavg_channel_partials", (x, x), m, c, flags=(0,))
-    np.testing.assert_array_equal(sums[0], x.sum(axis=0))
-    np.testing.assert_array_equal(sums[1], (x * x).sum(axis=0))
+    s1, s2 = np.full(c, np.nan), np.full(c, np.nan)
+    _cuda_norm._sums(launcher, "sparkavg_channel_grad_partials", (x, x, np.zeros(c)), m, c, s1, s2,
+                     _cuda_norm._SUMS)
+    np.testing.assert_array_equal(s1, x.sum(axis=0))
+    np.testing.assert_array_equal(s2, (x * x).sum(axis=0))
 
 
 # ------------------------------------------------------------ LSTM steps

@@ -146,10 +146,11 @@ def adam_step(params, grads, m, v, lr, beta1, beta2, eps, t):
 
 
 # ------------------------------------------------------------------ encoding
-# Raw kernels of cuda_src/encode.cu.  Each encoder synchronises once: the
-# host reads a 3-value info vector (non-finite count, first non-finite,
-# values qualifying) before anything is written, which decides between
-# raising, sending nothing, and writing the message (sized by that count).
+# Raw kernels of cuda_src/encode.cu.  Each encoder and decoder synchronises
+# once, at its end: the second kernel reads the first one's verdict on the
+# device (a non-finite value, a bad entry; for the sparse format, whether
+# anything is sent) and writes nothing when it says so, then the host reads
+# the small info vector to raise, or to learn the count.
 # The ``_``-prefixed functions take a launcher (see cuda_src), so the tests
 # run this very glue on the CPU with the C build of the kernels.
 _ENCODE = "encode"
@@ -185,20 +186,19 @@ def _encode_sparse(launcher, residual, tau, limit, apply_when_capped=True, tiles
     launcher.launch(_ENCODE, "sparkavg_sparse_count", dtype, _I64, 32 * ntiles,
                     (residual, _I64(n), tt, _I64(ntiles), _I64(chunks), counts, info))
     ends = xp.cumsum(counts, dtype=np.int64)
-    info[2:] = ends[-1:]
-    host = backend.to_cpu(info)  # sync: the one count read decides what happens next
+    out = xp.empty(4 + min(int(limit), n), dtype=np.int32)  # room for the largest message
+    launcher.launch(_ENCODE, "sparkavg_sparse_emit", dtype, _I64, 32 * ntiles,
+                    (residual, _I64(n), tt, _I64(ntiles), _I64(chunks), ends, _I64(limit), out, info,
+                     np.int32(bool(apply_when_capped)), np.int32(float_bits(tau))))
+    host = backend.to_cpu(info)  # sync: the one read, after both passes
     n_bad, first = _first_bad(host, n)
     if n_bad:
-        raise non_finite_error(n_bad, first)
+        raise non_finite_error(n_bad, first)  # the emit pass wrote nothing
     total = int(host[2])
     if total < 2 or (total >= limit and not apply_when_capped):
         return None, total
-    m = min(total, limit)
-    out = xp.empty(4 + m, dtype=np.int32)
-    launcher.launch(_ENCODE, "sparkavg_sparse_emit", dtype, _I64, 32 * ntiles,
-                    (residual, _I64(n), tt, _I64(ntiles), _I64(chunks), ends, _I64(limit), out,
-                     np.int32(m), np.int32(float_bits(tau))))
-    return out, total
+    size = 4 + min(total, limit)
+    return (out if size == out.size else out[:size].copy()), total  # no idle room kept alive
 
 
 def _encode_bitmap(launcher, residual, tau):
@@ -211,12 +211,12 @@ def _encode_bitmap(launcher, residual, tau):
     info = xp.zeros(3, dtype=np.int64)
     launcher.launch(_ENCODE, "sparkavg_bitmap_words", dtype, _I64, 32 * ((nwords + 1) // 2),
                     (residual, _I64(n), tt, _I64(nwords), out, np.int32(float_bits(tau)), info))
-    host = backend.to_cpu(info)  # sync: refuse non-finite before the residual changes
+    launcher.launch(_ENCODE, "sparkavg_bitmap_apply", dtype, _I64, n,
+                    (residual, _I64(n), tt, out[4:], info))  # writes nothing after a non-finite value
+    host = backend.to_cpu(info)  # sync: the one read, after both passes
     n_bad, first = _first_bad(host, n)
     if n_bad:
         raise non_finite_error(n_bad, first)
-    launcher.launch(_ENCODE, "sparkavg_bitmap_apply", dtype, _I64, n,
-                    (residual, _I64(n), tt, out[4:]))
     return out, int(host[2])
 
 
@@ -226,12 +226,18 @@ def _on_device(xp, encoded):
     return xp.asarray(encoded)  # sync: a received (host) message goes to the device
 
 
-def _first_bad_entry(launcher, kernel, entries, n):
-    """Position of the first bad body entry / word (``kernel`` checks), or None."""
+def _check_entries(launcher, kernel, entries, n):
+    """Queue ``kernel``'s check of the body entries / words: the device flag
+    that the decoder reads (and :func:`_first_bad_entry` after it)."""
     flag = launcher.xp.zeros(1, dtype=np.int64)
     launcher.launch(_ENCODE, kernel, np.float32, _I64, entries.size,
                     (entries, _I64(entries.size), _I64(n), flag))
-    found = int(backend.to_cpu(flag)[0])  # sync: validate before writing
+    return flag
+
+
+def _first_bad_entry(flag, entries):
+    """Position of the first bad entry / word the check flagged, or None."""
+    found = int(backend.to_cpu(flag)[0])  # sync: the one read, after check and decode
     return entries.size - found if found else None
 
 
@@ -240,22 +246,24 @@ def _decode_sparse(launcher, encoded, target, count, tau):
         return target
     n = target.size
     body = launcher.xp.ascontiguousarray(_on_device(launcher.xp, encoded)[4:4 + count])
-    pos = _first_bad_entry(launcher, "sparkavg_sparse_check", body, n)
-    if pos is not None:
-        raise bad_index_error(pos, int(body[pos]), n)  # sync: for the message
+    flag = _check_entries(launcher, "sparkavg_sparse_check", body, n)
     launcher.launch(_ENCODE, "sparkavg_sparse_decode", target.dtype, _I64, count,
-                    (body, _I64(count), target.dtype.type(tau), target))
+                    (body, _I64(count), target.dtype.type(tau), target, flag))  # nothing if flagged
+    pos = _first_bad_entry(flag, body)
+    if pos is not None:
+        raise bad_index_error(pos, int(body[pos]), n)
     return target
 
 
 def _decode_bitmap(launcher, encoded, target, tau):
     n = target.size
     words = launcher.xp.ascontiguousarray(_on_device(launcher.xp, encoded)[4:])
-    pos = _first_bad_entry(launcher, "sparkavg_bitmap_check", words, n)
-    if pos is not None:
-        raise bad_word_error(pos, int(words[pos]), n)  # sync: for the message
+    flag = _check_entries(launcher, "sparkavg_bitmap_check", words, n)
     launcher.launch(_ENCODE, "sparkavg_bitmap_decode", target.dtype, _I64, n,
-                    (words, _I64(n), target.dtype.type(tau), target))
+                    (words, _I64(n), target.dtype.type(tau), target, flag))  # nothing if flagged
+    pos = _first_bad_entry(flag, words)
+    if pos is not None:
+        raise bad_word_error(pos, int(words[pos]), n)
     return target
 
 

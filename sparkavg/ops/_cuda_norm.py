@@ -34,9 +34,13 @@ def _chunks(m: int, c: int) -> tuple[int, int]:
     return max(1, -(-m // rows)), rows
 
 
-def _sums(launcher, kernel, arrays, m, c, flags=()):
+#: What stage 2 writes (see norm.cu): the mean, the variance, plain sums.
+_MEAN, _VARIANCE, _SUMS = 0, 1, 2
+
+
+def _sums(launcher, kernel, arrays, m, c, out1, out2, mode, flags=()):
     """Stage 1 (``kernel`` over ``arrays``, then the geometry, then
-    ``flags``: int32s), then stage 2: a (2, C) float64 array of sums."""
+    ``flags``: int32s), then stage 2 writing ``out1``/``out2`` by ``mode``."""
     xp = launcher.xp
     chunks, rows = _chunks(m, c)
     total = chunks * c
@@ -45,24 +49,23 @@ def _sums(launcher, kernel, arrays, m, c, flags=()):
     index = index_type(m * c, 2 * total)
     launcher.launch(_FILE, kernel, dtype, index, total,
                     (*arrays, part, index(total), index(m), index(c), index(rows), *map(np.int32, flags)))
-    out = xp.empty((2, c), dtype=np.float64)
-    launcher.launch(_FILE, "sparkavg_channel_finish", dtype, index, c, (part, out, index(c), index(chunks)))
-    return out
+    launcher.launch(_FILE, "sparkavg_channel_finish", dtype, index, c,
+                    (part, out1, out2, index(c), index(chunks), index(m), np.int32(mode)))
+
+
+def _vectors(xp, c, dtype, *given):
+    """Contiguous (C,) outputs: the ``given`` ones where they are, else new."""
+    return [g if g is not None and g.flags.c_contiguous else xp.empty(c, dtype=dtype) for g in given]
 
 
 def _channel_stats(launcher, x, mean=None, var=None):
     xp = launcher.xp
     x = xp.ascontiguousarray(x)
     m, c = x.shape
-    if mean is None:
-        mean, var = xp.empty(c, dtype=x.dtype), xp.empty(c, dtype=x.dtype)
-    first = _sums(launcher, "sparkavg_channel_partials", (x, x), m, c, flags=(0,))  # no center: x unread
-    mu = first[0] / m
-    center = mu.astype(x.dtype)
-    second = _sums(launcher, "sparkavg_channel_partials", (x, center), m, c, flags=(1,))
-    mean[...] = mu
-    var[...] = second[1] / m - (second[0] / m) ** 2
-    return mean, var
+    mu, v = _vectors(xp, c, x.dtype, mean, var)
+    _sums(launcher, "sparkavg_channel_partials", (x, mu), m, c, mu, v, _MEAN, flags=(0,))  # mu not read
+    _sums(launcher, "sparkavg_channel_partials", (x, mu), m, c, mu, v, _VARIANCE, flags=(1,))  # about mu
+    return _delivered((mu, v), (mean, var))
 
 
 def _channel_sums(launcher, dy, x, center, sum_dy=None, sum_dy_x=None):
@@ -70,12 +73,17 @@ def _channel_sums(launcher, dy, x, center, sum_dy=None, sum_dy_x=None):
     dy, x = xp.ascontiguousarray(dy), xp.ascontiguousarray(x)
     m, c = dy.shape
     center = xp.ascontiguousarray(center, dtype=dy.dtype)
-    if sum_dy is None:
-        sum_dy, sum_dy_x = xp.empty(c, dtype=dy.dtype), xp.empty(c, dtype=dy.dtype)
-    sums = _sums(launcher, "sparkavg_channel_grad_partials", (dy, x, center), m, c)
-    sum_dy[...] = sums[0]
-    sum_dy_x[...] = sums[1]
-    return sum_dy, sum_dy_x
+    s1, s2 = _vectors(xp, c, dy.dtype, sum_dy, sum_dy_x)
+    _sums(launcher, "sparkavg_channel_grad_partials", (dy, x, center), m, c, s1, s2, _SUMS)
+    return _delivered((s1, s2), (sum_dy, sum_dy_x))
+
+
+def _delivered(written, given):
+    """The results, copied into the given outputs that were not written in place."""
+    for w, g in zip(written, given):
+        if g is not None and g is not w:
+            g[...] = w
+    return tuple(g if g is not None else w for w, g in zip(written, given))
 
 
 # ------------------------------------------------------- the device backend

@@ -4,17 +4,22 @@
  * subtract tau where r >= tau and add it where r <= -tau, decoders add +-tau;
  * both exact IEEE operations, so results equal the reference bit for bit.
  *
- * The encoders never write the residual before the host has seen that it
- * is finite: a first pass classifies (and, for bitmaps, writes the words),
- * the host reads one small info vector (the only synchronisation), and a
- * second pass writes the message body and the residual.
+ * The encoders never write the residual when it holds a non-finite value:
+ * a first pass classifies (and, for bitmaps, writes the words) and counts
+ * non-finite values into an info vector; the second pass, queued behind it
+ * on the same stream, reads that vector on the device and writes the
+ * message body and the residual only when the first pass found none (and,
+ * for the sparse format, when the message is sent at all).  The host reads
+ * the info vector once, after both: the only synchronisation.  Decoders
+ * likewise check the message first and write the target only when the
+ * check found nothing.
  *
  * info vectors (long long, zeroed by the caller):
  *   [0] non-finite values seen
  *   [1] max over non-finite positions e of (n - e): n - info[1] is the FIRST
  *       one (0 = none), so that a zeroed vector is the neutral start
- *   [2] values sent (bitmap) / total qualifying (sparse, copied there from
- *       the scan by the caller)
+ *   [2] values sent (bitmap) / total qualifying (sparse, written there by
+ *       the emit kernel from the scan)
  */
 #include "spk.cuh"
 
@@ -65,13 +70,21 @@ SPK_KERNEL sparkavg_sparse_count(const T *SPK_RESTRICT r, I n, T tau, I ntiles, 
 
 /* Writes entries [ends[t-1], ends[t]) of the body (ends: inclusive scan of
  * counts), the first `limit` entries only, and takes tau off each sent
- * value; the first launch thread writes the header [m, n, bits, 0]. */
+ * value; the first launch thread writes the header [m, n, bits, 0] with
+ * m = min(total, limit) and copies the total into info[2].  Nothing is
+ * written (but info[2]) when the count found a non-finite value, when
+ * fewer than 2 values qualify, or when the message is capped and
+ * apply_capped is 0: the same decision in every thread. */
 SPK_KERNEL sparkavg_sparse_emit(T *SPK_RESTRICT r, I n, T tau, I ntiles, I chunks,
                                 const long long *SPK_RESTRICT ends, I limit,
-                                int *SPK_RESTRICT message, int m, int bits)
+                                int *SPK_RESTRICT message, long long *SPK_RESTRICT info,
+                                int apply_capped, int bits)
 {
+    const I total = (I)ends[ntiles - 1];
+    SPK_ONCE { info[2] = (long long)total; }
+    if (info[0] != 0 || total < 2 || (total >= limit && !apply_capped)) return;
     SPK_ONCE {
-        message[0] = m;
+        message[0] = (int)(total < limit ? total : limit);
         message[1] = (int)n;
         message[2] = bits;
         message[3] = 0;
@@ -136,9 +149,12 @@ SPK_KERNEL sparkavg_bitmap_words(const T *SPK_RESTRICT r, I n, T tau, I nwords,
     }
 }
 
-/* r[e] -+= tau for every value bit of the words. */
-SPK_KERNEL sparkavg_bitmap_apply(T *SPK_RESTRICT r, I n, T tau, const int *SPK_RESTRICT words)
+/* r[e] -+= tau for every value bit of the words, unless the words' pass
+ * found a non-finite value (info[0]). */
+SPK_KERNEL sparkavg_bitmap_apply(T *SPK_RESTRICT r, I n, T tau, const int *SPK_RESTRICT words,
+                                 const long long *SPK_RESTRICT info)
 {
+    if (info[0] != 0) return;
     SPK_FOR(e, n) {
         const unsigned w = (unsigned)words[e >> 4];
         const int b = (int)(e & 15);
@@ -151,8 +167,9 @@ SPK_KERNEL sparkavg_bitmap_apply(T *SPK_RESTRICT r, I n, T tau, const int *SPK_R
 
 /* ----------------------------------------------------------- decoding ---
  * Checks run first and write the largest (count - position) of a bad
- * entry into first_bad[0] (zeroed by the caller; 0 = none), so the host
- * reads one value before anything is written. */
+ * entry into first_bad[0] (zeroed by the caller; 0 = none); the decoders,
+ * queued behind them, write nothing when it is set, and the host reads
+ * that one value after both. */
 SPK_KERNEL sparkavg_sparse_check(const int *SPK_RESTRICT body, I count, I n,
                                  long long *SPK_RESTRICT first_bad)
 {
@@ -164,8 +181,9 @@ SPK_KERNEL sparkavg_sparse_check(const int *SPK_RESTRICT body, I count, I n,
 
 /* Atomic adds: a hand-made message may repeat an index. */
 SPK_KERNEL sparkavg_sparse_decode(const int *SPK_RESTRICT body, I count, T tau,
-                                  T *SPK_RESTRICT target)
+                                  T *SPK_RESTRICT target, const long long *SPK_RESTRICT first_bad)
 {
+    if (first_bad[0] != 0) return;
     SPK_FOR(i, count) {
         const int v = body[i];
         if (v > 0) SPK_ATOMIC_ADD(&target[v - 1], tau);
@@ -190,8 +208,9 @@ SPK_KERNEL sparkavg_bitmap_check(const int *SPK_RESTRICT words, I nwords, I n,
 /* target[e] += +-tau for every value bit (only those: adding 0 would turn
  * -0.0 into +0.0). */
 SPK_KERNEL sparkavg_bitmap_decode(const int *SPK_RESTRICT words, I n, T tau,
-                                  T *SPK_RESTRICT target)
+                                  T *SPK_RESTRICT target, const long long *SPK_RESTRICT first_bad)
 {
+    if (first_bad[0] != 0) return;
     SPK_FOR(e, n) {
         const unsigned w = (unsigned)words[e >> 4];
         const int b = (int)(e & 15);

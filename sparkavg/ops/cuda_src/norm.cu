@@ -56,10 +56,14 @@ SPK_KERNEL sparkavg_channel_grad_partials(const T *SPK_RESTRICT dy, const T *SPK
     }
 }
 
-/* out[ch] and out[c + ch]: the chunks' partials of channel ch added in
- * chunk order (part holds two blocks of chunks * c partials). */
-SPK_KERNEL sparkavg_channel_finish(const double *SPK_RESTRICT part, double *SPK_RESTRICT out,
-                                   I total, I chunks)
+/* The chunks' partials of channel ch added in chunk order (part holds two
+ * blocks of chunks * c partials: s1 and s2), then, by mode:
+ *   0: out1 = s1 / m                 (the mean; out2 not written)
+ *   1: out2 = s2 / m - (s1 / m)^2    (the variance about a centre s1 is taken from)
+ *   2: out1 = s1, out2 = s2          (plain sums)
+ * in double, rounded once to T, as the reference's float64 means are. */
+SPK_KERNEL sparkavg_channel_finish(const double *SPK_RESTRICT part, T *SPK_RESTRICT out1,
+                                   T *SPK_RESTRICT out2, I total, I chunks, I m, int mode)
 {
     SPK_FOR(ch, total) {
         const I c = total, second = chunks * total;
@@ -68,7 +72,14 @@ SPK_KERNEL sparkavg_channel_finish(const double *SPK_RESTRICT part, double *SPK_
             s1 += part[r * c + ch];
             s2 += part[second + r * c + ch];
         }
-        out[ch] = s1;
-        out[c + ch] = s2;
+        if (mode == 0) {
+            out1[ch] = (T)(s1 / (double)m);
+        } else if (mode == 1) {
+            const double e = s1 / (double)m;
+            out2[ch] = (T)(s2 / (double)m - e * e);
+        } else {
+            out1[ch] = (T)s1;
+            out2[ch] = (T)s2;
+        }
     }
 }

@@ -541,8 +541,7 @@ class SparkTrainer:
         evals = [default_evaluation(self.spec)] if single else list(evaluations)
         rebatch = rebatch_partition(self.spec, self.eval_batch_size)
         config = self.network.to_json()
-        encoding = input_encoding(self.master.data)
-        device = self.master.device.value
+        encoding, device = input_encoding(self.master.data), self.master.device.value
         merged = self._inference("evaluation", lambda s: make_evaluator(config, s, evals, rebatch, encoding, device),
                                  merge_evaluations, data)
         if merged is None or merged[0].count == 0:
@@ -553,8 +552,7 @@ class SparkTrainer:
         """Mean loss over every example of ``data``."""
         rebatch = rebatch_partition(self.spec, self.eval_batch_size)
         config = self.network.to_json()
-        encoding = input_encoding(self.master.data)
-        device = self.master.device.value
+        encoding, device = input_encoding(self.master.data), self.master.device.value
         result = self._inference("scoring", lambda s: make_scorer(config, s, rebatch, encoding, device), add_scores,
                                  data)
         if result is None or result[1] == 0:
@@ -569,8 +567,7 @@ class SparkTrainer:
         bare feature arrays give outputs in the partition order; a DataFrame
         uses ``features_col``.  Spark Connect (DataFrames only): the input
         DataFrame with an ``output`` column (``array<float>``).  Tasks run
-        the network where they train (the master's ``device``: with
-        ``"auto"``, a task's Spark-assigned GPU when it has one).
+        the network where they train (the master's ``device``).
 
         The shipped parameters live as long as the returned RDD (an RDD
         derived from it refers to it): they are released when it is

@@ -11,12 +11,9 @@ matrix of examples.  Every inference path feeds it matrices:
   each, with columns appended (Connect's ``predict`` and
   ``NetworkModel.transform`` on both flavours).
 
-Every path runs where training does (:mod:`.device`): the caller passes
-the master's ``device`` as a plain str and the task's network lives on
-the device :func:`~.device.task_device` chooses -- with ``"auto"``, the
-task's Spark-assigned GPU when it has one.  Features arrive as host
-arrays and cross to the device chunk by chunk; outputs cross back once
-per chunk.
+Every path runs where training does: ``device`` is the master's, as a
+plain str (:func:`~.device.task_device` chooses; features cross to a GPU
+chunk by chunk, outputs come back once per chunk).
 """
 from __future__ import annotations
 
@@ -85,8 +82,7 @@ def make_evaluator(config_json: str, shipped, evaluations: list, rebatch_fn, enc
                    device: str = AUTO):
     """Executor function: evaluate one partition into fresh copies of the
     given (empty) evaluations; yields one list of evaluations (or a
-    :class:`TaskFailure`).  ``encoding``: the model's input encoding; ``eval_model`` evaluations get the model;
-    ``device``: the master's ``device`` (``"auto"``, ``"gpu"``, ``"cpu"``), where the network runs."""
+    :class:`TaskFailure`).  ``encoding``: the model's input encoding; ``eval_model`` evaluations get the model."""
 
     def run(index, rows):
         failures: list = []
@@ -117,8 +113,7 @@ def merge_evaluations(a, b):
 
 
 def make_scorer(config_json: str, shipped, rebatch_fn, encoding: Optional[dict] = None, device: str = AUTO):
-    """Executor function: ``(loss_sum, examples)`` of one partition (``encoding``: the model's input encoding;
-    ``device``: the master's ``device``, where the network runs)."""
+    """Executor function: ``(loss_sum, examples)`` of one partition (``encoding``: the model's input encoding)."""
 
     def run(index, rows):
         failures: list = []
@@ -156,13 +151,8 @@ def make_predict_fn(config_json: str, shipped, batch_size: int, encoding: Option
     ``encoding`` (``DataOptions(scale=, normalize=)``; None: as it is);
     ``where(i)`` names row ``i`` of ``x`` when the model refuses it.  Plain
     values only: it ships to executors.
-
-    ``device`` is the master's ``device`` as a plain str (``"auto"``,
-    ``"gpu"``, ``"cpu"``; :mod:`.device`), chosen when ``make_predict``
-    runs: on a GPU the network (cached per worker process and device, as
-    for training) stays there, each chunk of ``x`` crosses to it and its
-    outputs cross back in one copy.  ``"gpu"`` without a usable GPU raises
-    :class:`~.device.DeviceError` from ``make_predict``.
+    ``device``: see the module doc (``"gpu"`` without a usable GPU raises
+    :class:`~.device.DeviceError` from ``make_predict``).
     """
 
     def make_predict() -> Callable[[np.ndarray], np.ndarray]:
@@ -173,7 +163,6 @@ def make_predict_fn(config_json: str, shipped, batch_size: int, encoding: Option
             if n == 0:
                 return np.zeros((0, 1), np.float32)
             x, where = _encoded(x, encoding), where or (lambda i: f"row {i} of the batch")
-            # Each chunk: host -> device in the network's input preparation, one device -> host copy out.
             parts = [np.asarray(to_cpu(_output(net, take_examples(x, s, s + batch_size),
                                                lambda i, s=s: where(s + i)))) for s in range(0, n, batch_size)]
             return (parts[0] if len(parts) == 1 else np.concatenate(parts)).reshape(n, -1)

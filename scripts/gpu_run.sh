@@ -10,7 +10,8 @@
 # 64, 256, 1024), kernels (the GPU kernels against the device copy),
 # torch (TorchModel on CUDA against the plain torch loop), inference
 # (predict on the GPU against the CPU), executor (the executor task
-# functions with a task context naming the GPU, against the CPU).
+# functions with a task context naming the GPU, against the CPU), diag
+# (where the fixed costs go: benchmarks/diag_gpu.py).
 # Results go to $OUT (or ./gpu_out): one JSON per benchmark and one log.
 # pyspark's Python sources (no jars) may be carried in .gpucarry/site so
 # that the executor modules import; no JVM is started.
@@ -53,6 +54,8 @@ for stage in "${stages[@]}"; do
         run 150 $PY benchmarks/bench_lenet.py --gpu --model "$stage" --steps "${STEPS:-200}" --out "$OUT/${stage}_gpu.json" ;;
     kernels)
         run 180 $PY benchmarks/bench_kernels.py --gpu --out "$OUT/kernels_gpu.json" ;;
+    diag)
+        run 150 $PY benchmarks/diag_gpu.py --out "$OUT/diag_gpu.txt" ;;
     torch|inference|executor)
         run 200 $PY "benchmarks/bench_gpu_${stage}.py" --out "$OUT/${stage}_gpu.json" ;;
     *)

@@ -1,0 +1,206 @@
+"""Where the GPU paths' fixed costs go: a diagnosis for issue 40, not a figure.
+
+Sections (``--sections``, default all):
+
+``encode``
+    16M float32 at density 1e-3: ``cupyx.profiler.benchmark`` (host and
+    device time per call) of the whole sparse and bitmap encoders and of
+    each of their pieces (the count kernel, the scan of tile counts, the
+    emit kernel, the one device -> host read, the allocations).
+``torch``
+    ``torch.profiler`` and ``cProfile`` over steps of the torch zoo's LeNet
+    as a ``TorchModel`` (``fit_batch(sync=False)``) and in a plain torch
+    loop, batch 256: the operators and Python functions the TorchModel
+    step spends its host time in.
+``resnet``
+    ``cProfile`` over CuPy ResNet steps at batch 64 (host-bound there):
+    the Python functions by own time.
+
+Writes one text report (``--out``).  Runs where CuPy and PyTorch CUDA are.
+
+    PYTHONPATH=$PWD python3 benchmarks/diag_gpu.py --out $OUT/diag_gpu.txt
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import sys
+import time
+
+import numpy as np
+
+SECTIONS = ("encode", "torch", "resnet")
+
+
+def _bench(cp, name, fn, report, n_repeat=50):
+    from cupyx.profiler import benchmark
+
+    r = benchmark(fn, n_repeat=n_repeat, n_warmup=5)
+    cpu, gpu = float(np.median(r.cpu_times)) * 1e3, float(np.median(r.gpu_times[0])) * 1e3
+    report.append(f"  {name:<44} host {cpu:8.4f} ms   device {gpu:8.4f} ms")
+
+
+def encode(report):
+    import cupy as cp
+
+    from sparkavg.ops import _cuda
+    from sparkavg.ops._checks import float_bits
+    from sparkavg.ops.cuda_src import device
+
+    n, tau = 1 << 24, 1.0
+    rng = np.random.default_rng(0)
+    host = rng.standard_normal(n).astype(np.float32)
+    host[rng.random(n) < 1e-3] = 5.0
+    r = cp.asarray(host)
+    launcher = device()
+    work = r.copy()
+    ntiles, chunks = _cuda._tiles(n)
+    report.append(f"encode: n={n}, tiles={ntiles} x {chunks} chunks")
+
+    def whole_sparse():
+        cp.copyto(work, r)
+        _cuda._encode_sparse(launcher, work, tau, n // 16)
+
+    def whole_bitmap():
+        cp.copyto(work, r)
+        _cuda._encode_bitmap(launcher, work, tau)
+
+    counts = cp.empty(ntiles, dtype=np.int32)
+    info = cp.zeros(3, dtype=np.int64)
+    i64 = np.int64
+
+    def count():
+        launcher.launch("encode", "sparkavg_sparse_count", r.dtype, i64, 32 * ntiles,
+                        (r, i64(n), r.dtype.type(tau), i64(ntiles), i64(chunks), counts, info))
+
+    count()
+    ends = cp.cumsum(counts, dtype=np.int64)
+    out = cp.empty(4 + n // 16, dtype=np.int32)
+    info_clean = cp.zeros(3, dtype=np.int64)
+
+    def emit():  # on a copy, from clean info: the same work every call
+        cp.copyto(work, r)
+        launcher.launch("encode", "sparkavg_sparse_emit", r.dtype, i64, 32 * ntiles,
+                        (work, i64(n), r.dtype.type(tau), i64(ntiles), i64(chunks), ends, i64(n // 16), out,
+                         info_clean, np.int32(1), np.int32(float_bits(tau))))
+
+    _bench(cp, "copy of the vector (the emit rows include one)", lambda: cp.copyto(work, r), report)
+    _bench(cp, "sparse encode, whole (with its copy)", whole_sparse, report)
+    _bench(cp, "bitmap encode, whole (with its copy)", whole_bitmap, report)
+    _bench(cp, "sparse count kernel", count, report)
+    _bench(cp, "cumsum of the tile counts", lambda: cp.cumsum(counts, dtype=np.int64), report)
+    _bench(cp, "sparse emit kernel (with its copy)", emit, report)
+    _bench(cp, "device -> host read of info", lambda: cp.asnumpy(info), report)
+    _bench(cp, "allocations (counts, info zeros, out)", lambda: (cp.empty(ntiles, dtype=np.int32),
+                                                               cp.zeros(3, dtype=np.int64),
+                                                               cp.empty(4 + n // 16, dtype=np.int32)), report)
+
+
+def _cprofile(fn, steps, report, title, sort="tottime", top=30):
+    prof = cProfile.Profile()
+    prof.enable()
+    for i in range(steps):
+        fn(i)
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats(sort).print_stats(top)
+    report.append(f"--- cProfile: {title} ({steps} steps, by {sort})")
+    report.append(text.getvalue())
+
+
+def torch_section(report):
+    import cupy as cp
+    import torch
+
+    from sparkavg.nn import Adam
+    from sparkavg.torch import TorchModel, zoo
+
+    batch, lr = 256, 1e-3
+    rng = np.random.default_rng(1)
+    x = rng.random((batch, 1, 28, 28), dtype=np.float32)
+    y = rng.integers(0, 10, size=batch).astype(np.int64)
+    dx, dy = cp.asarray(x), cp.asarray(y)
+    tx, ty = torch.from_numpy(x).cuda(), torch.from_numpy(y).cuda()
+    net = TorchModel("sparkavg.torch.zoo:lenet", input_shape=(1, 28, 28), seed=1, updater=Adam(lr=lr)).to_gpu()
+    module = zoo.lenet().cuda()
+    opt = torch.optim.Adam(module.parameters(), lr=lr)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def ours(i):
+        net.fit_batch(dx, dy, sync=False)
+
+    def theirs(i):
+        opt.zero_grad(set_to_none=True)
+        loss_fn(module(tx), ty).backward()
+        opt.step()
+
+    for name, step in (("TorchModel.fit_batch(sync=False)", ours), ("plain torch loop", theirs)):
+        for i in range(20):
+            step(i)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(100):
+            step(i)
+        torch.cuda.synchronize()
+        report.append(f"{name}: {(time.perf_counter() - t0) * 10:.4f} ms a step (100 steps, synced at the ends)")
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for i in range(30):
+                step(i)
+            torch.cuda.synchronize()
+        report.append(f"--- torch.profiler: {name}, 30 steps, by self CPU time")
+        report.append(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+    _cprofile(ours, 100, report, "TorchModel.fit_batch(sync=False), LeNet, batch 256")
+
+
+def resnet(report):
+    import cupy as cp
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+    from mnist_resnet import build
+
+    rng = np.random.default_rng(2)
+    x = cp.asarray(rng.random((64, 1, 28, 28), dtype=np.float32))
+    y = cp.asarray(rng.integers(0, 10, size=64))
+    net = build(seed=2).to_gpu()
+
+    def step(i):
+        net.fit_batch(x, y, sync=False)
+
+    for i in range(10):
+        step(i)
+    cp.cuda.Device().synchronize()
+    t0 = time.perf_counter()
+    for i in range(50):
+        step(i)
+    cp.cuda.Device().synchronize()
+    report.append(f"resnet batch 64: {(time.perf_counter() - t0) * 20:.3f} ms a step (50 steps)")
+    _cprofile(step, 50, report, "CuPy ResNet fit_batch(sync=False), batch 64")
+    _cprofile(step, 50, report, "CuPy ResNet fit_batch(sync=False), batch 64", sort="cumulative", top=40)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sections", default=",".join(SECTIONS))
+    p.add_argument("--out", help="also write the report here")
+    args = p.parse_args(argv)
+    report = []
+    for name in args.sections.split(","):
+        t0 = time.perf_counter()
+        try:
+            {"encode": encode, "torch": torch_section, "resnet": resnet}[name](report)
+        except Exception as exc:  # noqa: BLE001 -- a diagnosis reports what broke and goes on
+            report.append(f"section {name} failed: {type(exc).__name__}: {exc}")
+        report.append(f"[{name}: {time.perf_counter() - t0:.1f} s]\n")
+    text = "\n".join(report)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()

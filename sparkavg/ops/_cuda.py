@@ -173,6 +173,14 @@ def _first_bad(info, n):
     return int(info[0]), n - int(info[1])
 
 
+def _groups(ntiles: int) -> tuple[int, int]:
+    """(per1, per2): tiles per first-level group, first-level groups per
+    second: the emit pass's loads for a tile's start stay near
+    2 * sqrt(ntiles / 32) + 32 (see encode.cu)."""
+    per1 = 32
+    return per1, max(1, math.isqrt(-(-ntiles // per1)))
+
+
 def _encode_sparse(launcher, residual, tau, limit, apply_when_capped=True, tiles=None):
     xp = launcher.xp
     n = residual.size
@@ -181,15 +189,19 @@ def _encode_sparse(launcher, residual, tau, limit, apply_when_capped=True, tiles
     dtype = residual.dtype
     tt = dtype.type(tau)
     ntiles, chunks = tiles or _tiles(n)
+    per1, per2 = _groups(ntiles)
+    n1 = -(-ntiles // per1)
+    n2 = -(-n1 // per2)
     counts = xp.empty(ntiles, dtype=np.int32)
-    info = xp.zeros(3, dtype=np.int64)
+    zeroed = xp.zeros(3 + n1 + n2, dtype=np.int64)  # one fill: info, then the group sums
+    info, g1, g2 = zeroed[:3], zeroed[3:3 + n1], zeroed[3 + n1:]
     launcher.launch(_ENCODE, "sparkavg_sparse_count", dtype, _I64, 32 * ntiles,
-                    (residual, _I64(n), tt, _I64(ntiles), _I64(chunks), counts, info))
-    ends = xp.cumsum(counts, dtype=np.int64)
+                    (residual, _I64(n), tt, _I64(ntiles), _I64(chunks), counts, info, g1, g2,
+                     _I64(per1), _I64(per2)))
     out = xp.empty(4 + min(int(limit), n), dtype=np.int32)  # room for the largest message
     launcher.launch(_ENCODE, "sparkavg_sparse_emit", dtype, _I64, 32 * ntiles,
-                    (residual, _I64(n), tt, _I64(ntiles), _I64(chunks), ends, _I64(limit), out, info,
-                     np.int32(bool(apply_when_capped)), np.int32(float_bits(tau))))
+                    (residual, _I64(n), tt, _I64(ntiles), _I64(chunks), counts, g1, g2, _I64(per1), _I64(per2),
+                     _I64(limit), out, info, np.int32(bool(apply_when_capped)), np.int32(float_bits(tau))))
     host = backend.to_cpu(info)  # sync: the one read, after both passes
     n_bad, first = _first_bad(host, n)
     if n_bad:

@@ -19,7 +19,7 @@
  *   [1] max over non-finite positions e of (n - e): n - info[1] is the FIRST
  *       one (0 = none), so that a zeroed vector is the neutral start
  *   [2] values sent (bitmap) / total qualifying (sparse, written there by
- *       the emit kernel from the scan)
+ *       the emit kernel from the group sums)
  */
 #include "spk.cuh"
 
@@ -47,11 +47,20 @@ SPK_DEV void spk_note_bad(long long *info, unsigned bad, I base, I n)
 /* ------------------------------------------------------------ sparse ---
  * The vector is cut into tiles of `chunks` * 32 values, one warp per tile,
  * 32 values (one per lane) per chunk: loads are coalesced and the order of
- * a tile's entries is the order of its values. */
+ * a tile's entries is the order of its values.
+ *
+ * Where a tile's entries start needs no scan of the tile counts: the count
+ * pass also adds each count into its group of `per1` tiles (g1) and its
+ * group of `per1 * per2` tiles (g2) -- integer atomics, so the sums are
+ * exact whatever the order -- and the emit pass adds up the whole g2
+ * groups, the whole g1 groups and the single tiles before its own (a few
+ * dozen warp-uniform loads, see spk_tile_start). */
 
-/* counts[t] = values of tile t with |x| >= tau; non-finite values noted. */
+/* counts[t] = values of tile t with |x| >= tau, also added into g1 and g2;
+ * non-finite values noted. */
 SPK_KERNEL sparkavg_sparse_count(const T *SPK_RESTRICT r, I n, T tau, I ntiles, I chunks,
-                                 int *SPK_RESTRICT counts, long long *SPK_RESTRICT info)
+                                 int *SPK_RESTRICT counts, long long *SPK_RESTRICT info,
+                                 long long *SPK_RESTRICT g1, long long *SPK_RESTRICT g2, I per1, I per2)
 {
     SPK_FOR_WARPS(t, ntiles) {
         int count = 0;
@@ -64,23 +73,45 @@ SPK_KERNEL sparkavg_sparse_count(const T *SPK_RESTRICT r, I n, T tau, I ntiles, 
                 SPK_WARP_LEADER spk_note_bad(info, bad, base, n);
             }
         }
-        SPK_WARP_LEADER counts[t] = count;
+        SPK_WARP_LEADER {
+            counts[t] = count;
+            if (count) {
+                SPK_ATOMIC_ADD64(&g1[t / per1], count);
+                SPK_ATOMIC_ADD64(&g2[t / (per1 * per2)], count);
+            }
+        }
     }
 }
 
-/* Writes entries [ends[t-1], ends[t]) of the body (ends: inclusive scan of
- * counts), the first `limit` entries only, and takes tau off each sent
- * value; the first launch thread writes the header [m, n, bits, 0] with
- * m = min(total, limit) and copies the total into info[2].  Nothing is
- * written (but info[2]) when the count found a non-finite value, when
- * fewer than 2 values qualify, or when the message is capped and
- * apply_capped is 0: the same decision in every thread. */
+/* Entries of the tiles before tile t: the g2 groups before its own, the
+ * g1 groups of its g2 group before its own, the tiles of its g1 group
+ * before it. */
+SPK_DEV I spk_tile_start(const int *SPK_RESTRICT counts, const long long *SPK_RESTRICT g1,
+                         const long long *SPK_RESTRICT g2, I t, I per1, I per2)
+{
+    const I q1 = t / per1, q2 = q1 / per2;
+    I pos = 0;
+    for (I k = 0; k < q2; ++k) pos += (I)g2[k];
+    for (I k = q2 * per2; k < q1; ++k) pos += (I)g1[k];
+    for (I k = q1 * per1; k < t; ++k) pos += (I)counts[k];
+    return pos;
+}
+
+/* Writes tile t's entries at spk_tile_start(t) of the body, the first
+ * `limit` entries only, and takes tau off each sent value; the first launch
+ * thread writes the header [m, n, bits, 0] with m = min(total, limit) and
+ * the total into info[2].  Nothing is written (but info[2]) when the count
+ * found a non-finite value, when fewer than 2 values qualify, or when the
+ * message is capped and apply_capped is 0: the same decision in every
+ * thread. */
 SPK_KERNEL sparkavg_sparse_emit(T *SPK_RESTRICT r, I n, T tau, I ntiles, I chunks,
-                                const long long *SPK_RESTRICT ends, I limit,
+                                const int *SPK_RESTRICT counts, const long long *SPK_RESTRICT g1,
+                                const long long *SPK_RESTRICT g2, I per1, I per2, I limit,
                                 int *SPK_RESTRICT message, long long *SPK_RESTRICT info,
                                 int apply_capped, int bits)
 {
-    const I total = (I)ends[ntiles - 1];
+    I total = 0;
+    for (I k = 0, groups = (ntiles - 1) / (per1 * per2) + 1; k < groups; ++k) total += (I)g2[k];
     SPK_ONCE { info[2] = (long long)total; }
     if (info[0] != 0 || total < 2 || (total >= limit && !apply_capped)) return;
     SPK_ONCE {
@@ -91,7 +122,7 @@ SPK_KERNEL sparkavg_sparse_emit(T *SPK_RESTRICT r, I n, T tau, I ntiles, I chunk
     }
     int *SPK_RESTRICT body = message + 4;
     SPK_FOR_WARPS(t, ntiles) {
-        I pos = t > 0 ? (I)ends[t - 1] : 0;
+        I pos = spk_tile_start(counts, g1, g2, t, per1, per2);
         for (I k = 0; k < chunks && pos < limit; ++k) {
             const I base = (t * chunks + k) * 32;
             if (base >= n) break;

@@ -121,6 +121,12 @@ on ``[1, x]``, ``x`` = ``(W - 1) q`` received messages or ``E`` exchanges;
 ``k`` for predictions; ``meeting_s`` is kept as measured (Spark's
 polling, not CPU).
 
+``--direct-sharing`` takes sharing's per-iteration costs from a run at
+full speed (``bench_scale.py --runs topologies --hosts 2 --cpu 1.0``:
+:func:`direct_sharing_costs`) and predicts the sharing strategies with
+them as the scenario ``direct_sharing_costs``: the simulated hosts' 0.2-core
+quota inflates the loop's waits and sends about twice as much as the step.
+
 **Scenarios** (``--scenario label:field=value,...``) predict the in-stage
 path again with some overheads or workload fields changed (what a fix
 would buy); ``--allreduce`` takes ``peer_s`` and ``connect_s`` at full
@@ -551,6 +557,7 @@ def measured_points(results: Sequence[dict], unshaped_gbit: float = 10.0) -> Dic
                     # wait of an epoch (the meeting) and its finish and leave are the epoch's, not an iteration's
                     wait = chain.get("loop_wait_s", per["wait_s"])
                     p["loop_extra_s"] = wait + per["apply_s"] + per["encode_s"] + per["send_s"]
+                    p["apply_per_iteration_s"] = per["apply_s"]
                     if "chain_s" in chain:  # the loop's wait told apart: the exchanges, the slower ranks' steps
                         p["chain_s"], p["lockstep_s"] = chain["chain_s"], chain["lockstep_s"]
             points[s].append(p)
@@ -773,6 +780,42 @@ def direct_peer_costs(report: dict) -> Dict[str, float]:
             "per_byte_s": x[2] / 1e3, "worlds": worlds}
 
 
+def direct_sharing_costs(result: dict, scaled: dict, link: Link) -> Dict[str, dict]:
+    """Sharing's per-iteration costs at full speed, measured directly: a
+    ``bench_scale.py --runs topologies --hosts 2 --cpu 1.0`` run (each rank
+    a whole core, nothing throttled), for PLAIN and TREE.
+
+    At 2 ranks its phase timings give, unscaled: ``sync_s`` (the loop's
+    time beyond the step less the lock-step wait and the exchanges: encode,
+    send, apply, merge), the lock-step wait, all taken as ``lockstep_s`` --
+    growing with ``log2 W`` from there, none of it fixed -- and the
+    exchange (TREE's ``hop_s``) or a message's apply (PLAIN's ``apply_s``),
+    each the larger of the direct figure and the scaled calibration's; the
+    step is the run's own.  ``stage_s`` stays the scaled calibration's
+    (``scaled``: the calibrated overheads divided by ``--host-speedup``).
+    Returns ``{strategy: {"overheads": ..., "step_s": ..., "measured": ...}}``."""
+    points = measured_points([result], link.bits_per_s / 1e9)
+    out = {}
+    for s in ("sharing_plain", "sharing_tree"):
+        pts = [p for p in points.get(s, []) if p["workers"] == 2 and "lockstep_s" in p]
+        if not pts or s not in scaled:
+            continue
+        p = pts[0]
+        base = Overheads(**scaled[s]["overheads"])
+        per_message = (p["loop_extra_s"] - p["lockstep_s"] - p["chain_s"]) if s == "sharing_plain" else 0.0
+        if s == "sharing_tree":
+            hop = max(p["chain_s"] / doubling_exchanges(2), base.hop_s)
+            sync_s = p["loop_extra_s"] - p["lockstep_s"] - p["chain_s"]
+            o = replace(base, sync_s=sync_s, lockstep_s=p["lockstep_s"], hop_s=hop)
+        else:  # PLAIN's one peer message at 2 ranks: its apply is inside the loop's rest
+            apply_s = max(base.apply_s, p.get("apply_per_iteration_s", 0.0) / max(_workload(p).messages_per_step, 1))
+            o = replace(base, sync_s=max(0.0, per_message - apply_s * _workload(p).messages_per_step),
+                        lockstep_s=p["lockstep_s"], apply_s=apply_s)
+        out[s] = {"overheads": asdict(o), "step_s": p["step_s"],
+                  "measured": {k: p[k] for k in ("step_s", "loop_extra_s", "lockstep_s", "chain_s", "seconds")}}
+    return out
+
+
 #: Scenario fields that are neither Overheads' nor Workload's: ``two_level=1`` prices :func:`two_level`;
 #: ``one_round=1`` pins one round per epoch (the issue-26 model's frequency, before the convergence bound).
 SCENARIO_SWITCHES = ("two_level", "one_round")
@@ -841,6 +884,10 @@ def main(argv=None):
                    help="the in-stage path predicted again with these overheads (at the predicted hosts' speed) or "
                         "workload fields changed, e.g. 'meeting_1s:meeting_s=1.0' (repeatable; applied after "
                         "--allreduce's)")
+    p.add_argument("--direct-sharing", default=None, metavar="JSON",
+                   help="a bench_scale.py --runs topologies --hosts 2 --cpu 1.0 JSON: sharing's per-iteration "
+                        "costs at full speed measured directly (direct_sharing_costs), predicted as the sharing "
+                        "strategies' scenario 'direct_sharing_costs'")
     p.add_argument("--check", nargs="+", default=[], metavar="JSON",
                    help="runs left out of the calibration: the calibrated model's error at their points")
     p.add_argument("--phases", action="store_true",
@@ -883,6 +930,21 @@ def main(argv=None):
         sc.update(predict_scenario(scaled, w, sc["changes"], workers, [1e9, 10e9, 100e9], args.examples_per_worker))
         for rate, rows in sc["predictions"].items():
             at_256[rate][f"averaging_in_stage[{label}]"] = round(rows[256]["efficiency"], 3)
+    if args.direct_sharing:
+        direct = direct_sharing_costs(json.load(open(args.direct_sharing)), scaled, link)
+        preds = {}
+        for s_, d in direct.items():
+            wd = replace(w, step_s=d["step_s"])
+            table = predict({s_: {"overheads": d["overheads"]}}, wd, workers, [1e9, 10e9, 100e9],
+                            examples_per_worker=args.examples_per_worker)
+            for rate, by in table.items():
+                preds.setdefault(rate, {}).update(by)
+                for name, rows in by.items():
+                    at_256[rate][f"{name}[direct_sharing_costs]"] = round(rows[256]["efficiency"], 3)
+        scenarios["direct_sharing_costs"] = {"file": args.direct_sharing, "costs": direct, "predictions": preds,
+                                             "efficiency_below_half_at": {r: {n: scaling_limit(rows)
+                                                                             for n, rows in by.items()}
+                                                                         for r, by in preds.items()}}
     checked = {}
     if args.check:
         for s_, pts in measured_points([json.load(open(f)) for f in args.check], args.calibration_gbit).items():

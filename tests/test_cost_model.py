@@ -1,5 +1,6 @@
 """benchmarks/cost_model.py (issues 26, 37, 38): the epoch model's parts and its calibration, pure Python."""
 import math
+from dataclasses import asdict
 import os
 import sys
 
@@ -237,6 +238,31 @@ def test_phase_calibration_takes_the_measured_chain_and_lockstep_wait():
     at64 = epoch("sharing_tree", 64, w, FAST, truth)
     per_iteration = (at64["seconds"] - truth.stage_s) / at64["iterations"]
     assert per_iteration == pytest.approx(w.step_s + 0.003 + 6 * 0.004 + 6 * 0.0006, rel=1e-3)  # + bytes
+
+
+def test_direct_sharing_costs_are_a_full_speed_runs_own_at_two_ranks():
+    """A 2-rank run at full speed (bench_scale --cpu 1.0): TREE's sync_s is its loop beyond the step less the
+    lock-step wait and the exchange, the lock-step wait all per doubling, the hop the larger of the measured
+    exchange and the scaled calibration's; the step its own; stage_s the scaled calibration's."""
+    from cost_model import direct_sharing_costs
+
+    w = Workload(examples=8192, batch=32, step_s=0.008, state_bytes=5.2e6, message_bytes=4e3, params=431080)
+    chain, lock, sync_s = 0.00024, 0.00045, 0.0008
+    fit = {"epoch_seconds": [5.4], "examples": [w.examples], "state_bytes": w.state_bytes,
+           "fit_phase": {"mean": w.step_s}, "num_params": w.params,
+           "per_rank_iteration": {"wait_s": 1.0, "apply_s": 0.0001, "encode_s": sync_s - 0.0001, "send_s": 0.0,
+                                  "bytes_sent": 1.0, "bytes_received": 1.0},
+           "exchange_chain": {"loop_wait_s": chain + lock, "chain_s": chain, "lockstep_s": lock},
+           "sparkavg": {"bytes_sent": 1.0, "messages_sent": 128, "messages_received": 128}}
+    result = {"hosts": 2, "batch_size_per_worker": w.batch, "fits": {"sharing_plain": fit, "sharing_tree": fit}}
+    scaled = {"sharing_tree": {"overheads": asdict(Overheads(stage_s=0.75, sync_s=0.0025, hop_s=0.0001,
+                                                             lockstep_s=0.0006))}}
+    direct = direct_sharing_costs(result, scaled, FAST)["sharing_tree"]
+    o = direct["overheads"]
+    assert o["sync_s"] == pytest.approx(sync_s, rel=1e-6)
+    assert o["lockstep_s"] == pytest.approx(lock, rel=1e-6)
+    assert o["hop_s"] == pytest.approx(chain, rel=1e-6)  # the measured exchange, larger than 0.0001
+    assert o["stage_s"] == 0.75 and direct["step_s"] == w.step_s
 
 
 def test_direct_peer_costs_are_the_slopes_over_the_peers():

@@ -39,13 +39,17 @@ PACKAGE = ROOT / "sparkavg"
 # GPU-only modules: their real callers are CuPy arrays (the gpu-marked tests, skipped
 # without CUDA), so a CPU machine may leave them untouched without that being a gap in
 # the fast selection.  Today a CPU machine touches them anyway: sparkavg.ops._dispatch
-# imports _cuda, and tests/test_cuda_sources.py runs both modules' Python glue on numpy
+# imports _cuda, and tests/test_cuda_sources.py runs these modules' Python glue on numpy
 # arrays over a C build of the CUDA kernels (system C compiler).  Listed so that the
 # check keeps meaning "no CPU module is untouched" if that ever changes.
 EXPECTED_UNTOUCHED: dict[str, str] = {
     "sparkavg/ops/_cuda.py": "GPU only: the CuPy backend of sparkavg.ops, for arrays on a CUDA device",
     "sparkavg/ops/_cuda_conv.py": "GPU only: CuPy convolution and pooling over the raw kernels of "
                                   "cuda_src/conv.cu, reached from _cuda with CuPy arrays",
+    "sparkavg/ops/_cuda_norm.py": "GPU only: BatchNorm's per-channel sums over cuda_src/norm.cu, reached from "
+                                  "_cuda with CuPy arrays",
+    "sparkavg/ops/_cuda_sequence.py": "GPU only: the LSTM step over cuda_src/rnn.cu, reached from _cuda with "
+                                      "CuPy arrays",
 }
 
 DEFAULT_PYTEST_ARGS = ["-q", "-m", "not slow", "-p", "no:cacheprovider"]

@@ -20,6 +20,12 @@ For each torch zoo module (``sparkavg.torch.zoo``: ``lenet``, ``resnet``,
 ``torch_item``
     The plain loop reading ``loss.item()`` every step (like for like with
     ``fit_batch``).
+``fit_batch_host`` / ``torch_host``
+    The executor's path: batches from host memory each step -- the
+    TorchModel's ``fit_batch(x, y, sync=False)`` on numpy arrays (it
+    copies them to the device, and checks the labels on the host before
+    they cross), against the plain loop copying the same numpy batches with
+    ``torch.from_numpy(...).cuda()`` each step.
 ``fit_batch_torch_adam`` (LeNet only)
     The TorchModel with ``optimizer="torch.optim:Adam"`` (lr 1e-3;
     :mod:`sparkavg.torch.optim`) instead of sparkavg's updater, ``sync=False``.
@@ -163,12 +169,14 @@ def _variants(args, cp, torch, model: str, batch: int) -> tuple:
         dxs, dys = list(xs), list(ys)
         txs, tys = [torch.from_numpy(x) for x in xs], [torch.from_numpy(y) for y in ys]
 
-    def ours(net, sync):
+    def ours(net, sync, host=False):
+        bx, by = (xs, ys) if host else (dxs, dys)
+
         def step(i):
-            net.fit_batch(dxs[i % n_batches], dys[i % n_batches], sync=sync)
+            net.fit_batch(bx[i % n_batches], by[i % n_batches], sync=sync)
         return step
 
-    def theirs(read_loss):
+    def theirs(read_loss, host=False):
         torch.manual_seed(args.seed)
         module = getattr(zoo, model)()
         if cp is not None:
@@ -179,7 +187,12 @@ def _variants(args, cp, torch, model: str, batch: int) -> tuple:
 
         def step(i):
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(module(txs[i % n_batches]), tys[i % n_batches])
+            if host:  # the numpy batch to the device, as a loop over host data does
+                tx, ty = torch.from_numpy(xs[i % n_batches]), torch.from_numpy(ys[i % n_batches])
+                tx, ty = (tx.cuda(), ty.cuda()) if cp is not None else (tx, ty)
+            else:
+                tx, ty = txs[i % n_batches], tys[i % n_batches]
+            loss = loss_fn(module(tx), ty)
             loss.backward()
             opt.step()
             if read_loss:
@@ -195,6 +208,8 @@ def _variants(args, cp, torch, model: str, batch: int) -> tuple:
         "fit_batch": lambda: ours(torch_model(updater=Adam(lr=LR)), True),
         "torch": lambda: theirs(False),
         "torch_item": lambda: theirs(True),
+        "fit_batch_host": lambda: ours(torch_model(updater=Adam(lr=LR)), False, host=True),
+        "torch_host": lambda: theirs(False, host=True),
     }
     if model == "lenet":
         makers["fit_batch_torch_adam"] = lambda: ours(
@@ -230,7 +245,8 @@ def _row(args, cp, torch, model: str, batch: int) -> dict:
     for ratio, (num, den) in {"ratio": ("fit_batch_nosync", "torch"),
                               "ratio_sync_vs_torch_item": ("fit_batch", "torch_item"),
                               "ratio_sync_vs_torch": ("fit_batch", "torch"),
-                              "ratio_torch_adam_vs_torch": ("fit_batch_torch_adam", "torch")}.items():
+                              "ratio_torch_adam_vs_torch": ("fit_batch_torch_adam", "torch"),
+                              "ratio_host": ("fit_batch_host", "torch_host")}.items():
         if num in ms and den in ms:
             row[ratio] = ms[num] / ms[den]
     return row
@@ -247,6 +263,7 @@ def _checks(rows: list) -> dict:
     return {
         f"within_{TARGET}x_at_every_batch": within("ratio"),
         f"within_{TARGET}x_at_every_batch_sync_vs_torch_item": within("ratio_sync_vs_torch_item"),
+        f"within_{TARGET}x_at_every_batch_from_host": within("ratio_host"),
         "max_ratio": max(ratios) if ratios else None,
         "by_model": {m: all(r.get("ratio", float("inf")) <= TARGET for r in rows if r["model"] == m)
                      for m in dict.fromkeys(r["model"] for r in rows)},

@@ -250,3 +250,29 @@ def test_predict_evaluate_and_score_on_the_gpu_match_the_cpu_with_the_network_on
     assert n_cpu == n_gpu == 70 and ev_gpu.count == 70
     np.testing.assert_array_equal(ev_gpu.confusion_matrix, ev_cpu.confusion_matrix)
     np.testing.assert_allclose(loss_gpu, loss_cpu, rtol=1e-4)
+
+
+def test_labels_on_the_device_are_checked_at_the_next_read_not_in_the_step():
+    """A training step with CuPy labels defers their range check (no device read in the step) and trains on
+    them clipped; the task's loss sum reads the verdict and names the batch; a synced step raises at once.
+    A torch module never sees an out-of-range class (a CUDA assert would end the process's context)."""
+    from sparkavg.nn import device_checks
+    from sparkavg.spark.executor.context import LossSum
+    from sparkavg.nn import Adam
+    from sparkavg.torch import TorchModel
+
+    cp = backend.cupy()
+    x, y = blobs(16, seed=61)
+    good, bad = cp.asarray(y), cp.asarray(np.where(np.arange(16) == 3, 7, y))
+    for net in (small_net(seed=62).to_gpu(),
+                TorchModel("tests.torch_models:mlp", updater=Adam(lr=0.01), input_shape=(1, 4, 4), seed=63).to_gpu()):
+        losses = LossSum()
+        losses.add(net.fit_batch(cp.asarray(x), good, sync=False), 16)
+        losses.add(net.fit_batch(cp.asarray(x), bad, sync=False), 16)  # no raise here
+        losses.add(net.fit_batch(cp.asarray(x), good, sync=False), 16)
+        assert device_checks.pending() == 3
+        with pytest.raises(ValueError, match=r"got values from 0 to 7 .*the batch 2 training step\(s\) before it"):
+            losses.value()
+        with pytest.raises(ValueError, match=r"^Expect class labels in \[0, 2\), got values from 0 to 7"):
+            net.fit_batch(cp.asarray(x), bad)  # sync=True: read with the step's loss
+        assert device_checks.pending() == 0

@@ -32,6 +32,7 @@ import numpy as np
 
 from .. import backend
 from ..threads import single_threaded_blas
+from . import device_checks
 from .clipping import GradientNormalization
 from .model import STATE_VECTORS
 from .regularization import Regularization
@@ -332,7 +333,9 @@ class FlatState:
         ``pending[0]`` is a list of ``(weight, total, count)`` loss terms."""
         terms, penalty = pending
         if sync or all(isinstance(total, (float, np.generic, np.ndarray)) for _, total, _ in terms):
+            device_checks.resolve()  # the step's deferred label checks, before its loss is read
             return sum(w * float(total) / count for w, total, count in terms) + Regularization.penalty(penalty)
+        device_checks.resolve_if_full()
         value = None
         for w, total, count in terms:
             term = total * (w / count)
@@ -398,7 +401,8 @@ class FlatState:
         :attr:`iteration` (see :meth:`~sparkavg.nn.flat.FlatModel.compute_update`)."""
         self.check_flat(out, "out", self.num_params)
         updater = self.step_updater()
-        pending = self._training_loss(provider, x, y, weights)
+        with device_checks.deferring():
+            pending = self._training_loss(provider, x, y, weights)
         out.fill(0)
         self._step_into(updater, out, provider)
         self.iteration += 1
@@ -468,7 +472,8 @@ class FlatState:
             self.params += self.update
             return loss
         updater = self.step_updater()
-        pending = self._training_loss(provider, x, y, weights)
+        with device_checks.deferring():
+            pending = self._training_loss(provider, x, y, weights)
         self._apply_updater(updater, self.params)
         self.iteration += 1
         return self.loss_value(pending, sync)

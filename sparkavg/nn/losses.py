@@ -36,6 +36,7 @@ from typing import NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import backend
+from . import device_checks
 from .model import LOSS_KINDS, TARGETS
 
 __all__ = ["LOSSES", "TARGETS", "DEFAULT_ACTIVATION", "Targets", "check_loss", "check_class_weights",
@@ -120,15 +121,16 @@ def _row_weights(weights, n: int, xp, dtype):
 def prepare_targets(loss: str, y, n: int, units: int, xp, dtype, weights=None) -> Targets:
     """Check a batch of ``n`` labels for ``loss`` and an output of ``units``;
     return them as :class:`Targets` on module ``xp`` (class labels from the
-    host are checked there, before they cross: no device sync)."""
+    host are checked there, before they cross: no device sync; labels on the
+    device in a training step: :mod:`~sparkavg.nn.device_checks`)."""
     shape = tuple(getattr(y, "shape", np.shape(y)))
     w = None if weights is None else _row_weights(weights, n, xp, dtype)
     if loss == "nll":
         if shape == (n, units):
             return Targets("dense", xp.asarray(y, dtype=dtype), w)
         if shape == (n,):
-            # checked where they are: host labels before they cross to the device (no sync),
-            # device labels with one sync
+            # checked where they are: host labels before they cross to the device (no sync), device
+            # labels with one sync, or in a training step on the device, read later (device_checks)
             module = xp if xp is not np and hasattr(y, "__cuda_array_interface__") else np
             labels = module.asarray(y)
             if labels.dtype.kind == "f":
@@ -138,7 +140,11 @@ def prepare_targets(loss: str, y, n: int, units: int, xp, dtype, weights=None) -
                 raise ValueError(f"Expect integer class labels, got dtype {labels.dtype}")
             labels = labels.astype(np.int64, copy=False)
             if n:
-                lo, hi = (int(v) for v in backend.to_cpu(module.stack([labels.min(), labels.max()])))
+                low_high = module.stack([labels.min(), labels.max()])
+                if module is not np and device_checks.active():  # a training step: no sync (device_checks)
+                    device_checks.defer(low_high, units)
+                    return Targets("index", module.clip(labels, 0, units - 1), w)
+                lo, hi = (int(v) for v in backend.to_cpu(low_high))
                 if lo < 0 or hi >= units:
                     raise ValueError(f"Expect class labels in [0, {units}), got values from {lo} to {hi}")
             return Targets("index", xp.asarray(labels), w)

@@ -29,6 +29,7 @@ from typing import Optional
 
 import numpy as np
 
+from ...nn import device_checks
 from ...threads import set_threads
 
 __all__ = ["cached_network", "load_state", "task_partition", "task_cpus", "Record", "host_copy", "LossSum"]
@@ -119,8 +120,7 @@ class LossSum:
 
     Losses from ``fit_batch(..., sync=False)`` on a GPU are 0-d device
     arrays: they are summed there (float64) and read back once, by
-    :meth:`value`, so no step waits for the device.  Host losses add up as
-    Python floats."""
+    :meth:`value`, so no step waits for the device.  Host losses add up as Python floats."""
 
     __slots__ = ("_host", "_device")
 
@@ -135,7 +135,8 @@ class LossSum:
         self._device = term if self._device is None else self._device + term
 
     def value(self) -> float:
-        """The sum as a float (one device -> host sync for device losses)."""
+        """The sum as a float (one device -> host sync for device losses; the steps' label checks too)."""
+        device_checks.resolve()
         return self._host + (float(self._device) if self._device is not None else 0.0)
 
 

@@ -223,8 +223,8 @@ def _encode_bitmap(launcher, residual, tau):
     info = xp.zeros(3, dtype=np.int64)
     launcher.launch(_ENCODE, "sparkavg_bitmap_words", dtype, _I64, 32 * ((nwords + 1) // 2),
                     (residual, _I64(n), tt, _I64(nwords), out, np.int32(float_bits(tau)), info))
-    launcher.launch(_ENCODE, "sparkavg_bitmap_apply", dtype, _I64, n,
-                    (residual, _I64(n), tt, out[4:], info))  # writes nothing after a non-finite value
+    launcher.launch(_ENCODE, "sparkavg_bitmap_apply", dtype, _I64, nwords,
+                    (residual, _I64(nwords), tt, out[4:], info))  # writes nothing after a non-finite value
     host = backend.to_cpu(info)  # sync: the one read, after both passes
     n_bad, first = _first_bad(host, n)
     if n_bad:
@@ -271,8 +271,8 @@ def _decode_bitmap(launcher, encoded, target, tau):
     n = target.size
     words = launcher.xp.ascontiguousarray(_on_device(launcher.xp, encoded)[4:])
     flag = _check_entries(launcher, "sparkavg_bitmap_check", words, n)
-    launcher.launch(_ENCODE, "sparkavg_bitmap_decode", target.dtype, _I64, n,
-                    (words, _I64(n), target.dtype.type(tau), target, flag))  # nothing if flagged
+    launcher.launch(_ENCODE, "sparkavg_bitmap_decode", target.dtype, _I64, words.size,
+                    (words, _I64(words.size), target.dtype.type(tau), target, flag))  # nothing if flagged
     pos = _first_bad_entry(flag, words)
     if pos is not None:
         raise bad_word_error(pos, int(words[pos]), n)

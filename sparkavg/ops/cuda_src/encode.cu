@@ -181,15 +181,17 @@ SPK_KERNEL sparkavg_bitmap_words(const T *SPK_RESTRICT r, I n, T tau, I nwords,
 }
 
 /* r[e] -+= tau for every value bit of the words, unless the words' pass
- * found a non-finite value (info[0]). */
-SPK_KERNEL sparkavg_bitmap_apply(T *SPK_RESTRICT r, I n, T tau, const int *SPK_RESTRICT words,
+ * found a non-finite value (info[0]).  One thread per word, over its set
+ * bits: a thread per value would mostly find its bit clear. */
+SPK_KERNEL sparkavg_bitmap_apply(T *SPK_RESTRICT r, I nwords, T tau, const int *SPK_RESTRICT words,
                                  const long long *SPK_RESTRICT info)
 {
     if (info[0] != 0) return;
-    SPK_FOR(e, n) {
-        const unsigned w = (unsigned)words[e >> 4];
-        const int b = (int)(e & 15);
-        if ((w >> b) & 1u) {
+    SPK_FOR(k, nwords) {
+        const unsigned w = (unsigned)words[k];
+        for (unsigned bits = w & 0xFFFFu; bits; bits &= bits - 1u) {
+            const int b = SPK_CTZ(bits);
+            const I e = k * 16 + b;
             const T x = r[e];
             r[e] = ((w >> (b + 16)) & 1u) ? x + tau : x - tau;
         }
@@ -237,14 +239,17 @@ SPK_KERNEL sparkavg_bitmap_check(const int *SPK_RESTRICT words, I nwords, I n,
 }
 
 /* target[e] += +-tau for every value bit (only those: adding 0 would turn
- * -0.0 into +0.0). */
-SPK_KERNEL sparkavg_bitmap_decode(const int *SPK_RESTRICT words, I n, T tau,
+ * -0.0 into +0.0).  One thread per word, over its set bits (the check
+ * passed: no bit lies past element n - 1). */
+SPK_KERNEL sparkavg_bitmap_decode(const int *SPK_RESTRICT words, I nwords, T tau,
                                   T *SPK_RESTRICT target, const long long *SPK_RESTRICT first_bad)
 {
     if (first_bad[0] != 0) return;
-    SPK_FOR(e, n) {
-        const unsigned w = (unsigned)words[e >> 4];
-        const int b = (int)(e & 15);
-        if ((w >> b) & 1u) target[e] += ((w >> (b + 16)) & 1u) ? -tau : tau;
+    SPK_FOR(k, nwords) {
+        const unsigned w = (unsigned)words[k];
+        for (unsigned bits = w & 0xFFFFu; bits; bits &= bits - 1u) {
+            const int b = SPK_CTZ(bits);
+            target[k * 16 + b] += ((w >> (b + 16)) & 1u) ? -tau : tau;
+        }
     }
 }

@@ -128,10 +128,10 @@ class BatchNorm(_Affine):
         if not training:
             # the running statistics are constants here: backward (a frozen
             # BatchNorm being fine-tuned through) is the per-channel affine map's
-            inv_std = 1.0 / xp.sqrt(self.running_var + self.eps)
-            scale = self.gamma * inv_std
+            std = xp.sqrt(self.running_var + self.eps)
+            scale = self.gamma / std
             unchecked("channel_affine", x, x2, scale, self.beta - self.running_mean * scale, y)
-            self._x2, self._mean, self._inv_std, self._frozen = x2, self.running_mean, inv_std, True
+            self._x2, self._mean, self._inv_std, self._frozen = x2, self.running_mean, std, True  # inverted if needed
             return y.reshape(x.shape)
         mean, var = self._buffer("mean", (c,), x), self._buffer("var", (c,), x)
         unchecked("channel_stats", x, x2, mean, var)
@@ -150,6 +150,8 @@ class BatchNorm(_Affine):
 
     def backward(self, dy, need_dx):
         x2, mean, inv_std = self._x2, self._mean, self._inv_std
+        if self._frozen:  # inference mode kept the deviation itself (nothing to invert unless trained through)
+            inv_std = 1.0 / inv_std
         m = x2.shape[0]
         dy2 = _contiguous(dy).reshape(x2.shape)
         sum_dy_xc = self._buffer("sum_dy_xc", mean.shape, dy)

@@ -445,6 +445,21 @@ def test_channel_sums_split_rows_into_chunks(launcher):
     np.testing.assert_array_equal(s2, (x * x).sum(axis=0))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("m", [1, 9])
+def test_batchnorm_coefficients_are_the_reference_bit_for_bit(launcher, dtype, m):
+    rng = np.random.default_rng(m)
+    mean, var, gamma, beta = (rng.standard_normal(17).astype(dtype) for _ in range(4))
+    var = np.abs(var)
+    args = (1e-5, 0.9, (1.0 - 0.9) * m / (m - 1) if m > 1 else 0.0)
+    got = [rng.standard_normal(17).astype(dtype), np.abs(rng.standard_normal(17)).astype(dtype)]
+    got += [np.full(17, np.nan, dtype) for _ in range(3)]
+    want = [a.copy() for a in got]
+    _cuda_norm._batchnorm_coefficients(launcher, mean, var, gamma, beta, *args, *got)
+    reference_norm.batchnorm_coefficients(mean, var, gamma, beta, *args, *want)
+    assert all(same_bits(a, b) for a, b in zip(got, want))
+
+
 # ------------------------------------------------------------ LSTM steps
 @some
 @given(st.integers(1, 9), st.integers(1, 17), st.integers(0, 2**31 - 1), dtypes)
@@ -479,7 +494,7 @@ def test_device_backend_runs_the_raw_conv_kernels():
     assert _dispatch.route("cupy", np.float32) == _dispatch.CUDA
     for name in CONV:
         assert getattr(_cuda, name) is getattr(_cuda_conv, name), name
-    for name in ("channel_stats", "channel_sums"):
+    for name in ("channel_stats", "channel_sums", "batchnorm_coefficients"):
         assert getattr(_cuda, name) is getattr(_cuda_norm, name), name
     for name in ("lstm_forward_step", "lstm_backward_step"):
         assert getattr(_cuda, name) is getattr(_cuda_sequence, name), name

@@ -137,6 +137,8 @@ def samples(dtype):
         "channel_affine": lambda: ops.channel_affine(rows(), chan(), chan()),
         "channel_sums": lambda: ops.channel_sums(rows(), rows(), chan()),
         "channel_blend": lambda: ops.channel_blend(rows(), rows(), chan(), chan(), chan(), chan()),
+        "batchnorm_coefficients": lambda: ops.batchnorm_coefficients(
+            chan(), np.abs(chan()), chan(), chan(), 1e-5, 0.9, 0.1, chan(), np.abs(chan()), chan(), chan(), chan()),
         "lstm_forward_step": lambda: ops.lstm_forward_step(gates(4), gates(4), state(), state(), state(), state()),
         "lstm_backward_step": lambda: ops.lstm_backward_step(gates(4), state(), state(), state(), state(), gates(4)),
         "gru_forward_step": lambda: ops.gru_forward_step(gates(3), gates(3), chan(), state(), state(), state()),

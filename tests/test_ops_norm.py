@@ -173,3 +173,32 @@ def test_extension_wrappers_check_their_own_arguments():
         _norm.channel_blend(x, np.zeros((4, 2), np.float32), v, v, v, v, x)
     with pytest.raises(ValueError):  # float64: the front routes it to the twins
         _norm.channel_sums(np.zeros((4, 3)), np.zeros((4, 3)), np.zeros(3), np.zeros(3), np.zeros(3))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("m", [1, 7])
+def test_batchnorm_coefficients_are_the_layers_arithmetic_bit_for_bit(dtype, m):
+    """One pass, the same roundings as BatchNorm's own vector operations had: 1 / sqrt(var + eps), gamma *
+    inv_std, beta - mean * scale, the running statistics' exponential averages (the variance's unbiased, none
+    for one value per channel)."""
+    rng = np.random.default_rng(m)
+    mean, var, gamma, beta = (rng.standard_normal(5).astype(dtype) for _ in range(4))
+    var = np.abs(var)
+    running_mean, running_var = rng.standard_normal(5).astype(dtype), np.abs(rng.standard_normal(5)).astype(dtype)
+    eps, mom = 1e-5, 0.9
+    factor = (1.0 - mom) * m / (m - 1) if m > 1 else 0.0
+    out = [np.full(5, np.nan, dtype) for _ in range(3)]
+    rm, rv = running_mean.copy(), running_var.copy()
+    ops.batchnorm_coefficients(mean, var, gamma, beta, eps, mom, factor, rm, rv, *out)
+    inv_std = 1.0 / np.sqrt(var + eps)
+    scale = gamma * inv_std
+    want_rm, want_rv = running_mean.copy(), running_var.copy()
+    want_rm *= mom
+    want_rm += (1.0 - mom) * mean
+    if m > 1:
+        want_rv *= mom
+        want_rv += factor * var
+    for got, want in zip((*out, rm, rv), (scale, beta - mean * scale, inv_std, want_rm, want_rv)):
+        assert got.dtype == dtype and got.tobytes() == want.tobytes()
+    with pytest.raises(TypeError, match="Expect var of dtype"):
+        ops.batchnorm_coefficients(mean, var.astype(np.float16), gamma, beta, eps, mom, factor, rm, rv, *out)

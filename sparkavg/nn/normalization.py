@@ -135,17 +135,14 @@ class BatchNorm(_Affine):
             return y.reshape(x.shape)
         mean, var = self._buffer("mean", (c,), x), self._buffer("var", (c,), x)
         unchecked("channel_stats", x, x2, mean, var)
-        inv_std = 1.0 / xp.sqrt(var + self.eps)
-        scale = self.gamma * inv_std
-        unchecked("channel_affine", x, x2, scale, self.beta - mean * scale, y)
+        scale, shift, inv_std = (self._buffer(name, (c,), x) for name in ("scale", "shift", "inv_std"))
+        mom = self.momentum
+        unchecked("batchnorm_coefficients", x, mean, var, self.gamma, self.beta, self.eps, mom,
+                  (1.0 - mom) * m / (m - 1) if m > 1 else 0.0, self.running_mean, self.running_var,
+                  scale, shift, inv_std)
+        unchecked("channel_affine", x, x2, scale, shift, y)
         # backward reads x itself (a layer never writes into its input), not a centred copy
         self._x2, self._mean, self._inv_std, self._frozen = x2, mean, inv_std, False
-        mom = self.momentum
-        self.running_mean *= mom
-        self.running_mean += (1.0 - mom) * mean
-        if m > 1:
-            self.running_var *= mom
-            self.running_var += ((1.0 - mom) * m / (m - 1)) * var
         return y.reshape(x.shape)
 
     def backward(self, dy, need_dx):

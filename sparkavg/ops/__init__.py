@@ -34,7 +34,8 @@ Kernels:
   :func:`conv_output_size`.
 - Per-channel normalisation on (M, C) rows (BatchNorm, LayerNorm):
   :func:`channel_stats`, :func:`channel_affine`, :func:`channel_sums`,
-  :func:`channel_blend`.
+  :func:`channel_blend`, and a training BatchNorm's per-channel bookkeeping,
+  :func:`batchnorm_coefficients`.
 - One LSTM / GRU time step's element-wise work (the GEMMs are the
   layer's): :func:`lstm_forward_step`, :func:`lstm_backward_step`,
   :func:`gru_forward_step`, :func:`gru_backward_step`.

@@ -52,6 +52,7 @@ from ._cuda_conv import (  # noqa: F401 -- the raw conv/pool kernels are this ba
 from ._kernels import OPERATIONS
 from .cuda_src import device
 from ._cuda_norm import (  # noqa: F401 -- raw kernels for the sums, xp twins element-wise
+    batchnorm_coefficients,
     channel_affine,
     channel_blend,
     channel_stats,

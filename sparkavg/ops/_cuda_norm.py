@@ -8,8 +8,10 @@ reading a strided column.  Here stage 1 spreads the rows over about
 :data:`_TARGET_THREADS` threads (one per chunk of rows and channel, so a
 warp reads neighbouring channels of a row) and stage 2 adds each channel's
 partials in chunk order: deterministic, terms formed as the reference
-forms them and summed in double, as its float64 sums are.  The element-wise
-kernels (``channel_affine``, ``channel_blend``) are the xp twins'.
+forms them and summed in double, as its float64 sums are.  A training
+BatchNorm's per-channel bookkeeping is one launch too
+(``batchnorm_coefficients``).  The element-wise kernels (``channel_affine``,
+``channel_blend``) are the xp twins'.
 
 The ``_``-prefixed functions take a launcher (:mod:`sparkavg.ops.cuda_src`),
 which is how the tests run this glue and the kernel bodies on the CPU.
@@ -21,7 +23,7 @@ import numpy as np
 from .cuda_src import device, index_type
 from .reference_norm import channel_affine, channel_blend  # noqa: F401 -- the xp twins run here
 
-__all__ = ["channel_stats", "channel_sums", "channel_affine", "channel_blend"]
+__all__ = ["channel_stats", "channel_sums", "channel_affine", "channel_blend", "batchnorm_coefficients"]
 
 _FILE = "norm"
 #: Stage 1's threads, about: enough to fill a device, few enough partials.
@@ -86,6 +88,15 @@ def _delivered(written, given):
     return tuple(g if g is not None else w for w, g in zip(written, given))
 
 
+def _batchnorm_coefficients(launcher, mean, var, gamma, beta, eps, momentum, var_factor, running_mean,
+                            running_var, scale, shift, inv_std):
+    c, t = mean.size, mean.dtype.type
+    index = index_type(c)
+    launcher.launch(_FILE, "sparkavg_batchnorm_coefficients", mean.dtype, index, c,
+                    (mean, var, gamma, beta, running_mean, running_var, scale, shift, inv_std, index(c), t(eps),
+                     t(momentum), t(1.0 - momentum), t(var_factor), np.int32(bool(var_factor))))
+
+
 # ------------------------------------------------------- the device backend
 def channel_stats(x, mean=None, var=None):
     """See :func:`sparkavg.ops.norm.channel_stats`; CuPy arrays."""
@@ -95,3 +106,10 @@ def channel_stats(x, mean=None, var=None):
 def channel_sums(dy, x, center, sum_dy=None, sum_dy_x=None):
     """See :func:`sparkavg.ops.norm.channel_sums`; CuPy arrays."""
     return _channel_sums(device(), dy, x, center, sum_dy, sum_dy_x)
+
+
+def batchnorm_coefficients(mean, var, gamma, beta, eps, momentum, var_factor, running_mean, running_var,
+                           scale, shift, inv_std):
+    """See :func:`sparkavg.ops.norm.batchnorm_coefficients`; CuPy arrays: one launch."""
+    _batchnorm_coefficients(device(), mean, var, gamma, beta, eps, momentum, var_factor, running_mean, running_var,
+                            scale, shift, inv_std)

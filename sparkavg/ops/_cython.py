@@ -20,6 +20,7 @@ from .. import backend
 from . import reference_conv
 from ._checks import clip_bound
 from ._kernels import OPERATIONS
+from .reference_norm import batchnorm_coefficients  # noqa: F401 -- (C,) vectors: the numpy twin serves
 
 logger = logging.getLogger(__name__)
 

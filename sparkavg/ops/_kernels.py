@@ -24,7 +24,7 @@ ENCODING = ("threshold_encode", "threshold_decode", "bitmap_encode", "bitmap_dec
 CONV = ("im2col", "col2im", "conv2d_forward", "conv2d_backward_data", "conv2d_backward_weights",
         "maxpool_forward", "maxpool_backward", "avgpool_forward", "avgpool_backward")
 #: The kernels of :mod:`sparkavg.ops.norm`: per-channel sums and affine maps of (M, C) rows.
-NORM = ("channel_stats", "channel_affine", "channel_sums", "channel_blend")
+NORM = ("channel_stats", "channel_affine", "channel_sums", "channel_blend", "batchnorm_coefficients")
 #: The kernels of :mod:`sparkavg.ops.sequence`: the element-wise work of one LSTM / GRU time step,
 #: and the embedding gradient's scatter-add.
 SEQUENCE = ("lstm_forward_step", "lstm_backward_step", "gru_forward_step", "gru_backward_step", "scatter_add_rows")

@@ -6,6 +6,8 @@ seen as (N*H*W, C), or a dense batch (N, F)) and (C,) vectors.
 - :func:`channel_affine` -- ``out = x * scale + shift``
 - :func:`channel_sums`   -- ``sum(dy)`` and ``sum(dy * (x - center))``
 - :func:`channel_blend`  -- ``out = a * dy + b * (x - center) + shift``
+- :func:`batchnorm_coefficients` -- a training BatchNorm's per-channel
+  scale, shift, inverse deviation and running statistics, in one pass
 
 A BatchNorm step is stats + affine going forward and sums + blend going
 back: the Cython kernels make that two reads of the input and one write
@@ -135,3 +137,34 @@ def channel_blend(dy, x, center, a, b, shift, out=None):
     if out is not None:
         _out("out", out, dy, "dy", dy.shape)
     return call("channel_blend", kind, dy.dtype, dy, x, center, a, b, shift, out)
+
+
+def batchnorm_coefficients(mean, var, gamma, beta, eps, momentum, var_factor, running_mean, running_var,
+                           scale, shift, inv_std):
+    """A training BatchNorm's per-channel bookkeeping in one pass (on a GPU
+    one launch, not a dozen on (C,) vectors): ``inv_std = 1 / sqrt(var +
+    eps)``, ``scale = gamma * inv_std``, ``shift = beta - mean * scale``,
+    ``running_mean = running_mean * momentum + (1 - momentum) * mean`` and,
+    unless ``var_factor`` is 0, ``running_var = running_var * momentum +
+    var_factor * var`` -- each rounded in ``mean``'s dtype, in this order.
+
+    Parameters
+    ----------
+    mean, var, gamma, beta : float32/float64 arrays (C,), numpy or CuPy
+        The batch's statistics and the affine parameters.
+    eps, momentum, var_factor : float
+        ``var_factor``: ``(1 - momentum) m / (m - 1)`` for a batch of ``m``
+        values per channel (the unbiased variance's weight), 0 for ``m == 1``.
+    running_mean, running_var, scale, shift, inv_std : arrays (C,) of mean's kind and dtype
+        Updated / written in place.
+    """
+    kind, mean = check_readonly("mean", mean)
+    if mean.ndim != 1:
+        raise ValueError(f"Expect mean of shape (C,), got shape {mean.shape}")
+    var, gamma, beta = (check_operand(name, v, mean, "mean", shape=mean.shape)
+                        for name, v in (("var", var), ("gamma", gamma), ("beta", beta)))
+    for name, out in (("running_mean", running_mean), ("running_var", running_var), ("scale", scale),
+                      ("shift", shift), ("inv_std", inv_std)):
+        _out(name, out, mean, "mean", mean.shape)
+    return call("batchnorm_coefficients", kind, mean.dtype, mean, var, gamma, beta, float(eps), float(momentum),
+                float(var_factor), running_mean, running_var, scale, shift, inv_std)

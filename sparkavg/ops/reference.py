@@ -70,6 +70,7 @@ from .reference_conv import (  # noqa: F401 -- re-exported: the conv twins
     maxpool_forward,
 )
 from .reference_norm import (  # noqa: F401 -- re-exported: the normalisation twins
+    batchnorm_coefficients,
     channel_affine,
     channel_blend,
     channel_stats,

@@ -59,3 +59,26 @@ def channel_blend(dy, x, center, a, b, shift, out=None):
     out += term
     out += shift
     return out
+
+
+def batchnorm_coefficients(mean, var, gamma, beta, eps, momentum, var_factor, running_mean, running_var,
+                           scale, shift, inv_std):
+    """A training BatchNorm's per-channel bookkeeping, in this order:
+    ``inv_std = 1 / sqrt(var + eps)``, ``scale = gamma * inv_std``,
+    ``shift = beta - mean * scale``; ``running_mean = running_mean *
+    momentum + (1 - momentum) * mean``; with ``var_factor`` (``(1 -
+    momentum) m / (m - 1)``; 0: not updated) ``running_var = running_var *
+    momentum + var_factor * var``."""
+    xp = get_array_module(mean)
+    t = mean.dtype.type
+    xp.add(var, t(eps), out=inv_std)
+    xp.sqrt(inv_std, out=inv_std)
+    xp.divide(t(1.0), inv_std, out=inv_std)
+    xp.multiply(gamma, inv_std, out=scale)
+    xp.multiply(mean, scale, out=shift)
+    xp.subtract(beta, shift, out=shift)
+    running_mean *= t(momentum)
+    running_mean += t(1.0 - momentum) * mean
+    if var_factor:
+        running_var *= t(momentum)
+        running_var += t(var_factor) * var

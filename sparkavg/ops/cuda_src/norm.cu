@@ -11,6 +11,13 @@
  */
 #include "spk.cuh"
 
+#if defined(__CUDACC__)
+SPK_DEV T spk_sqrt(T a) { return sqrt(a); } /* correctly rounded (nvrtc's default -prec-sqrt=true) */
+#else
+#include <math.h>
+SPK_DEV T spk_sqrt(T a) { return sizeof(T) == sizeof(float) ? (T)sqrtf((float)a) : (T)sqrt((double)a); }
+#endif
+
 /* part[t] = sum(x - center), part[total + t] = sum((x - center)^2) over
  * the rows of chunk r of channel ch; centered == 0: center is not read and
  * 0 is used. */
@@ -80,6 +87,38 @@ SPK_KERNEL sparkavg_channel_finish(const double *SPK_RESTRICT part, T *SPK_RESTR
         } else {
             out1[ch] = (T)s1;
             out2[ch] = (T)s2;
+        }
+    }
+}
+
+/* A training BatchNorm's per-channel bookkeeping, one thread per channel,
+ * each term rounded in T in the reference's order (no contraction):
+ * inv_std = 1 / sqrt(var + eps), scale = gamma * inv_std,
+ * shift = beta - mean * scale, running_mean = running_mean * momentum +
+ * (1 - momentum) * mean, and with update_var running_var = running_var *
+ * momentum + var_factor * var. */
+SPK_KERNEL sparkavg_batchnorm_coefficients(const T *SPK_RESTRICT mean, const T *SPK_RESTRICT var,
+                                           const T *SPK_RESTRICT gamma, const T *SPK_RESTRICT beta,
+                                           T *SPK_RESTRICT running_mean, T *SPK_RESTRICT running_var,
+                                           T *SPK_RESTRICT scale, T *SPK_RESTRICT shift,
+                                           T *SPK_RESTRICT inv_std, I total, T eps, T momentum,
+                                           T keep, T var_factor, int update_var)
+{
+    SPK_FOR(ch, total) {
+        const T m = mean[ch];
+        const T inv = (T)1 / spk_sqrt(var[ch] + eps);
+        const T s = gamma[ch] * inv;
+        const T ms = m * s;
+        inv_std[ch] = inv;
+        scale[ch] = s;
+        shift[ch] = beta[ch] - ms;
+        const T rm = running_mean[ch] * momentum;
+        const T km = keep * m;
+        running_mean[ch] = rm + km;
+        if (update_var) {
+            const T rv = running_var[ch] * momentum;
+            const T fv = var_factor * var[ch];
+            running_var[ch] = rv + fv;
         }
     }
 }

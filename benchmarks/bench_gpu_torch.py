@@ -31,11 +31,10 @@ For each torch zoo module (``sparkavg.torch.zoo``: ``lenet``, ``resnet``,
     :mod:`sparkavg.torch.optim`) instead of sparkavg's updater, ``sync=False``.
 
 Both sides get the batches already on the device (CuPy arrays for the
-TorchModel, CUDA tensors for torch): this is the step alone; the executor's
-host -> device copy of each minibatch is ``bench_gpu_executor.py``'s.  Note
-that ``fit_batch`` checks class-index labels' range (``int(labels.min())``,
-``int(labels.max())`` in :func:`sparkavg.nn.losses.prepare_targets`): two
-device -> host reads every step, with ``sync=False`` too.
+TorchModel, CUDA tensors for torch): this is the step alone (the
+``_host`` rows add each step's copy from host memory).  A step's check of
+labels already on the device is read later (:mod:`sparkavg.nn.device_checks`),
+so ``sync=False`` steps do not wait for the device.
 
 Timing (bench_lenet.py's ``--gpu`` scheme, for several variants): after a
 warm-up, the variants run in alternating blocks; each block starts with a
@@ -67,7 +66,7 @@ import traceback
 import numpy as np
 
 from bench_lenet import _stats
-from report import emit
+from report import alternating_blocks, emit, indexed
 
 TARGET = 1.1
 LR = 1e-3
@@ -121,31 +120,6 @@ def _requirements(cpu_only: bool):
     if not torch.cuda.is_available():
         raise SystemExit(f"bench_gpu_torch.py needs PyTorch with CUDA; torch {torch.__version__} sees no CUDA device")
     return backend.cupy(), torch
-
-
-def _alternate(variants: dict, sync, warmup: int, steps: int, block: int, settle: int) -> dict:
-    """bench_lenet.py's ``_alternate`` for any number of variants (name: ``step(i)``):
-    warm-up, then alternating blocks, each timed between two ``sync()`` calls.
-    Returns seconds per step, one value per block, by variant."""
-    for step in variants.values():
-        for i in range(warmup):
-            step(i)
-    sync()
-    times = {name: [] for name in variants}
-    done = 0
-    while done < steps:
-        b = min(block, steps - done)
-        for name, step in variants.items():
-            for i in range(done, done + settle):
-                step(i)
-            sync()
-            t0 = time.perf_counter()
-            for i in range(done, done + b):
-                step(i)
-            sync()
-            times[name].append((time.perf_counter() - t0) / b)
-        done += b
-    return times
 
 
 def _error(exc) -> str:
@@ -238,7 +212,8 @@ def _row(args, cp, torch, model: str, batch: int) -> dict:
             cp.cuda.Device().synchronize()
             torch.cuda.synchronize()
 
-    times = _alternate(steps, sync, args.warmup, args.steps, args.block, args.settle)
+    times = alternating_blocks({name: indexed(step) for name, step in steps.items()}, -(-args.steps // args.block),
+                               args.block, args.warmup, args.settle, sync=sync)
     row["variants"] = {name: _stats(v) for name, v in times.items()}
     ms = {name: s["median_ms"] for name, s in row["variants"].items()}
     row["median_ms"] = ms
@@ -300,8 +275,6 @@ def main(argv=None):
                 "batches already on the device",
         "timing": "alternating blocks of steps between device synchronisations; median of per-step means",
         "target": f"fit_batch(sync=False) median step <= {TARGET}x the plain torch loop's at every batch size",
-        "fit_batch_reads_labels_each_step": "prepare_targets reads int(labels.min()) and int(labels.max()) "
-                                            "(two device->host syncs per step, also with sync=False)",
         "models": args.models, "batch_sizes": args.batch_sizes, "warmup": args.warmup, "steps": args.steps,
         "block": args.block, "settle": args.settle,
         "results": [],

@@ -46,10 +46,9 @@ import os
 import platform
 import statistics
 import sys
-import time
 
 import numpy as np
-from report import emit
+from report import alternating_blocks, emit, indexed
 
 
 def _parse(argv):
@@ -172,35 +171,13 @@ def _gpu_requirements():
     return backend.cupy(), torch
 
 
-def _alternate(args, ours, theirs, syncs=None) -> dict:
+def _alternate(args, ours, theirs, sync=None) -> dict:
     """Warm both steps up, then time them in alternating blocks of
     ``args.block`` steps (each after ``args.settle`` untimed ones): per step
-    on the CPU; per block between two device syncs (``syncs``: ours, theirs)
-    on a GPU, where a step only queues work.  Returns seconds per step."""
-    for i in range(args.warmup):
-        ours(i)
-        theirs(i)
-    times = {"sparkavg": [], "torch": []}
-    done = 0
-    while done < args.steps:
-        block = min(args.block, args.steps - done)
-        for k, (name, step) in enumerate((("sparkavg", ours), ("torch", theirs))):
-            for i in range(done, done + args.settle):
-                step(i)
-            if syncs is None:
-                for i in range(done, done + block):
-                    t0 = time.perf_counter()
-                    step(i)
-                    times[name].append(time.perf_counter() - t0)
-            else:
-                syncs[k]()
-                t0 = time.perf_counter()
-                for i in range(done, done + block):
-                    step(i)
-                syncs[k]()
-                times[name].append((time.perf_counter() - t0) / block)
-        done += block
-    return times
+    on the CPU; per block between two device syncs (``sync``) on a GPU,
+    where a step only queues work.  Returns seconds per step."""
+    return alternating_blocks({"sparkavg": indexed(ours), "torch": indexed(theirs)}, -(-args.steps // args.block),
+                              args.block, args.warmup, args.settle, sync=sync)
 
 
 def _torch_step(torch, model, txs, tys, read_loss: bool):
@@ -237,7 +214,11 @@ def _gpu_batch(args, cp, torch, batch_size):
 
     theirs = _torch_step(torch, model, txs, tys, read_loss=args.torch_item)  # reading syncs, as fit_batch does
 
-    times = _alternate(args, ours, theirs, syncs=(cp.cuda.Device().synchronize, torch.cuda.synchronize))
+    def sync():
+        cp.cuda.Device().synchronize()
+        torch.cuda.synchronize()
+
+    times = _alternate(args, ours, theirs, sync)
     ours_s, theirs_s = _stats(times["sparkavg"]), _stats(times["torch"])
     ratio = ours_s["median_ms"] / theirs_s["median_ms"]
     return {

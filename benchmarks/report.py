@@ -5,6 +5,7 @@ alternating blocks, an earlier commit's library to run beside this tree's."""
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import shutil
@@ -51,12 +52,14 @@ def subset(parser, text: str, known, what: str) -> list:
     return names
 
 
-def alternating_blocks(variants: dict, blocks: int, block: int, warmup: int, settle: int = 1) -> dict:
+def alternating_blocks(variants: dict, blocks: int, block: int, warmup: int, settle: int = 1, sync=None) -> dict:
     """Time ``variants`` (name: function of no arguments) in one process:
     ``warmup`` untimed calls of each, then ``blocks`` rounds in which each
     variant in turn makes ``settle`` untimed calls (after the switch) and
     ``block`` timed ones, so that a drift of the machine hits them all alike.
-    Returns ``{name: [seconds of each timed call]}``."""
+    Returns ``{name: [seconds of each timed call]}``; with ``sync`` (a
+    device's synchronize: a call only queues work there) each block is timed
+    whole between two ``sync()`` calls, ``[seconds per call of each block]``."""
     for fn in variants.values():
         for _ in range(warmup):
             fn()
@@ -65,11 +68,25 @@ def alternating_blocks(variants: dict, blocks: int, block: int, warmup: int, set
         for name, fn in variants.items():
             for _ in range(settle):
                 fn()
+            if sync is not None:
+                sync()
+                t = time.perf_counter()
+                for _ in range(block):
+                    fn()
+                sync()
+                times[name].append((time.perf_counter() - t) / block)
+                continue
             for _ in range(block):
                 t = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - t)
     return times
+
+
+def indexed(step):
+    """``step(i)`` as a function of no arguments, ``i`` counting its calls from 0 (a batch index)."""
+    calls = itertools.count()
+    return lambda: step(next(calls))
 
 
 def torch_epoch(torch, module, opt, loss, xs, ys, xts, yt, batch: int, seed: int, epoch: int) -> tuple:

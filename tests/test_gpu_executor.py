@@ -72,7 +72,7 @@ def test_averaging_round_on_the_gpu_matches_the_cpu_and_keeps_state_on_the_devic
 
     assert type(on_gpu).__name__ == "RoundResult", on_gpu  # not a TaskFailure
     assert on_gpu.devices[0]["kind"] == "gpu" and on_gpu.devices[0]["index"] == backend.current_device()
-    assert on_gpu.devices[0]["address"] == "0" and "Spark-assigned GPU" in on_gpu.devices[0]["reason"]
+    assert on_gpu.devices[0]["address"] == "0"  # Spark's assignment, read from the task context
     assert (on_gpu.examples, on_gpu.batches, on_gpu.max_iterations) == (48, 6, 6)
     # The round's result crossed to the host once, into pinned memory.
     for array in (on_gpu.params, on_gpu.state):

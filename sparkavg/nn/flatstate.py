@@ -382,7 +382,7 @@ class FlatState:
         ranges' gradient zeroed, the loss gradient normalised by
         :attr:`gradient_normalization`, then L2 added."""
         normalize = self.gradient_normalization is not None
-        with self.step_threads(provider):
+        with self.step_threads(provider), device_checks.deferring():  # a step reads nothing back from a GPU
             terms = _loss_terms(provider, x, y, weights)
             for start, stop, scale in _range_scales(provider):
                 if scale == 0:
@@ -401,8 +401,7 @@ class FlatState:
         :attr:`iteration` (see :meth:`~sparkavg.nn.flat.FlatModel.compute_update`)."""
         self.check_flat(out, "out", self.num_params)
         updater = self.step_updater()
-        with device_checks.deferring():
-            pending = self._training_loss(provider, x, y, weights)
+        pending = self._training_loss(provider, x, y, weights)
         out.fill(0)
         self._step_into(updater, out, provider)
         self.iteration += 1
@@ -472,8 +471,7 @@ class FlatState:
             self.params += self.update
             return loss
         updater = self.step_updater()
-        with device_checks.deferring():
-            pending = self._training_loss(provider, x, y, weights)
+        pending = self._training_loss(provider, x, y, weights)
         self._apply_updater(updater, self.params)
         self.iteration += 1
         return self.loss_value(pending, sync)

@@ -131,7 +131,7 @@ class BatchNorm(_Affine):
             std = xp.sqrt(self.running_var + self.eps)
             scale = self.gamma / std
             unchecked("channel_affine", x, x2, scale, self.beta - self.running_mean * scale, y)
-            self._x2, self._mean, self._inv_std, self._frozen = x2, self.running_mean, std, True  # inverted if needed
+            self._x2, self._mean, self._inv_std, self._std = x2, self.running_mean, None, std
             return y.reshape(x.shape)
         mean, var = self._buffer("mean", (c,), x), self._buffer("var", (c,), x)
         unchecked("channel_stats", x, x2, mean, var)
@@ -142,13 +142,13 @@ class BatchNorm(_Affine):
                   scale, shift, inv_std)
         unchecked("channel_affine", x, x2, scale, shift, y)
         # backward reads x itself (a layer never writes into its input), not a centred copy
-        self._x2, self._mean, self._inv_std, self._frozen = x2, mean, inv_std, False
+        self._x2, self._mean, self._inv_std, self._std = x2, mean, inv_std, None
         return y.reshape(x.shape)
 
     def backward(self, dy, need_dx):
-        x2, mean, inv_std = self._x2, self._mean, self._inv_std
-        if self._frozen:  # inference mode kept the deviation itself (nothing to invert unless trained through)
-            inv_std = 1.0 / inv_std
+        x2, mean = self._x2, self._mean
+        frozen = self._inv_std is None  # inference mode kept the deviation (inverted only when trained through)
+        inv_std = 1.0 / self._std if frozen else self._inv_std
         m = x2.shape[0]
         dy2 = _contiguous(dy).reshape(x2.shape)
         sum_dy_xc = self._buffer("sum_dy_xc", mean.shape, dy)
@@ -160,7 +160,7 @@ class BatchNorm(_Affine):
         # one blend a*dy + b*(x - mean) + shift per channel, written over dy (ours to overwrite);
         # with the running statistics (inference mode) only a*dy is left.
         a = self.gamma * inv_std
-        if self._frozen:
+        if frozen:
             b = shift = get_array_module(dy).zeros_like(a)
         else:
             b, shift = a * inv_std * self.dgamma * (-1.0 / m), a * self.dbeta * (-1.0 / m)

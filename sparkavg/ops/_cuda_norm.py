@@ -55,19 +55,15 @@ def _sums(launcher, kernel, arrays, m, c, out1, out2, mode, flags=()):
                     (part, out1, out2, index(c), index(chunks), index(m), np.int32(mode)))
 
 
-def _vectors(xp, c, dtype, *given):
-    """Contiguous (C,) outputs: the ``given`` ones where they are, else new."""
-    return [g if g is not None and g.flags.c_contiguous else xp.empty(c, dtype=dtype) for g in given]
-
-
 def _channel_stats(launcher, x, mean=None, var=None):
     xp = launcher.xp
     x = xp.ascontiguousarray(x)
     m, c = x.shape
-    mu, v = _vectors(xp, c, x.dtype, mean, var)
-    _sums(launcher, "sparkavg_channel_partials", (x, mu), m, c, mu, v, _MEAN, flags=(0,))  # mu not read
-    _sums(launcher, "sparkavg_channel_partials", (x, mu), m, c, mu, v, _VARIANCE, flags=(1,))  # about mu
-    return _delivered((mu, v), (mean, var))
+    if mean is None:
+        mean, var = xp.empty(c, dtype=x.dtype), xp.empty(c, dtype=x.dtype)
+    _sums(launcher, "sparkavg_channel_partials", (x, mean), m, c, mean, var, _MEAN, flags=(0,))  # mean not read
+    _sums(launcher, "sparkavg_channel_partials", (x, mean), m, c, mean, var, _VARIANCE, flags=(1,))  # about it
+    return mean, var
 
 
 def _channel_sums(launcher, dy, x, center, sum_dy=None, sum_dy_x=None):
@@ -75,17 +71,10 @@ def _channel_sums(launcher, dy, x, center, sum_dy=None, sum_dy_x=None):
     dy, x = xp.ascontiguousarray(dy), xp.ascontiguousarray(x)
     m, c = dy.shape
     center = xp.ascontiguousarray(center, dtype=dy.dtype)
-    s1, s2 = _vectors(xp, c, dy.dtype, sum_dy, sum_dy_x)
-    _sums(launcher, "sparkavg_channel_grad_partials", (dy, x, center), m, c, s1, s2, _SUMS)
-    return _delivered((s1, s2), (sum_dy, sum_dy_x))
-
-
-def _delivered(written, given):
-    """The results, copied into the given outputs that were not written in place."""
-    for w, g in zip(written, given):
-        if g is not None and g is not w:
-            g[...] = w
-    return tuple(g if g is not None else w for w, g in zip(written, given))
+    if sum_dy is None:
+        sum_dy, sum_dy_x = xp.empty(c, dtype=dy.dtype), xp.empty(c, dtype=dy.dtype)
+    _sums(launcher, "sparkavg_channel_grad_partials", (dy, x, center), m, c, sum_dy, sum_dy_x, _SUMS)
+    return sum_dy, sum_dy_x
 
 
 def _batchnorm_coefficients(launcher, mean, var, gamma, beta, eps, momentum, var_factor, running_mean,

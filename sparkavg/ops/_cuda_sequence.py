@@ -1,10 +1,9 @@
 """The LSTM step on CuPy arrays: raw CUDA kernels
 (``sparkavg/ops/cuda_src/rnn.cu``), one launch per step and direction.
 
-The xp twin (:mod:`sparkavg.ops.reference_sequence`) takes about ten CuPy
-launches forward and fifteen back per time step, so a 28-step sequence
-cost hundreds of launches whatever the batch.  Same signatures and
-results as the twin; the GRU steps and the embedding's scatter-add still
+The xp twin (:mod:`sparkavg.ops.reference_sequence`) takes a CuPy launch
+per operation of a step, so a sequence cost launches in proportion to its
+steps whatever the batch.  Same signatures and results as the twin; the GRU steps and the embedding's scatter-add still
 run the twins.  The ``_``-prefixed functions take a launcher (see
 :mod:`sparkavg.ops.cuda_src`), which is how the tests run the same glue
 and kernel bodies on the CPU.

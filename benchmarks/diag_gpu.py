@@ -5,7 +5,7 @@ Sections (``--sections``, default all):
 ``encode``
     16M float32 at density 1e-3: ``cupyx.profiler.benchmark`` (host and
     device time per call) of the whole sparse and bitmap encoders and of
-    each of their pieces (the count kernel, the scan of tile counts, the
+    each of their pieces (the count kernel, the
     emit kernel, the one device -> host read, the allocations).
 ``torch``
     ``torch.profiler`` and ``cProfile`` over steps of the torch zoo's LeNet
@@ -68,35 +68,41 @@ def encode(report):
         cp.copyto(work, r)
         _cuda._encode_bitmap(launcher, work, tau)
 
-    counts = cp.empty(ntiles, dtype=np.int32)
-    info = cp.zeros(3, dtype=np.int64)
+    # The two passes as _cuda._encode_sparse launches them (its argument lists).
+    per1, per2 = _cuda._groups(ntiles)
+    n1 = -(-ntiles // per1)
+    n2 = -(-n1 // per2)
     i64 = np.int64
+    counts = cp.empty(ntiles, dtype=np.int32)
+    zeroed = cp.zeros(3 + n1 + n2, dtype=np.int64)
+    info, g1, g2 = zeroed[:3], zeroed[3:3 + n1], zeroed[3 + n1:]
 
-    def count():
+    def count():  # adds into the group sums: their totals grow, the work is the same
         launcher.launch("encode", "sparkavg_sparse_count", r.dtype, i64, 32 * ntiles,
-                        (r, i64(n), r.dtype.type(tau), i64(ntiles), i64(chunks), counts, info))
+                        (r, i64(n), r.dtype.type(tau), i64(ntiles), i64(chunks), counts, info, g1, g2,
+                         i64(per1), i64(per2)))
 
+    zeroed.fill(0)
     count()
-    ends = cp.cumsum(counts, dtype=np.int64)
+    clean = zeroed.copy()
     out = cp.empty(4 + n // 16, dtype=np.int32)
-    info_clean = cp.zeros(3, dtype=np.int64)
 
-    def emit():  # on a copy, from clean info: the same work every call
+    def emit():  # on a copy, from the one count's sums: the same work every call
         cp.copyto(work, r)
+        cp.copyto(zeroed, clean)
         launcher.launch("encode", "sparkavg_sparse_emit", r.dtype, i64, 32 * ntiles,
-                        (work, i64(n), r.dtype.type(tau), i64(ntiles), i64(chunks), ends, i64(n // 16), out,
-                         info_clean, np.int32(1), np.int32(float_bits(tau))))
+                        (work, i64(n), r.dtype.type(tau), i64(ntiles), i64(chunks), counts, g1, g2, i64(per1),
+                         i64(per2), i64(n // 16), out, info, np.int32(1), np.int32(float_bits(tau))))
 
     _bench(cp, "copy of the vector (the emit rows include one)", lambda: cp.copyto(work, r), report)
     _bench(cp, "sparse encode, whole (with its copy)", whole_sparse, report)
     _bench(cp, "bitmap encode, whole (with its copy)", whole_bitmap, report)
     _bench(cp, "sparse count kernel", count, report)
-    _bench(cp, "cumsum of the tile counts", lambda: cp.cumsum(counts, dtype=np.int64), report)
-    _bench(cp, "sparse emit kernel (with its copy)", emit, report)
+    _bench(cp, "sparse emit kernel (with its two copies)", emit, report)
     _bench(cp, "device -> host read of info", lambda: cp.asnumpy(info), report)
-    _bench(cp, "allocations (counts, info zeros, out)", lambda: (cp.empty(ntiles, dtype=np.int32),
-                                                               cp.zeros(3, dtype=np.int64),
-                                                               cp.empty(4 + n // 16, dtype=np.int32)), report)
+    _bench(cp, "allocations (counts, info and sums zeroed, out)",
+           lambda: (cp.empty(ntiles, dtype=np.int32), cp.zeros(3 + n1 + n2, dtype=np.int64),
+                    cp.empty(4 + n // 16, dtype=np.int32)), report)
 
 
 def _cprofile(fn, steps, report, title, sort="tottime", top=30):

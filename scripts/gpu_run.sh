@@ -47,7 +47,7 @@ for stage in "${stages[@]}"; do
         run 330 $PY -m pytest -q -m gpu -p no:cacheprovider --timeout 90 --junitxml="$OUT/gpu_tests.xml" \
             tests/test_gpu_conv.py tests/test_gpu_executor.py tests/test_nn_layers_new.py tests/test_nn_network.py \
             tests/test_nn_recurrent.py tests/test_nn_step.py tests/test_ops_gpu.py tests/test_sharing_algorithm.py \
-            tests/test_torch.py ${GPU_TESTS_EXTRA:-} ;;
+            tests/test_torch.py tests/test_device_checks.py ${GPU_TESTS_EXTRA:-} ;;
     csrc)
         run 120 $PY -m pytest -q -p no:cacheprovider tests/test_cuda_sources.py ;;
     lenet|resnet|lstm)
@@ -55,7 +55,7 @@ for stage in "${stages[@]}"; do
     kernels)
         run 180 $PY benchmarks/bench_kernels.py --gpu --out "$OUT/kernels_gpu.json" ;;
     diag)
-        run 150 $PY benchmarks/diag_gpu.py --out "$OUT/diag_gpu.txt" ;;
+        run 150 $PY benchmarks/diag_gpu.py --out "$OUT/diag_gpu.txt" --sections "${DIAG_SECTIONS:-encode,torch,resnet}" ;;
     torch|inference|executor)
         run 200 $PY "benchmarks/bench_gpu_${stage}.py" --out "$OUT/${stage}_gpu.json" ;;
     *)

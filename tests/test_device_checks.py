@@ -78,3 +78,25 @@ def test_a_tasks_loss_sum_reads_the_deferred_checks():
     with pytest.raises(ValueError, match="got values from 0 to 7"):
         losses.value()
     assert losses.value() == pytest.approx(2.0)
+
+
+@pytest.mark.gpu
+def test_device_labels_are_clipped_by_one_kernel_and_their_range_read_in_one_copy():
+    cp = pytest.importorskip("cupy")
+    rng = np.random.default_rng(3)
+    batches = [rng.integers(0, 10, size=n) for n in (1, 7, 1000, 4099)]
+    batches.append(np.array([3, -4, 11, 0, 2]))  # bad: out of range both ways
+    with device_checks.deferring():
+        for i in range(2 * device_checks.MAX_PENDING + 3):  # the rows wrap round twice
+            host = batches[i % 4]
+            got = device_checks.clip_labels(cp.asarray(host), 10)
+            np.testing.assert_array_equal(cp.asnumpy(got), host)
+        assert device_checks.pending() == 3
+        got = device_checks.clip_labels(cp.asarray(batches[4]), 10)
+        np.testing.assert_array_equal(cp.asnumpy(got), [3, 0, 9, 0, 2])  # clipped meanwhile
+        with pytest.raises(ValueError, match=r"^Expect class labels in \[0, 10\), got values from -4 to 11 .*"
+                                             r"the batch 1 training step\(s\) before it"):
+            device_checks.resolve()
+        got = device_checks.clip_labels(cp.asarray(batches[2]), 10)  # the rows start afresh
+        device_checks.resolve()
+        np.testing.assert_array_equal(cp.asnumpy(got), batches[2])

@@ -140,11 +140,9 @@ def prepare_targets(loss: str, y, n: int, units: int, xp, dtype, weights=None) -
                 raise ValueError(f"Expect integer class labels, got dtype {labels.dtype}")
             labels = labels.astype(np.int64, copy=False)
             if n:
-                low_high = module.stack([labels.min(), labels.max()])
                 if module is not np and device_checks.active():  # a training step: no sync (device_checks)
-                    device_checks.defer(low_high, units)
-                    return Targets("index", module.clip(labels, 0, units - 1), w)
-                lo, hi = (int(v) for v in backend.to_cpu(low_high))
+                    return Targets("index", device_checks.clip_labels(labels, units), w)
+                lo, hi = (int(v) for v in backend.to_cpu(module.stack([labels.min(), labels.max()])))
                 if lo < 0 or hi >= units:
                     raise ValueError(f"Expect class labels in [0, {units}), got values from {lo} to {hi}")
             return Targets("index", xp.asarray(labels), w)

@@ -66,7 +66,7 @@ from ._cuda_sequence import (  # noqa: F401 -- raw LSTM step kernels; the GRU's 
     scatter_add_rows,
 )
 
-__all__ = ["kernels", "bitmap_count", *OPERATIONS]
+__all__ = ["kernels", "bitmap_count", "label_clip", *OPERATIONS]
 
 
 @functools.cache
@@ -106,6 +106,15 @@ def kernels() -> types.SimpleNamespace:
         popcount=rk("int32 w", "int64 y", "__popc((unsigned int)w & 0xFFFFu)", "a + b", "y = a",
                     "0", "sparkavg_popcount"),
         clip=ek("T b", "T r", "if (r > b) r = b; else if (r < -b) r = -b;", "sparkavg_clip"),
+        # Class labels clipped into [0, top], their smallest and largest kept in
+        # extremes (a contiguous pair, from [INT64_MAX, INT64_MIN]): one launch for
+        # what took min, max, stack and clip.  An atomic only where a label beats
+        # the extreme read (min and max are monotone: a stale read costs one
+        # atomic more, never a wrong result).
+        label_clip=ek("int64 y, int64 top", "int64 c, raw int64 extremes",
+                      "long long v = y; long long *e = (long long *)&extremes[0];"
+                      " if (v < e[0]) atomicMin(e, v); if (v > e[1]) atomicMax(e + 1, v);"
+                      " c = v < 0 ? 0 : (v > top ? top : v);", "sparkavg_label_clip"),
     )
 
 
@@ -308,6 +317,15 @@ def count_above(residual, threshold):
 
 def clip_residual(residual, threshold, k):
     kernels().clip(clip_bound(residual.dtype, threshold, k), residual)
+
+
+def label_clip(labels, top, extremes):
+    """``labels`` (int64, on the device) clipped into ``[0, top]``, a new
+    array; their smallest and largest are folded into ``extremes`` (see
+    :mod:`sparkavg.nn.device_checks`).  No synchronisation."""
+    out = backend.cupy().empty_like(labels)
+    kernels().label_clip(labels, np.int64(top), out, extremes)
+    return out
 
 
 def bitmap_count(encoded):

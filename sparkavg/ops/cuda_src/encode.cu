@@ -23,6 +23,9 @@
  */
 #include "spk.cuh"
 
+/* Chunks of 32 values a warp classifies at once (SPK_BALLOTS). */
+#define SPK_GROUP 8
+
 /* bit 0: sends (|x| >= tau); bit 1: negative (x <= -tau); bit 2: non-finite.
  * Past the end: 0. */
 SPK_DEV int spk_classify(const T *SPK_RESTRICT r, I e, I n, T tau)
@@ -47,7 +50,8 @@ SPK_DEV void spk_note_bad(long long *info, unsigned bad, I base, I n)
 /* ------------------------------------------------------------ sparse ---
  * The vector is cut into tiles of `chunks` * 32 values, one warp per tile,
  * 32 values (one per lane) per chunk: loads are coalesced and the order of
- * a tile's entries is the order of its values.
+ * a tile's entries is the order of its values.  A warp classifies SPK_GROUP
+ * chunks at once (their loads in flight together).
  *
  * Where a tile's entries start needs no scan of the tile counts: the count
  * pass also adds each count into its group of `per1` tiles (g1) and its
@@ -64,13 +68,16 @@ SPK_KERNEL sparkavg_sparse_count(const T *SPK_RESTRICT r, I n, T tau, I ntiles, 
 {
     SPK_FOR_WARPS(t, ntiles) {
         int count = 0;
-        for (I k = 0; k < chunks; ++k) {
-            const I base = (t * chunks + k) * 32;
-            if (base >= n) break;
-            SPK_BALLOT2(sends, bad, L, spk_sends_bad(spk_classify(r, base + L, n, tau)))
-            count += SPK_POPC(sends);
-            if (bad) {
-                SPK_WARP_LEADER spk_note_bad(info, bad, base, n);
+        for (I k = 0; k < chunks; k += SPK_GROUP) {
+            const I first = (t * chunks + k) * 32;
+            if (first >= n) break;
+            SPK_BALLOTS2(sends, bad, J, SPK_GROUP, L,
+                         k + J < chunks ? spk_sends_bad(spk_classify(r, first + J * 32 + L, n, tau)) : 0)
+            for (int J = 0; J < SPK_GROUP; ++J) {
+                count += SPK_POPC(sends[J]);
+                if (bad[J]) {
+                    SPK_WARP_LEADER spk_note_bad(info, bad[J], first + J * 32, n);
+                }
             }
         }
         SPK_WARP_LEADER {
@@ -122,28 +129,34 @@ SPK_KERNEL sparkavg_sparse_emit(T *SPK_RESTRICT r, I n, T tau, I ntiles, I chunk
     }
     int *SPK_RESTRICT body = message + 4;
     SPK_FOR_WARPS(t, ntiles) {
+        /* The tile's entries lie in [pos, end): a tile stops reading at its
+         * last entry, and an empty one reads nothing. */
         I pos = spk_tile_start(counts, g1, g2, t, per1, per2);
-        for (I k = 0; k < chunks && pos < limit; ++k) {
-            const I base = (t * chunks + k) * 32;
-            if (base >= n) break;
-            SPK_BALLOT(sends, L, spk_classify(r, base + L, n, tau))
-            SPK_LANES(L) {
-                if ((sends >> L) & 1u) {
-                    const I p = pos + SPK_POPC(sends & ((1u << L) - 1u));
-                    if (p < limit) {
-                        const I e = base + L;
-                        const T x = r[e];
-                        if (x >= tau) {
-                            body[p] = (int)(e + 1);
-                            r[e] = x - tau;
-                        } else {
-                            body[p] = -(int)(e + 1);
-                            r[e] = x + tau;
+        const I end = pos + counts[t] < limit ? pos + counts[t] : limit;
+        for (I k = 0; k < chunks && pos < end; k += SPK_GROUP) {
+            const I first = (t * chunks + k) * 32;
+            SPK_BALLOTS(group, J, SPK_GROUP, L, k + J < chunks ? spk_classify(r, first + J * 32 + L, n, tau) : 0)
+            for (int J = 0; J < SPK_GROUP && pos < end; ++J) {
+                const I base = first + J * 32;
+                const unsigned sends = group[J];
+                SPK_LANES(L) {
+                    if ((sends >> L) & 1u) {
+                        const I p = pos + SPK_POPC(sends & ((1u << L) - 1u));
+                        if (p < end) {
+                            const I e = base + L;
+                            const T x = r[e];
+                            if (x >= tau) {
+                                body[p] = (int)(e + 1);
+                                r[e] = x - tau;
+                            } else {
+                                body[p] = -(int)(e + 1);
+                                r[e] = x + tau;
+                            }
                         }
                     }
                 }
+                pos += SPK_POPC(sends);
             }
-            pos += SPK_POPC(sends);
         }
     }
 }

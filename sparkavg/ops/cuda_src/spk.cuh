@@ -17,7 +17,7 @@
  *     (computed from ballots).  The C target runs a ballot's expression for
  *     lanes 0..31 in turn and an SPK_LANES section once per lane.
  *   - Ballot expressions only read memory that no lane writes in the same
- *     chunk before the ballot.
+ *     chunk (the same group of chunks, for SPK_BALLOTS) before the ballot.
  */
 #ifndef SPK_CUH
 #define SPK_CUH
@@ -63,6 +63,31 @@
         m1 = __ballot_sync(SPK_FULL_MASK, spk_v_ & 2);                        \
         m2 = __ballot_sync(SPK_FULL_MASK, spk_v_ & 4);                        \
     }
+/* The ballots of NJ chunks at once: expr, an int of lane L and chunk J in
+ * [0, NJ), is computed for every chunk before any ballot, so that the
+ * chunks' loads are in flight together (a warp's loads one at a time left
+ * the sparse encoder bound by memory latency).  m0[J] (m1[J]) holds bit 0
+ * (1) of chunk J's values. */
+#define SPK_BALLOTS(m0, J, NJ, L, expr)                                       \
+    unsigned m0[NJ];                                                          \
+    {                                                                         \
+        const int L = (int)(threadIdx.x & 31u);                               \
+        int spk_v_[NJ];                                                       \
+        _Pragma("unroll") for (int J = 0; J < (NJ); ++J) spk_v_[J] = (expr);  \
+        _Pragma("unroll") for (int J = 0; J < (NJ); ++J)                      \
+            m0[J] = __ballot_sync(SPK_FULL_MASK, spk_v_[J] & 1);              \
+    }
+#define SPK_BALLOTS2(m0, m1, J, NJ, L, expr)                                  \
+    unsigned m0[NJ], m1[NJ];                                                  \
+    {                                                                         \
+        const int L = (int)(threadIdx.x & 31u);                               \
+        int spk_v_[NJ];                                                       \
+        _Pragma("unroll") for (int J = 0; J < (NJ); ++J) spk_v_[J] = (expr);  \
+        _Pragma("unroll") for (int J = 0; J < (NJ); ++J) {                    \
+            m0[J] = __ballot_sync(SPK_FULL_MASK, spk_v_[J] & 1);              \
+            m1[J] = __ballot_sync(SPK_FULL_MASK, spk_v_[J] & 2);              \
+        }                                                                     \
+    }
 /* Runs once per warp (lane 0). */
 #define SPK_WARP_LEADER if ((threadIdx.x & 31u) == 0u)
 /* Runs once per launch. */
@@ -98,6 +123,22 @@
         m0 |= (unsigned)(spk_v_ & 1) << L;                                    \
         m1 |= (unsigned)((spk_v_ >> 1) & 1) << L;                             \
         m2 |= (unsigned)((spk_v_ >> 2) & 1) << L;                             \
+    }
+#define SPK_BALLOTS(m0, J, NJ, L, expr)                                       \
+    unsigned m0[NJ];                                                          \
+    for (int J = 0; J < (NJ); ++J) {                                          \
+        m0[J] = 0u;                                                           \
+        for (int L = 0; L < 32; ++L) m0[J] |= (unsigned)((expr) & 1) << L;    \
+    }
+#define SPK_BALLOTS2(m0, m1, J, NJ, L, expr)                                  \
+    unsigned m0[NJ], m1[NJ];                                                  \
+    for (int J = 0; J < (NJ); ++J) {                                          \
+        m0[J] = m1[J] = 0u;                                                   \
+        for (int L = 0; L < 32; ++L) {                                        \
+            const int spk_v_ = (expr);                                        \
+            m0[J] |= (unsigned)(spk_v_ & 1) << L;                             \
+            m1[J] |= (unsigned)((spk_v_ >> 1) & 1) << L;                      \
+        }                                                                     \
     }
 #define SPK_WARP_LEADER if (1)
 #define SPK_ONCE if (1)

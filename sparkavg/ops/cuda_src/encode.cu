@@ -35,6 +35,16 @@ SPK_DEV int spk_classify(const T *SPK_RESTRICT r, I e, I n, T tau)
     return (x >= tau || x <= -tau ? 1 : 0) | (x <= -tau ? 2 : 0) | (SPK_ISFINITE(x) ? 0 : 4);
 }
 
+/* spk_classify of element e when `in` (else 0), with a load that needs no
+ * branch (its index clamped into range): in an unrolled group the loads
+ * then issue together instead of each waiting behind its own branch. */
+SPK_DEV int spk_classify_in(const T *SPK_RESTRICT r, I e, I n, T tau, int in)
+{
+    const T x = r[e < n ? e : n - 1];
+    const int c = (x >= tau || x <= -tau ? 1 : 0) | (x <= -tau ? 2 : 0) | (SPK_ISFINITE(x) ? 0 : 4);
+    return in && e < n ? c : 0;
+}
+
 /* A classification's bit 0 (sends) and bit 2 (non-finite), as bits 0 and 1. */
 SPK_DEV int spk_sends_bad(int c)
 {
@@ -72,7 +82,7 @@ SPK_KERNEL sparkavg_sparse_count(const T *SPK_RESTRICT r, I n, T tau, I ntiles, 
             const I first = (t * chunks + k) * 32;
             if (first >= n) break;
             SPK_BALLOTS2(sends, bad, J, SPK_GROUP, L,
-                         k + J < chunks ? spk_sends_bad(spk_classify(r, first + J * 32 + L, n, tau)) : 0)
+                         spk_sends_bad(spk_classify_in(r, first + J * 32 + L, n, tau, k + J < chunks)))
             for (int J = 0; J < SPK_GROUP; ++J) {
                 count += SPK_POPC(sends[J]);
                 if (bad[J]) {
@@ -135,7 +145,7 @@ SPK_KERNEL sparkavg_sparse_emit(T *SPK_RESTRICT r, I n, T tau, I ntiles, I chunk
         const I end = pos + counts[t] < limit ? pos + counts[t] : limit;
         for (I k = 0; k < chunks && pos < end; k += SPK_GROUP) {
             const I first = (t * chunks + k) * 32;
-            SPK_BALLOTS(group, J, SPK_GROUP, L, k + J < chunks ? spk_classify(r, first + J * 32 + L, n, tau) : 0)
+            SPK_BALLOTS(group, J, SPK_GROUP, L, spk_classify_in(r, first + J * 32 + L, n, tau, k + J < chunks))
             for (int J = 0; J < SPK_GROUP && pos < end; ++J) {
                 const I base = first + J * 32;
                 const unsigned sends = group[J];

@@ -241,6 +241,21 @@ def _lose_blocks(sc, rdd) -> None:
     sc._jsc.sc().unpersistRDD(rdd.id(), True)  # the blocks only: the RDD still counts on them
 
 
+def _lose_shuffle_outputs(sc, rdd) -> None:
+    """Drop the outputs of every shuffle in ``rdd``'s lineage, as losing their executors would
+    (their shuffle files go with them): the next job runs those map stages again."""
+    seen, todo = set(), [rdd._jrdd.rdd()]
+    while todo:
+        deps = todo.pop().dependencies()
+        for i in range(deps.size()):
+            dep = deps.apply(i)
+            if dep.getClass().getSimpleName() == "ShuffleDependency" and dep.shuffleId() not in seen:
+                seen.add(dep.shuffleId())
+                sc._jsc.sc().cleaner().get().doCleanupShuffle(dep.shuffleId(), True)
+            todo.append(dep.rdd())
+    assert seen, "no shuffle in the lineage"
+
+
 @pytest.mark.parametrize("master_type", [ParameterAveraging, pytest.param(GradientSharing, marks=pytest.mark.slow)])
 def test_prepared_blocks_leave_the_source_behind_and_are_prepared_again_when_lost(sc, master_type, caplog):
     from sparkavg.spark import DataOptions
@@ -259,6 +274,7 @@ def test_prepared_blocks_leave_the_source_behind_and_are_prepared_again_when_los
     assert "ParallelCollectionRDD" not in prepared.rdd.toDebugString().decode()
     assert [d["value"] for d in trainer.stats.decisions if d["name"] == "data_lineage"] == ["local_checkpoint"]
     _lose_blocks(sc, prepared.rdd)
+    _lose_shuffle_outputs(sc, prepared._sharded[1])  # the deal's, made from them in the last fit
     with caplog.at_level("WARNING", logger="sparkavg.spark.seam"):
         trainer.fit(rdd)
     assert "lost with an executor; preparing them again from the source" in caplog.text

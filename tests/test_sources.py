@@ -94,3 +94,46 @@ def test_a_jobs_results_are_summed_in_the_all_reduces_order(sc, world, depth):
             if w not in missing:
                 ops.accumulate(chained, _worker_vector(w))
         assert chained.tobytes() != expected.tobytes()
+
+
+# ------------------------------------------------------------ Spark blocks: a local deal's epochs
+def _keys_in_order(items):
+    """A task's blocks as the keys they hold, in the order it read them."""
+    return [[x for x, _ in items]]
+
+
+def _stage_tasks_run(sc, job_group: str) -> dict:
+    """{stage id: tasks completed} over the jobs of ``job_group`` (a skipped stage ran none)."""
+    tracker = sc.statusTracker()
+    stages = {}
+    for job in tracker.getJobIdsForGroup(job_group):
+        for stage in tracker.getJobInfo(job).stageIds:
+            info = tracker.getStageInfo(stage)
+            stages[stage] = info.numCompletedTasks if info is not None else 0
+    return stages
+
+
+@pytest.mark.spark
+def test_a_local_deals_epochs_read_the_first_epochs_shuffle_each_shard_in_its_dealt_order(sc):
+    from sparkavg.spark.deal import deal_epoch
+    from sparkavg.spark.sources import SparkBlocks
+
+    # 12 minibatches (x = its key, y unused) in 3 partitions, kept as Spark blocks
+    rdd = sc.parallelize([(k, (k, 0)) for k in range(12)], 3)
+    rdd.localCheckpoint()
+    rdd.count()
+    source = SparkBlocks(sizes=[1] * 12, seam=ClassicSpark(sc), rdd=rdd, keys=None)
+    runs = []
+    for epoch, seed in enumerate((1, 2)):
+        deal = source.plan(2, 2, seed, local=True, in_stage=True)
+        assert deal.rounds == [[[i for r in deal_epoch(12, 2, 2, seed, True) for i in r[w]] for w in range(2)]]
+        sc.setJobGroup(f"epoch-{epoch}", "a test epoch")
+        got = deal.barrier(0, _keys_in_order, "a test epoch")
+        assert got == deal.rounds[0], "a shard's blocks came in another order than the deal's"
+        runs.append(_stage_tasks_run(sc, f"epoch-{epoch}"))
+    assert deal.rdd is source.sharded(deal.rounds[0])  # the same shards: the same shuffle
+    first, second = runs
+    assert sorted(first.values()) == [2, 3], "epoch 1: a map stage of 3 tasks, then the barrier stage of 2"
+    assert sorted(second.values()) == [0, 2], "epoch 2: the map stage skipped, its outputs read again"
+    other = source.plan(2, 2, 1, local=False, in_stage=True)  # a balanced deal moves minibatches between shards
+    assert other.rdd is not deal.rdd and other.barrier(0, _keys_in_order, "a balanced epoch") == other.rounds[0]

@@ -11,9 +11,9 @@ Two deals (:class:`~sparkavg.spark.masters.Repartition`):
 * :func:`deal_shards` (``local``, the default for Spark blocks) cuts the
   minibatches once per fit into one shard per worker along where their
   blocks live (:func:`local_shards`, by host, then partition) and shuffles
-  each shard in place every epoch: the epoch's shuffle reads and writes on
-  the shard's own host, so no minibatch crosses the network after the
-  first epoch.
+  each shard in place every epoch: the shards stay, so an epoch inside one
+  stage reads the first epoch's shuffle again and no block moves after it
+  (:meth:`~sparkavg.spark.sources.SparkBlocks.sharded`).
 
 The source's ``deal_choice`` picks between them (a recorded decision).  With
 ``weights`` (workers' measured speeds, :func:`share_choice`, another

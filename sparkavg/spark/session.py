@@ -1,10 +1,8 @@
 """Spark settings sparkavg relies on, and a check of a running session.
 
-Every round of parameter averaging returns one parameter + updater-state
-vector per worker (5.2 MB for LeNet with Adam).  Spark ships a task result
-larger than ``spark.task.maxDirectResultSize`` (default 1 MB) through the
-block manager instead of the task-status message: one more copy and one
-more round trip, ~60 ms per round on 2 cores (``benchmarks/history/averaging.md``).
+Every averaging round returns a parameter + updater-state vector per worker;
+Spark ships a task result larger than ``spark.task.maxDirectResultSize``
+(default 1 MB) through the block manager: one more copy and round trip.
 These settings can only be given when the session starts, so
 :func:`recommended_conf` returns them for the builder and
 :func:`check_session` says when the result size is not covered.
@@ -35,33 +33,24 @@ def size_bytes(text: str) -> int:
 
 
 def recommended_conf(master: str = "local[2]") -> Dict[str, str]:
-    """Session settings for sparkavg, to pass to ``SparkSession.builder.config``.
+    """Session settings for sparkavg, to pass to ``SparkSession.builder.config``
+    (each measured by ``benchmarks/bench_spark_session.py``; the figures are in
+    ``benchmarks/history/averaging.md``):
 
-    Measured by ``benchmarks/bench_spark_session.py`` on local[2], 2 cores
-    (``benchmarks/history/averaging.md``):
-
-    - ``spark.python.unix.domain.socket.enabled``: the JVM talks to its
-      Python workers over Unix domain sockets instead of TCP loopback; a
-      task starts 30-45 ms sooner (75 -> 39 ms from ``collect()``), and
-      averaging pays that once per round.  Spark 4.1+; older versions
-      ignore it.
-    - ``spark.task.maxDirectResultSize``: round results (5.2 MB for LeNet
-      with Adam) come back with the task status, not through the block
-      manager (136 -> 77 ms from the last task's end to the driver).
-    - ``spark.broadcast.compress``: off.  A round's broadcast is float
-      parameters and optimizer state, which lz4 cannot shrink; compressing
-      and decompressing them cost ~2.5 ms of the driver's ~12 ms per
-      5.2 MB broadcast on every round, and the workers' time to decompress.
-    - ``spark.ui.showConsoleProgress``: off, so that sparkavg's own
-      progress lines are readable.
-    - for a ``local`` master only, ``-XX:TieredStopAtLevel=1`` on the
-      driver JVM: in local mode the JVM shares the cores with the Python
-      workers, and its optimising (C2) JIT compiler spends 2.2 s of CPU
-      during the first LeNet epoch (13% of one core, taken from the
-      workers); with only the quick C1 compiler it is 0.16 s.  The JVM
-      only schedules and moves bytes here, which C1 code does well enough.
-      If you set ``spark.driver.extraJavaOptions`` yourself, append this
-      flag to yours: a later ``config`` call replaces the whole value.
+    - ``spark.python.unix.domain.socket.enabled``: the JVM talks to its Python
+      workers over Unix domain sockets, not TCP loopback: a task starts sooner
+      (Spark 4.1+; older versions ignore it).
+    - ``spark.task.maxDirectResultSize``: round results come back with the
+      task status, not through the block manager.
+    - ``spark.broadcast.compress``: off: lz4 cannot shrink float parameters and
+      optimizer state, and (de)compressing them costs every round.
+    - ``spark.ui.showConsoleProgress``: off, so that sparkavg's own progress
+      lines are readable.
+    - for a ``local`` master only, ``-XX:TieredStopAtLevel=1`` on the driver
+      JVM: it shares the cores with the Python workers, and its optimising
+      (C2) JIT compiler takes CPU from them in the first epochs.  If you set
+      ``spark.driver.extraJavaOptions`` yourself, append this flag to yours:
+      a later ``config`` call replaces the whole value.
     """
     conf = {"spark.task.maxDirectResultSize": _DIRECT_RESULT,
             "spark.python.unix.domain.socket.enabled": "true",

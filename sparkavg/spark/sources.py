@@ -13,6 +13,7 @@ minibatches live.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from dataclasses import dataclass, field
@@ -254,6 +255,16 @@ def blocks_deal(source: MinibatchSource, workers: int) -> Tuple[bool, str]:
     return True, f"auto: Spark blocks, per-host shards' {what}: local, each worker keeps its host's minibatches"
 
 
+def _in_deal_order(target: dict, conf, task: Callable) -> Callable:
+    """``task`` reading its shard's ``(key, block)`` items as blocks in the deal's order (``target``), sorted
+    as ``repartitionAndSortWithinPartitions`` sorts: in memory up to ``spark.python.worker.memory``, then spilling."""
+    from pyspark.shuffle import ExternalSorter
+    from pyspark.util import _parse_memory
+
+    limit = _parse_memory(conf.get("spark.python.worker.memory", "512m")) * 0.9
+    return lambda items: task(block for _, block in ExternalSorter(limit).sorted(items, key=lambda kv: target[kv[0]]))
+
+
 @dataclass
 class BlocksDeal(ClassicDeal):
     """The deal and its RDD, shuffled once into one partition per (round, worker)."""
@@ -269,19 +280,23 @@ class BlocksDeal(ClassicDeal):
         return [r * self.workers + w for w in range(self.workers)]
 
     def shuffle(self) -> None:
-        """(Re)build the deal's RDD from the source's blocks (again after :meth:`SparkBlocks.rebuild`)."""
+        """(Re)build the deal's RDD from the source's blocks (again after :meth:`SparkBlocks.rebuild`).
+        An epoch of one round (rounds inside one stage) reads the blocks partitioned by shard
+        (:meth:`SparkBlocks.sharded`: a local deal's shards stay, so later epochs re-read the first
+        one's shuffle), each task sorting its shard into the deal's order."""
         source, rounds, workers = self.source, self.rounds, self.workers
         # (partition, position in shard) per minibatch key; sorting keeps each shard's dealt order.
-        target = {}
-        for r, shards in enumerate(rounds):
-            for w, shard in enumerate(shards):
-                for pos, i in enumerate(shard):
-                    target[source.key_of(i)] = (r * workers + w, pos)
-        n = len(rounds) * workers
+        target = {source.key_of(i): (r * workers + w, pos) for r, shards in enumerate(rounds)
+                  for w, shard in enumerate(shards) for pos, i in enumerate(shard)}
+        if len(rounds) == 1:
+            self.rdd = source.sharded(rounds[0])
+            self._task = functools.partial(_in_deal_order, target, self.rdd.context.getConf())
+            return
         # Not persisted: each (round, worker) partition is read once, by its round's job or barrier stage (a retry
         # reads the shuffle again); a kept copy cost a pickle pass and the storage memory of the data again.
         self.rdd = (source.rdd.map(lambda kv: (target[kv[0]], kv[1]))
-                    .repartitionAndSortWithinPartitions(n, partitionFunc=lambda key: key[0]).values())
+                    .repartitionAndSortWithinPartitions(len(rounds) * workers, lambda key: key[0]).values())
+        self._task = lambda task: task
 
     def _on_blocks(self, what: str, job: Callable):
         """``job()``, once more after blocks lost with an executor were
@@ -300,12 +315,13 @@ class BlocksDeal(ClassicDeal):
 
     def aggregate(self, r, task, combine, depth, what):
         with executor_errors(what):
-            parts = self._on_blocks(what, lambda: self.source.seam.run_job(self.rdd, tagged(task), self.shards(r)))
+            parts = self._on_blocks(what, lambda: self.source.seam.run_job(self.rdd, tagged(self._task(task)),
+                                                                           self.shards(r)))
             return in_order(parts, lambda partition: partition - r * self.workers, self.workers, combine)
 
     def _barrier(self, r, task, what):
         # Blocks lost before the barrier stage started (its shuffle's map stage): nothing ran yet.
-        return self._on_blocks(what, lambda: self.rdd.barrier().mapPartitions(task).collect())
+        return self._on_blocks(what, lambda: self.rdd.barrier().mapPartitions(self._task(task)).collect())
 
     def recover(self, r: int) -> None:
         """Compute the round's partitions in a plain job (it recomputes lost shuffle outputs)."""
@@ -323,6 +339,7 @@ class SparkBlocks(MinibatchSource):
     rdd: object = None
     keys: Optional[List[int]] = None
     remake: Optional[Callable[[], "SparkBlocks"]] = field(default=None, repr=False)
+    _sharded: Optional[tuple] = field(default=None, init=False, repr=False)  # (shard sets, RDD): see sharded
     description: ClassVar[str] = "Spark blocks"
     Deal: ClassVar[type] = BlocksDeal
 
@@ -330,6 +347,16 @@ class SparkBlocks(MinibatchSource):
 
     def key_of(self, i: int) -> int:
         return i if self.keys is None else self.keys[i]
+
+    def sharded(self, shards: List[List[int]]):
+        """The blocks ``(key, block)`` in one partition per shard (``shards[w]``: minibatch ids), the
+        shuffle made once per set of shards and kept while they stay (a local deal's, every epoch)."""
+        sets = tuple(frozenset(s) for s in shards)
+        if self._sharded is None or self._sharded[0] != sets:
+            owner = {self.key_of(i): w for w, shard in enumerate(shards) for i in shard}
+            rdd = self.rdd.map(lambda kv: (owner[kv[0]], kv)).partitionBy(len(shards), lambda w: w).values()
+            self._sharded = (sets, rdd)
+        return self._sharded[1]
 
     def decisions(self) -> List[tuple]:
         return [("data_lineage", "local_checkpoint", LINEAGE_REASON)]
@@ -347,10 +374,10 @@ class SparkBlocks(MinibatchSource):
                 f"{fresh.examples}): the source is not deterministic; persist it reliably or use "
                 f"DataOptions(shared_dir=...)")
         old = self.rdd
-        self.rdd, self.keys, self.layout = fresh.rdd, fresh.keys, fresh.layout
+        self.rdd, self.keys, self.layout, self._sharded = fresh.rdd, fresh.keys, fresh.layout, None
         old.unpersist()
 
     def release(self) -> None:
-        rdd, self.rdd = self.rdd, None
+        rdd, self.rdd, self._sharded = self.rdd, None, None
         if rdd is not None:  # blocking: the next fit's blocks find the storage memory free, not being freed
             rdd.unpersist(blocking=True)

@@ -12,7 +12,7 @@ also moves everything alive after its first network build (numpy,
 pyspark, sparkavg: ~40k objects) out of the cyclic garbage collector's
 reach with :func:`gc.freeze`: PySpark's daemon runs a full
 ``gc.collect()`` after every task of a reused worker, which otherwise
-costs 15-60 ms of CPU per task and delays the next round's task on it.
+takes CPU from every task and delays the next round's task on it.
 
 On a GPU (:mod:`.device`) the network lives on the task's CUDA device:
 parameters, gradients and updater state stay there between rounds, and a

@@ -1,40 +1,24 @@
 """Gradient sharing: how its epoch distributes work.
 
 One round per epoch: one barrier stage with one task per worker.  The
-driver ships the network state and each rank's sharing state
-(residual, threshold), never a key: the ranks agree their datagram keys
-among themselves (:mod:`sparkavg.transport.keys`; the driver warns once
-when Spark's own channels are in clear, :func:`~..session.check_security`).
-It gets back rank 0's
-replica (the others send a sample of theirs: they agree up to float
-rounding), averages the updater state, checks that the replicas agree and
-keeps the sharing states for the next epoch (and its checkpoints:
-:meth:`SharingRunner.state_dict`, so a resumed fit continues with the
-residuals and thresholds it stopped at).
-Spark never retries a failed barrier stage, so the driver restarts the
-epoch -- unless the error is one retrying cannot fix.
+driver ships the network state and each rank's sharing state (residual,
+threshold), never a key: the ranks agree their datagram keys among
+themselves (:mod:`sparkavg.transport.keys`; the driver warns once when
+Spark's own channels are in clear, :func:`~..session.check_security`).
+It gets back rank 0's parameters and updater state (the others send a
+sample of theirs: replicas agree up to float rounding), checks that the
+replicas agree and keeps every rank's residual and threshold for the next
+epoch and its checkpoints (:meth:`SharingRunner.state_dict`).  Spark never
+retries a failed barrier stage, so the driver restarts the epoch -- unless
+the error is one retrying cannot fix.
 
 Between epochs each rank keeps its whole state on its executor
-(:func:`~sparkavg.spark.executor.sharing.keep_resident`: its replica, updater
-state, buffers, residual and threshold), and while the driver's copy is
-still the one the last epoch left (nothing restored, recovered or changed
-in between: a fingerprint of the network's state), the next epoch ships
-only a token and the iteration, not the state: each rank continues from
-its own end state.  Decision ``sharing_state``, recorded with its reason:
-the state broadcast -- the parameters, the updater state and every rank's
-residual to every worker, ~2 x the parameters' and updater's bytes per
-worker per epoch -- crossed the driver's link every epoch, though every
-rank already held what it would receive but the mean of the updater states
-(replicas agree on the parameters up to float rounding; a rank continues
-with its own updater state, as DL4J's shared-training workers do).  A rank
-whose state is not on its executor (lost with it, or the rank moved host
-and no other rank's state is left there) fails the stage at its start; the
-driver then ships the whole state, as before, and runs the epoch again
-(counter ``resident_state_misses``).  The driver still gets every rank's
-residual back each epoch and rank 0's parameters and updater state (the
-network's, as its parameters are rank 0's; before, the mean of the ranks'
-updater states, which no rank continues from any more), so a checkpoint
-resumes every rank's residual and a valid replica.
+(:func:`~sparkavg.spark.executor.sharing.keep_resident`); while the
+driver's copy is the one the last epoch left (a fingerprint of the
+network's state), the next epoch ships a token and the iteration, not the
+state (decision ``sharing_state``).  A rank whose state is not on its
+executor fails the stage at its start; the driver then ships the whole
+state and runs the epoch again (counter ``resident_state_misses``).
 """
 from __future__ import annotations
 

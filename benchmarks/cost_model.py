@@ -791,8 +791,11 @@ def direct_sharing_costs(result: dict, scaled: dict, link: Link) -> Dict[str, di
     growing with ``log2 W`` from there, none of it fixed -- and the
     exchange (TREE's ``hop_s``) or a message's apply (PLAIN's ``apply_s``),
     each the larger of the direct figure and the scaled calibration's; the
-    step is the run's own.  ``stage_s`` stays the scaled calibration's
-    (``scaled``: the calibrated overheads divided by ``--host-speedup``).
+    step is the run's own, and so is ``stage_s``: what its last epoch took
+    beyond its iterations (the barrier stage's launch, the deal, the meeting),
+    as :func:`calibrate_phases` takes it from the calibration runs.  The
+    rest (``join_s``) stays the scaled calibration's (``scaled``: the
+    calibrated overheads divided by ``--host-speedup``).
     Returns ``{strategy: {"overheads": ..., "step_s": ..., "measured": ...}}``."""
     points = measured_points([result], link.bits_per_s / 1e9)
     out = {}
@@ -801,7 +804,9 @@ def direct_sharing_costs(result: dict, scaled: dict, link: Link) -> Dict[str, di
         if not pts or s not in scaled:
             continue
         p = pts[0]
-        base = Overheads(**scaled[s]["overheads"])
+        iterations = math.ceil(p["examples"] / (p["workers"] * p["batch"]))
+        stage = p["seconds"] - iterations * (p["step_s"] + p["loop_extra_s"])  # the step the predictions use
+        base = replace(Overheads(**scaled[s]["overheads"]), stage_s=max(0.0, stage))
         per_message = (p["loop_extra_s"] - p["lockstep_s"] - p["chain_s"]) if s == "sharing_plain" else 0.0
         if s == "sharing_tree":
             hop = max(p["chain_s"] / doubling_exchanges(2), base.hop_s)
@@ -812,7 +817,8 @@ def direct_sharing_costs(result: dict, scaled: dict, link: Link) -> Dict[str, di
             o = replace(base, sync_s=max(0.0, per_message - apply_s * _workload(p).messages_per_step),
                         lockstep_s=p["lockstep_s"], apply_s=apply_s)
         out[s] = {"overheads": asdict(o), "step_s": p["step_s"],
-                  "measured": {k: p[k] for k in ("step_s", "loop_extra_s", "lockstep_s", "chain_s", "seconds")}}
+                  "measured": {**{k: p[k] for k in ("step_s", "loop_extra_s", "lockstep_s", "chain_s", "seconds")},
+                               "stage_s": stage}}
     return out
 
 

@@ -243,7 +243,7 @@ def test_phase_calibration_takes_the_measured_chain_and_lockstep_wait():
 def test_direct_sharing_costs_are_a_full_speed_runs_own_at_two_ranks():
     """A 2-rank run at full speed (bench_scale --cpu 1.0): TREE's sync_s is its loop beyond the step less the
     lock-step wait and the exchange, the lock-step wait all per doubling, the hop the larger of the measured
-    exchange and the scaled calibration's; the step its own; stage_s the scaled calibration's."""
+    exchange and the scaled calibration's; the step its own, and stage_s: the last epoch beyond its iterations."""
     from cost_model import direct_sharing_costs
 
     w = Workload(examples=8192, batch=32, step_s=0.008, state_bytes=5.2e6, message_bytes=4e3, params=431080)
@@ -262,7 +262,9 @@ def test_direct_sharing_costs_are_a_full_speed_runs_own_at_two_ranks():
     assert o["sync_s"] == pytest.approx(sync_s, rel=1e-6)
     assert o["lockstep_s"] == pytest.approx(lock, rel=1e-6)
     assert o["hop_s"] == pytest.approx(chain, rel=1e-6)  # the measured exchange, larger than 0.0001
-    assert o["stage_s"] == 0.75 and direct["step_s"] == w.step_s
+    iterations = 8192 // (2 * 32)
+    assert o["stage_s"] == pytest.approx(5.4 - iterations * (w.step_s + chain + lock + sync_s), rel=1e-9)
+    assert direct["step_s"] == w.step_s and direct["measured"]["stage_s"] == pytest.approx(o["stage_s"])
 
 
 def test_direct_peer_costs_are_the_slopes_over_the_peers():

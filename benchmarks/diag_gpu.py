@@ -7,6 +7,12 @@ Sections (``--sections``, default all):
     device time per call) of the whole sparse and bitmap encoders and of
     each of their pieces (the count kernel, the
     emit kernel, the one device -> host read, the allocations).
+``count``
+    what bounds the sparse encoder's count pass (57 us for a 64 MB read on
+    an H200, about 3x a bandwidth-bound read): the library's kernel against
+    variants compiled here -- the same tiles without the group sums'
+    atomics, one chunk per warp, and a float4 grid-stride count -- and
+    CuPy's ``count_nonzero``, device time per call.
 ``torch``
     ``torch.profiler`` and ``cProfile`` over steps of the torch zoo's LeNet
     as a ``TorchModel`` (``fit_batch(sync=False)``) and in a plain torch
@@ -32,7 +38,7 @@ import time
 
 import numpy as np
 
-SECTIONS = ("encode", "torch", "resnet")
+SECTIONS = ("encode", "count", "torch", "resnet")
 
 
 def _bench(cp, name, fn, report, n_repeat=50):
@@ -103,6 +109,108 @@ def encode(report):
     _bench(cp, "allocations (counts, info and sums zeroed, out)",
            lambda: (cp.empty(ntiles, dtype=np.int32), cp.zeros(3 + n1 + n2, dtype=np.int64),
                     cp.empty(4 + n // 16, dtype=np.int32)), report)
+
+
+#: The count pass's variants (``count`` section): the library's tiles without the group sums'
+#: atomics, and a float4 grid-stride count, as plain CUDA (no sparkavg macros).
+COUNT_VARIANTS = r"""
+extern "C" __global__ void tiles_no_atomics(const float *r, long long n, float tau, long long ntiles,
+                                            long long chunks, int *counts)
+{
+    const long long lane = threadIdx.x & 31, warps = ((long long)blockDim.x * gridDim.x) >> 5;
+    for (long long t = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; t < ntiles; t += warps) {
+        int count = 0;
+        for (long long k = 0; k < chunks; k += 8) {
+            float x[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const long long e = (t * chunks + k + j) * 32 + lane;
+                x[j] = r[e < n ? e : n - 1];
+            }
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const long long e = (t * chunks + k + j) * 32 + lane;
+                const int in = k + j < chunks && e < n && (x[j] >= tau || x[j] <= -tau);
+                count += __popc(__ballot_sync(0xffffffffu, in));
+            }
+        }
+        if (lane == 0) counts[t] = count;
+    }
+}
+
+extern "C" __global__ void float4_count(const float4 *r, long long n4, float tau, unsigned long long *total)
+{
+    unsigned int count = 0;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (long long)blockDim.x * gridDim.x) {
+        const float4 v = r[i];
+        count += (fabsf(v.x) >= tau) + (fabsf(v.y) >= tau) + (fabsf(v.z) >= tau) + (fabsf(v.w) >= tau);
+    }
+    count = __reduce_add_sync(0xffffffffu, count);
+    if ((threadIdx.x & 31) == 0 && count) atomicAdd(total, (unsigned long long)count);
+}
+"""
+
+
+def count(report):
+    import cupy as cp
+
+    from sparkavg.ops import _cuda
+    from sparkavg.ops.cuda_src import device
+
+    n, tau = 1 << 24, 1.0
+    rng = np.random.default_rng(0)
+    host = (0.1 * rng.standard_normal(n)).astype(np.float32)
+    host[rng.random(n) < 1e-3] = 5.0
+    r = cp.asarray(host)
+    expect = int(np.count_nonzero(np.abs(host) >= tau))
+    launcher, i64 = device(), np.int64
+    module = cp.RawModule(code=COUNT_VARIANTS, options=("--std=c++14",))
+    tiles_no_atomics, float4_count = module.get_function("tiles_no_atomics"), module.get_function("float4_count")
+    block = 256
+
+    def library(chunks_target):
+        ntiles, chunks = _cuda._tiles(n, target=chunks_target)
+        per1, per2 = _cuda._groups(ntiles)
+        n1 = -(-ntiles // per1)
+        zeroed = cp.zeros(3 + n1 + -(-n1 // per2), dtype=np.int64)
+        counts = cp.empty(ntiles, dtype=np.int32)
+        info, g1, g2 = zeroed[:3], zeroed[3:3 + n1], zeroed[3 + n1:]
+
+        def run():
+            launcher.launch("encode", "sparkavg_sparse_count", r.dtype, i64, 32 * ntiles,
+                            (r, i64(n), np.float32(tau), i64(ntiles), i64(chunks), counts, info, g1, g2,
+                             i64(per1), i64(per2)))
+        run()
+        assert int(counts.sum()) == expect, "the library's count"
+        return run, f"{ntiles} tiles x {chunks} chunks"
+
+    def no_atomics(chunks_target):
+        ntiles, chunks = _cuda._tiles(n, target=chunks_target)
+        counts = cp.empty(ntiles, dtype=np.int32)
+        grid = (min(-(-32 * ntiles // block), 1 << 16),)
+
+        def run():
+            tiles_no_atomics(grid, (block,), (r, i64(n), np.float32(tau), i64(ntiles), i64(chunks), counts))
+        run()
+        assert int(counts.sum()) == expect, "the count without atomics"
+        return run, f"{ntiles} tiles x {chunks} chunks"
+
+    total = cp.zeros(1, dtype=np.uint64)
+
+    def vectorised():
+        total.fill(0)
+        float4_count((132 * 16,), (block,), (r, i64(n // 4), np.float32(tau), total))
+
+    vectorised()
+    assert int(total[0]) == expect, "the float4 count"
+    _bench(cp, "copy of the vector", lambda: cp.copyto(cp.empty_like(r), r), report)
+    for target in (4096, 1 << 16, 1 << 19):  # tiles of 32, 8 and 1 chunks
+        run, what = library(target)
+        _bench(cp, f"library count kernel, {what}", run, report)
+        run, what = no_atomics(target)
+        _bench(cp, f"same tiles, no group atomics, {what}", run, report)
+    _bench(cp, "float4 grid-stride count (one atomic a warp)", vectorised, report)
+    _bench(cp, "cupy count_nonzero(abs(r) >= tau)", lambda: cp.count_nonzero(cp.abs(r) >= tau), report)
 
 
 def _cprofile(fn, steps, report, title, sort="tottime", top=30):
@@ -197,7 +305,7 @@ def main(argv=None):
     for name in args.sections.split(","):
         t0 = time.perf_counter()
         try:
-            {"encode": encode, "torch": torch_section, "resnet": resnet}[name](report)
+            {"encode": encode, "count": count, "torch": torch_section, "resnet": resnet}[name](report)
         except Exception as exc:  # noqa: BLE001 -- a diagnosis reports what broke and goes on
             report.append(f"section {name} failed: {type(exc).__name__}: {exc}")
         report.append(f"[{name}: {time.perf_counter() - t0:.1f} s]\n")

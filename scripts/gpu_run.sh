@@ -55,7 +55,7 @@ for stage in "${stages[@]}"; do
     kernels)
         run 180 $PY benchmarks/bench_kernels.py --gpu --out "$OUT/kernels_gpu.json" ;;
     diag)
-        run 150 $PY benchmarks/diag_gpu.py --out "$OUT/diag_gpu.txt" --sections "${DIAG_SECTIONS:-encode,torch,resnet}" ;;
+        run 150 $PY benchmarks/diag_gpu.py --out "$OUT/diag_gpu.txt" --sections "${DIAG_SECTIONS:-encode,count,torch,resnet}" ;;
     torch|inference|executor)
         run 200 $PY "benchmarks/bench_gpu_${stage}.py" --out "$OUT/${stage}_gpu.json" ;;
     *)

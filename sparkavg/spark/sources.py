@@ -26,6 +26,7 @@ from ..transport.summation import in_order, level_steps, node_sum
 from .deal import MAX_SHARD_LABEL_SKEW, deal_epoch, local_shards, shard_label_skew
 from .errors import executor_errors
 from .executor.context import task_partition
+from .session import size_bytes
 
 __all__ = ["MinibatchSource", "EpochDeal", "SharedFiles", "SparkBlocks", "LINEAGE_REASON", "lost_checkpoint_blocks",
            "read_to_end", "tagged"]
@@ -259,9 +260,8 @@ def _in_deal_order(target: dict, conf, task: Callable) -> Callable:
     """``task`` reading its shard's ``(key, block)`` items as blocks in the deal's order (``target``), sorted
     as ``repartitionAndSortWithinPartitions`` sorts: in memory up to ``spark.python.worker.memory``, then spilling."""
     from pyspark.shuffle import ExternalSorter
-    from pyspark.util import _parse_memory
 
-    limit = _parse_memory(conf.get("spark.python.worker.memory", "512m")) * 0.9
+    limit = size_bytes(conf.get("spark.python.worker.memory", "512m")) / 2**20 * 0.9  # MiB, as PySpark's own sort
     return lambda items: task(block for _, block in ExternalSorter(limit).sorted(items, key=lambda kv: target[kv[0]]))
 
 

@@ -118,6 +118,33 @@ def test_rounds_inside_one_barrier_mapinarrow_stage_give_the_job_paths_parameter
         assert nets["in_stage"].state[name].tobytes() == nets["jobs"].state[name].tobytes(), name
 
 
+def test_a_local_deals_epochs_on_connect_sort_one_kept_partitioning_and_train_as_the_job_path(connect, monkeypatch):
+    """Rounds inside one stage on Connect blocks, a local deal shuffled every epoch: one partitioning by shard
+    for the fit (not a dealt frame per epoch), each epoch's order sorted into it, the job path's bits."""
+    from sparkavg.spark.executor.hooks import AVERAGING_PATH
+
+    made = []
+    dealt_frame = ConnectSpark.dealt_frame
+    monkeypatch.setattr(ConnectSpark, "dealt_frame", lambda self, *a: made.append(len(a[2])) or dealt_frame(self, *a))
+    x, y = blobs(54, seed=5)
+    master = ParameterAveraging(batch_size_per_worker=4, averaging_frequency=3, workers=2,
+                                data=DataOptions(placement="spark", repartition="local"))
+    nets = {}
+    for path in ("jobs", "in_stage"):
+        made.clear()
+        connect.conf.set(AVERAGING_PATH, path)
+        try:
+            nets[path] = small_net(seed=6)
+            with SparkTrainer(connect, nets[path], master) as trainer:
+                trainer.fit(_frame(connect, x, y, partitions=2), epochs=3)
+        finally:
+            connect.conf.unset(AVERAGING_PATH)
+        # rounds of a job each: a dealt frame of several rounds per epoch; inside one stage: one kept partitioning
+        assert made == ([3, 3, 3] if path == "jobs" else [1]), path
+    for name in ("params", "updater", "buffers"):
+        assert nets["in_stage"].state[name].tobytes() == nets["jobs"].state[name].tobytes(), name
+
+
 def test_connect_and_classic_train_the_same_model(spark, connect):
     x, y = blobs(120, seed=2)
     master = ParameterAveraging(batch_size_per_worker=8, averaging_frequency=3, workers=2)

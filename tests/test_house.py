@@ -102,7 +102,7 @@ def test_house_sizes():
     spark = sum(len(p.read_text().splitlines()) for p in (REPO / "sparkavg" / "spark").rglob("*.py"))
     masters = len((REPO / "sparkavg" / "spark" / "masters.py").read_text().splitlines())
     assert masters <= 350, masters
-    assert spark <= 8000, spark
+    assert spark <= 7800, spark  # 8000 until the deal (no Spark in it) moved to sparkavg/data/deal.py
 
 
 def test_retired_fields_are_rejected_by_name():

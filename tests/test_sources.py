@@ -115,7 +115,7 @@ def _stage_tasks_run(sc, job_group: str) -> dict:
 
 @pytest.mark.spark
 def test_a_local_deals_epochs_read_the_first_epochs_shuffle_each_shard_in_its_dealt_order(sc):
-    from sparkavg.spark.deal import deal_epoch
+    from sparkavg.data.deal import deal_epoch
     from sparkavg.spark.sources import SparkBlocks
 
     # 12 minibatches (x = its key, y unused) in 3 partitions, kept as Spark blocks

@@ -5,7 +5,7 @@ import pytest
 from sparkavg.configurable import ConfigError
 
 from sparkavg.data.validation import DataSpec, DataValidationError, rebatch_partition
-from sparkavg.spark.deal import deal, deal_shards, local_shards, shard_label_skew
+from sparkavg.data.deal import deal, deal_shards, local_shards, shard_label_skew
 from sparkavg.spark.sources import SharedFiles, SparkBlocks
 from sparkavg.spark.masters import (DEFAULT_THRESHOLD, AdaptiveThreshold, DataOptions, FixedThreshold,
                                     GradientSharing, ParameterAveraging, Placement, TargetSparsityThreshold, Topology,

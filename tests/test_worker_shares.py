@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from sparkavg.spark import DataOptions, ParameterAveraging, SparkTrainer
-from sparkavg.spark.deal import (MIN_SPEED_RATIO, apportion, deal_epoch, local_shards, share_choice, split_rounds,
+from sparkavg.data.deal import (MIN_SPEED_RATIO, apportion, deal_epoch, local_shards, share_choice, split_rounds,
                                  weighted_shards)
 from sparkavg.spark.executor.hooks import SLOW_WORKER
 
@@ -86,7 +86,7 @@ def test_weighted_shards_move_only_the_slow_shards_tail_spread_over_the_others()
 
 def test_equal_shares_unchanged_when_no_weights():
     # weights=None is the deal as it always was (resume and old runs deal the same epochs).
-    from sparkavg.spark.deal import deal, deal_shards
+    from sparkavg.data.deal import deal, deal_shards
 
     assert deal_epoch(50, 3, 4, 7, True) == deal_shards(local_shards(50, 3), 4, 7)
     assert deal_epoch(50, 3, 4, 7, False) == deal(50, 3, 4, 7)
@@ -147,7 +147,7 @@ def test_a_slow_worker_gets_a_smaller_share_and_every_example_still_trains_once(
 
 
 def test_equal_finish_shares_make_every_worker_end_the_round_together():
-    from sparkavg.spark.deal import equal_finish_shares
+    from sparkavg.data.deal import equal_finish_shares
 
     speeds, fixed = [100.0, 100.0, 50.0], [0.2, 0.2, 0.4]  # the slow host is slow at everything
     n = equal_finish_shares(speeds, fixed, 300)

@@ -34,7 +34,7 @@ import ipaddress
 import logging
 import re
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, ClassVar, List, Optional
 
 import numpy as np
@@ -127,14 +127,18 @@ class ConnectFiles(SharedFiles):
 @dataclass
 class ConnectBlocksDeal(ConnectDeal):
     """The deal and the epoch's minibatches, one partition per worker, rows
-    ``(r, w, x, y)`` sorted; a round filters its own."""
+    ``(r, w, x, y)`` sorted; a round filters its own.  An epoch of one round
+    sorts the source's kept partitioning by shard (:meth:`ConnectBlocks.sharded`)
+    into its order, as the classic ``BlocksDeal`` does: no row moves."""
 
     frame: object = None
 
     def __post_init__(self):
         if self.rounds:
-            source = self.source
-            self.frame = source.seam.dealt_frame(source.frame, source.ids, self.rounds, self.workers)
+            source, seam = self.source, self.source.seam
+            self.frame = (seam.in_deal_order(source.sharded(self.rounds[0]), source.ids, self.rounds[0])
+                          if len(self.rounds) == 1 else seam.dealt_frame(source.frame, source.ids, self.rounds,
+                                                                          self.workers))
 
     def shards(self, r: int) -> list:
         """The minibatch ids of round ``r``, one list per worker."""
@@ -158,12 +162,28 @@ class ConnectBlocks(MinibatchSource):
 
     frame: object = None
     ids: Optional[np.ndarray] = None
+    _sharded: Optional[tuple] = field(default=None, init=False, repr=False)  # (shard sets, frame): see sharded
     description: ClassVar[str] = "Spark blocks"
     Deal: ClassVar[type] = ConnectBlocksDeal
 
     auto_deal = blocks_deal
 
+    def sharded(self, shards: List[List[int]]):
+        """The minibatch rows in one partition per shard (``shards[w]``: minibatch ids), persisted once per set
+        of shards and kept while they stay (a local deal's, every epoch)."""
+        sets = tuple(frozenset(s) for s in shards)
+        if self._sharded is None or self._sharded[0] != sets:
+            self._drop_sharded()
+            self._sharded = (sets, self.seam.dealt_frame(self.frame, self.ids, [shards], len(shards)))
+        return self._sharded[1]
+
+    def _drop_sharded(self, blocking: bool = False) -> None:
+        kept, self._sharded = self._sharded, None
+        if kept is not None:
+            _unpersist(kept[1], blocking=blocking)
+
     def release(self) -> None:
+        self._drop_sharded(blocking=True)
         if self.frame is not None:
             _unpersist(self.frame, blocking=True)  # the next fit's blocks find the memory free
             self.frame = None
@@ -313,12 +333,23 @@ class ConnectSpark:
             "w": pa.array(cols[2], pa.int32()), "pos": pa.array(cols[3], pa.int32()),
             "k": pa.array(cols[4], pa.int64())}))
         dealt = (frame.select("id", "x", "y").join(mapping, "id").repartition(workers, "k")
-                 .sortWithinPartitions("r", "w", "pos").select("r", "w", "x", "y"))
+                 .sortWithinPartitions("r", "w", "pos").select("id", "r", "w", "x", "y"))
         level = frame.storageLevel
         dealt = dealt.persist(level if level is not None else StorageLevel.MEMORY_AND_DISK)
         with executor_errors("dealing the epoch's minibatches"):
             dealt.count()
         return dealt
+
+    def in_deal_order(self, kept, ids, shards):
+        """``kept`` (a :meth:`dealt_frame` of one round) with each partition's rows in ``shards``' order: a
+        broadcast join of the positions and a sort within partitions -- no row moves between partitions."""
+        import pyarrow as pa
+        from pyspark.sql.connect import functions as F
+
+        order = [(int(ids[i]), pos) for shard in shards for pos, i in enumerate(shard)]
+        positions = self._spark.createDataFrame(pa.table({"id": pa.array([i for i, _ in order], pa.int64()),
+                                                          "pos": pa.array([p for _, p in order], pa.int32())}))
+        return kept.join(F.broadcast(positions), "id").sortWithinPartitions("pos").select("r", "w", "x", "y")
 
     def meeting(self, world: int, timeout: float):
         """None: the ranks meet through ``allGather`` (the executors may not reach the client)."""

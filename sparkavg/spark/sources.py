@@ -23,7 +23,7 @@ import numpy as np
 
 from ..data.storage import SharedLocation
 from ..transport.summation import in_order, level_steps, node_sum
-from .deal import MAX_SHARD_LABEL_SKEW, deal_epoch, local_shards, shard_label_skew
+from ..data.deal import MAX_SHARD_LABEL_SKEW, deal_epoch, local_shards, shard_label_skew
 from .errors import executor_errors
 from .executor.context import task_partition
 from .session import size_bytes

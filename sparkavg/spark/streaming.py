@@ -12,7 +12,7 @@ the fit's statistics -- between
 * ``stream``: nothing of the whole set is kept.  A describing pass counts
   the source DataFrame's rows per partition (its label column only); every
   epoch then deals the source's partitions to rounds x workers
-  (:func:`~sparkavg.spark.deal.deal` over partitions: a seeded shuffle per
+  (:func:`~sparkavg.data.deal.deal` over partitions: a seeded shuffle per
   epoch, so a resumed run deals the same), and each averaging round is one
   ``mapInArrow`` job over the round's partitions only, whose tasks read
   the partition's Arrow batches, cut them into minibatches as preparing
@@ -47,7 +47,7 @@ import numpy as np
 
 from ..data.validation import DataSpec
 from .data import check_columns, feature_columns, files_root, is_dataframe, require_arrow
-from .deal import deal
+from ..data.deal import deal
 from .errors import executor_errors, raise_failures
 from .sources import EpochDeal, MinibatchSource, in_order, tagged
 

@@ -1,13 +1,13 @@
 """Worker shares by measured speed: a slow worker (a busy or smaller host)
 gets a smaller share of each epoch's minibatches, so synchronous rounds do
-not wait for it (:func:`sparkavg.spark.deal.share_choice`)."""
+not wait for it (:func:`sparkavg.data.deal.share_choice`)."""
 from __future__ import annotations
 
 from typing import Optional
 
 import numpy as np
 
-from ..deal import share_choice
+from ...data.deal import share_choice
 from . import Policy, record
 
 __all__ = ["WorkerShares", "SPEED_MEMORY"]

@@ -155,7 +155,7 @@ class EpochRunner(abc.ABC):
 
     def plan_weights(self, prepared: MinibatchSource, workers: int, local: bool, epoch: int, stats, per_round=None):
         """Each worker's share of the epoch's minibatches, or None for equal
-        shares (the default; see :func:`~sparkavg.spark.deal.deal_epoch`);
+        shares (the default; see :func:`~sparkavg.data.deal.deal_epoch`);
         ``per_round``: the epoch's minibatches per worker per round."""
         return None
 

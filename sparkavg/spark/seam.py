@@ -49,7 +49,8 @@ class ClassicSpark:
         return str(self._sc.master).startswith("local")
 
     def conf(self, key: str, default: Optional[str] = None) -> Optional[str]:
-        return self._sc.getConf().get(key, default)
+        # One key from the context's own conf: getConf() copies every entry, a Py4J call each.
+        return self._sc._conf.get(key, default)
 
     def begin_fit(self) -> None:
         """Nothing to read: the test hooks are job-local properties, read per job."""

@@ -256,12 +256,12 @@ def blocks_deal(source: MinibatchSource, workers: int) -> Tuple[bool, str]:
     return True, f"auto: Spark blocks, per-host shards' {what}: local, each worker keeps its host's minibatches"
 
 
-def _in_deal_order(target: dict, conf, task: Callable) -> Callable:
-    """``task`` reading its shard's ``(key, block)`` items as blocks in the deal's order (``target``), sorted
-    as ``repartitionAndSortWithinPartitions`` sorts: in memory up to ``spark.python.worker.memory``, then spilling."""
+def _in_deal_order(target: dict, memory: str, task: Callable) -> Callable:
+    """``task`` reading its shard's ``(key, block)`` items as blocks in the deal's order (``target``), sorted as
+    ``repartitionAndSortWithinPartitions`` sorts: in memory up to ``memory`` (its worker memory), then spilling."""
     from pyspark.shuffle import ExternalSorter
 
-    limit = size_bytes(conf.get("spark.python.worker.memory", "512m")) / 2**20 * 0.9  # MiB, as PySpark's own sort
+    limit = size_bytes(memory) / 2**20 * 0.9  # MiB, as PySpark's own sort
     return lambda items: task(block for _, block in ExternalSorter(limit).sorted(items, key=lambda kv: target[kv[0]]))
 
 
@@ -290,7 +290,8 @@ class BlocksDeal(ClassicDeal):
                   for w, shard in enumerate(shards) for pos, i in enumerate(shard)}
         if len(rounds) == 1:
             self.rdd = source.sharded(rounds[0])
-            self._task = functools.partial(_in_deal_order, target, self.rdd.context.getConf())
+            memory = source.seam.conf("spark.python.worker.memory", "512m")
+            self._task = functools.partial(_in_deal_order, target, memory)
             return
         # Not persisted: each (round, worker) partition is read once, by its round's job or barrier stage (a retry
         # reads the shuffle again); a kept copy cost a pickle pass and the storage memory of the data again.

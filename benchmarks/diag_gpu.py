@@ -17,7 +17,9 @@ Sections (``--sections``, default all):
     ``torch.profiler`` and ``cProfile`` over steps of the torch zoo's LeNet
     as a ``TorchModel`` (``fit_batch(sync=False)``) and in a plain torch
     loop, batch 256: the operators and Python functions the TorchModel
-    step spends its host time in.
+    step spends its host time in; and a variant of the step that takes the
+    gradient whole (no zero fill, no in-place add per parameter: one
+    ``torch.cat``), to see what those launches cost.
 ``resnet``
     ``cProfile`` over CuPy ResNet steps at batch 64 (host-bound there):
     the Python functions by own time.
@@ -35,6 +37,7 @@ import os
 import pstats
 import sys
 import time
+import types
 
 import numpy as np
 
@@ -141,7 +144,8 @@ extern "C" __global__ void tiles_no_atomics(const float *r, long long n, float t
 extern "C" __global__ void float4_count(const float4 *r, long long n4, float tau, unsigned long long *total)
 {
     unsigned int count = 0;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (long long)blockDim.x * gridDim.x) {
+    const long long stride = (long long)blockDim.x * gridDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += stride) {
         const float4 v = r[i];
         count += (fabsf(v.x) >= tau) + (fabsf(v.y) >= tau) + (fabsf(v.z) >= tau) + (fabsf(v.w) >= tau);
     }
@@ -225,6 +229,33 @@ def _cprofile(fn, steps, report, title, sort="tottime", top=30):
     report.append(text.getvalue())
 
 
+def _loss_terms_grad_whole(self, x, y, weights=None):
+    """A variant of ``TorchModel._loss_terms`` for the ``torch`` section: no zero fill of the flat gradient
+    and no in-place add into each parameter's view (1 + P launches); each ``p.grad`` is None before the
+    backward pass (autograd hands over its own tensor) and one ``torch.cat`` writes the flat gradient after.
+    The same parameters bit for bit on the CPU (checked when it was written); kept here to measure on a GPU."""
+    import torch
+
+    xt, n = self._inputs(x)
+    yt = self._targets(y, n, weights)
+    params = self._torch_params
+    for p in params:
+        p.grad = None
+    self._mode(True)
+    self._copy_in()
+    loss = self._batch_loss(xt, yt)
+    loss.backward()
+    grads = self._tensor(self.flat.grads)
+    with torch.no_grad():
+        parts = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=p.dtype, device=p.device)
+                 for p in params]
+        torch.cat(parts, out=grads)
+        for seg, p in zip(self.flat.param_segments, params):
+            p.grad = grads[seg.start:seg.stop].view(seg.shape)
+    from sparkavg import backend
+    return [(1.0, backend.cupy().from_dlpack(loss.detach()), 1)]
+
+
 def torch_section(report):
     import cupy as cp
     import torch
@@ -251,7 +282,14 @@ def torch_section(report):
         loss_fn(module(tx), ty).backward()
         opt.step()
 
-    for name, step in (("TorchModel.fit_batch(sync=False)", ours), ("plain torch loop", theirs)):
+    stolen = TorchModel("sparkavg.torch.zoo:lenet", input_shape=(1, 28, 28), seed=1, updater=Adam(lr=lr)).to_gpu()
+    stolen._loss_terms = types.MethodType(_loss_terms_grad_whole, stolen)
+
+    def ours_grad_whole(i):
+        stolen.fit_batch(dx, dy, sync=False)
+
+    for name, step in (("TorchModel.fit_batch(sync=False)", ours), ("plain torch loop", theirs),
+                       ("TorchModel, the gradient taken whole (a variant, not the library's)", ours_grad_whole)):
         for i in range(20):
             step(i)
         torch.cuda.synchronize()

@@ -27,7 +27,7 @@ def _clean():
 
 def test_verdicts_wait_until_one_read_resolves_them_all():
     for low, high in [(0, 9), (2, 7), (0, 0)]:
-        device_checks.defer(np.array([low, high]), 10)
+        device_checks.clip_labels(np.array([low, high]), 10)
     assert device_checks.pending() == 3
     device_checks.resolve()
     assert device_checks.pending() == 0
@@ -35,9 +35,9 @@ def test_verdicts_wait_until_one_read_resolves_them_all():
 
 
 def test_the_first_bad_batch_is_named_with_how_far_back_it_lies():
-    device_checks.defer(np.array([0, 9]), 10)
-    device_checks.defer(np.array([0, 12]), 10)
-    device_checks.defer(np.array([-1, 3]), 10)
+    device_checks.clip_labels(np.array([0, 9]), 10)
+    device_checks.clip_labels(np.array([0, 12]), 10)
+    device_checks.clip_labels(np.array([-1, 3]), 10)
     with pytest.raises(ValueError, match=r"^Expect class labels in \[0, 10\), got values from 0 to 12 .*"
                                          r"the batch 2 training step\(s\) before it"):
         device_checks.resolve()
@@ -46,7 +46,7 @@ def test_the_first_bad_batch_is_named_with_how_far_back_it_lies():
 
 def test_a_full_queue_resolves_and_the_queue_is_per_thread():
     for _ in range(device_checks.MAX_PENDING - 1):
-        device_checks.defer(np.array([0, 1]), 2)
+        device_checks.clip_labels(np.array([0, 1]), 2)
         device_checks.resolve_if_full()
     assert device_checks.pending() == device_checks.MAX_PENDING - 1
     seen = []
@@ -54,7 +54,7 @@ def test_a_full_queue_resolves_and_the_queue_is_per_thread():
     other.start()
     other.join()
     assert seen == [0]
-    device_checks.defer(np.array([0, 5]), 2)
+    device_checks.clip_labels(np.array([0, 5]), 2)
     with pytest.raises(ValueError, match="got values from 0 to 5"):
         device_checks.resolve_if_full()
 
@@ -74,7 +74,7 @@ def test_only_a_training_step_defers_and_host_labels_are_checked_at_once():
 def test_a_tasks_loss_sum_reads_the_deferred_checks():
     losses = LossSum()
     losses.add(0.5, 4)
-    device_checks.defer(np.array([0, 7]), 5)
+    device_checks.clip_labels(np.array([0, 7]), 5)
     with pytest.raises(ValueError, match="got values from 0 to 7"):
         losses.value()
     assert losses.value() == pytest.approx(2.0)

@@ -106,11 +106,10 @@ def kernels() -> types.SimpleNamespace:
         popcount=rk("int32 w", "int64 y", "__popc((unsigned int)w & 0xFFFFu)", "a + b", "y = a",
                     "0", "sparkavg_popcount"),
         clip=ek("T b", "T r", "if (r > b) r = b; else if (r < -b) r = -b;", "sparkavg_clip"),
-        # Class labels clipped into [0, top], their smallest and largest kept in
-        # extremes (a contiguous pair, from [INT64_MAX, INT64_MIN]): one launch for
-        # what took min, max, stack and clip.  An atomic only where a label beats
-        # the extreme read (min and max are monotone: a stale read costs one
-        # atomic more, never a wrong result).
+        # Class labels clipped into [0, top], their smallest and largest folded into
+        # extremes (a contiguous pair, from [INT64_MAX, INT64_MIN]) in the same launch.
+        # An atomic only where a label beats the extreme read (min and max are
+        # monotone: a stale read costs one atomic more, never a wrong result).
         label_clip=ek("int64 y, int64 top", "int64 c, raw int64 extremes",
                       "long long v = y; long long *e = (long long *)&extremes[0];"
                       " if (v < e[0]) atomicMin(e, v); if (v > e[1]) atomicMax(e + 1, v);"

@@ -34,7 +34,7 @@ import ipaddress
 import logging
 import re
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, ClassVar, List, Optional
 
 import numpy as np
@@ -149,9 +149,9 @@ class ConnectBlocksDeal(ConnectDeal):
         return source.mapInArrow(round_adapter(task, per_partition=barrier), RESULT_SCHEMA, barrier=barrier)
 
     def drop(self) -> None:
-        if self.frame is not None:
+        if self.frame is not None and len(self.rounds) > 1:  # one round: the source keeps what it sorts
             _unpersist(self.frame)
-            self.frame = None
+        self.frame = None
 
 
 @dataclass
@@ -162,7 +162,6 @@ class ConnectBlocks(MinibatchSource):
 
     frame: object = None
     ids: Optional[np.ndarray] = None
-    _sharded: Optional[tuple] = field(default=None, init=False, repr=False)  # (shard sets, frame): see sharded
     description: ClassVar[str] = "Spark blocks"
     Deal: ClassVar[type] = ConnectBlocksDeal
 
@@ -170,20 +169,13 @@ class ConnectBlocks(MinibatchSource):
 
     def sharded(self, shards: List[List[int]]):
         """The minibatch rows in one partition per shard (``shards[w]``: minibatch ids), persisted once per set
-        of shards and kept while they stay (a local deal's, every epoch)."""
-        sets = tuple(frozenset(s) for s in shards)
-        if self._sharded is None or self._sharded[0] != sets:
-            self._drop_sharded()
-            self._sharded = (sets, self.seam.dealt_frame(self.frame, self.ids, [shards], len(shards)))
-        return self._sharded[1]
-
-    def _drop_sharded(self, blocking: bool = False) -> None:
-        kept, self._sharded = self._sharded, None
-        if kept is not None:
-            _unpersist(kept[1], blocking=blocking)
+        of shards (:meth:`_by_shards`)."""
+        return self._by_shards(shards, lambda s: self.seam.dealt_frame(self.frame, self.ids, [s], len(s)), _unpersist)
 
     def release(self) -> None:
-        self._drop_sharded(blocking=True)
+        kept, self._sharded = self._sharded, None
+        if kept is not None:
+            _unpersist(kept[1], blocking=True)
         if self.frame is not None:
             _unpersist(self.frame, blocking=True)  # the next fit's blocks find the memory free
             self.frame = None

@@ -76,6 +76,7 @@ class MinibatchSource:
     seam: object = field(default=None, repr=False)
     layout: Optional[List[tuple]] = None
     labels: Optional[np.ndarray] = None
+    _sharded: Optional[tuple] = field(default=None, init=False, repr=False)  # (shard sets, kept): see _by_shards
     #: Where the minibatches live, as the trainer logs it.
     description: ClassVar[str] = ""
     #: The class of its epochs' deals.
@@ -106,6 +107,16 @@ class MinibatchSource:
             return self.Deal(rounds, self)
         joined = [[i for shards in rounds for i in shards[w]] for w in range(len(rounds[0]))]
         return self.Deal([joined], self, counts=[[len(s) for s in shards] for shards in rounds])
+
+    def _by_shards(self, shards: List[List[int]], make: Callable, drop: Callable = lambda kept: None):
+        """``make(shards)``, kept while the shards hold the same minibatches (a local deal's, every epoch);
+        the one kept before is ``drop``ped when they change."""
+        sets = tuple(frozenset(s) for s in shards)
+        if self._sharded is None or self._sharded[0] != sets:
+            if self._sharded is not None:
+                drop(self._sharded[1])
+            self._sharded = (sets, make(shards))
+        return self._sharded[1]
 
     def decisions(self) -> List[tuple]:
         """``(name, value, reason)`` the trainer records once the data is prepared."""
@@ -340,7 +351,6 @@ class SparkBlocks(MinibatchSource):
     rdd: object = None
     keys: Optional[List[int]] = None
     remake: Optional[Callable[[], "SparkBlocks"]] = field(default=None, repr=False)
-    _sharded: Optional[tuple] = field(default=None, init=False, repr=False)  # (shard sets, RDD): see sharded
     description: ClassVar[str] = "Spark blocks"
     Deal: ClassVar[type] = BlocksDeal
 
@@ -351,13 +361,13 @@ class SparkBlocks(MinibatchSource):
 
     def sharded(self, shards: List[List[int]]):
         """The blocks ``(key, block)`` in one partition per shard (``shards[w]``: minibatch ids), the
-        shuffle made once per set of shards and kept while they stay (a local deal's, every epoch)."""
-        sets = tuple(frozenset(s) for s in shards)
-        if self._sharded is None or self._sharded[0] != sets:
+        shuffle made once per set of shards (:meth:`_by_shards`)."""
+
+        def shuffle(shards):
             owner = {self.key_of(i): w for w, shard in enumerate(shards) for i in shard}
-            rdd = self.rdd.map(lambda kv: (owner[kv[0]], kv)).partitionBy(len(shards), lambda w: w).values()
-            self._sharded = (sets, rdd)
-        return self._sharded[1]
+            return self.rdd.map(lambda kv: (owner[kv[0]], kv)).partitionBy(len(shards), lambda w: w).values()
+
+        return self._by_shards(shards, shuffle)
 
     def decisions(self) -> List[tuple]:
         return [("data_lineage", "local_checkpoint", LINEAGE_REASON)]

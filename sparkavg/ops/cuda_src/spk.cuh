@@ -65,9 +65,8 @@
     }
 /* The ballots of NJ chunks at once: expr, an int of lane L and chunk J in
  * [0, NJ), is computed for every chunk before any ballot, so that the
- * chunks' loads are in flight together (a warp's loads one at a time left
- * the sparse encoder bound by memory latency).  m0[J] (m1[J]) holds bit 0
- * (1) of chunk J's values. */
+ * chunks' loads can be in flight together.  m0[J] (m1[J]) holds bit 0 (1)
+ * of chunk J's values. */
 #define SPK_BALLOTS(m0, J, NJ, L, expr)                                       \
     unsigned m0[NJ];                                                          \
     {                                                                         \

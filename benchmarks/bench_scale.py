@@ -163,6 +163,30 @@ def exchange_chain(stats, exchanges: int) -> dict:
             "exchanges": exchanges, "hop_s": chain / max(exchanges, 1), "epoch_waits_s": epoch_waits}
 
 
+def step_spread(stats, draws: int = 20000, seed: int = 0) -> dict:
+    """The spread of one rank's steps (phase ``fit``) in the last epoch, and
+    what a lock step over ``W`` ranks would wait for if every rank drew its
+    steps from that spread independently: the mean of ``max - mean`` over
+    ``W`` draws (``wait_at``), for the cost model's doubling rule to be
+    held against.  Milliseconds."""
+    import numpy as np
+    from sparkavg.stats import DRIVER_LANE
+
+    last = max((e.epoch for e in stats.events if e.epoch is not None), default=None)
+    steps = np.array([e.duration for e in stats.events
+                      if e.phase == "fit" and e.epoch == last and e.lane != DRIVER_LANE]) * 1e3
+    if steps.size < 10:
+        return {}
+    rng = np.random.default_rng(seed)
+
+    def wait(w: int) -> float:
+        s = steps[rng.integers(0, steps.size, (draws, w))]
+        return float((s.max(axis=1) - s.mean(axis=1)).mean())
+    return {"steps": int(steps.size), "mean_ms": float(steps.mean()),
+            **{f"p{q}_ms": float(np.percentile(steps, q)) for q in (50, 95, 99)}, "max_ms": float(steps.max()),
+            "wait_at": {w: wait(w) for w in (2, 4, 8, 16, 32, 64, 128, 256)}}
+
+
 # -- the driver program (inside the cluster's driver host) -----------------------------------
 
 def job(args) -> None:
@@ -224,7 +248,8 @@ def job(args) -> None:
                  "lane_hosts": sorted({lane.split("/")[0] for lane in stats.lanes if "/" in lane}),
                  "round_timeline": round_timeline(stats), "driver_timeline": driver_timeline(stats),
                  **({"exchange_chain": exchange_chain(stats, doubling_exchanges(hosts) if spec.get("topology") == "tree"
-                                                      else 1)} if spec["master"] == "sharing" else {})})
+                                                      else 1),
+                     "step_spread": step_spread(stats)} if spec["master"] == "sharing" else {})})
     finally:
         spark.stop()
 
@@ -279,6 +304,7 @@ def summarise(done: dict, wire: dict, worker_names) -> dict:
             "send_s": (phases.get("send") or {}).get("total", 0.0) / its}
         out["iterations"] = c.get("iterations", 0.0)
         out["exchange_chain"] = done.get("exchange_chain")
+        out["step_spread"] = done.get("step_spread")
     return out
 
 
@@ -291,7 +317,8 @@ def run(args) -> dict:
     slow_host = f"worker{args.hosts - 1}"
     started = time.monotonic()
     period = int(round(args.cpu_period_ms * 1000))
-    result = {"hosts": args.hosts, "cpu_per_host": args.cpu, "slow_host": slow_host, "slow_cpu": args.cpu / 2,
+    result = {"hosts": args.hosts, "cpu_per_host": 1.0 if args.pin else args.cpu, "pinned": bool(args.pin),
+              "slow_host": slow_host, "slow_cpu": args.cpu / 2,
               "cpu_period_us": max(period, math.ceil(1000 / args.cpu)), "fits": {}}
     with SimulatedCluster(workers=args.hosts, cores_per_worker=1, memory="1g", rate=args.rate) as cluster:
         install_counters(cluster)
@@ -309,16 +336,29 @@ def run(args) -> dict:
         def on_event(event, program):
             spec = event["spec"]
             if event["event"] == "ready":
-                for name in worker_names:
+                for i, name in enumerate(worker_names):
+                    if args.pin:  # a dedicated core per host, no quota
+                        cluster.pin_cpu(name, [i % (os.cpu_count() or 1)])
+                        continue
                     cluster.limit_cpu(name, args.cpu / 2 if spec.get("slow") and name == slow_host else args.cpu,
                                       period)
                 seen["before"] = read_counters(cluster)
+                seen["cpu_before"] = cluster.cpu_throttling()
+                seen["threads_before"] = cluster.thread_cpu()
             elif event["event"] == "fitted":
                 seen["wire"] = _delta(read_counters(cluster), seen["before"])
+                seen["throttling"] = {name: {k: v - seen["cpu_before"][name][k] for k, v in t.items()}
+                                      for name, t in cluster.cpu_throttling().items() if name in worker_names}
+                seen["thread_cpu"] = {name: dict(sorted(((k, round(v - seen["threads_before"][name].get(k, 0.0), 3))
+                                                         for k, v in t.items()), key=lambda kv: -kv[1])[:12])
+                                      for name, t in cluster.thread_cpu().items() if name in worker_names}
                 for name in worker_names:
                     cluster.limit_cpu(name, None)
+                    if args.pin:
+                        cluster.pin_cpu(name, None)
             elif event["event"] == "done":
-                result["fits"][spec["name"]] = summarise(event, seen["wire"], worker_names)
+                result["fits"][spec["name"]] = {**summarise(event, seen["wire"], worker_names),
+                                                "throttling": seen["throttling"], "thread_cpu": seen["thread_cpu"]}
                 print(json.dumps({spec["name"]: result["fits"][spec["name"]]["epoch_seconds"]}), file=sys.stderr,
                       flush=True)
 
@@ -391,6 +431,9 @@ def main(argv=None):
     p.add_argument("--hosts", type=int, default=8)
     p.add_argument("--runs", choices=sorted(RUNS), default="scale")
     p.add_argument("--cpu", type=float, default=0.2, help="cores per worker host (its cgroup quota)")
+    p.add_argument("--pin", action="store_true",
+                   help="instead of a quota (--cpu), bind each worker host to a core of its own (host i to CPU i): "
+                        "hosts of one dedicated core, not sharing the machine's cores with each other's quota")
     p.add_argument("--cpu-period-ms", type=float, default=10.0,
                    help="the quota's period (a throttled host waits up to (1 - cpu) x period for its next quota: "
                         "a run at another period shows whether a latency-bound cost is the harness's)")

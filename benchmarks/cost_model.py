@@ -547,6 +547,8 @@ def measured_points(results: Sequence[dict], unshaped_gbit: float = 10.0) -> Dic
                 p["messages_per_step"] = sp["messages_sent"] / max(iterations * r["hosts"], 1)
                 # in-run step time of sharing (its own fit phase, same model and quota)
                 p["sharing_step_s"] = f["fit_phase"]["mean"]
+                if (f.get("step_spread") or {}).get("mean_ms"):  # the last epoch's steps alone (bench_scale)
+                    p["last_step_s"] = f["step_spread"]["mean_ms"] / 1e3
                 p["params"] = f.get("num_params", 0)
                 per = f.get("per_rank_iteration")
                 if per:  # sparkavg's own counters: every datagram sent and received, per rank and iteration
@@ -782,8 +784,10 @@ def direct_peer_costs(report: dict) -> Dict[str, float]:
 
 def direct_sharing_costs(result: dict, scaled: dict, link: Link) -> Dict[str, dict]:
     """Sharing's per-iteration costs at full speed, measured directly: a
-    ``bench_scale.py --runs topologies --hosts 2 --cpu 1.0`` run (each rank
-    a whole core, nothing throttled), for PLAIN and TREE.
+    ``bench_scale.py --runs topologies --hosts 2 --pin`` run (each rank a
+    core of its own; ``--cpu 1.0``: a quota of a core, which the two hosts'
+    quotas and the driver share on this machine's two cores), for PLAIN and
+    TREE.
 
     At 2 ranks its phase timings give, unscaled: ``sync_s`` (the loop's
     time beyond the step less the lock-step wait and the exchanges: encode,
@@ -791,8 +795,9 @@ def direct_sharing_costs(result: dict, scaled: dict, link: Link) -> Dict[str, di
     growing with ``log2 W`` from there, none of it fixed -- and the
     exchange (TREE's ``hop_s``) or a message's apply (PLAIN's ``apply_s``),
     each the larger of the direct figure and the scaled calibration's; the
-    step is the run's own, and so is ``stage_s``: what its last epoch took
-    beyond its iterations (the barrier stage's launch, the deal, the meeting),
+    step is the fit's own (its last epoch's mean where the file has it, else
+    its fit phase's), and so is ``stage_s``: what its last epoch took
+    beyond its iterations at that step (the barrier stage's launch, the deal, the meeting),
     as :func:`calibrate_phases` takes it from the calibration runs.  The
     rest (``join_s``) stays the scaled calibration's (``scaled``: the
     calibrated overheads divided by ``--host-speedup``).
@@ -805,7 +810,10 @@ def direct_sharing_costs(result: dict, scaled: dict, link: Link) -> Dict[str, di
             continue
         p = pts[0]
         iterations = math.ceil(p["examples"] / (p["workers"] * p["batch"]))
-        stage = p["seconds"] - iterations * (p["step_s"] + p["loop_extra_s"])  # the step the predictions use
+        # the fit's own step in the epoch measured (else the other strategy's, or another epoch's, steps would go
+        # into the stage's cost: a disturbed PLAIN fit's steps once made TREE's stage negative)
+        step = p.get("last_step_s", p["sharing_step_s"])
+        stage = p["seconds"] - iterations * (step + p["loop_extra_s"])
         base = replace(Overheads(**scaled[s]["overheads"]), stage_s=max(0.0, stage))
         per_message = (p["loop_extra_s"] - p["lockstep_s"] - p["chain_s"]) if s == "sharing_plain" else 0.0
         if s == "sharing_tree":
@@ -816,9 +824,9 @@ def direct_sharing_costs(result: dict, scaled: dict, link: Link) -> Dict[str, di
             apply_s = max(base.apply_s, p.get("apply_per_iteration_s", 0.0) / max(_workload(p).messages_per_step, 1))
             o = replace(base, sync_s=max(0.0, per_message - apply_s * _workload(p).messages_per_step),
                         lockstep_s=p["lockstep_s"], apply_s=apply_s)
-        out[s] = {"overheads": asdict(o), "step_s": p["step_s"],
-                  "measured": {**{k: p[k] for k in ("step_s", "loop_extra_s", "lockstep_s", "chain_s", "seconds")},
-                               "stage_s": stage}}
+        out[s] = {"overheads": asdict(o), "step_s": step,
+                  "measured": {**{k: p[k] for k in ("loop_extra_s", "lockstep_s", "chain_s", "seconds")},
+                               "step_s": step, "stage_s": stage}}
     return out
 
 
@@ -862,6 +870,31 @@ def predict_scenario(calibrated: dict, w: Workload, changes: Dict[str, float], w
     return {"overheads": asdict(o), "workload": asdict(wl), "predictions": table}
 
 
+def spread_lockstep(rows: Dict[int, dict], spread: dict, lockstep_s: float, staleness: int = 0) -> Dict[int, dict]:
+    """``rows`` (a sharing strategy's predictions at staleness 0) with the
+    lock-step wait priced from the ranks' measured step spread instead of
+    ``lockstep_s log2 W``: the wait measured at 2 ranks, grown as the mean
+    of ``max - mean`` of ``W`` independent draws of the measured steps grows
+    from 2 ranks to ``W`` (``bench_scale.step_spread``'s ``wait_at``, ms) --
+    what a lock step over ``W`` ranks waits if every rank's steps spread as
+    the measured ranks' did, the tail included.  Each iteration's wait is
+    part of its time at staleness 0, so an epoch changes by ``iterations x``
+    the difference; efficiency scales inversely."""
+    if staleness:
+        raise ValueError(f"Expect staleness 0 (the lock-step wait on every iteration), got {staleness}")
+    table = {int(w): v / 1e3 for w, v in spread["wait_at"].items()}
+    out = {}
+    for n, row in rows.items():
+        if n not in table:
+            continue
+        wait = lockstep_s + table[n] - table[2]
+        seconds = row["seconds"] + row["iterations"] * (wait - lockstep_s * math.log2(max(1, n)))
+        out[n] = {**row, "seconds": seconds, "lockstep_s": wait,
+                  "examples_per_s": row["examples_per_s"] * row["seconds"] / seconds,
+                  "efficiency": row["efficiency"] * row["seconds"] / seconds}
+    return out
+
+
 def scaling_limit(rows: Dict[int, dict], threshold: float = 0.5) -> Optional[int]:
     """The first worker count whose efficiency falls under ``threshold``, or None."""
     for n in sorted(rows):
@@ -891,9 +924,10 @@ def main(argv=None):
                         "workload fields changed, e.g. 'meeting_1s:meeting_s=1.0' (repeatable; applied after "
                         "--allreduce's)")
     p.add_argument("--direct-sharing", default=None, metavar="JSON",
-                   help="a bench_scale.py --runs topologies --hosts 2 --cpu 1.0 JSON: sharing's per-iteration "
-                        "costs at full speed measured directly (direct_sharing_costs), predicted as the sharing "
-                        "strategies' scenario 'direct_sharing_costs'")
+                   help="a bench_scale.py --runs topologies --hosts 2 --pin (or --cpu 1.0) JSON: sharing's "
+                        "per-iteration costs at full speed measured directly (direct_sharing_costs), predicted as "
+                        "the sharing strategies' scenario 'direct_sharing_costs' (and, where the file has the ranks' "
+                        "step spread, '<strategy>_spread': the lock-step wait from that spread, spread_lockstep)")
     p.add_argument("--check", nargs="+", default=[], metavar="JSON",
                    help="runs left out of the calibration: the calibrated model's error at their points")
     p.add_argument("--phases", action="store_true",
@@ -943,10 +977,14 @@ def main(argv=None):
             wd = replace(w, step_s=d["step_s"])
             table = predict({s_: {"overheads": d["overheads"]}}, wd, workers, [1e9, 10e9, 100e9],
                             examples_per_worker=args.examples_per_worker)
+            spread = (json.load(open(args.direct_sharing))["fits"].get(s_) or {}).get("step_spread")
             for rate, by in table.items():
+                if spread and spread.get("wait_at"):  # the lock-step wait from the measured steps' spread
+                    by[f"{s_}_spread"] = spread_lockstep(by[s_], spread, d["overheads"]["lockstep_s"])
                 preds.setdefault(rate, {}).update(by)
                 for name, rows in by.items():
-                    at_256[rate][f"{name}[direct_sharing_costs]"] = round(rows[256]["efficiency"], 3)
+                    if 256 in rows:
+                        at_256[rate][f"{name}[direct_sharing_costs]"] = round(rows[256]["efficiency"], 3)
         scenarios["direct_sharing_costs"] = {"file": args.direct_sharing, "costs": direct, "predictions": preds,
                                              "efficiency_below_half_at": {r: {n: scaling_limit(rows)
                                                                              for n, rows in by.items()}

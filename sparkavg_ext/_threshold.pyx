@@ -262,11 +262,10 @@ cdef void _clip(float* r, Py_ssize_t n, float bound) noexcept nogil:
     cdef float lo = -bound
     for i in range(n):
         x = r[i]
-        # NaN compares false both ways and stays NaN, as numpy.clip.
-        if x > bound:
-            r[i] = bound
-        elif x < lo:
-            r[i] = lo
+        # NaN compares false both ways and stays NaN, as numpy.clip.  Every entry is
+        # stored (select, not branch): the loop vectorises to compares and blends.
+        x = bound if x > bound else x
+        r[i] = lo if x < lo else x
 
 
 # ----------------------------------------------------------------- wrappers

@@ -380,3 +380,53 @@ def test_exchange_chain_tells_the_loop_waits_from_the_epochs_own():
     assert out["hop_s"] == pytest.approx(0.001, abs=1e-9)
     assert out["epoch_waits_s"] == pytest.approx(0.53, abs=1e-9)
     assert exchange_chain(TrainingStats(workers=2), exchanges=1) == {}
+
+
+def test_step_spread_prices_a_lock_step_from_the_ranks_own_steps():
+    """bench_scale.step_spread: the last epoch's ``fit`` spans of the ranks (not the driver's, not earlier
+    epochs'), their percentiles, and the mean of ``max - mean`` over W independent draws of them: none
+    when every step takes as long; for steps of 6 and 8 ms in equal numbers, 0.5 ms at W = 2 (the two
+    differ half the time, by 2 ms, and then the max is 1 ms over the mean), nearly 1 ms at W = 64."""
+    from bench_scale import step_spread
+
+    from sparkavg.stats import DRIVER_LANE, Phase, TrainingStats
+
+    def stats_of(durations):
+        stats = TrainingStats(workers=2)
+        t0 = stats.origin_perf
+        for i, d in enumerate(durations):
+            stats.record(Phase.FIT, t0 + i, t0 + i + d, lane=f"w{i % 2}/1/p{i % 2}", epoch=1)
+        stats.record(Phase.FIT, t0, t0 + 1.0, lane="w0/1/p0", epoch=0)  # an earlier epoch: not read
+        stats.record(Phase.FIT, t0, t0 + 1.0, lane=DRIVER_LANE, epoch=1)
+        return stats
+
+    flat = step_spread(stats_of([0.007] * 40))
+    assert flat["steps"] == 40 and flat["p50_ms"] == pytest.approx(7.0) and flat["max_ms"] == pytest.approx(7.0)
+    assert all(v == pytest.approx(0.0, abs=1e-9) for v in flat["wait_at"].values())
+    two = step_spread(stats_of([0.006, 0.008] * 500))
+    assert two["mean_ms"] == pytest.approx(7.0)
+    assert two["wait_at"][2] == pytest.approx(0.5, abs=0.03)
+    assert two["wait_at"][64] == pytest.approx(1.0, abs=0.03)
+    assert two["wait_at"][2] < two["wait_at"][8] < two["wait_at"][64]
+    assert step_spread(stats_of([0.007] * 5)) == {}  # too few steps to tell a spread
+
+
+def test_spread_lockstep_prices_the_wait_from_the_measured_steps():
+    """cost_model.spread_lockstep: the wait measured at 2 ranks, grown as the step spread's order statistics
+    grow (not lockstep_s x log2 W); each iteration pays the difference, efficiency scales inversely."""
+    from cost_model import spread_lockstep
+
+    rows = {n: {"seconds": 1.0, "iterations": 100, "examples_per_s": 1000.0, "efficiency": 0.8} for n in (2, 4, 64)}
+    spread = {"wait_at": {"2": 0.2, "4": 0.5, "64": 1.7, "256": 2.5}}  # ms, as bench_scale writes it (str keys)
+    out = spread_lockstep(rows, spread, lockstep_s=0.0003)
+    assert sorted(out) == [2, 4, 64]  # a W without a row: none
+    assert out[2]["seconds"] == pytest.approx(1.0)  # at 2 ranks both prices are the measured wait
+    assert out[2]["lockstep_s"] == pytest.approx(0.0003)
+    # W = 64: 0.3 + (1.7 - 0.2) = 1.8 ms against the rule's 0.3 x 6 = 1.8 ms: the same here
+    assert out[64]["seconds"] == pytest.approx(1.0)
+    # W = 4: 0.3 + 0.3 = 0.6 ms against 0.6: equal too; a heavier tail: 64 at 3.2 ms
+    heavy = spread_lockstep(rows, {"wait_at": {"2": 0.2, "4": 0.5, "64": 3.1}}, lockstep_s=0.0003)
+    assert heavy[64]["seconds"] == pytest.approx(1.0 + 100 * (0.0032 - 0.0018))
+    assert heavy[64]["efficiency"] == pytest.approx(0.8 / heavy[64]["seconds"])
+    with pytest.raises(ValueError, match="staleness 0"):
+        spread_lockstep(rows, spread, lockstep_s=0.0003, staleness=1)

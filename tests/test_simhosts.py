@@ -307,3 +307,48 @@ def test_a_hosts_cpu_quota_caps_all_its_processes(sim_cluster_factory):
     assert 0 < used <= 1.5 * 0.2 * 1.25, used
     with pytest.raises(ValueError, match="quota period"):
         cluster.limit_cpu("worker0", 0.2, period_us=500)
+    # What bench_scale reads around a fit: the quota's accounting and the CPU by process and thread.
+    throttling = cluster.cpu_throttling()
+    assert throttling["worker0"]["throttled"] > 0 and throttling["worker0"]["throttled_s"] > 0, throttling
+    assert throttling["worker0"]["periods"] >= throttling["worker0"]["throttled"]
+
+
+PARENT = """
+import os, subprocess, sys
+print("ready", flush=True)
+sys.stdin.readline()
+code = "import os; print(sorted(os.sched_getaffinity(0)))"
+print(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip(), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_pinned_host_runs_on_its_own_core_and_its_children_inherit_it(sim_cluster_factory):
+    """pin_cpu (bench_scale --pin): every thread of the host is bound to the cores named, and so is every
+    process it starts later; None binds them to every core again."""
+    from tests.conftest import simhosts_required
+    from tests.harness.cpu import cgroup_root
+
+    if cgroup_root() is None:
+        message = "no writable cgroup cpu controller here (v1 /sys/fs/cgroup/cpu or v2 'cpu' in subtree_control)"
+        if simhosts_required():
+            pytest.fail(f"{message} (required: {simhosts_required()})")
+        pytest.skip(message)
+    cluster = sim_cluster_factory(workers=2, spark=False)
+    # A process on the host that, once told, starts a child and reports the child's cores.
+    parent = cluster.spawn("worker0", [sys.executable, "-c", PARENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           text=True)
+    try:
+        assert parent.stdout.readline().strip() == "ready"
+        assert cluster.pin_cpu("worker0", [0]) >= 1
+        assert os.sched_getaffinity(parent.pid) == {0}
+        parent.stdin.write("go\n")
+        parent.stdin.flush()
+        assert parent.stdout.readline().strip() == "[0]"  # started after the pin: it inherited it
+        cpu = cluster.thread_cpu()["worker0"]
+        assert any(k.startswith("python") for k in cpu), cpu
+        assert cluster.pin_cpu("worker0", None) >= 1
+        assert os.sched_getaffinity(parent.pid) == set(range(os.cpu_count()))
+    finally:
+        parent.kill()
+        parent.wait()

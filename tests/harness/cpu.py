@@ -99,6 +99,56 @@ class HostCgroup:
         self.cores = cores
         return period
 
+    def throttling(self) -> dict:
+        """The cgroup's CPU accounting so far: ``periods`` (quota periods in
+        which it ran), ``throttled`` (those that ran out of quota) and
+        ``throttled_s`` (the time its processes waited for a new quota)."""
+        fields = dict(line.split() for line in (self.path / "cpu.stat").read_text().splitlines() if line.strip())
+        waited = int(fields.get("throttled_time", 0)) / 1e9 if self.v1 else int(fields.get("throttled_usec", 0)) / 1e6
+        return {"periods": int(fields.get("nr_periods", 0)), "throttled": int(fields.get("nr_throttled", 0)),
+                "throttled_s": waited}
+
+    def pin(self, cpus) -> int:
+        """Bind every thread of the host's processes to the CPUs ``cpus``
+        (None: every CPU), now; threads and processes they start later
+        inherit it.  Returns how many threads were bound.  A host of
+        ``len(cpus)`` dedicated cores, where a quota of as many cores would
+        share the machine's cores with the other hosts'."""
+        cpus = set(range(os.cpu_count() or 1)) if cpus is None else set(cpus)
+        bound = 0
+        tasks = self.path / ("tasks" if self.v1 else "cgroup.threads")
+        for tid in (int(t) for t in tasks.read_text().split()):
+            try:
+                os.sched_setaffinity(tid, cpus)
+                bound += 1
+            except OSError:  # the thread ended
+                pass
+        return bound
+
+    def thread_cpu(self) -> dict:
+        """CPU seconds so far of every thread of the host's processes, by
+        ``"process/thread"`` name (a process by its executable's name --
+        java, python --, a thread by its kernel name), threads of one name summed."""
+        tick = os.sysconf("SC_CLK_TCK")
+        out: dict = {}
+        for pid in self.pids():
+            try:
+                exe = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+                tasks = list(Path(f"/proc/{pid}/task").iterdir())
+            except OSError:
+                continue
+            kind = os.path.basename(exe) or "?"
+            for task in tasks:
+                try:
+                    stat = (task / "stat").read_text()
+                except OSError:
+                    continue
+                name = stat[stat.index("(") + 1:stat.rindex(")")]
+                fields = stat[stat.rindex(")") + 2:].split()
+                key = f"{kind}/{name}"
+                out[key] = out.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        return out
+
     def pids(self) -> List[int]:
         try:
             return [int(p) for p in Path(self.procs_file).read_text().split()]

@@ -527,6 +527,22 @@ class SimulatedCluster:
         self._cpus[link.name] = cores
         return period
 
+    def cpu_throttling(self) -> Dict[str, dict]:
+        """Each limited host's quota accounting so far (:meth:`~.cpu.HostCgroup.throttling`)."""
+        return {name: group.throttling() for name, group in self._cgroups.items()}
+
+    def pin_cpu(self, host: HostRef, cpus) -> int:
+        """Bind ``host``'s threads to the CPUs ``cpus`` (None: every CPU), now
+        (:meth:`~.cpu.HostCgroup.pin`); returns how many threads were bound."""
+        link = self._link(host)
+        if link.name not in self._cgroups:
+            raise RuntimeError("Expect a host cgroup to pin a host's threads, found none")
+        return self._cgroups[link.name].pin(cpus)
+
+    def thread_cpu(self) -> Dict[str, dict]:
+        """Each host's CPU seconds so far by process and thread (:meth:`~.cpu.HostCgroup.thread_cpu`)."""
+        return {name: group.thread_cpu() for name, group in self._cgroups.items()}
+
     def cpu_limits(self) -> Dict[str, Optional[float]]:
         """Each host's CPU limit in cores (None: unlimited)."""
         return dict(self._cpus)

@@ -127,6 +127,10 @@ def round_timeline(stats) -> list:
     return out
 
 
+#: Steps of each rank's epoch that step_spread counts as its start, not its steady spread.
+STEP_WARMUP = 32
+
+
 def exchange_chain(stats, exchanges: int) -> dict:
     """Gradient sharing's waits, told apart.  A rank waits (phase ``wait``)
     from publishing iteration ``k``'s message until it holds what it
@@ -163,28 +167,50 @@ def exchange_chain(stats, exchanges: int) -> dict:
             "exchanges": exchanges, "hop_s": chain / max(exchanges, 1), "epoch_waits_s": epoch_waits}
 
 
-def step_spread(stats, draws: int = 20000, seed: int = 0) -> dict:
-    """The spread of one rank's steps (phase ``fit``) in the last epoch, and
+def step_spread(stats, draws: int = 20000, seed: int = 0, warmup: int = STEP_WARMUP) -> dict:
+    """The spread of the ranks' steps (phase ``fit``) in the last epoch, and
     what a lock step over ``W`` ranks would wait for if every rank drew its
     steps from that spread independently: the mean of ``max - mean`` over
-    ``W`` draws (``wait_at``), for the cost model's doubling rule to be
-    held against.  Milliseconds."""
+    ``W`` draws (``wait_at``, of the steps after each rank's first
+    ``warmup`` of the epoch: the steady steps; ``wait_at_all``, of every
+    step), for the cost model's doubling rule to be held against.  The
+    epoch's first steps share the core with its start (the minibatch
+    prefetch filling up, the peers' meeting and keys in a thread): their
+    cost is the epoch's, paid once, not a spread the ranks draw from every
+    iteration.  The slowest steps (above the 99th percentile of all):
+    their iterations, and how many overlapped another rank's slow step in
+    time (a cause the hosts share, such as this machine's cores).
+    Milliseconds."""
     import numpy as np
     from sparkavg.stats import DRIVER_LANE
 
     last = max((e.epoch for e in stats.events if e.epoch is not None), default=None)
-    steps = np.array([e.duration for e in stats.events
-                      if e.phase == "fit" and e.epoch == last and e.lane != DRIVER_LANE]) * 1e3
-    if steps.size < 10:
+    by_lane: dict = {}
+    for e in stats.events:
+        if e.phase == "fit" and e.epoch == last and e.lane != DRIVER_LANE:
+            by_lane.setdefault(e.lane, []).append(e)
+    ordered = {lane: sorted(es, key=lambda e: e.start) for lane, es in by_lane.items()}
+    steps = np.array([e.duration for es in ordered.values() for e in es]) * 1e3
+    steady = np.array([e.duration for es in ordered.values() for e in es[warmup:]]) * 1e3
+    if steady.size < 10:
         return {}
     rng = np.random.default_rng(seed)
 
-    def wait(w: int) -> float:
-        s = steps[rng.integers(0, steps.size, (draws, w))]
+    def wait(sample, w: int) -> float:
+        s = sample[rng.integers(0, sample.size, (draws, w))]
         return float((s.max(axis=1) - s.mean(axis=1)).mean())
-    return {"steps": int(steps.size), "mean_ms": float(steps.mean()),
+    cut = np.percentile(steps, 99) / 1e3
+    slow = [(lane, i, e) for lane, es in ordered.items() for i, e in enumerate(es) if e.duration > cut]
+    shared = sum(any(other != lane and e.start < o.end and o.start < e.end for other, _, o in slow)
+                 for lane, _, e in slow)
+    widths = (2, 4, 8, 16, 32, 64, 128, 256)
+    return {"steps": int(steps.size), "mean_ms": float(steps.mean()), "warmup": warmup,
+            "steady_mean_ms": float(steady.mean()),
             **{f"p{q}_ms": float(np.percentile(steps, q)) for q in (50, 95, 99)}, "max_ms": float(steps.max()),
-            "wait_at": {w: wait(w) for w in (2, 4, 8, 16, 32, 64, 128, 256)}}
+            "steady_p99_ms": float(np.percentile(steady, 99)),
+            "slow_steps": len(slow), "slow_overlapping_another_ranks": shared,
+            "slow_iterations": sorted(i for _, i, _ in slow),
+            "wait_at": {w: wait(steady, w) for w in widths}, "wait_at_all": {w: wait(steps, w) for w in widths}}
 
 
 # -- the driver program (inside the cluster's driver host) -----------------------------------
@@ -351,7 +377,7 @@ def run(args) -> dict:
                                       for name, t in cluster.cpu_throttling().items() if name in worker_names}
                 seen["thread_cpu"] = {name: dict(sorted(((k, round(v - seen["threads_before"][name].get(k, 0.0), 3))
                                                          for k, v in t.items()), key=lambda kv: -kv[1])[:12])
-                                      for name, t in cluster.thread_cpu().items() if name in worker_names}
+                                      for name, t in cluster.thread_cpu().items()}  # the driver host's too
                 for name in worker_names:
                     cluster.limit_cpu(name, None)
                     if args.pin:

@@ -122,10 +122,14 @@ on ``[1, x]``, ``x`` = ``(W - 1) q`` received messages or ``E`` exchanges;
 polling, not CPU).
 
 ``--direct-sharing`` takes sharing's per-iteration costs from a run at
-full speed (``bench_scale.py --runs topologies --hosts 2 --cpu 1.0``:
-:func:`direct_sharing_costs`) and predicts the sharing strategies with
-them as the scenario ``direct_sharing_costs``: the simulated hosts' 0.2-core
-quota inflates the loop's waits and sends about twice as much as the step.
+full speed (``bench_scale.py --runs topologies --hosts 2 --pin``, each
+host a core of its own, or ``--cpu 1.0``, a quota of a core on this
+machine's two shared cores: :func:`direct_sharing_costs`) and predicts the
+sharing strategies with them as the scenario ``direct_sharing_costs``: the
+simulated hosts' 0.2-core quota inflates the loop's waits and sends about
+twice as much as the step.  Where the run has the ranks' step spread
+(``bench_scale.step_spread``), ``<strategy>_spread`` prices the lock-step
+wait from it instead of per doubling (:func:`spread_lockstep`).
 
 **Scenarios** (``--scenario label:field=value,...``) predict the in-stage
 path again with some overheads or workload fields changed (what a fix

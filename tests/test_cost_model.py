@@ -241,7 +241,7 @@ def test_phase_calibration_takes_the_measured_chain_and_lockstep_wait():
 
 
 def test_direct_sharing_costs_are_a_full_speed_runs_own_at_two_ranks():
-    """A 2-rank run at full speed (bench_scale --cpu 1.0): TREE's sync_s is its loop beyond the step less the
+    """A 2-rank run at full speed (bench_scale --pin or --cpu 1.0): TREE's sync_s is its loop beyond the step less the
     lock-step wait and the exchange, the lock-step wait all per doubling, the hop the larger of the measured
     exchange and the scaled calibration's; the step its own, and stage_s: the last epoch beyond its iterations."""
     from cost_model import direct_sharing_costs
@@ -265,6 +265,13 @@ def test_direct_sharing_costs_are_a_full_speed_runs_own_at_two_ranks():
     iterations = 8192 // (2 * 32)
     assert o["stage_s"] == pytest.approx(5.4 - iterations * (w.step_s + chain + lock + sync_s), rel=1e-9)
     assert direct["step_s"] == w.step_s and direct["measured"]["stage_s"] == pytest.approx(o["stage_s"])
+    # The fit's own steps of the epoch measured, not the other strategy's: a disturbed PLAIN fit (9 ms steps)
+    # leaves TREE's stage alone; TREE's last epoch at 7.5 ms (bench_scale's step_spread) is its step.
+    tree = {**fit, "step_spread": {"mean_ms": 7.5, "wait_at": {}}}
+    result = {**result, "fits": {"sharing_plain": {**fit, "fit_phase": {"mean": 0.009}}, "sharing_tree": tree}}
+    own = direct_sharing_costs(result, scaled, FAST)["sharing_tree"]
+    assert own["step_s"] == pytest.approx(0.0075)
+    assert own["overheads"]["stage_s"] == pytest.approx(5.4 - iterations * (0.0075 + chain + lock + sync_s), rel=1e-9)
 
 
 def test_direct_peer_costs_are_the_slopes_over_the_peers():
@@ -400,15 +407,19 @@ def test_step_spread_prices_a_lock_step_from_the_ranks_own_steps():
         stats.record(Phase.FIT, t0, t0 + 1.0, lane=DRIVER_LANE, epoch=1)
         return stats
 
-    flat = step_spread(stats_of([0.007] * 40))
+    flat = step_spread(stats_of([0.007] * 40), warmup=0)
     assert flat["steps"] == 40 and flat["p50_ms"] == pytest.approx(7.0) and flat["max_ms"] == pytest.approx(7.0)
     assert all(v == pytest.approx(0.0, abs=1e-9) for v in flat["wait_at"].values())
-    two = step_spread(stats_of([0.006, 0.008] * 500))
+    two = step_spread(stats_of([0.006, 0.008] * 500), warmup=0)
     assert two["mean_ms"] == pytest.approx(7.0)
     assert two["wait_at"][2] == pytest.approx(0.5, abs=0.03)
     assert two["wait_at"][64] == pytest.approx(1.0, abs=0.03)
     assert two["wait_at"][2] < two["wait_at"][8] < two["wait_at"][64]
-    assert step_spread(stats_of([0.007] * 5)) == {}  # too few steps to tell a spread
+    assert step_spread(stats_of([0.007] * 5), warmup=0) == {}  # too few steps to tell a spread
+    # Each rank's first steps are the epoch's start: slow ones there count in wait_at_all, not in wait_at.
+    started = step_spread(stats_of([0.020] * 2 + [0.007] * 100), warmup=1)  # each rank's first (lanes alternate)
+    assert started["wait_at"][64] == pytest.approx(0.0, abs=1e-9) and started["wait_at_all"][64] > 5
+    assert started["slow_iterations"] == [0, 0] and started["slow_overlapping_another_ranks"] == 0
 
 
 def test_spread_lockstep_prices_the_wait_from_the_measured_steps():

@@ -899,6 +899,31 @@ def spread_lockstep(rows: Dict[int, dict], spread: dict, lockstep_s: float, stal
     return out
 
 
+def lockstep_check(small: dict, large: dict) -> Dict[str, dict]:
+    """The two lock-step pricings held against a measurement: from a run on
+    2 hosts (``small``), the wait for slower ranks' steps predicted at the
+    host count of ``large`` (a run at the same speed) per doubling
+    (``lockstep_s log2 W``) and from the 2-host steps' spread
+    (:func:`spread_lockstep`'s growth), against what ``large`` measured
+    (``bench_scale.exchange_chain``'s ``lockstep_s``).  Per sharing strategy
+    both files ran; seconds, and each prediction's relative error."""
+    if small["hosts"] != 2:
+        raise ValueError(f"Expect the small run on 2 hosts, got {small['hosts']}")
+    w = large["hosts"]
+    out = {}
+    for s, f in small["fits"].items():
+        g = large["fits"].get(s)
+        if not (g and (f.get("exchange_chain") or {}).get("lockstep_s") is not None
+                and (f.get("step_spread") or {}).get("wait_at") and (g.get("exchange_chain") or {}).get("lockstep_s")):
+            continue
+        base, table = f["exchange_chain"]["lockstep_s"], {int(k): v / 1e3 for k, v in f["step_spread"]["wait_at"].items()}
+        measured = g["exchange_chain"]["lockstep_s"]
+        rule, spread = base * math.log2(w), base + table[w] - table[2]
+        out[s] = {"workers": w, "measured_s": measured, "at_2_s": base, "per_doubling_s": rule, "spread_s": spread,
+                  "per_doubling_error": rule / measured - 1, "spread_error": spread / measured - 1}
+    return out
+
+
 def scaling_limit(rows: Dict[int, dict], threshold: float = 0.5) -> Optional[int]:
     """The first worker count whose efficiency falls under ``threshold``, or None."""
     for n in sorted(rows):
@@ -932,6 +957,10 @@ def main(argv=None):
                         "per-iteration costs at full speed measured directly (direct_sharing_costs), predicted as "
                         "the sharing strategies' scenario 'direct_sharing_costs' (and, where the file has the ranks' "
                         "step spread, '<strategy>_spread': the lock-step wait from that spread, spread_lockstep)")
+    p.add_argument("--lockstep-check", nargs=2, default=None, metavar=("TWO_HOSTS", "MORE_HOSTS"),
+                   help="two bench_scale.py --runs topologies JSONs at one speed (2 hosts, then more): the wait for "
+                        "slower ranks predicted from the first per doubling and from its step spread, against the "
+                        "second's measurement (lockstep_check); printed and written into --out")
     p.add_argument("--check", nargs="+", default=[], metavar="JSON",
                    help="runs left out of the calibration: the calibrated model's error at their points")
     p.add_argument("--phases", action="store_true",
@@ -993,6 +1022,9 @@ def main(argv=None):
                                              "efficiency_below_half_at": {r: {n: scaling_limit(rows)
                                                                              for n, rows in by.items()}
                                                                          for r, by in preds.items()}}
+    if args.lockstep_check:
+        small, large = (json.load(open(f)) for f in args.lockstep_check)
+        scenarios["lockstep_check"] = {"files": args.lockstep_check, **lockstep_check(small, large)}
     checked = {}
     if args.check:
         for s_, pts in measured_points([json.load(open(f)) for f in args.check], args.calibration_gbit).items():

@@ -441,3 +441,20 @@ def test_spread_lockstep_prices_the_wait_from_the_measured_steps():
     assert heavy[64]["efficiency"] == pytest.approx(0.8 / heavy[64]["seconds"])
     with pytest.raises(ValueError, match="staleness 0"):
         spread_lockstep(rows, spread, lockstep_s=0.0003, staleness=1)
+
+
+def test_lockstep_check_holds_both_pricings_against_a_larger_run():
+    """cost_model.lockstep_check: from 2 hosts' measured wait (3 ms) and step spread, the wait at 8 hosts per
+    doubling (9 ms) and from the spread (3 + 8 - 4 = 7 ms), each against the 8-host run's 7.5 ms."""
+    from cost_model import lockstep_check
+
+    fit2 = {"exchange_chain": {"lockstep_s": 0.003}, "step_spread": {"wait_at": {"2": 4.0, "8": 8.0}}}
+    small = {"hosts": 2, "fits": {"sharing_tree": fit2, "sharing_plain": {"exchange_chain": {}}}}
+    large = {"hosts": 8, "fits": {"sharing_tree": {"exchange_chain": {"lockstep_s": 0.0075}}}}
+    got = lockstep_check(small, large)
+    assert list(got) == ["sharing_tree"]  # PLAIN: nothing measured to hold them against
+    t = got["sharing_tree"]
+    assert t["per_doubling_s"] == pytest.approx(0.009) and t["spread_s"] == pytest.approx(0.007)
+    assert t["per_doubling_error"] == pytest.approx(0.2) and t["spread_error"] == pytest.approx(-1 / 15)
+    with pytest.raises(ValueError, match="2 hosts"):
+        lockstep_check(large, small)

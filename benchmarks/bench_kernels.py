@@ -8,6 +8,7 @@ For each vector length N (float32) the script measures, in one run:
   quantile of |r|, r ~ N(0, 1e-3)); each encode trial gets a fresh copy of
   the residual, made outside the timed region;
 - ``accumulate`` (weight 0.5) and one fused ``adam_step``;
+- ``clip_residual`` at 5 τ, τ = 1e-4 and 1e-3 (each trial on a fresh copy);
 - ``sparse_encode_sweep``: ``threshold_encode`` alone on N = ``--sweep-n``
   (default 8M) values at every density up to the bitmap switch
   (``SWEEP_DENSITIES``, 0.01% .. 6.25% = 1/16), with its own copy baseline;
@@ -184,6 +185,13 @@ def bench_size(n, timer, repeats, ref_repeats, threads):
     row("accumulate",
         timer.best(lambda _: ops.accumulate(buf, base, 0.5), None, repeats),
         timer.best(lambda _: reference.accumulate(buf, base, 0.5), None, ref_repeats))
+    # DL4J's residual clip (every 5th sharing iteration) at 5 τ, τ = 1e-4 (half the values clipped) and 1e-3
+    # (hardly any: the usual case, a residual under τ where nothing was sent)
+    for clip_tau in (1e-4, 1e-3):
+        row("clip_residual",
+            timer.best(lambda r: ops.clip_residual(r, clip_tau, 5.0), fresh, repeats),
+            timer.best(lambda r: reference.clip_residual(r, clip_tau, 5.0), fresh, ref_repeats),
+            tau=clip_tau)
     params, m = xp.zeros_like(base), xp.zeros_like(base)
     v = xp.abs(base)
     row("adam_step",

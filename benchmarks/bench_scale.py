@@ -364,7 +364,8 @@ def run(args) -> dict:
             if event["event"] == "ready":
                 for i, name in enumerate(worker_names):
                     if args.pin:  # a dedicated core per host, no quota
-                        cluster.pin_cpu(name, [i % (os.cpu_count() or 1)])
+                        cores = sorted(os.sched_getaffinity(0))
+                        cluster.pin_cpu(name, [cores[i % len(cores)]])
                         continue
                     cluster.limit_cpu(name, args.cpu / 2 if spec.get("slow") and name == slow_host else args.cpu,
                                       period)
@@ -458,7 +459,7 @@ def main(argv=None):
     p.add_argument("--runs", choices=sorted(RUNS), default="scale")
     p.add_argument("--cpu", type=float, default=0.2, help="cores per worker host (its cgroup quota)")
     p.add_argument("--pin", action="store_true",
-                   help="instead of a quota (--cpu), bind each worker host to a core of its own (host i to CPU i): "
+                   help="instead of a quota (--cpu), bind each worker host to a core of its own (host i to the i-th CPU this process may use): "
                         "hosts of one dedicated core, not sharing the machine's cores with each other's quota")
     p.add_argument("--cpu-period-ms", type=float, default=10.0,
                    help="the quota's period (a throttled host waits up to (1 - cpu) x period for its next quota: "

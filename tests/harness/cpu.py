@@ -110,11 +110,11 @@ class HostCgroup:
 
     def pin(self, cpus) -> int:
         """Bind every thread of the host's processes to the CPUs ``cpus``
-        (None: every CPU), now; threads and processes they start later
+        (None: every CPU this process may run on), now; threads and processes they start later
         inherit it.  Returns how many threads were bound.  A host of
         ``len(cpus)`` dedicated cores, where a quota of as many cores would
         share the machine's cores with the other hosts'."""
-        cpus = set(range(os.cpu_count() or 1)) if cpus is None else set(cpus)
+        cpus = os.sched_getaffinity(0) if cpus is None else set(cpus)  # None: the CPUs this process may use
         bound = 0
         tasks = self.path / ("tasks" if self.v1 else "cgroup.threads")
         for tid in (int(t) for t in tasks.read_text().split()):

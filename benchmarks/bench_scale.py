@@ -362,9 +362,9 @@ def run(args) -> dict:
         def on_event(event, program):
             spec = event["spec"]
             if event["event"] == "ready":
+                cores = sorted(os.sched_getaffinity(0))
                 for i, name in enumerate(worker_names):
                     if args.pin:  # a dedicated core per host, no quota
-                        cores = sorted(os.sched_getaffinity(0))
                         cluster.pin_cpu(name, [cores[i % len(cores)]])
                         continue
                     cluster.limit_cpu(name, args.cpu / 2 if spec.get("slow") and name == slow_host else args.cpu,

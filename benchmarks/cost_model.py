@@ -874,6 +874,15 @@ def predict_scenario(calibrated: dict, w: Workload, changes: Dict[str, float], w
     return {"overheads": asdict(o), "workload": asdict(wl), "predictions": table}
 
 
+def spread_wait(spread: dict, lockstep_s: float, workers: int) -> Optional[float]:
+    """The lock-step wait at ``workers`` ranks from a measured step spread
+    (``bench_scale.step_spread``): ``lockstep_s`` measured at 2 ranks plus how
+    much the spread's ``wait_at`` (ms, keys as JSON writes them) grows from 2
+    to ``workers``; None where the spread has no figure for ``workers``."""
+    table = {int(w): v / 1e3 for w, v in spread["wait_at"].items()}
+    return lockstep_s + table[workers] - table[2] if workers in table else None
+
+
 def spread_lockstep(rows: Dict[int, dict], spread: dict, lockstep_s: float, staleness: int = 0) -> Dict[int, dict]:
     """``rows`` (a sharing strategy's predictions at staleness 0) with the
     lock-step wait priced from the ranks' measured step spread instead of
@@ -886,12 +895,11 @@ def spread_lockstep(rows: Dict[int, dict], spread: dict, lockstep_s: float, stal
     the difference; efficiency scales inversely."""
     if staleness:
         raise ValueError(f"Expect staleness 0 (the lock-step wait on every iteration), got {staleness}")
-    table = {int(w): v / 1e3 for w, v in spread["wait_at"].items()}
     out = {}
     for n, row in rows.items():
-        if n not in table:
+        wait = spread_wait(spread, lockstep_s, n)
+        if wait is None:
             continue
-        wait = lockstep_s + table[n] - table[2]
         seconds = row["seconds"] + row["iterations"] * (wait - lockstep_s * math.log2(max(1, n)))
         out[n] = {**row, "seconds": seconds, "lockstep_s": wait,
                   "examples_per_s": row["examples_per_s"] * row["seconds"] / seconds,
@@ -916,9 +924,8 @@ def lockstep_check(small: dict, large: dict) -> Dict[str, dict]:
         if not (g and (f.get("exchange_chain") or {}).get("lockstep_s") is not None
                 and (f.get("step_spread") or {}).get("wait_at") and (g.get("exchange_chain") or {}).get("lockstep_s")):
             continue
-        base, table = f["exchange_chain"]["lockstep_s"], {int(k): v / 1e3 for k, v in f["step_spread"]["wait_at"].items()}
-        measured = g["exchange_chain"]["lockstep_s"]
-        rule, spread = base * math.log2(w), base + table[w] - table[2]
+        base, measured = f["exchange_chain"]["lockstep_s"], g["exchange_chain"]["lockstep_s"]
+        rule, spread = base * math.log2(w), spread_wait(f["step_spread"], base, w)
         out[s] = {"workers": w, "measured_s": measured, "at_2_s": base, "per_doubling_s": rule, "spread_s": spread,
                   "per_doubling_error": rule / measured - 1, "spread_error": spread / measured - 1}
     return out
@@ -1004,13 +1011,15 @@ def main(argv=None):
         for rate, rows in sc["predictions"].items():
             at_256[rate][f"averaging_in_stage[{label}]"] = round(rows[256]["efficiency"], 3)
     if args.direct_sharing:
-        direct = direct_sharing_costs(json.load(open(args.direct_sharing)), scaled, link)
+        with open(args.direct_sharing) as fh:
+            direct_run = json.load(fh)
+        direct = direct_sharing_costs(direct_run, scaled, link)
         preds = {}
         for s_, d in direct.items():
             wd = replace(w, step_s=d["step_s"])
             table = predict({s_: {"overheads": d["overheads"]}}, wd, workers, [1e9, 10e9, 100e9],
                             examples_per_worker=args.examples_per_worker)
-            spread = (json.load(open(args.direct_sharing))["fits"].get(s_) or {}).get("step_spread")
+            spread = (direct_run["fits"].get(s_) or {}).get("step_spread")
             for rate, by in table.items():
                 if spread and spread.get("wait_at"):  # the lock-step wait from the measured steps' spread
                     by[f"{s_}_spread"] = spread_lockstep(by[s_], spread, d["overheads"]["lockstep_s"])

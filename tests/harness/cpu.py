@@ -114,7 +114,7 @@ class HostCgroup:
         inherit it.  Returns how many threads were bound.  A host of
         ``len(cpus)`` dedicated cores, where a quota of as many cores would
         share the machine's cores with the other hosts'."""
-        cpus = os.sched_getaffinity(0) if cpus is None else set(cpus)  # None: the CPUs this process may use
+        cpus = os.sched_getaffinity(0) if cpus is None else set(cpus)
         bound = 0
         tasks = self.path / ("tasks" if self.v1 else "cgroup.threads")
         for tid in (int(t) for t in tasks.read_text().split()):

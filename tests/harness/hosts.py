@@ -528,11 +528,11 @@ class SimulatedCluster:
         return period
 
     def cpu_throttling(self) -> Dict[str, dict]:
-        """Each limited host's quota accounting so far (:meth:`~.cpu.HostCgroup.throttling`)."""
+        """Each host's quota accounting so far (:meth:`~.cpu.HostCgroup.throttling`)."""
         return {name: group.throttling() for name, group in self._cgroups.items()}
 
     def pin_cpu(self, host: HostRef, cpus) -> int:
-        """Bind ``host``'s threads to the CPUs ``cpus`` (None: every CPU), now
+        """Bind ``host``'s threads to the CPUs ``cpus`` (None: every CPU this process may use), now
         (:meth:`~.cpu.HostCgroup.pin`); returns how many threads were bound."""
         link = self._link(host)
         if link.name not in self._cgroups:
